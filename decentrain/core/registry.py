@@ -1,0 +1,36 @@
+"""A tiny name -> class registry, so configs pick components by a `name` field."""
+
+from __future__ import annotations
+
+from typing import Callable, Generic, TypeVar
+
+T = TypeVar("T")
+
+
+class Registry(Generic[T]):
+    """Maps a config's `name` to a component class (prime-rl style, no import strings)."""
+
+    def __init__(self, kind: str):
+        self.kind = kind
+        self._entries: dict[str, T] = {}
+
+    def register(self, name: str) -> Callable[[T], T]:
+        def deco(obj: T) -> T:
+            if name in self._entries:
+                raise ValueError(f"{self.kind} {name!r} registered twice")
+            self._entries[name] = obj
+            return obj
+
+        return deco
+
+    def get(self, name: str, field: str | None = None) -> T:
+        if name not in self._entries:
+            where = field or f"{self.kind}.name"
+            raise ValueError(f"{where}={name!r} is unknown; allowed: {sorted(self._entries)}")
+        return self._entries[name]
+
+    def names(self) -> list[str]:
+        return sorted(self._entries)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._entries
