@@ -1,0 +1,6 @@
+"""HDEE: heterogeneous domain-expert ensembles (arXiv 2502.19385).
+
+plan    the ensemble plan (seeds, expert lanes, widths, steps) and its validation
+budget  compute matching, sum_j 6 * N_j * D_j against a homogeneous baseline
+mixing  ensemble weightings over per-token expert log-probs, and the cached prior
+"""
