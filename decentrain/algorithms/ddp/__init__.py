@@ -1,0 +1,3 @@
+from decentrain.algorithms.ddp.ddp import DDP, DDPConfig
+
+__all__ = ["DDP", "DDPConfig"]

@@ -1,0 +1,69 @@
+"""The algorithm interface: hooks around one ordinary training loop.
+
+Like torchft's DiLoCo, an algorithm never owns the loop. It may wrap the model (DDP),
+act once at start (broadcast initial weights) and after each optimizer step (outer
+syncs), and it carries its own state into checkpoints. New algorithms register a
+config class and an implementation under a `name`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any, Callable, ContextManager
+
+import torch
+
+from decentrain.core.registry import Registry
+from decentrain.core.world import World
+
+
+@dataclass
+class AlgorithmConfig:
+    name: str = "ddp"
+
+
+class Algorithm:
+    config_cls: type[AlgorithmConfig] = AlgorithmConfig
+
+    def __init__(self, cfg: AlgorithmConfig, world: World):
+        self.cfg = cfg
+        self.world = world
+
+    @classmethod
+    def check_world(cls, cfg: AlgorithmConfig, world_size: int) -> None:
+        """Refuse a world this algorithm cannot run on; called before any process group."""
+
+    def wrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        return model
+
+    def no_sync(self, model: torch.nn.Module) -> ContextManager:
+        """Context for micro-batches that must not communicate (gradient accumulation)."""
+        return contextlib.nullcontext()
+
+    def on_train_start(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        pass
+
+    def after_optimizer_step(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, float]:
+        """Runs after inner step `step` (1-based). Returns metrics to log."""
+        return {}
+
+    def on_train_end(self, model: torch.nn.Module) -> None:
+        pass
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+
+ALGORITHMS: Registry[type[Algorithm]] = Registry("algorithm.name")
+
+
+def register_algorithm(name: str, config_cls: type[AlgorithmConfig]) -> Callable[[type[Algorithm]], type[Algorithm]]:
+    def deco(cls: type[Algorithm]) -> type[Algorithm]:
+        cls.config_cls = config_cls
+        return ALGORITHMS.register(name)(cls)
+
+    return deco

@@ -1,0 +1,47 @@
+"""Build and run one pre-training job (any registered loop algorithm) from a TrainConfig."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from decentrain.algorithms.base import ALGORITHMS
+from decentrain.algorithms.common.trainer import Trainer, TrainResult, seed_everything
+from decentrain.config import TrainConfig
+from decentrain.core.metrics import MetricsLogger, plot_curves, read_jsonl
+from decentrain.core.world import World
+from decentrain.data.blocks import build_corpus
+from decentrain.models.factory import build_model, build_tokenizer, num_params, save_model
+
+
+def run_pretraining(cfg: TrainConfig, world: World, run_dir: Path, config_dict: dict | None = None) -> TrainResult:
+    seed_everything(cfg.train.seed)  # same seed on every rank: replicas start identical
+    tokenizer = build_tokenizer(cfg.model)
+    model = build_model(cfg.model, tokenizer)
+    corpus = build_corpus(cfg.data, tokenizer)
+    # ranks draw different randomness after the shared init (dropout); resume restores it
+    torch.manual_seed(cfg.train.seed + 1 + world.rank)
+    algorithm = ALGORITHMS.get(cfg.algorithm.name)(cfg.algorithm, world)
+    trainer = Trainer(cfg, world, algorithm, model, corpus, run_dir)
+    resumed = trainer.maybe_resume()
+    logger = MetricsLogger(cfg.logger, run_dir, world.rank, config_dict, total_steps=cfg.train.steps)
+    if world.is_main:
+        where = f"resumed from step {resumed}" if resumed is not None else "from scratch"
+        print(
+            f"[decentrain] {cfg.algorithm.name}: {num_params(model) / 1e6:.2f}M params, world {world.world_size}, "
+            f"{len(trainer.train_blocks)} train blocks of {cfg.data.seq_len} tokens, {where}; run dir {run_dir}",
+            flush=True,
+        )
+    try:
+        result = trainer.fit(logger)
+    finally:
+        logger.close()
+    if world.is_main:
+        save_model(trainer.model, tokenizer, run_dir / "model")
+        metrics = run_dir / "metrics.jsonl"
+        if metrics.exists():
+            plot_curves(read_jsonl(metrics), ["train/loss", "eval/loss"], run_dir / "loss.png", title=f"{cfg.algorithm.name} on {world.world_size} ranks")
+        print(f"[decentrain] done: step {result.final_step}, train loss {result.train_loss:.4f}, "
+              f"eval loss {sum(result.eval_loss.values()) / max(1, len(result.eval_loss)):.4f}, {result.seconds:.1f}s", flush=True)
+    return result

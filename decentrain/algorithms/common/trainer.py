@@ -1,0 +1,158 @@
+"""The one training loop every pre-training algorithm shares.
+
+It knows nothing of DDP, DiLoCo or NoLoCo: the `Algorithm` hooks (wrap_model, no_sync,
+after_optimizer_step, state) carry all of that, so the loop stays an ordinary
+AdamW loop with gradient accumulation, evaluation and exact-resume checkpoints.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from decentrain.algorithms.base import Algorithm
+from decentrain.config import OptimConfig, TrainConfig
+from decentrain.core.checkpoint import Checkpointer
+from decentrain.core.metrics import MetricsLogger
+from decentrain.core.world import World
+from decentrain.data.blocks import Corpus, ShardedSampler
+
+
+def build_optimizer(model: torch.nn.Module, cfg: OptimConfig, total_steps: int):
+    # no weight decay on norms and biases (1-D tensors), as in most LM recipes
+    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=cfg.lr, betas=tuple(cfg.betas),
+    )
+
+    def factor(step: int) -> float:
+        if step < cfg.warmup_steps:
+            return (step + 1) / cfg.warmup_steps
+        if cfg.schedule == "constant":
+            return 1.0
+        progress = min(1.0, (step - cfg.warmup_steps) / max(1, total_steps - cfg.warmup_steps))
+        return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return opt, torch.optim.lr_scheduler.LambdaLR(opt, factor)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, blocks: dict[str, torch.Tensor], micro_batch: int, device: torch.device) -> dict[str, float]:
+    """Mean next-token loss per domain (this replica only: evaluation never communicates)."""
+    was_training = model.training
+    model.eval()
+    out = {}
+    for domain, data in blocks.items():
+        losses = [model(input_ids=b.to(device), labels=b.to(device)).loss.item() for b in data.split(micro_batch)]
+        out[domain] = float(np.mean(losses))
+    model.train(was_training)
+    return out
+
+
+@dataclass
+class TrainResult:
+    final_step: int
+    train_loss: float
+    eval_loss: dict[str, float]
+    seconds: float
+
+
+class Trainer:
+    def __init__(self, cfg: TrainConfig, world: World, algorithm: Algorithm, model: torch.nn.Module, corpus: Corpus, run_dir: Path):
+        self.cfg, self.world, self.algorithm = cfg, world, algorithm
+        self.run_dir = run_dir
+        self.model = model.to(world.device)
+        self.optimizer, self.scheduler = build_optimizer(self.model, cfg.optim, cfg.train.steps)
+        self.train_blocks = corpus.train_blocks()
+        n_eval = cfg.train.eval_batches * cfg.train.micro_batch_size
+        self.val_blocks = {d: corpus.split("val", d)[:n_eval] for d in corpus.blocks}
+        self.sampler = ShardedSampler(len(self.train_blocks), cfg.train.global_batch_size, world.rank, world.world_size, cfg.train.seed)
+        self.accum = cfg.train.global_batch_size // (world.world_size * cfg.train.micro_batch_size)
+        self.checkpointer = Checkpointer(run_dir / "checkpoints", world.rank, world.world_size, keep=cfg.train.keep_checkpoints)
+        self.step = 0
+
+    # -- checkpoint state -------------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "sampler": self.sampler.state_dict(),
+            "algorithm": self.algorithm.state_dict(),
+            "rng": {"torch": torch.get_rng_state(), "python": list(random.getstate()[1]), "python_pos": random.getstate()[2]},
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.sampler.load_state_dict(state["sampler"])
+        self.algorithm.load_state_dict(state["algorithm"])
+        torch.set_rng_state(state["rng"]["torch"])
+        random.setstate((3, tuple(state["rng"]["python"]), state["rng"]["python_pos"]))
+
+    def maybe_resume(self) -> int | None:
+        step = self.checkpointer.latest() if self.cfg.resume else None
+        if step is not None:
+            self.load_state_dict(self.checkpointer.load(step))
+            self.step = step
+        return step
+
+    def save(self) -> None:
+        self.checkpointer.save(self.step, {"step": self.step, **self.state_dict()})
+
+    # -- the loop ---------------------------------------------------------------------
+    def train_step(self, model: torch.nn.Module) -> float:
+        batch = self.train_blocks[self.sampler.next_indices()].to(self.world.device)
+        total = 0.0
+        micro_batches = batch.split(self.cfg.train.micro_batch_size)
+        for i, micro in enumerate(micro_batches):
+            ctx = self.algorithm.no_sync(model) if i < len(micro_batches) - 1 else contextlib.nullcontext()
+            with ctx:
+                loss = model(input_ids=micro, labels=micro).loss / self.accum
+                loss.backward()
+            total += loss.item()
+        if self.cfg.optim.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.optim.grad_clip)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return total
+
+    def fit(self, logger: MetricsLogger) -> TrainResult:
+        cfg = self.cfg.train
+        start_time = time.perf_counter()
+        model = self.algorithm.wrap_model(self.model)
+        self.algorithm.on_train_start(self.model, self.optimizer)
+        logger.advance(self.step)
+        loss, eval_loss = float("nan"), {}
+        while self.step < cfg.steps:
+            loss = self.train_step(model)
+            self.step += 1
+            metrics = self.algorithm.after_optimizer_step(self.step, self.model, self.optimizer)
+            logger.advance(1, loss=loss)
+            if self.step % self.cfg.logger.log_every == 0 or self.step == cfg.steps:
+                logger.log(self.step, {"train/loss": loss, "lr": self.scheduler.get_last_lr()[0], **metrics})
+            if self.step % cfg.eval_every == 0 or self.step == cfg.steps:
+                eval_loss = evaluate(self.model, self.val_blocks, cfg.micro_batch_size, self.world.device)
+                logger.log(self.step, {"eval/loss": float(np.mean(list(eval_loss.values()))), **{f"eval/{d}": v for d, v in eval_loss.items()}})
+            if self.step % cfg.checkpoint_every == 0 or self.step == cfg.steps:
+                self.save()
+        self.algorithm.on_train_end(self.model)
+        return TrainResult(self.step, loss, eval_loss, time.perf_counter() - start_time)
+

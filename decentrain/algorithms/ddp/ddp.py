@@ -1,0 +1,44 @@
+"""Data parallel: all-reduce gradients every step, via torch's DistributedDataParallel."""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+from torch.nn.parallel import DistributedDataParallel
+
+from decentrain.algorithms.base import Algorithm, AlgorithmConfig, register_algorithm
+
+
+@dataclass
+class DDPConfig(AlgorithmConfig):
+    name: str = "ddp"
+    bucket_cap_mb: float = 25.0
+    gradient_as_bucket_view: bool = True
+
+    def __post_init__(self) -> None:
+        if self.bucket_cap_mb <= 0:
+            raise ValueError(f"algorithm.bucket_cap_mb={self.bucket_cap_mb} must be > 0")
+
+
+@register_algorithm("ddp", DDPConfig)
+class DDP(Algorithm):
+    """The quality reference. Replicas stay identical: DDP broadcasts rank 0's weights on wrap."""
+
+    cfg: DDPConfig
+
+    def wrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        if not self.world.is_distributed:
+            return model
+        device_ids = [self.world.device.index] if self.world.device.type == "cuda" else None
+        return DistributedDataParallel(
+            model,
+            device_ids=device_ids,
+            process_group=self.world.group,
+            bucket_cap_mb=self.cfg.bucket_cap_mb,
+            gradient_as_bucket_view=self.cfg.gradient_as_bucket_view,
+        )
+
+    def no_sync(self, model: torch.nn.Module):
+        return model.no_sync() if isinstance(model, DistributedDataParallel) else contextlib.nullcontext()

@@ -1,0 +1,143 @@
+"""A node's training batch: I local and J external question groups, re-scored and re-tokenised here."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from decentrain.algorithms.sapo.payload import RolloutGroup
+
+EXTERNAL_SAMPLING = ("uniform", "reward_weighted")
+
+# The receiver's verifier: one reward per completion of a group. It may raise ValueError for a
+# group it cannot score (e.g. a task it does not know); such external groups are dropped.
+RewardFn = Callable[[RolloutGroup], Sequence[float]]
+
+
+@dataclass
+class SwarmBatchConfig:
+    num_local: int = 4  # I: question groups from this node
+    num_external: int = 4  # J: question groups drawn from peers
+    external_sampling: str = "uniform"
+
+    def __post_init__(self) -> None:
+        if self.num_local < 0 or self.num_external < 0:
+            raise ValueError(f"num_local={self.num_local} and num_external={self.num_external} must be >= 0")
+        if self.num_local + self.num_external == 0:
+            raise ValueError("num_local + num_external (I+J) must be > 0")
+        if self.external_sampling not in EXTERNAL_SAMPLING:
+            raise ValueError(
+                f"external_sampling={self.external_sampling!r} is unknown; allowed: {list(EXTERNAL_SAMPLING)}"
+            )
+
+
+@dataclass
+class ScoredGroup:
+    group: RolloutGroup
+    rewards: list[float]
+    external: bool
+
+
+@dataclass
+class SwarmBatch:
+    groups: list[ScoredGroup]
+    num_local: int
+    num_external: int
+    stats: dict[str, int] = field(default_factory=dict)  # external candidates and why they were dropped
+
+
+def build_swarm_batch(
+    local: Sequence[RolloutGroup],
+    external: Sequence[RolloutGroup],
+    reward_fn: RewardFn,
+    cfg: SwarmBatchConfig,
+    rng: np.random.Generator,
+) -> SwarmBatch:
+    """Take the first I local groups; draw J external groups among those with non-equal rewards.
+
+    All-equal external groups carry zero group advantage, so they are dropped before the draw.
+    With fewer than J usable external groups, all of them are used (`num_external` says how many).
+    """
+    groups = [ScoredGroup(g, [float(r) for r in reward_fn(g)], external=False) for g in local[: cfg.num_local]]
+
+    usable: list[ScoredGroup] = []
+    stats = {"external_candidates": len(external), "external_unscorable": 0, "external_equal_rewards": 0}
+    for g in external if cfg.num_external else ():
+        try:
+            rewards = [float(r) for r in reward_fn(g)]
+        except ValueError:
+            stats["external_unscorable"] += 1
+            continue
+        if max(rewards) == min(rewards):
+            stats["external_equal_rewards"] += 1
+            continue
+        usable.append(ScoredGroup(g, rewards, external=True))
+
+    k = min(cfg.num_external, len(usable))
+    if k:
+        p = None
+        if cfg.external_sampling == "reward_weighted":
+            # Mean reward, floored so that groups with non-positive mean can still be drawn.
+            w = np.array([max(float(np.mean(s.rewards)), 0.0) for s in usable]) + 1e-6
+            p = w / w.sum()
+        picked = rng.choice(len(usable), size=k, replace=False, p=p)
+        groups += [usable[int(i)] for i in picked]
+    return SwarmBatch(groups=groups, num_local=len(groups) - k, num_external=k, stats=stats)
+
+
+@dataclass
+class TokenizedBatch:
+    """Prompts left-padded and completions right-padded, so [prompt | completion] is contiguous."""
+
+    prompt_ids: Tensor  # [N, P], N = groups * G
+    prompt_mask: Tensor
+    completion_ids: Tensor  # [N, C]
+    completion_mask: Tensor
+    rewards: Tensor  # [groups, G]
+    prompts: list[str]  # one per group: the receiver's prompt text (SPO tracker key)
+
+
+def _pad(seqs: list[list[int]], pad_id: int, left: bool) -> tuple[Tensor, Tensor]:
+    width = max((len(s) for s in seqs), default=0)
+    ids = torch.full((len(seqs), max(width, 1)), pad_id, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, s in enumerate(seqs):
+        if s:
+            sl = slice(ids.size(1) - len(s), None) if left else slice(0, len(s))
+            ids[i, sl] = torch.tensor(s, dtype=torch.long)
+            mask[i, sl] = 1
+    return ids, mask
+
+
+def tokenize_batch(
+    groups: Sequence[ScoredGroup],
+    tokenizer: Any,
+    template: Callable[[str], str],
+    max_prompt_tokens: int,
+    max_completion_tokens: int,
+) -> TokenizedBatch:
+    """Re-tokenise text with this node's template and tokenizer (peers may use different ones).
+
+    Prompts keep their last `max_prompt_tokens` tokens (the question's end and the answer cue);
+    completions keep their first `max_completion_tokens`.
+    """
+    prompts = [template(s.group.question) for s in groups]
+
+    def encode(text: str) -> list[int]:
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    prompt_seqs, completion_seqs = [], []
+    for prompt, s in zip(prompts, groups):
+        p = encode(prompt)[-max_prompt_tokens:]
+        for c in s.group.completions:
+            prompt_seqs.append(p)
+            completion_seqs.append(encode(c)[:max_completion_tokens])
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    prompt_ids, prompt_mask = _pad(prompt_seqs, pad_id, left=True)
+    completion_ids, completion_mask = _pad(completion_seqs, pad_id, left=False)
+    rewards = torch.tensor([s.rewards for s in groups], dtype=torch.float32)
+    return TokenizedBatch(prompt_ids, prompt_mask, completion_ids, completion_mask, rewards, prompts)

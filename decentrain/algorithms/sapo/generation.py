@@ -1,0 +1,141 @@
+"""Sampling G completions per prompt behind a small backend interface, and completion log-probs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+
+@dataclass
+class SamplingConfig:
+    max_new_tokens: int = 64
+    temperature: float = 1.0  # 0 means greedy
+    top_p: float = 1.0
+    stop: str | None = "\n"  # each completion is cut just after the first stop string
+    batch_size: int = 64  # sequences per `generate` call
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1 or self.batch_size < 1:
+            raise ValueError("max_new_tokens and batch_size must be >= 1")
+        if self.temperature < 0:
+            raise ValueError(f"temperature={self.temperature} must be >= 0")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p={self.top_p} must be in (0, 1]")
+
+
+class GenerationBackend(Protocol):
+    """Returns, for each prompt, `num_generations` completion strings (the prompt not included)."""
+
+    def generate(
+        self,
+        prompts: list[str],
+        num_generations: int,
+        max_new_tokens: int,
+        temperature: float,
+        top_p: float,
+        seed: int,
+    ) -> list[list[str]]: ...
+
+
+def _cut_at_stop(text: str, stop: str | None) -> str:
+    if stop and (i := text.find(stop)) >= 0:
+        return text[: i + len(stop)]
+    return text
+
+
+class HFGenerationBackend:
+    """transformers `generate` with a KV cache, batched over prompts x generations, left-padded."""
+
+    def __init__(self, model: Any, tokenizer: Any, cfg: SamplingConfig | None = None):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.cfg = cfg or SamplingConfig()
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+
+    @torch.no_grad()
+    def generate(
+        self,
+        prompts: list[str],
+        num_generations: int,
+        max_new_tokens: int | None = None,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        seed: int = 0,
+    ) -> list[list[str]]:
+        cfg = self.cfg
+        max_new_tokens = cfg.max_new_tokens if max_new_tokens is None else max_new_tokens
+        temperature = cfg.temperature if temperature is None else temperature
+        top_p = cfg.top_p if top_p is None else top_p
+        kwargs: dict[str, Any] = dict(do_sample=True, temperature=temperature, top_p=top_p) if temperature > 0 else {}
+        if cfg.stop:  # lets a batch end early once every row has stopped
+            kwargs.update(stop_strings=[cfg.stop], tokenizer=self.tokenizer)
+
+        # Prompt-major order: the G copies of a prompt are adjacent, so groups come out contiguous.
+        flat = [p for p in prompts for _ in range(num_generations)]
+        device = next(self.model.parameters()).device
+        texts: list[str] = []
+        was_training = self.model.training
+        self.model.eval()
+        # A private RNG stream: sampling is reproducible per seed and leaves the global RNG alone.
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            torch.manual_seed(seed)
+            for start in range(0, len(flat), cfg.batch_size):
+                enc = self.tokenizer(
+                    flat[start : start + cfg.batch_size],
+                    add_special_tokens=False,
+                    padding=True,
+                    padding_side="left",
+                    return_tensors="pt",
+                ).to(device)
+                out = self.model.generate(
+                    **enc,
+                    max_new_tokens=max_new_tokens,
+                    use_cache=True,
+                    pad_token_id=self.pad_id,
+                    **kwargs,
+                )
+                new = out[:, enc["input_ids"].size(1) :]
+                texts += self.tokenizer.batch_decode(new, skip_special_tokens=True)
+        self.model.train(was_training)
+        texts = [_cut_at_stop(t, cfg.stop) for t in texts]
+        return [texts[i : i + num_generations] for i in range(0, len(texts), num_generations)]
+
+
+def completion_logprobs(
+    model: Any,
+    prompt_ids: Tensor,
+    prompt_mask: Tensor,
+    completion_ids: Tensor,
+    completion_mask: Tensor,
+    micro_batch_size: int,
+    temperature: float = 1.0,
+) -> Tensor:
+    """Per-token log-probs [N, C] of the completion tokens given [prompt | completion].
+
+    Runs under the caller's grad mode (no_grad for old/ref log-probs, grad for the loss).
+    Position ids follow the attention mask, so left padding does not shift positions.
+    """
+    input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
+    attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    c = completion_ids.size(1)
+    out = []
+    for i in range(0, input_ids.size(0), micro_batch_size):
+        sl = slice(i, i + micro_batch_size)
+        # Only the last C+1 logits matter: position t predicts token t+1.
+        logits = model(
+            input_ids=input_ids[sl],
+            attention_mask=attention_mask[sl],
+            position_ids=position_ids[sl],
+            logits_to_keep=c + 1,
+            use_cache=False,
+        ).logits[:, :-1].float()
+        if temperature != 1.0:
+            logits = logits / temperature
+        logps = torch.gather(F.log_softmax(logits, dim=-1), 2, completion_ids[sl, :, None]).squeeze(-1)
+        out.append(logps)
+    return torch.cat(out, dim=0)

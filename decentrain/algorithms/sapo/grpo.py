@@ -1,0 +1,217 @@
+"""GRPO-family loss and the advantage estimators SAPO trains with (`group` and `spo`).
+
+Option names follow TRL's `GRPOConfig` so that a TRL user reads the config as-is.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Protocol, Sequence
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from decentrain.core.registry import Registry
+
+# "dapo" is TRL's current default: token-mean over every completion token of the whole
+# (accumulated) batch, i.e. the "token-mean" SAPO's paper uses. "bnpo" is the same mean per
+# micro-batch, "grpo" averages each sequence first, "dr_grpo" divides by a constant.
+LOSS_TYPES = ("dapo", "bnpo", "grpo", "dr_grpo")
+SCALE_REWARDS = ("group", "batch", "none")
+_STD_EPS = 1e-4  # TRL's epsilon in (r - mean) / (std + eps)
+
+
+@dataclass
+class SAPOLossConfig:
+    num_generations: int = 8
+    epsilon: float = 0.2  # lower clip: ratio >= 1 - epsilon
+    epsilon_high: float = 0.28  # upper clip: ratio <= 1 + epsilon_high
+    beta: float = 0.0  # KL(pi || ref) weight, k3 estimator; 0 needs no reference model
+    loss_type: str = "dapo"
+    scale_rewards: str | bool = "group"  # True == "group", False == "none", as in TRL
+    num_iterations: int = 1  # optimizer passes per generated batch; >1 makes the clip active
+    max_completion_length: int = 64  # dr_grpo's normaliser
+    advantage: str = "group"  # "group" (GRPO) or "spo" (per-prompt Beta value tracker)
+    spo_rho: float = 0.875  # SPO tracker discount
+
+    def __post_init__(self) -> None:
+        if isinstance(self.scale_rewards, bool):
+            self.scale_rewards = "group" if self.scale_rewards else "none"
+        if self.scale_rewards not in SCALE_REWARDS:
+            raise ValueError(f"scale_rewards={self.scale_rewards!r} is unknown; allowed: {list(SCALE_REWARDS)}")
+        if self.loss_type not in LOSS_TYPES:
+            raise ValueError(f"loss_type={self.loss_type!r} is unknown; allowed: {list(LOSS_TYPES)}")
+        ADVANTAGE_ESTIMATORS.get(self.advantage, field="advantage")
+        if self.num_generations < 2:
+            raise ValueError(f"num_generations={self.num_generations} must be >= 2 (a group needs a baseline)")
+        for name in ("epsilon", "epsilon_high", "beta"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name}={getattr(self, name)} must be >= 0")
+        if self.num_iterations < 1 or self.max_completion_length < 1:
+            raise ValueError("num_iterations and max_completion_length must be >= 1")
+        if not 0.0 < self.spo_rho <= 1.0:
+            raise ValueError(f"spo_rho={self.spo_rho} must be in (0, 1]")
+
+
+# ---------------------------------------------------------------------------------------------
+# Advantages. Rewards come as [num_groups, G]; prompts name each group (the SPO tracker's key).
+
+
+def group_advantages(rewards: Tensor, scale_rewards: str = "group") -> Tensor:
+    """GRPO: r minus its group mean, divided by the group ("group") or batch ("batch") std."""
+    advantages = rewards - rewards.mean(dim=1, keepdim=True)
+    if scale_rewards == "group":
+        advantages = advantages / (rewards.std(dim=1, keepdim=True) + _STD_EPS)
+    elif scale_rewards == "batch":
+        advantages = advantages / (rewards.std() + _STD_EPS)
+    return advantages
+
+
+class AdvantageEstimator(Protocol):
+    def __call__(self, prompts: Sequence[str], rewards: Tensor) -> Tensor: ...
+    def state_dict(self) -> dict[str, Any]: ...
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+ADVANTAGE_ESTIMATORS: Registry[type] = Registry("advantage")
+
+
+@ADVANTAGE_ESTIMATORS.register("group")
+class GroupAdvantage:
+    def __init__(self, cfg: SAPOLossConfig):
+        self.scale_rewards = cfg.scale_rewards
+
+    def __call__(self, prompts: Sequence[str], rewards: Tensor) -> Tensor:
+        return group_advantages(rewards, self.scale_rewards)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+
+@ADVANTAGE_ESTIMATORS.register("spo")
+class SPOTracker:
+    """SPO's per-prompt Beta value tracker (arXiv 2509.13232), with a constant discount rho.
+
+    v = a / (a + b); after observing rewards r: a <- rho*a + sum(r), b <- rho*b + sum(1 - r).
+    The G completions of one round count as G observations under one policy, so they are
+    discounted once. A prompt seen for the first time is initialised from its own group (SPO
+    initialises from n0 samples of the start policy), so its baseline is the group mean.
+    A = r - v (v from before this round's update), then z-scored over the whole batch.
+    Rewards are clamped to [0, 1] for the tracker: it models a success probability.
+    """
+
+    def __init__(self, cfg: SAPOLossConfig | None = None, rho: float | None = None):
+        self.rho = rho if rho is not None else (cfg.spo_rho if cfg is not None else 0.875)
+        self.alpha: dict[str, float] = {}
+        self.beta: dict[str, float] = {}
+
+    def value(self, prompt: str) -> float | None:
+        if prompt not in self.alpha:
+            return None
+        a, b = self.alpha[prompt], self.beta[prompt]
+        return a / (a + b) if a + b > 0 else 0.5
+
+    def update(self, prompt: str, rewards: Sequence[float]) -> None:
+        r = np.clip(np.asarray(rewards, dtype=np.float64), 0.0, 1.0)
+        self.alpha[prompt] = self.rho * self.alpha.get(prompt, 0.0) + float(r.sum())
+        self.beta[prompt] = self.rho * self.beta.get(prompt, 0.0) + float((1.0 - r).sum())
+
+    def __call__(self, prompts: Sequence[str], rewards: Tensor) -> Tensor:
+        baselines = []
+        for prompt, r in zip(prompts, rewards.tolist(), strict=True):
+            v = self.value(prompt)
+            self.update(prompt, r)
+            baselines.append(self.value(prompt) if v is None else v)
+        advantages = rewards - torch.tensor(baselines, dtype=rewards.dtype, device=rewards.device)[:, None]
+        return (advantages - advantages.mean()) / (advantages.std() + _STD_EPS)
+
+    def sampling_weights(self, prompts: Sequence[str], eps: float = 0.05) -> np.ndarray:
+        """SPO's prioritised sampling: p(x) ∝ sqrt(v(1-v)) + eps; unseen prompts count as v = 0.5."""
+        v = np.array([0.5 if (x := self.value(p)) is None else x for p in prompts], dtype=np.float64)
+        w = np.sqrt(v * (1.0 - v)) + eps
+        return w / w.sum()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"rho": self.rho, "alpha": dict(self.alpha), "beta": dict(self.beta)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.rho = float(state["rho"])
+        self.alpha = {str(k): float(v) for k, v in state["alpha"].items()}
+        self.beta = {str(k): float(v) for k, v in state["beta"].items()}
+
+
+def build_advantage_estimator(cfg: SAPOLossConfig) -> AdvantageEstimator:
+    return ADVANTAGE_ESTIMATORS.get(cfg.advantage, field="advantage")(cfg)
+
+
+# ---------------------------------------------------------------------------------------------
+# Loss. All per-token tensors are [B, T] over completion tokens, with `mask` 1 on real tokens.
+
+
+@dataclass(frozen=True)
+class LossNorm:
+    """Whole-batch counts, so that per-micro-batch losses sum to the full-batch loss."""
+
+    num_sequences: int
+    num_tokens: int
+    num_micro_batches: int = 1
+
+    @classmethod
+    def from_mask(cls, completion_mask: Tensor, micro_batch_size: int) -> LossNorm:
+        n = completion_mask.size(0)
+        return cls(n, int(completion_mask.sum().item()), math.ceil(n / micro_batch_size))
+
+
+def kl_k3(logps: Tensor, ref_logps: Tensor) -> Tensor:
+    """Per-token k3 estimator of KL(pi || ref): exp(ref - pi) - (ref - pi) - 1 >= 0 (as TRL)."""
+    delta = ref_logps - logps
+    return torch.exp(delta) - delta - 1.0
+
+
+def policy_loss(
+    logps: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    cfg: SAPOLossConfig,
+    norm: LossNorm,
+    old_logps: Tensor | None = None,
+    ref_logps: Tensor | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Clipped-ratio loss of one micro-batch; `advantages` is [B], one per completion.
+
+    `old_logps=None` means the batch was generated by this very policy (ratio 1, as TRL does
+    for num_iterations == 1).
+    """
+    mask = mask.to(logps.dtype)
+    old_logps = logps.detach() if old_logps is None else old_logps
+    ratio = torch.exp(logps - old_logps)
+    adv = advantages[:, None]
+    clipped = torch.clamp(ratio, 1.0 - cfg.epsilon, 1.0 + cfg.epsilon_high)
+    per_token = -torch.min(ratio * adv, clipped * adv)
+
+    stats: dict[str, Tensor] = {}
+    if cfg.beta > 0:
+        if ref_logps is None:
+            raise ValueError("beta > 0 needs ref_logps from a reference model")
+        kl = kl_k3(logps, ref_logps)
+        per_token = per_token + cfg.beta * kl
+        stats["kl"] = ((kl * mask).sum() / mask.sum().clamp(min=1)).detach()
+
+    masked_sum = (per_token * mask).sum()
+    if cfg.loss_type == "dapo":
+        loss = masked_sum / max(norm.num_tokens, 1)
+    elif cfg.loss_type == "bnpo":
+        loss = masked_sum / mask.sum().clamp(min=1) / norm.num_micro_batches
+    elif cfg.loss_type == "grpo":
+        loss = ((per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1)).sum() / norm.num_sequences
+    else:  # dr_grpo
+        loss = masked_sum / (norm.num_sequences * cfg.max_completion_length)
+
+    is_clipped = ((ratio < 1 - cfg.epsilon) & (adv < 0)) | ((ratio > 1 + cfg.epsilon_high) & (adv > 0))
+    stats["clip_ratio"] = ((is_clipped.to(mask.dtype) * mask).sum() / mask.sum().clamp(min=1)).detach()
+    return loss, stats

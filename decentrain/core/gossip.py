@@ -1,0 +1,158 @@
+"""Gossip pairing and the pairwise exchange of flat buffers.
+
+Pairing needs no messages: every rank derives the same random perfect matching for
+round t from a shared seed. The exchange then moves bucketed flat buffers between
+the members of a group with async send/recv and an optional deadline.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Literal, Sequence
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from decentrain.core.world import World
+
+OddPolicy = Literal["idle", "triple", "error"]
+ODD_POLICIES = ("idle", "triple", "error")
+
+
+def gossip_groups(round_idx: int, world_size: int, seed: int | None = None, odd: OddPolicy = "error") -> list[tuple[int, ...]]:
+    """The random matching of round `round_idx`: disjoint groups covering 0..world_size-1.
+
+    With `seed=None` this is the NoLoCo reference, `default_rng(t + 1).permutation(N)`
+    with pairs {perm[j], perm[j + N/2]}; an int seed gives an independent stream per seed.
+
+    Odd worlds: `idle` leaves the last rank of the permutation alone for the round
+    (a singleton group that keeps its own weights); `triple` adds it to the first pair;
+    `error` refuses.
+    """
+    if world_size < 1:
+        raise ValueError(f"world_size={world_size} must be >= 1")
+    if odd not in ODD_POLICIES:
+        raise ValueError(f"odd={odd!r} is unknown; allowed: {list(ODD_POLICIES)}")
+    if world_size % 2 and odd == "error" and world_size > 1:
+        raise ValueError(f"world_size={world_size} is odd and cannot be paired; set the odd-world policy to 'idle' or 'triple'")
+    rng = np.random.default_rng(round_idx + 1 if seed is None else [seed, round_idx])
+    perm = [int(p) for p in rng.permutation(world_size)]
+    half = world_size // 2
+    groups: list[tuple[int, ...]] = [(perm[j], perm[j + half]) for j in range(half)]
+    if world_size % 2:
+        last = perm[-1]
+        if odd == "triple" and groups:
+            groups[0] = groups[0] + (last,)
+        else:
+            groups.append((last,))
+    return groups
+
+
+def group_of(rank: int, groups: Sequence[tuple[int, ...]]) -> tuple[int, ...]:
+    for g in groups:
+        if rank in g:
+            return g
+    raise ValueError(f"rank {rank} is in no group of {groups}")
+
+
+def flatten_buckets(tensors: Sequence[torch.Tensor], bucket_bytes: int) -> list[list[int]]:
+    """Split tensor indices into consecutive buckets of at most `bucket_bytes` (one tensor may exceed it)."""
+    buckets: list[list[int]] = [[]]
+    size = 0
+    for i, t in enumerate(tensors):
+        nbytes = t.numel() * t.element_size()
+        if buckets[-1] and size + nbytes > bucket_bytes:
+            buckets.append([])
+            size = 0
+        buckets[-1].append(i)
+        size += nbytes
+    return [b for b in buckets if b]
+
+
+@dataclass
+class ExchangeStats:
+    rounds: int = 0
+    timeouts: int = 0
+    failures: int = 0
+    bytes_sent: int = 0
+    seconds: float = 0.0
+
+
+@dataclass
+class PairExchange:
+    """Average tensors with the other members of this rank's group.
+
+    `deadline_s`: a partner that has not delivered within it costs this round's averaging
+    (the call returns None), never the run. Late buffers are kept alive until the
+    process ends, because gloo still writes into them; a per-round tag keeps a late
+    message from matching a later round.
+    """
+
+    world: World
+    bucket_bytes: int = 32 << 20
+    deadline_s: float | None = None
+    stats: ExchangeStats = field(default_factory=ExchangeStats)
+    _orphans: list = field(default_factory=list, repr=False)
+
+    def average(self, tensors: Sequence[torch.Tensor], group: tuple[int, ...], round_idx: int) -> list[torch.Tensor] | None:
+        """Return the group mean of each tensor (a new list), or None if the deadline passed."""
+        peers = [p for p in group if p != self.world.rank]
+        if not peers:
+            return [t.clone() for t in tensors]
+        start = time.perf_counter()
+        self.stats.rounds += 1
+        mine = [t.detach().contiguous() for t in tensors]
+        sums = [t.float().clone() for t in mine]
+        works, inbox = [], []
+        for b, idx in enumerate(flatten_buckets(mine, self.bucket_bytes)):
+            flat = torch.cat([mine[i].reshape(-1) for i in idx])
+            tag = (round_idx % (1 << 20)) * 1024 + b % 1024
+            for p in peers:
+                # post the receive before the send so both directions can progress at once
+                buf = torch.empty_like(flat)
+                works.append(dist.irecv(buf, src=p, group=self.world.group, tag=tag))
+                works.append(dist.isend(flat, dst=p, group=self.world.group, tag=tag))
+                inbox.append((idx, buf))
+                self.stats.bytes_sent += flat.numel() * flat.element_size()
+        if not self._wait(works, start):
+            self._orphans.append((works, inbox, mine))
+            self.stats.seconds += time.perf_counter() - start
+            return None
+        for idx, buf in inbox:
+            offset = 0
+            for i in idx:
+                n = mine[i].numel()
+                sums[i] += buf[offset : offset + n].view_as(mine[i]).float()
+                offset += n
+        self.stats.seconds += time.perf_counter() - start
+        return [(s / len(group)).to(t.dtype) for s, t in zip(sums, mine)]
+
+    def _wait(self, works: list, start: float) -> bool:
+        # gloo's p2p works never report is_completed() and a Work.wait(timeout) that
+        # expires closes the pair's connection for good, so a helper thread does the
+        # blocking wait and we give it until the deadline.
+        failed: list[BaseException] = []
+
+        def wait_all() -> None:
+            try:
+                for w in works:
+                    w.wait()
+            except RuntimeError as e:  # a dead peer breaks its pair; the run goes on
+                failed.append(e)
+
+        if self.deadline_s is None:
+            wait_all()
+        else:
+            waiter = threading.Thread(target=wait_all, daemon=True, name="pair-exchange-wait")
+            waiter.start()
+            waiter.join(max(0.0, self.deadline_s - (time.perf_counter() - start)))
+            if waiter.is_alive():
+                self.stats.timeouts += 1
+                return False
+        if failed:
+            self.stats.failures += 1
+            return False
+        return True

@@ -1,0 +1,142 @@
+"""Token blocks: packing, deterministic per-domain splits, and a resumable sharded sampler."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from transformers import ByT5Tokenizer
+
+from decentrain.data.corpus import DOMAINS, load_domain
+
+SPLITS = ("train", "val", "test")
+SOURCES = ("offline", "hf")
+
+
+@dataclass
+class DataConfig:
+    name: str = "offline"
+    source: str = "offline"  # offline: the built-in corpus; hf: a `datasets` dataset (local or hub)
+    domains: list[str] = field(default_factory=lambda: ["python_stdlib", "python_docs", "c_headers", "licenses", "arithmetic"])
+    seq_len: int = 128
+    max_bytes_per_domain: int = 400_000
+    val_fraction: float = 0.05
+    test_fraction: float = 0.05
+    seed: int = 0
+    # source=hf
+    hf_path: str | None = None  # dataset name/hub id or a local builder ("json", "text", ...)
+    hf_data_files: list[str] | None = None
+    hf_split: str = "train"
+    hf_text_field: str = "text"
+
+    def __post_init__(self) -> None:
+        if self.source not in SOURCES:
+            raise ValueError(f"data.source={self.source!r} is unknown; allowed: {list(SOURCES)}")
+        if self.source == "offline":
+            for d in self.domains:
+                DOMAINS.get(d, field="data.domains")
+        elif not self.hf_path:
+            raise ValueError("data.hf_path must be set when data.source=hf")
+        if not self.domains:
+            raise ValueError("data.domains must name at least one domain")
+        if self.seq_len < 2:
+            raise ValueError(f"data.seq_len={self.seq_len} must be >= 2")
+        if not (0 <= self.val_fraction < 1 and 0 <= self.test_fraction < 1 and self.val_fraction + self.test_fraction < 1):
+            raise ValueError("data.val_fraction and data.test_fraction must be in [0, 1) and sum below 1")
+
+
+def encode(tokenizer, text: str) -> np.ndarray:
+    """Token ids without special tokens; ByT5 is bytes + 3, done with numpy for speed."""
+    if isinstance(tokenizer, ByT5Tokenizer):
+        return np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(np.int64) + 3
+    return np.asarray(tokenizer(text, add_special_tokens=False)["input_ids"], dtype=np.int64)
+
+
+def pack(docs: list[str], tokenizer, seq_len: int) -> torch.Tensor:
+    """Concatenate documents, each followed by EOS, into [n_blocks, seq_len] (the tail is dropped)."""
+    eos = np.array([tokenizer.eos_token_id], dtype=np.int64)
+    stream = np.concatenate([part for d in docs for part in (encode(tokenizer, d), eos)])
+    n = len(stream) // seq_len
+    return torch.from_numpy(stream[: n * seq_len].reshape(n, seq_len).copy())
+
+
+def split_blocks(blocks: torch.Tensor, val_fraction: float, test_fraction: float, seed: int) -> dict[str, torch.Tensor]:
+    """Seeded block-level split; val and test get at least one block each when asked for."""
+    n = len(blocks)
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+    n_test = max(1, round(n * test_fraction)) if test_fraction > 0 else 0
+    n_val = max(1, round(n * val_fraction)) if val_fraction > 0 else 0
+    if n_test + n_val >= n:
+        raise ValueError(f"only {n} blocks: too few for val/test splits; raise data.max_bytes_per_domain or lower data.seq_len")
+    test, val, train = perm[:n_test], perm[n_test : n_test + n_val], perm[n_test + n_val :]
+    return {"train": blocks[train.sort().values], "val": blocks[val.sort().values], "test": blocks[test.sort().values]}
+
+
+def _hf_documents(cfg: DataConfig) -> dict[str, list[str]]:
+    import datasets
+
+    ds = datasets.load_dataset(cfg.hf_path, data_files=cfg.hf_data_files, split=cfg.hf_split)
+    if cfg.hf_text_field not in ds.column_names:
+        raise ValueError(f"data.hf_text_field={cfg.hf_text_field!r} is not a column; columns: {ds.column_names}")
+    return {cfg.domains[0]: [t for t in ds[cfg.hf_text_field] if t]}
+
+
+@dataclass
+class Corpus:
+    """blocks[domain][split] -> LongTensor [n, seq_len]."""
+
+    blocks: dict[str, dict[str, torch.Tensor]]
+
+    def train_blocks(self, domains: list[str] | None = None) -> torch.Tensor:
+        return torch.cat([self.blocks[d]["train"] for d in (domains or list(self.blocks))])
+
+    def split(self, split: str, domain: str) -> torch.Tensor:
+        if split not in SPLITS:
+            raise ValueError(f"split={split!r} is unknown; allowed: {list(SPLITS)}")
+        return self.blocks[domain][split]
+
+
+def build_corpus(cfg: DataConfig, tokenizer) -> Corpus:
+    if cfg.source == "hf":
+        docs = _hf_documents(cfg)
+    else:
+        docs = {d: load_domain(d, cfg.max_bytes_per_domain, cfg.seed) for d in cfg.domains}
+    return Corpus(
+        {d: split_blocks(pack(texts, tokenizer, cfg.seq_len), cfg.val_fraction, cfg.test_fraction, cfg.seed) for d, texts in docs.items()}
+    )
+
+
+class ShardedSampler:
+    """Deterministic, resumable batches over `num_blocks`, sharded by rank.
+
+    Epoch e is a fixed permutation (seed, e). Step s takes the next `global_batch` indices
+    and rank r its contiguous slice of them, so the whole state is (epoch, position).
+    """
+
+    def __init__(self, num_blocks: int, global_batch: int, rank: int, world_size: int, seed: int):
+        if global_batch > num_blocks:
+            raise ValueError(f"global batch {global_batch} is larger than the {num_blocks} training blocks")
+        self.num_blocks, self.global_batch = num_blocks, global_batch
+        self.rank, self.world_size, self.seed = rank, world_size, seed
+        self.per_rank = global_batch // world_size
+        self.epoch, self.position = 0, 0
+        self._perm = self._permutation(0)
+
+    def _permutation(self, epoch: int) -> torch.Tensor:
+        return torch.randperm(self.num_blocks, generator=torch.Generator().manual_seed(self.seed * 100_003 + epoch))
+
+    def next_indices(self) -> torch.Tensor:
+        if self.position + self.global_batch > self.num_blocks:
+            self.epoch, self.position = self.epoch + 1, 0
+            self._perm = self._permutation(self.epoch)
+        start = self.position + self.rank * self.per_rank
+        self.position += self.global_batch
+        return self._perm[start : start + self.per_rank]
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "position": self.position}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.epoch, self.position = int(state["epoch"]), int(state["position"])
+        self._perm = self._permutation(self.epoch)

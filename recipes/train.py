@@ -1,0 +1,50 @@
+"""Pre-training recipe: `decentrain [overrides]`, `python -m recipes.train`, or under torchrun.
+
+Outside torchrun it validates the config, then starts `launcher.nproc_per_node` local
+workers through torch's launcher API; each worker re-enters here under torchrun.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+
+from decentrain.algorithms.common.pretrain import run_pretraining
+from decentrain.config import config_from_dict, register_configs, validate
+from decentrain.core.bytes_comm import broadcast_bytes
+from decentrain.core.launcher import launch_workers
+from decentrain.core.world import init_world, read_launch_env
+
+CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+register_configs()
+
+
+@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
+def main(dcfg: DictConfig) -> None:
+    raw = OmegaConf.to_container(dcfg, resolve=True)
+    cfg = config_from_dict(raw)  # the one conversion: library code sees dataclasses only
+    env = read_launch_env()
+    if not env.under_torchrun and (cfg.launcher.world_size or 1) > 1:
+        validate(cfg, cfg.launcher.world_size)
+        run_dir = str(Path(cfg.run_dir).resolve())
+        launch_workers([*HydraConfig.get().overrides.task, f"run_dir={run_dir}", f"hydra.run.dir={run_dir}"],
+                       cfg.launcher.nproc_per_node, cfg.launcher.nnodes, cfg.launcher.rdzv_endpoint, cfg.launcher.max_restarts)
+        return
+    validate(cfg, env.world_size)  # before any process group starts
+    world = init_world(threads=cfg.train.threads)
+    # every rank composed its own timestamped dir; rank 0's wins
+    run_dir = Path(broadcast_bytes(world, str(Path(cfg.run_dir).resolve()).encode() if world.is_main else None).decode())
+    if world.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(raw))
+    try:
+        run_pretraining(cfg, world, run_dir, raw)
+    finally:
+        world.shutdown()
+
+
+if __name__ == "__main__":
+    main()
