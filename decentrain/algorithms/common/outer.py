@@ -38,7 +38,8 @@ class OuterOptimizer:
     averaged pseudo-gradient is written into `.grad` of the slow copy and SGD
     does the rest, so momentum semantics are exactly PyTorch's:
         b ← μ·b + Δ̄ ;  θ ← θ − η·(Δ̄ + μ·b)
-    Slow weights live in fp32 whatever the model dtype.
+    Slow weights live in fp32 whatever the model dtype. Streaming DiLoCo keeps
+    one per fragment, built from that fragment's parameters.
     """
 
     def __init__(self, params: Tensors, lr: float = 0.7, momentum: float = 0.9, nesterov: bool = True):
@@ -102,9 +103,10 @@ def fragment_param_names(names: Iterable[str], num_layers: int, num_fragments: i
     """Split HF Llama/Qwen2 parameter names into strided fragments.
 
     `*.layers.{i}.*` goes with layer i. The embeddings go with the fragment of
-    layer 0 and the final norm / lm_head with the fragment of the last layer:
-    they sit next to those layers in the graph, and putting them in different
-    fragments keeps the two big matrices from landing in the same payload.
+    layer 0 (fragment 0) and the final norm / lm_head with the fragment of the
+    last layer ((num_layers-1) % num_fragments): they sit next to those layers
+    in the graph, and unless the two fragments coincide, the two big vocab
+    matrices of an untied model land in different payloads.
     Tied heads appear once in `named_parameters()`, so no special case.
     Raises ValueError for a name that fits none of these or a layer index out
     of range, so a new architecture fails loudly instead of never syncing.
