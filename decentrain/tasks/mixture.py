@@ -96,7 +96,7 @@ class TaskMixture:
         name = self.cfg.tasks[int(rng.choice(len(self.cfg.tasks), p=self.probs))]
         entry = self.datasets[name][index % self.cfg.size]
         metadata = {k: v for k, v in entry["metadata"].items() if k not in _DROPPED_METADATA_KEYS}
-        return TaskItem(task=name, question=entry["question"], answer=str(entry["answer"]), metadata=json_safe(metadata))
+        return TaskItem(name, entry["question"], str(entry["answer"]), json_safe(metadata))
 
     def sample(self, n: int, rng: np.random.Generator) -> list[TaskItem]:
         return [self[int(i)] for i in rng.integers(0, len(self), size=n)]

@@ -153,7 +153,9 @@ def test_limits_validation():
 # --- property-based: hostile peers -----------------------------------------------------------
 
 json_leaf = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20)
-json_value = st.recursive(json_leaf, lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=8), c, max_size=4), max_leaves=20)
+json_value = st.recursive(
+    json_leaf, lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=8), c, max_size=4), max_leaves=20
+)
 
 
 @st.composite

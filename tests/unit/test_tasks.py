@@ -3,7 +3,15 @@ import json
 import numpy as np
 import pytest
 
-from decentrain.tasks import PromptTemplate, RewardConfig, TaskItem, TaskMixConfig, TaskMixture, TemplateConfig, Verifier
+from decentrain.tasks import (
+    PromptTemplate,
+    RewardConfig,
+    TaskItem,
+    TaskMixConfig,
+    TaskMixture,
+    TemplateConfig,
+    Verifier,
+)
 from decentrain.tasks.mixture import json_safe
 
 

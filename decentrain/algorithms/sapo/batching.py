@@ -101,7 +101,8 @@ class TokenizedBatch:
     prompts: list[str]  # one per group: the receiver's prompt text (SPO tracker key)
 
 
-def _pad(seqs: list[list[int]], pad_id: int, left: bool) -> tuple[Tensor, Tensor]:
+def pad_sequences(seqs: list[list[int]], pad_id: int, left: bool) -> tuple[Tensor, Tensor]:
+    """Stack ragged id lists into (ids, mask) [N, max_len], padded on the left or the right."""
     width = max((len(s) for s in seqs), default=0)
     ids = torch.full((len(seqs), max(width, 1)), pad_id, dtype=torch.long)
     mask = torch.zeros_like(ids)
@@ -137,7 +138,7 @@ def tokenize_batch(
             prompt_seqs.append(p)
             completion_seqs.append(encode(c)[:max_completion_tokens])
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    prompt_ids, prompt_mask = _pad(prompt_seqs, pad_id, left=True)
-    completion_ids, completion_mask = _pad(completion_seqs, pad_id, left=False)
+    prompt_ids, prompt_mask = pad_sequences(prompt_seqs, pad_id, left=True)
+    completion_ids, completion_mask = pad_sequences(completion_seqs, pad_id, left=False)
     rewards = torch.tensor([s.rewards for s in groups], dtype=torch.float32)
     return TokenizedBatch(prompt_ids, prompt_mask, completion_ids, completion_mask, rewards, prompts)

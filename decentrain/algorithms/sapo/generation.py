@@ -80,29 +80,27 @@ class HFGenerationBackend:
         texts: list[str] = []
         was_training = self.model.training
         self.model.eval()
-        # A private RNG stream: sampling is reproducible per seed and leaves the global RNG alone.
-        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-            torch.manual_seed(seed)
-            for start in range(0, len(flat), cfg.batch_size):
-                enc = self.tokenizer(
-                    flat[start : start + cfg.batch_size],
-                    add_special_tokens=False,
-                    padding=True,
-                    padding_side="left",
-                    return_tensors="pt",
-                ).to(device)
-                out = self.model.generate(
-                    **enc,
-                    max_new_tokens=max_new_tokens,
-                    use_cache=True,
-                    pad_token_id=self.pad_id,
-                    **kwargs,
-                )
-                new = out[:, enc["input_ids"].size(1) :]
-                texts += self.tokenizer.batch_decode(new, skip_special_tokens=True)
-        self.model.train(was_training)
+        try:
+            # A private RNG stream: sampling is reproducible per seed and leaves the global RNG alone.
+            with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+                torch.manual_seed(seed)
+                for start in range(0, len(flat), cfg.batch_size):
+                    texts += self._generate_batch(flat[start : start + cfg.batch_size], device, max_new_tokens, kwargs)
+        finally:
+            self.model.train(was_training)
         texts = [_cut_at_stop(t, cfg.stop) for t in texts]
         return [texts[i : i + num_generations] for i in range(0, len(texts), num_generations)]
+
+    def _generate_batch(
+        self, prompts: list[str], device: torch.device, max_new_tokens: int, kwargs: dict[str, Any]
+    ) -> list[str]:
+        enc = self.tokenizer(
+            prompts, add_special_tokens=False, padding=True, padding_side="left", return_tensors="pt"
+        ).to(device)
+        out = self.model.generate(
+            **enc, max_new_tokens=max_new_tokens, use_cache=True, pad_token_id=self.pad_id, **kwargs
+        )
+        return self.tokenizer.batch_decode(out[:, enc["input_ids"].size(1) :], skip_special_tokens=True)
 
 
 def completion_logprobs(

@@ -80,8 +80,12 @@ ADVANTAGE_ESTIMATORS: Registry[type] = Registry("advantage")
 
 @ADVANTAGE_ESTIMATORS.register("group")
 class GroupAdvantage:
-    def __init__(self, cfg: SAPOLossConfig):
-        self.scale_rewards = cfg.scale_rewards
+    def __init__(self, scale_rewards: str = "group"):
+        self.scale_rewards = scale_rewards
+
+    @classmethod
+    def from_config(cls, cfg: SAPOLossConfig) -> GroupAdvantage:
+        return cls(cfg.scale_rewards)
 
     def __call__(self, prompts: Sequence[str], rewards: Tensor) -> Tensor:
         return group_advantages(rewards, self.scale_rewards)
@@ -105,10 +109,14 @@ class SPOTracker:
     Rewards are clamped to [0, 1] for the tracker: it models a success probability.
     """
 
-    def __init__(self, cfg: SAPOLossConfig | None = None, rho: float | None = None):
-        self.rho = rho if rho is not None else (cfg.spo_rho if cfg is not None else 0.875)
+    def __init__(self, rho: float = 0.875):
+        self.rho = rho
         self.alpha: dict[str, float] = {}
         self.beta: dict[str, float] = {}
+
+    @classmethod
+    def from_config(cls, cfg: SAPOLossConfig) -> SPOTracker:
+        return cls(cfg.spo_rho)
 
     def value(self, prompt: str) -> float | None:
         if prompt not in self.alpha:
@@ -146,7 +154,7 @@ class SPOTracker:
 
 
 def build_advantage_estimator(cfg: SAPOLossConfig) -> AdvantageEstimator:
-    return ADVANTAGE_ESTIMATORS.get(cfg.advantage, field="advantage")(cfg)
+    return ADVANTAGE_ESTIMATORS.get(cfg.advantage, field="advantage").from_config(cfg)
 
 
 # ---------------------------------------------------------------------------------------------
