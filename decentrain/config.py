@@ -52,8 +52,11 @@ class LoopConfig:
     keep_checkpoints: int = 2
     seed: int = 0
     threads: int | None = None  # torch threads per rank; None leaves torch's default
+    stop_at: int | None = None  # leave early at this step, as a preempted job would (resume continues)
 
     def __post_init__(self) -> None:
+        if self.stop_at is not None and not 1 <= self.stop_at <= self.steps:
+            raise ValueError(f"train.stop_at={self.stop_at} must be in [1, train.steps={self.steps}]")
         for f in ("steps", "global_batch_size", "micro_batch_size", "eval_every", "eval_batches", "checkpoint_every", "keep_checkpoints"):
             if getattr(self, f) < 1:
                 raise ValueError(f"train.{f}={getattr(self, f)} must be >= 1")

@@ -141,7 +141,8 @@ class Trainer:
         self.algorithm.on_train_start(self.model, self.optimizer)
         logger.advance(self.step)
         loss, eval_loss = float("nan"), {}
-        while self.step < cfg.steps:
+        last = cfg.stop_at or cfg.steps
+        while self.step < last:
             loss = self.train_step(model)
             self.step += 1
             metrics = self.algorithm.after_optimizer_step(self.step, self.model, self.optimizer)
@@ -151,7 +152,7 @@ class Trainer:
             if self.step % cfg.eval_every == 0 or self.step == cfg.steps:
                 eval_loss = evaluate(self.model, self.val_blocks, cfg.micro_batch_size, self.world.device)
                 logger.log(self.step, {"eval/loss": float(np.mean(list(eval_loss.values()))), **{f"eval/{d}": v for d, v in eval_loss.items()}})
-            if self.step % cfg.checkpoint_every == 0 or self.step == cfg.steps:
+            if self.step % cfg.checkpoint_every == 0 or self.step == last:
                 self.save()
         self.algorithm.on_train_end(self.model)
         return TrainResult(self.step, loss, eval_loss, time.perf_counter() - start_time)

@@ -1,0 +1,51 @@
+"""Every shipped Hydra config composes (and, for the training config, converts and validates)."""
+
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from omegaconf import OmegaConf
+
+import recipes.train  # noqa: F401  (registers the schemas)
+from decentrain.config import config_from_dict
+
+CONF = Path(__file__).resolve().parents[2] / "conf"
+TRAIN_GROUPS = [d.name for d in CONF.iterdir() if d.is_dir() and d.name != "hydra" and (CONF / "config.yaml").read_text().count(f"- {d.name}:")]
+
+
+def _options(group: str) -> list[str]:
+    return sorted(p.stem for p in (CONF / group).glob("*.yaml"))
+
+
+def _compose(overrides: list[str], name: str = "config"):
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose(config_name=name, overrides=overrides, return_hydra_config=False)
+
+
+@pytest.mark.parametrize("group,option", [(g, o) for g in TRAIN_GROUPS for o in _options(g)])
+def test_training_group_option_composes_and_converts(group, option):
+    cfg = _compose([f"{group}={option}", "run_dir=/tmp/x"])
+    config_from_dict(OmegaConf.to_container(cfg, resolve=True))
+
+
+def test_every_primary_config_composes():
+    primaries = sorted(p.stem for p in CONF.glob("*.yaml"))
+    assert "config" in primaries
+    for name in primaries:
+        cfg = _compose([], name=name) if name != "config" else _compose(["run_dir=/tmp/x"])
+        assert OmegaConf.to_container(cfg, resolve=False)
+
+
+def test_unknown_group_option_lists_the_available_ones():
+    with pytest.raises(Exception, match="ddp"):
+        _compose(["algorithm=nope"])
+
+
+def test_slurm_sweep_launcher_config_composes():
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=["hydra/launcher=slurm", "run_dir=/tmp/x"], return_hydra_config=True)
+    assert cfg.hydra.launcher.tasks_per_node == 1
