@@ -48,6 +48,10 @@ class Algorithm:
         """Runs after inner step `step` (1-based). Returns metrics to log."""
         return {}
 
+    def should_stop(self, step: int, total_steps: int) -> bool:
+        """End the loop before `total_steps` (e.g. a worker paced to fewer inner steps per round)."""
+        return False
+
     def on_train_end(self, model: torch.nn.Module) -> None:
         pass
 

@@ -89,6 +89,11 @@ class PairExchange:
     (the call returns None), never the run. Late buffers are kept alive until the
     process ends, because gloo still writes into them; a per-round tag keeps a late
     message from matching a later round.
+
+    `full_duplex()`: one gloo process group moves a pair's two directions one after the
+    other (a 10 MB swap on 100 Mbit/s links takes ~2x the floor). After it, each ordered
+    pair (src -> dst) sends on a process group of its own, so both directions stream at
+    once. It is a collective over the whole world: call it at start-up, on every rank.
     """
 
     world: World
@@ -96,6 +101,24 @@ class PairExchange:
     deadline_s: float | None = None
     stats: ExchangeStats = field(default_factory=ExchangeStats)
     _orphans: list = field(default_factory=list, repr=False)
+    _lanes: dict = field(default_factory=dict, repr=False)  # (src, dst) -> process group
+
+    def full_duplex(self, max_world: int = 64) -> "PairExchange":
+        """Create one process group per direction of every rank pair (N·(N−1) groups)."""
+        n = self.world.world_size
+        if n > max_world:  # O(N²) groups: beyond this, exchange on the shared group
+            return self
+        ranks = list(range(n)) if self.world.group is None else dist.get_process_group_ranks(self.world.group)
+        for i in range(n):
+            for j in range(i + 1, n):
+                a, b = ranks[i], ranks[j]
+                # every rank creates every group, in the same order (new_group is collective)
+                self._lanes[(a, b)] = dist.new_group([a, b])
+                self._lanes[(b, a)] = dist.new_group([a, b])
+        return self
+
+    def _lane(self, src: int, dst: int):
+        return self._lanes.get((src, dst), self.world.group)
 
     def average(self, tensors: Sequence[torch.Tensor], group: tuple[int, ...], round_idx: int) -> list[torch.Tensor] | None:
         """Return the group mean of each tensor (a new list), or None if the deadline passed."""
@@ -113,8 +136,8 @@ class PairExchange:
             for p in peers:
                 # post the receive before the send so both directions can progress at once
                 buf = torch.empty_like(flat)
-                works.append(dist.irecv(buf, src=p, group=self.world.group, tag=tag))
-                works.append(dist.isend(flat, dst=p, group=self.world.group, tag=tag))
+                works.append(dist.irecv(buf, src=p, group=self._lane(p, self.world.rank), tag=tag))
+                works.append(dist.isend(flat, dst=p, group=self._lane(self.world.rank, p), tag=tag))
                 inbox.append((idx, buf))
                 self.stats.bytes_sent += flat.numel() * flat.element_size()
         if not self._wait(works, start):

@@ -85,6 +85,7 @@ class Trainer:
         self.accum = cfg.train.global_batch_size // (world.world_size * cfg.train.micro_batch_size)
         self.checkpointer = Checkpointer(run_dir / "checkpoints", world.rank, world.world_size, keep=cfg.train.keep_checkpoints)
         self.step = 0
+        self.step_times: list[float] = []
 
     # -- checkpoint state -------------------------------------------------------------
     def state_dict(self) -> dict:
@@ -142,17 +143,22 @@ class Trainer:
         logger.advance(self.step)
         loss, eval_loss = float("nan"), {}
         last = cfg.stop_at or cfg.steps
-        while self.step < last:
+        stop = False
+        while self.step < last and not stop:
+            tick = time.perf_counter()
             loss = self.train_step(model)
             self.step += 1
             metrics = self.algorithm.after_optimizer_step(self.step, self.model, self.optimizer)
+            stop = self.algorithm.should_stop(self.step, cfg.steps)
+            final = self.step == cfg.steps or stop
             logger.advance(1, loss=loss)
-            if self.step % self.cfg.logger.log_every == 0 or self.step == cfg.steps:
+            if self.step % self.cfg.logger.log_every == 0 or final:
                 logger.log(self.step, {"train/loss": loss, "lr": self.scheduler.get_last_lr()[0], **metrics})
-            if self.step % cfg.eval_every == 0 or self.step == cfg.steps:
+            self.step_times.append(time.perf_counter() - tick)  # eval and checkpoints excluded
+            if self.step % cfg.eval_every == 0 or final:
                 eval_loss = evaluate(self.model, self.val_blocks, cfg.micro_batch_size, self.world.device)
                 logger.log(self.step, {"eval/loss": float(np.mean(list(eval_loss.values()))), **{f"eval/{d}": v for d, v in eval_loss.items()}})
-            if self.step % cfg.checkpoint_every == 0 or self.step == last:
+            if self.step % cfg.checkpoint_every == 0 or self.step == last or stop:
                 self.save()
         self.algorithm.on_train_end(self.model)
         return TrainResult(self.step, loss, eval_loss, time.perf_counter() - start_time)

@@ -1,0 +1,3 @@
+from decentrain.algorithms.noloco.noloco import NoLoCo, NoLoCoConfig
+
+__all__ = ["NoLoCo", "NoLoCoConfig"]

@@ -1,0 +1,136 @@
+"""The inner/outer loop shared by DiLoCo and NoLoCo, as optimizer-step hooks.
+
+The trainer runs ordinary inner AdamW steps; this base class counts them and, every
+H steps, calls the family's `outer_step`. It also owns what every replica algorithm
+needs around that: the start-up shape check and weight broadcast, resume of outer
+state (loaded before the model is wrapped, applied once the outer state exists), and
+optional FedCompass-style adaptive H for mixed hardware.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from decentrain.algorithms.base import Algorithm, AlgorithmConfig
+from decentrain.algorithms.common.replicas import broadcast_parameters, check_replicas_match
+
+
+@dataclass
+class InnerOuterConfig(AlgorithmConfig):
+    inner_steps: int = 50  # H: inner optimizer steps between outer steps
+    outer_lr: float = 0.7  # η
+    outer_momentum: float = 0.9  # μ
+    # FedCompass-like pacing: a slow worker runs fewer inner steps per round, so that
+    # partners reach the sync together; every worker still runs the same number of rounds.
+    adaptive_inner_steps: bool = False
+    min_inner_steps: int = 1
+
+    def __post_init__(self) -> None:
+        if self.inner_steps < 1:
+            raise ValueError(f"algorithm.inner_steps={self.inner_steps} (H) must be >= 1")
+        if self.outer_lr <= 0:
+            raise ValueError(f"algorithm.outer_lr={self.outer_lr} must be > 0")
+        if not 0 <= self.outer_momentum < 1:
+            raise ValueError(f"algorithm.outer_momentum={self.outer_momentum} must be in [0, 1)")
+        if not 1 <= self.min_inner_steps <= self.inner_steps:
+            raise ValueError(
+                f"algorithm.min_inner_steps={self.min_inner_steps} must be in [1, algorithm.inner_steps={self.inner_steps}]"
+            )
+
+
+class StepPace:
+    """Median of recent inner-step times, and H scaled to the fastest known worker."""
+
+    def __init__(self, window: int = 16):
+        self.times: deque[float] = deque(maxlen=window)
+        self.fastest: float = math.inf  # step time of the fastest worker heard of (self included)
+
+    def observe(self, seconds: float) -> None:
+        self.times.append(seconds)
+
+    @property
+    def step_time(self) -> float:
+        return statistics.median(self.times) if self.times else math.inf
+
+    def hear(self, step_time: float) -> None:
+        self.fastest = min(self.fastest, step_time, self.step_time)
+
+    def inner_steps(self, h: int, h_min: int) -> int:
+        """H · s_fastest / s_self, clamped to [h_min, H]: a worker 2× slower does H/2 steps."""
+        if not math.isfinite(self.fastest) or not math.isfinite(self.step_time) or self.step_time <= 0:
+            return h
+        return max(h_min, min(h, round(h * self.fastest / self.step_time)))
+
+
+class InnerOuterAlgorithm(Algorithm):
+    """Subclasses implement `setup(model)`, `outer_step(model) -> metrics` and the outer state."""
+
+    cfg: InnerOuterConfig
+
+    def __init__(self, cfg: InnerOuterConfig, world):
+        super().__init__(cfg, world)
+        self.round = 0  # outer steps taken
+        self.inner_count = 0  # inner steps since the last outer step
+        self.h = cfg.inner_steps  # this round's H (differs from cfg only when adaptive)
+        self.pace = StepPace()
+        self._resume: dict[str, Any] | None = None
+        self._tick = 0.0
+
+    # -- hooks the families fill in ---------------------------------------------------
+    def setup(self, model: torch.nn.Module) -> None:
+        raise NotImplementedError
+
+    def outer_step(self, model: torch.nn.Module) -> dict[str, float]:
+        raise NotImplementedError
+
+    def outer_state(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def load_outer_state(self, state: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    # -- Algorithm hooks --------------------------------------------------------------
+    def on_train_start(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        check_replicas_match(self.world, model)
+        if self._resume is None:  # a resumed replica keeps its own (possibly distinct) weights
+            broadcast_parameters(self.world, model)
+        self.setup(model)
+        if self._resume is not None:
+            self.load_outer_state(self._resume["outer"])
+            self._resume = None
+        self._tick = time.perf_counter()
+
+    def after_optimizer_step(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, float]:
+        self.pace.observe(time.perf_counter() - self._tick)
+        self.inner_count += 1
+        metrics: dict[str, float] = {}
+        if self.inner_count >= self.h:
+            metrics = self.outer_step(model)
+            self.round += 1
+            self.inner_count = 0
+            if self.cfg.adaptive_inner_steps:
+                self.h = self.pace.inner_steps(self.cfg.inner_steps, self.cfg.min_inner_steps)
+                metrics["outer/inner_steps"] = float(self.h)
+        self._tick = time.perf_counter()  # the sync itself is not compute time
+        return metrics
+
+    def should_stop(self, step: int, total_steps: int) -> bool:
+        # Adaptive workers take different numbers of inner steps but the same number of rounds.
+        return self.cfg.adaptive_inner_steps and self.round >= math.ceil(total_steps / self.cfg.inner_steps)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"round": self.round, "inner_count": self.inner_count, "h": self.h,
+                "fastest": self.pace.fastest if math.isfinite(self.pace.fastest) else None,
+                "outer": self.outer_state()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.round, self.inner_count, self.h = int(state["round"]), int(state["inner_count"]), int(state["h"])
+        self.pace.fastest = math.inf if state.get("fastest") is None else float(state["fastest"])
+        self._resume = state  # the outer state needs the model; applied in on_train_start

@@ -1,0 +1,60 @@
+"""DiLoCo (arXiv 2311.08105): H inner steps, then one all-reduce of the pseudo-gradient.
+
+Like torchft's DiLoCo it is only optimizer-step hooks: the trainer's AdamW is the
+inner optimizer; every H steps `outer_step` averages Δ = θ_prev − θ_i over replicas,
+takes a Nesterov SGD step on the fp32 slow weights and copies them back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from decentrain.algorithms.base import register_algorithm
+from decentrain.algorithms.common.inner_outer import InnerOuterAlgorithm, InnerOuterConfig
+from decentrain.algorithms.common.outer import OuterOptimizer
+from decentrain.algorithms.diloco.sync import start_mean
+
+
+@dataclass
+class DiLoCoConfig(InnerOuterConfig):
+    name: str = "diloco"
+    inner_steps: int = 500  # paper: H=500, η=0.7, μ=0.9 (Nesterov)
+    outer_lr: float = 0.7
+    outer_momentum: float = 0.9
+    nesterov: bool = True
+
+
+@register_algorithm("diloco", DiLoCoConfig)
+class DiLoCo(InnerOuterAlgorithm):
+    cfg: DiLoCoConfig
+
+    def setup(self, model: torch.nn.Module) -> None:
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.outer = OuterOptimizer(self.params, self.cfg.outer_lr, self.cfg.outer_momentum, self.cfg.nesterov)
+
+    def outer_step(self, model: torch.nn.Module) -> dict[str, float]:
+        delta = self.outer.pseudo_gradient(self.params)
+        mean = start_mean(self.world, delta).result()
+        if self.cfg.adaptive_inner_steps:
+            self._share_pace()
+        self.outer.step(mean)
+        self.outer.copy_to(self.params)
+        norm = torch.sqrt(sum((d.double() ** 2).sum() for d in mean)).item()
+        return {"outer/pseudo_grad_norm": norm, "outer/round": float(self.round + 1)}
+
+    def _share_pace(self) -> None:
+        # DiLoCo syncs everybody anyway: one tiny MIN all-reduce tells all replicas the fastest step time.
+        t = torch.tensor([self.pace.step_time], dtype=torch.float64, device=self.world.device)
+        if self.world.is_distributed:
+            dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.world.group)
+        self.pace.hear(float(t.item()))
+
+    def outer_state(self) -> dict[str, Any]:
+        return self.outer.state_dict()
+
+    def load_outer_state(self, state: dict[str, Any]) -> None:
+        self.outer.load_state_dict(state)

@@ -1,0 +1,118 @@
+"""NoLoCo (arXiv 2506.10911): no all-reduce, one random partner per outer step.
+
+Replica i keeps slow weights φ, momentum m (both fp32) and its fast weights θ (the
+model). After H inner steps it averages θ with its gossip partner, the only
+exchange, and moves:
+    m ← μ·m + β·(θ̄_G − φ) ;  φ ← φ + m ;  θ ← φ           (γ = β, the default)
+With γ ≠ β the paper's general form needs mean φ of the pair too, so φ is sent
+alongside θ. Partners come from a seeded matching that every rank derives alone; a
+partner that misses the deadline costs this round's averaging (the step uses θ̄ = θ).
+After the start-up broadcast NoLoCo issues no all-reduce and no barrier.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from decentrain.algorithms.base import register_algorithm
+from decentrain.algorithms.common.inner_outer import InnerOuterAlgorithm, InnerOuterConfig
+from decentrain.algorithms.common.outer import noloco_general_step_, noloco_step_
+from decentrain.core.gossip import ODD_POLICIES, PairExchange, gossip_groups, group_of
+
+
+@dataclass
+class NoLoCoConfig(InnerOuterConfig):
+    name: str = "noloco"
+    inner_steps: int = 50  # reference: H=50, η=0.7, μ=0.5
+    outer_lr: float = 0.7  # η = β, weight of the pair's pseudo-gradient
+    gamma: float | None = None  # weight of the pull towards the pair's mean φ; None: γ = β
+    outer_momentum: float = 0.5  # μ (the paper's α)
+    pairing_seed: int | None = 0  # None: the reference `default_rng(t+1)` stream
+    odd_world: str = "error"  # error | idle | triple
+    deadline_s: float | None = None  # None waits for the partner forever
+    bucket_mb: float = 32.0
+    full_duplex: bool = True  # one process group per direction (start-up cost O(N²) groups)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.gamma is not None and self.gamma < 0:
+            raise ValueError(f"algorithm.gamma={self.gamma} must be >= 0 (or null for gamma = outer_lr)")
+        if self.odd_world not in ODD_POLICIES:
+            raise ValueError(f"algorithm.odd_world={self.odd_world!r} is unknown; allowed: {list(ODD_POLICIES)}")
+        if self.deadline_s is not None and self.deadline_s <= 0:
+            raise ValueError(f"algorithm.deadline_s={self.deadline_s} must be > 0 (or null for no deadline)")
+        if self.bucket_mb <= 0:
+            raise ValueError(f"algorithm.bucket_mb={self.bucket_mb} must be > 0")
+
+    @property
+    def beta(self) -> float:
+        return self.outer_lr
+
+    @property
+    def gamma_(self) -> float:
+        return self.outer_lr if self.gamma is None else self.gamma
+
+
+@register_algorithm("noloco", NoLoCoConfig)
+class NoLoCo(InnerOuterAlgorithm):
+    cfg: NoLoCoConfig
+
+    @classmethod
+    def check_world(cls, cfg: NoLoCoConfig, world_size: int) -> None:
+        if world_size > 1 and world_size % 2 and cfg.odd_world == "error":
+            raise ValueError(
+                f"world size {world_size} is odd and cannot be paired; set algorithm.odd_world to 'idle' "
+                "(one rank sits out each round) or 'triple' (one group of three)"
+            )
+
+    def setup(self, model: torch.nn.Module) -> None:
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        with torch.no_grad():
+            self.phi = [p.detach().clone().float() for p in self.params]
+            self.m = [torch.zeros_like(p) for p in self.phi]
+        self.exchange = PairExchange(self.world, int(self.cfg.bucket_mb * (1 << 20)), self.cfg.deadline_s)
+        if self.cfg.full_duplex and self.world.is_distributed:
+            self.exchange.full_duplex()  # start-up only: creating groups is collective
+
+    def outer_step(self, model: torch.nn.Module) -> dict[str, float]:
+        groups = gossip_groups(self.round, self.world.world_size, self.cfg.pairing_seed, self.cfg.odd_world)
+        group = group_of(self.world.rank, groups)
+        general = self.cfg.gamma is not None and self.cfg.gamma != self.cfg.outer_lr
+        pace = torch.tensor([self.pace.step_time, min(self.pace.fastest, self.pace.step_time)], dtype=torch.float64)
+        sent = [p.detach() for p in self.params] + (self.phi if general else []) + [pace]
+        mean = self.exchange.average(sent, group, self.round)
+        missed = mean is None
+        if missed:  # partner late or gone: this round averages with nobody
+            mean, group = [t.clone() for t in sent], (self.world.rank,)
+        n = len(self.params)
+        theta_bar = mean[:n]
+        if general:
+            phi_bar = mean[n : 2 * n]
+            mean_pg = [pb - tb.float() for pb, tb in zip(phi_bar, theta_bar)]  # mean Δ = mean φ − θ̄
+            noloco_general_step_(self.phi, self.params, self.m, mean_pg, phi_bar,
+                                 alpha=self.cfg.outer_momentum, beta=self.cfg.beta, gamma=self.cfg.gamma_)
+        else:
+            noloco_step_(self.phi, self.params, self.m, theta_bar, lr=self.cfg.outer_lr, momentum=self.cfg.outer_momentum)
+        if self.cfg.adaptive_inner_steps and len(group) > 1:
+            # others' values from the group mean: sum_others = k·mean − mine
+            others = (mean[-1] * len(group) - pace) / (len(group) - 1)
+            self.pace.hear(float(others[1]))
+        return {"outer/round": float(self.round + 1), "outer/partner_missed": float(missed),
+                "outer/exchange_timeouts": float(self.exchange.stats.timeouts)}
+
+    def outer_state(self) -> dict[str, Any]:
+        return {"phi": [p.clone() for p in self.phi], "m": [b.clone() for b in self.m],
+                "pairing_seed": self.cfg.pairing_seed}
+
+    @torch.no_grad()
+    def load_outer_state(self, state: dict[str, Any]) -> None:
+        if state.get("pairing_seed") != self.cfg.pairing_seed:
+            raise ValueError(f"algorithm.pairing_seed={self.cfg.pairing_seed} differs from the checkpoint's "
+                             f"{state.get('pairing_seed')}: resumed replicas would pick other partners")
+        for dst, src in zip(self.phi + self.m, list(state["phi"]) + list(state["m"]), strict=True):
+            if dst.shape != src.shape:
+                raise ValueError(f"outer state shape {tuple(src.shape)} != model shape {tuple(dst.shape)}")
+            dst.copy_(src)
