@@ -6,6 +6,7 @@ workers through torch's launcher API; each worker re-enters here under torchrun.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import hydra
@@ -25,18 +26,23 @@ register_configs()
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
 def main(dcfg: DictConfig) -> None:
     raw = OmegaConf.to_container(dcfg, resolve=True)
-    cfg = config_from_dict(raw)  # the one conversion: library code sees dataclasses only
     env = read_launch_env()
+    try:  # bad config: one clear line, before any process group or worker starts
+        cfg = config_from_dict(raw)  # the one conversion: library code sees dataclasses only
+        validate(cfg, env.world_size if env.under_torchrun else (cfg.launcher.world_size or 1))
+    except ValueError as e:
+        sys.exit(f"config error: {e}")
     if not env.under_torchrun and (cfg.launcher.world_size or 1) > 1:
-        validate(cfg, cfg.launcher.world_size)
         run_dir = str(Path(cfg.run_dir).resolve())
         launch_workers([*HydraConfig.get().overrides.task, f"run_dir={run_dir}", f"hydra.run.dir={run_dir}"],
                        cfg.launcher.nproc_per_node, cfg.launcher.nnodes, cfg.launcher.rdzv_endpoint, cfg.launcher.max_restarts)
         return
-    validate(cfg, env.world_size)  # before any process group starts
     world = init_world(threads=cfg.train.threads)
     # every rank composed its own timestamped dir; rank 0's wins
-    run_dir = Path(broadcast_bytes(world, str(Path(cfg.run_dir).resolve()).encode() if world.is_main else None).decode())
+    own_dir = Path(cfg.run_dir).resolve()
+    run_dir = Path(broadcast_bytes(world, str(own_dir).encode() if world.is_main else None).decode())
+    if own_dir != run_dir and own_dir.is_dir() and not any(own_dir.iterdir()):
+        own_dir.rmdir()  # Hydra made it from a clock a second off rank 0's
     if world.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(raw))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import uuid
+from typing import Any, Callable
 
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -24,3 +25,13 @@ def launch_workers(argv: list[str], nproc_per_node: int, nnodes: int = 1, rdzv_e
         monitor_interval=0.2,
     )
     elastic_launch(config, entrypoint=sys.executable)("-u", "-m", module, *argv)
+
+
+def run_on_ranks(fn: Callable[..., Any], nproc: int, *args: Any) -> dict[int, Any]:
+    """Call `fn(*args)` on `nproc` local ranks under torch's launcher; returns {rank: result}.
+
+    For benchmarks and tools that run a Python function (not a module) on several ranks.
+    """
+    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=uuid.uuid4().hex[:12],
+                          rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=0.2)
+    return elastic_launch(config, fn)(*args)
