@@ -16,7 +16,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _entry(rank: int, world_size: int, port: int, fn: Callable, args: tuple, results) -> None:
+def _entry(rank: int, world_size: int, port: int, fn: Callable, args: tuple, results, backend: str) -> None:
     os.environ.update(
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size),
         LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world_size), OMP_NUM_THREADS="1",
@@ -25,7 +25,7 @@ def _entry(rank: int, world_size: int, port: int, fn: Callable, args: tuple, res
 
     from decentrain.core.world import init_world
 
-    world = init_world(backend="gloo", timeout_s=120, threads=1)
+    world = init_world(backend=backend, timeout_s=120, threads=1)
     try:
         results.put((rank, "ok", fn(world, *args)))
     except BaseException:
@@ -35,12 +35,12 @@ def _entry(rank: int, world_size: int, port: int, fn: Callable, args: tuple, res
             dist.destroy_process_group()
 
 
-def run_ranks(fn: Callable, world_size: int, *args: Any, timeout: float = 120.0) -> list[Any]:
+def run_ranks(fn: Callable, world_size: int, *args: Any, timeout: float = 120.0, backend: str = "gloo") -> list[Any]:
     """`fn(world, *args)` on every rank; returns the results in rank order, re-raising any rank's error."""
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_entry, args=(r, world_size, port, fn, args, results)) for r in range(world_size)]
+    procs = [ctx.Process(target=_entry, args=(r, world_size, port, fn, args, results, backend)) for r in range(world_size)]
     for p in procs:
         p.start()
     out: dict[int, Any] = {}
