@@ -1,0 +1,195 @@
+"""Typed configuration of a SAPO node and of the SFT warm start; Hydra schemas registered here.
+
+A swarm shares one config; `nodes[i]` overrides sections for node i (its own model family and
+size, tokenizer, task mix, template or I/J split), so one file describes a heterogeneous swarm.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from decentrain.algorithms.sapo.batching import SwarmBatchConfig
+from decentrain.algorithms.sapo.exchange import EXCHANGES, ExchangeConfig
+from decentrain.algorithms.sapo.generation import SamplingConfig
+from decentrain.algorithms.sapo.grpo import SAPOLossConfig
+from decentrain.algorithms.sapo.payload import PayloadLimits
+from decentrain.core.metrics import LoggerConfig
+from decentrain.models.factory import ModelConfig
+from decentrain.tasks import RewardConfig, TaskMixConfig, TemplateConfig
+
+# Sections a node may override; each override is a dict of that section's fields.
+NODE_SECTIONS = ("model", "task", "template", "reward", "sampling", "batch", "optim")
+
+
+@dataclass
+class RLOptimConfig:
+    lr: float = 1e-4
+    weight_decay: float = 0.0
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.99])
+    grad_clip: float = 1.0  # 0 disables clipping
+
+    def __post_init__(self) -> None:
+        if self.lr <= 0:
+            raise ValueError(f"optim.lr={self.lr} must be > 0")
+        if len(self.betas) != 2:
+            raise ValueError(f"optim.betas={self.betas} must have two entries")
+
+
+@dataclass
+class RLLoopConfig:
+    rounds: int = 100
+    questions_per_round: int | None = None  # None: batch.num_local, at least 1 (a node with I=0 still shares)
+    micro_batch_size: int = 32  # completions per forward/backward
+    max_prompt_tokens: int = 256
+    checkpoint_every: int = 50  # rounds; 0 disables
+    keep_checkpoints: int = 2
+    seed: int = 0
+    threads: int | None = None
+    stop_at: int | None = None  # leave after this round, as a preempted job would (resume continues)
+
+    def __post_init__(self) -> None:
+        for name in ("rounds", "micro_batch_size", "max_prompt_tokens", "keep_checkpoints"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"train.{name}={getattr(self, name)} must be >= 1")
+        if self.questions_per_round is not None and self.questions_per_round < 1:
+            raise ValueError(f"train.questions_per_round={self.questions_per_round} must be >= 1")
+        if self.checkpoint_every < 0:
+            raise ValueError(f"train.checkpoint_every={self.checkpoint_every} must be >= 0")
+        if self.stop_at is not None and not 1 <= self.stop_at <= self.rounds:
+            raise ValueError(f"train.stop_at={self.stop_at} must be in [1, train.rounds={self.rounds}]")
+
+
+@dataclass
+class NodeOverride:
+    """Per-node overrides: `{section: {field: value}}`, e.g. {"model": {"hidden_size": 256}}."""
+
+    model: dict[str, Any] = field(default_factory=dict)
+    task: dict[str, Any] = field(default_factory=dict)
+    template: dict[str, Any] = field(default_factory=dict)
+    reward: dict[str, Any] = field(default_factory=dict)
+    sampling: dict[str, Any] = field(default_factory=dict)
+    batch: dict[str, Any] = field(default_factory=dict)
+    optim: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class SAPOConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    task: TaskMixConfig = field(default_factory=TaskMixConfig)
+    template: TemplateConfig = field(default_factory=TemplateConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    sampling: SamplingConfig = field(default_factory=lambda: SamplingConfig(max_new_tokens=16))
+    loss: SAPOLossConfig = field(default_factory=SAPOLossConfig)
+    batch: SwarmBatchConfig = field(default_factory=SwarmBatchConfig)
+    exchange: ExchangeConfig = field(default_factory=ExchangeConfig)
+    payload: PayloadLimits = field(default_factory=PayloadLimits)
+    optim: RLOptimConfig = field(default_factory=RLOptimConfig)
+    train: RLLoopConfig = field(default_factory=RLLoopConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    nodes: list[NodeOverride] = field(default_factory=list)
+    node_index: int | None = None  # which `nodes` entry and seed this process is; None: its rank
+    node_id: str | None = None  # name on the wire; None: "node<index>"
+    swarm_key: str | None = None  # HMAC key shared by the swarm; unsigned payloads are then dropped
+    num_nodes: int = 1  # processes the recipe starts here for `collective` (torchrun ranks)
+    run_dir: str | None = None
+    resume: bool = True
+
+    def __post_init__(self) -> None:
+        EXCHANGES.get(self.exchange.name, field="exchange.name")
+        if self.payload.num_generations != self.loss.num_generations:
+            raise ValueError(
+                f"payload.num_generations={self.payload.num_generations} must equal "
+                f"loss.num_generations={self.loss.num_generations}"
+            )
+        if self.num_nodes < 1:
+            raise ValueError(f"num_nodes={self.num_nodes} must be >= 1")
+        if self.node_index is not None and self.node_index < 0:
+            raise ValueError(f"node_index={self.node_index} must be >= 0")
+        self._check_batch(self.batch, "batch")
+        for i in range(len(self.nodes)):
+            self.for_node(i)  # resolve every override now: bad ones fail before start
+
+    def _check_batch(self, batch: SwarmBatchConfig, where: str) -> None:
+        if self.exchange.name == "silo" and batch.num_external > 0:
+            raise ValueError(f"{where}.num_external={batch.num_external} must be 0 with exchange.name='silo' (no peers)")
+
+    def for_node(self, index: int) -> SAPOConfig:
+        """This config with `nodes[index]`'s overrides applied (unchanged past the list's end)."""
+        if index >= len(self.nodes):
+            return self
+        override = self.nodes[index]
+        if not isinstance(override, NodeOverride):
+            override = NodeOverride(**override)
+        changes: dict[str, Any] = {}
+        for section in NODE_SECTIONS:
+            values = getattr(override, section)
+            if not values:
+                continue
+            base = getattr(self, section)
+            known = {f.name for f in dataclasses.fields(base)}
+            unknown = sorted(set(values) - known)
+            if unknown:
+                raise ValueError(f"nodes[{index}].{section}: unknown field(s) {unknown}; allowed: {sorted(known)}")
+            try:
+                changes[section] = dataclasses.replace(base, **values)
+            except ValueError as e:
+                raise ValueError(f"nodes[{index}].{section}: {e}") from None
+        if "batch" in changes:
+            self._check_batch(changes["batch"], f"nodes[{index}].batch")
+        return dataclasses.replace(self, nodes=[], **changes) if changes else dataclasses.replace(self, nodes=[])
+
+
+@dataclass
+class SFTLoopConfig:
+    steps: int = 450
+    batch_size: int = 32
+    lr: float = 2e-3
+    weight_decay: float = 0.0
+    warmup_steps: int = 20
+    log_every: int = 50
+    seed: int = 0
+    threads: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "batch_size", "log_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"sft.{name}={getattr(self, name)} must be >= 1")
+        if self.lr <= 0:
+            raise ValueError(f"sft.lr={self.lr} must be > 0")
+
+
+@dataclass
+class SFTEvalConfig:
+    prompts_per_task: int = 48
+    num_generations: int = 4
+    seed_offset: int = 1000  # eval questions come from task.seed + seed_offset: unseen in training
+
+    def __post_init__(self) -> None:
+        if self.prompts_per_task < 1 or self.num_generations < 1:
+            raise ValueError("eval.prompts_per_task and eval.num_generations must be >= 1")
+
+
+@dataclass
+class SFTConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    task: TaskMixConfig = field(default_factory=TaskMixConfig)
+    template: TemplateConfig = field(default_factory=TemplateConfig)
+    sampling: SamplingConfig = field(default_factory=lambda: SamplingConfig(max_new_tokens=16))
+    sft: SFTLoopConfig = field(default_factory=SFTLoopConfig)
+    eval: SFTEvalConfig = field(default_factory=SFTEvalConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    out_dir: str | None = None  # where the save_pretrained checkpoint goes; None: <run_dir>/model
+    run_dir: str | None = None
+
+
+def register_sapo_configs() -> None:
+    """Store the schemas in Hydra's ConfigStore (`rl_schema`, `sft_schema`, group schemas)."""
+    from hydra.core.config_store import ConfigStore
+
+    cs = ConfigStore.instance()
+    cs.store(name="rl_schema", node=SAPOConfig)
+    cs.store(name="sft_schema", node=SFTConfig)
+    for group, cls in (("model", ModelConfig), ("task", TaskMixConfig), ("logger", LoggerConfig)):
+        cs.store(group=group, name=f"{group}_schema", node=cls)

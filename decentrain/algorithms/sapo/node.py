@@ -1,0 +1,196 @@
+"""One SAPO node: its own model, tokenizer, template, verifier and task mix, and one round of
+
+    sample questions -> generate G completions each -> publish / fetch -> I local + J external
+    groups -> re-tokenise and re-score here -> `num_iterations` clipped-ratio steps.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+from decentrain.algorithms.sapo.batching import build_swarm_batch, tokenize_batch
+from decentrain.algorithms.sapo.config import SAPOConfig
+from decentrain.algorithms.sapo.exchange import RolloutExchange
+from decentrain.algorithms.sapo.generation import HFGenerationBackend, completion_logprobs
+from decentrain.algorithms.sapo.grpo import LossNorm, build_advantage_estimator, policy_loss
+from decentrain.algorithms.sapo.payload import PayloadDecoder, RolloutGroup, RolloutPayload, encode_payload
+from decentrain.models.factory import build_model, build_tokenizer
+from decentrain.tasks import PromptTemplate, TaskItem, TaskMixture, Verifier
+
+
+def _item(group: RolloutGroup) -> TaskItem:
+    return TaskItem(group.task, group.question, group.answer, group.metadata)
+
+
+def _trim_padding(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Drop the all-padding columns left after removing rows: prompts' left, completions' right."""
+    prompt_ids, prompt_mask, completion_ids, completion_mask = tensors
+    if prompt_ids.size(0) == 0:
+        return tensors
+    p = max(int(prompt_mask.sum(1).max()), 1)
+    c = max(int(completion_mask.sum(1).max()), 1)
+    return [prompt_ids[:, -p:], prompt_mask[:, -p:], completion_ids[:, :c], completion_mask[:, :c]]
+
+
+class SAPONode:
+    def __init__(self, cfg: SAPOConfig, node_index: int, node_id: str, exchange: RolloutExchange,
+                 device: torch.device | None = None):
+        self.cfg, self.node_index, self.node_id, self.exchange = cfg, node_index, node_id, exchange
+        self.device = device or torch.device("cpu")
+        self.seed = cfg.train.seed + 1000 * node_index
+        torch.manual_seed(self.seed)
+        self.tokenizer = build_tokenizer(cfg.model)
+        self.model = build_model(cfg.model, self.tokenizer).to(self.device)
+        self.model.train()
+        # beta > 0: KL to the starting policy, kept frozen.
+        self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False) if cfg.loss.beta > 0 else None
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay, betas=tuple(cfg.optim.betas)
+        )
+        self.template = PromptTemplate(cfg.template)
+        self.verifier = Verifier(self.template, cfg.reward)
+        self.mixture = TaskMixture(cfg.task)
+        sampling = copy.copy(cfg.sampling)
+        sampling.stop = cfg.template.stop if cfg.template.answer_format == "line" else sampling.stop
+        self.backend = HFGenerationBackend(self.model, self.tokenizer, sampling)
+        self.advantage = build_advantage_estimator(cfg.loss)
+        self.decoder = PayloadDecoder(cfg.payload, key=cfg.swarm_key)
+        self.rng = np.random.default_rng(self.seed)
+        self.round = 0  # rounds completed
+        self.cumulative_reward = 0.0
+
+    @property
+    def questions_per_round(self) -> int:
+        return self.cfg.train.questions_per_round or max(self.cfg.batch.num_local, 1)
+
+    def rewards(self, group: RolloutGroup) -> list[float]:
+        item = _item(group)
+        return [self.verifier(item, c) for c in group.completions]
+
+    # -- the round -------------------------------------------------------------------------------
+
+    def generate(self, round_: int) -> list[RolloutGroup]:
+        items = self.mixture.sample(self.questions_per_round, self.rng)
+        completions = self.backend.generate(
+            [self.template(it.question) for it in items], self.cfg.loss.num_generations, seed=self.seed * 100_003 + round_
+        )
+        return [RolloutGroup(it.question, it.answer, it.task, it.metadata, tuple(c)) for it, c in zip(items, completions)]
+
+    def share(self, round_: int, local: list[RolloutGroup]) -> list[RolloutGroup]:
+        payload = RolloutPayload(self.node_id, round_, time.time(), tuple(local))
+        external = []
+        for source, data in self.exchange.exchange(round_, encode_payload(payload, self.cfg.swarm_key)):
+            decoded = self.decoder(data, current_round=round_, source=source)
+            if decoded is not None and decoded.node_id != self.node_id:
+                external += decoded.groups
+        return external
+
+    def train_step(self, batch_groups) -> dict[str, float]:
+        cfg = self.cfg
+        tb = tokenize_batch(batch_groups, self.tokenizer, self.template, cfg.train.max_prompt_tokens, cfg.sampling.max_new_tokens)
+        tensors = [t.to(self.device) for t in (tb.prompt_ids, tb.prompt_mask, tb.completion_ids, tb.completion_mask)]
+        advantages = self.advantage(tb.prompts, tb.rewards).reshape(-1).to(self.device)
+        mb = cfg.train.micro_batch_size
+        temperature = cfg.sampling.temperature or 1.0
+        norm = LossNorm.from_mask(tb.completion_mask, mb)
+        if cfg.loss.beta == 0 and cfg.loss.loss_type != "bnpo":
+            # A completion with zero advantage adds nothing to the gradient when there is no KL term,
+            # so it is skipped; `norm` still counts it, so the loss equals the full batch's.
+            keep = advantages != 0
+            tensors, advantages = _trim_padding([t[keep] for t in tensors]), advantages[keep]
+        old_logps = ref_logps = None
+        with torch.no_grad():
+            if cfg.loss.num_iterations > 1:  # the ratio is 1 on the first pass otherwise
+                old_logps = completion_logprobs(self.model, *tensors, mb, temperature)
+            if self.ref_model is not None:
+                ref_logps = completion_logprobs(self.ref_model, *tensors, mb, temperature)
+        n = tensors[0].size(0)
+        totals = {"loss": 0.0, "clip_ratio": 0.0, "grad_norm": 0.0, "trained_completions": float(n)}
+        if n == 0:
+            return totals
+        for _ in range(cfg.loss.num_iterations):
+            self.optimizer.zero_grad(set_to_none=True)
+            for i in range(0, n, mb):
+                sl = slice(i, i + mb)
+                logps = completion_logprobs(self.model, *(t[sl] for t in tensors), mb, temperature)
+                loss, stats = policy_loss(
+                    logps, advantages[sl], tensors[3][sl], cfg.loss, norm,
+                    old_logps=None if old_logps is None else old_logps[sl],
+                    ref_logps=None if ref_logps is None else ref_logps[sl],
+                )
+                loss.backward()
+                totals["loss"] += loss.item()
+                totals["clip_ratio"] += stats["clip_ratio"].item() / norm.num_micro_batches
+            if cfg.optim.grad_clip > 0:
+                totals["grad_norm"] += float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.optim.grad_clip))
+            self.optimizer.step()
+        iters = cfg.loss.num_iterations
+        return {k: v if k == "trained_completions" else v / iters for k, v in totals.items()}
+
+    def run_round(self) -> dict[str, Any]:
+        """One full round; returns its metrics."""
+        round_ = self.round
+        t0 = time.perf_counter()
+        local = self.generate(round_)
+        t1 = time.perf_counter()
+        external = self.share(round_, local)
+        t2 = time.perf_counter()
+        batch = build_swarm_batch(local, external, self.rewards, self.cfg.batch, self.rng)
+        own = [s for s in batch.groups if not s.external]
+        # Reward of this node's own rollouts: comparable across I/J splits (external ones are peers').
+        own_rewards = [r for g in local for r in self.rewards(g)]
+        reward = float(np.mean(own_rewards)) if own_rewards else 0.0
+        train = self.train_step(batch.groups) if batch.groups else {}
+        t3 = time.perf_counter()
+        self.round += 1
+        self.cumulative_reward += reward
+        metrics: dict[str, Any] = {
+            "reward": reward,
+            "cumulative_reward": self.cumulative_reward,
+            "local_groups": batch.num_local,
+            "external_groups": batch.num_external,
+            "external_received": len(external),
+            **{k: v for k, v in batch.stats.items() if k != "external_candidates"},
+            "payloads_dropped": self.decoder.drops.total,
+            **{f"dropped/{k}": v for k, v in self.decoder.drops.as_dict().items()},
+            "time_generate": t1 - t0,
+            "time_exchange": t2 - t1,
+            "time_train": t3 - t2,
+            "time_round": t3 - t0,
+            **train,
+        }
+        metrics["local_mixed_groups"] = sum(1 for s in own if max(s.rewards) != min(s.rewards))
+        for task in sorted({g.task for g in local}):
+            # Exact answers only: reasoning-gym gives partial credit (e.g. 0.01) to some wrong ones.
+            scores = [self.verifier.correctness(_item(g), c) >= 1.0 for g in local if g.task == task for c in g.completions]
+            metrics[f"accuracy/{task}"] = float(np.mean(scores))
+        return metrics
+
+    # -- checkpoint state ------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "round": self.round,
+            "cumulative_reward": self.cumulative_reward,
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "advantage": self.advantage.state_dict(),
+            "numpy_rng": self.rng.bit_generator.state,
+            "torch_rng": torch.get_rng_state(),
+            "drops": self.decoder.drops.as_dict(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.round = int(state["round"])
+        self.cumulative_reward = float(state["cumulative_reward"])
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.advantage.load_state_dict(state["advantage"])
+        self.rng.bit_generator.state = state["numpy_rng"]
+        torch.set_rng_state(state["torch_rng"])
+        self.decoder.drops.counts.update(state["drops"])

@@ -1,0 +1,83 @@
+"""The SAPO round loop around one `SAPONode`: exchange backend, metrics, checkpoint and resume.
+
+Each node checkpoints into its own dir (`<run_dir>/checkpoints/<node_id>`) and never waits on
+another to save. Under `collective`, ranks agree once at start on the newest round that all of
+them saved, so that their per-round all_gathers stay aligned.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from decentrain.algorithms.sapo.config import SAPOConfig
+from decentrain.algorithms.sapo.exchange import build_exchange
+from decentrain.algorithms.sapo.node import SAPONode
+from decentrain.core.bytes_comm import all_gather_bytes
+from decentrain.core.checkpoint import Checkpointer
+from decentrain.core.metrics import MetricsLogger
+from decentrain.core.world import World
+from decentrain.models.factory import save_model
+
+logger = logging.getLogger(__name__)
+
+
+def node_identity(cfg: SAPOConfig, world: World) -> tuple[int, str]:
+    index = world.rank if cfg.node_index is None else cfg.node_index
+    return index, cfg.node_id or f"node{index}"
+
+
+def _resume_round(cfg: SAPOConfig, world: World, ckpt: Checkpointer) -> int | None:
+    steps = ckpt.complete_steps() if cfg.resume else []
+    if cfg.exchange.name != "collective" or not world.is_distributed:
+        return steps[-1] if steps else None
+    # The newest round that every rank has; -1 stands for "none".
+    mine = json.dumps(steps).encode()
+    common = set(steps)
+    for data in all_gather_bytes(world, mine, max_bytes=1 << 16):
+        common &= {int(s) for s in json.loads(data)}
+    return max(common) if common else None
+
+
+def run_sapo(cfg: SAPOConfig, world: World, run_dir: Path, on_round=None) -> dict[str, Any]:
+    """Run `cfg.train.rounds` rounds (or up to `stop_at`) on this node; returns a summary.
+
+    `on_round(node, metrics)`, if given, is called after each round (tests and benchmarks).
+    """
+    index, node_id = node_identity(cfg, world)
+    cfg = cfg.for_node(index)
+    run_dir = Path(run_dir)
+    node_dir = run_dir / node_id
+    node_dir.mkdir(parents=True, exist_ok=True)
+    (node_dir / "node_config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=1, default=str))
+    exchange = build_exchange(cfg.exchange, world, node_id)
+    node = SAPONode(cfg, index, node_id, exchange, world.device)
+    ckpt = Checkpointer(run_dir / "checkpoints" / node_id, rank=0, world_size=1, keep=cfg.train.keep_checkpoints)
+    start = _resume_round(cfg, world, ckpt)
+    if start is not None:
+        node.load_state_dict(ckpt.load(start))
+        logger.info("%s resumed at round %d", node_id, start)
+    # Every node writes its own metrics file: nodes differ (model, tasks, I/J).
+    log = MetricsLogger(dataclasses.replace(cfg.logger, all_ranks=True, progress=False), node_dir, rank=0,
+                        config=dataclasses.asdict(cfg))
+    last = cfg.train.stop_at or cfg.train.rounds
+    metrics: dict[str, Any] = {}
+    try:
+        while node.round < last:
+            metrics = node.run_round()
+            console = index == 0 and (node.round % cfg.logger.log_every == 0 or node.round == last)
+            log.log(node.round, metrics, console=console)
+            if on_round is not None:
+                on_round(node, metrics)
+            every = cfg.train.checkpoint_every
+            if every and (node.round % every == 0 or node.round == last):
+                ckpt.save(node.round, node.state_dict())
+        if node.round >= cfg.train.rounds:
+            save_model(node.model, node.tokenizer, node_dir / "final")
+    finally:
+        log.close()
+        exchange.close()
+    return {"node_id": node_id, "rounds": node.round, "cumulative_reward": node.cumulative_reward, **metrics}

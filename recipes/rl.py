@@ -1,0 +1,63 @@
+"""SAPO recipe: `python -m recipes.rl [overrides]`, or under torchrun (one node per rank).
+
+- `exchange=collective num_nodes=N`: outside torchrun this starts N local ranks through torch's
+  launcher API; under torchrun (any number of machines) every rank is one node.
+- `exchange=hivemind node_index=i`: one independent node per process (launch/sapo_swarm.sh).
+- `exchange=silo`: one node alone (J=0).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+
+from decentrain.algorithms.sapo.config import SAPOConfig, register_sapo_configs
+from decentrain.algorithms.sapo.trainer import run_sapo
+from decentrain.core.bytes_comm import broadcast_bytes
+from decentrain.core.launcher import launch_workers
+from decentrain.core.world import World, init_world, read_launch_env
+
+CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+register_sapo_configs()
+
+
+def to_config(dcfg: DictConfig) -> SAPOConfig:
+    """The one conversion: Hydra's config to typed dataclasses (validation runs here, before start)."""
+    raw = OmegaConf.to_container(dcfg, resolve=True)
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(SAPOConfig), raw))
+
+
+@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="rl")
+def main(dcfg: DictConfig) -> None:
+    cfg = to_config(dcfg)
+    env = read_launch_env()
+    collective = cfg.exchange.name == "collective"
+    if collective and not env.under_torchrun and cfg.num_nodes > 1:
+        run_dir = str(Path(cfg.run_dir).resolve())
+        launch_workers([*HydraConfig.get().overrides.task, f"run_dir={run_dir}", f"hydra.run.dir={run_dir}"],
+                       cfg.num_nodes, module="recipes.rl")
+        return
+    # Only the collective exchange joins torch.distributed; hivemind/silo nodes stand alone.
+    world = init_world(threads=cfg.train.threads) if collective else World()
+    if not collective and cfg.train.threads:
+        import torch
+
+        torch.set_num_threads(cfg.train.threads)
+    run_dir = Path(cfg.run_dir).resolve()
+    if world.is_distributed:  # every rank composed its own timestamped dir; rank 0's wins
+        run_dir = Path(broadcast_bytes(world, str(run_dir).encode() if world.is_main else None).decode())
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if world.is_main and cfg.node_index in (None, 0):
+        (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(dcfg, resolve=True))
+    try:
+        summary = run_sapo(cfg, world, run_dir)
+        print(f"[{summary['node_id']}] rounds {summary['rounds']} cumulative_reward {summary['cumulative_reward']:.3f}")
+    finally:
+        world.shutdown()
+
+
+if __name__ == "__main__":
+    main()
