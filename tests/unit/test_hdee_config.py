@@ -1,0 +1,88 @@
+"""HDEE config: bad plans fail before any training, naming the expert and the field."""
+
+import sys
+
+import pytest
+from omegaconf import OmegaConf
+
+from hdee_helpers import tiny_cfg
+
+from decentrain.algorithms.hdee.config import (
+    EvalConfig, JobConfig, check_plan, hdee_config_from_dict, load_saved_config, save_config,
+)
+from decentrain.algorithms.hdee.jobs import Job, child_jobs, run_jobs
+
+
+def test_tiny_plan_is_within_budget(tmp_path):
+    assert check_plan(tiny_cfg(tmp_path)) == pytest.approx(0.0)  # S+M+L widths 48/64/80 average to M
+
+
+def test_unknown_domain_names_the_expert(tmp_path):
+    cfg = tiny_cfg(tmp_path)
+    cfg.plan.lanes[1].domains = ["klingon"]
+    with pytest.raises(ValueError, match=r"lanes\[1\] \(lane1\)\.domains\[0\]='klingon' is unknown"):
+        check_plan(cfg)
+
+
+def test_expert_with_no_steps_names_the_expert(tmp_path):
+    raw = OmegaConf.to_container(OmegaConf.structured(tiny_cfg(tmp_path)))
+    raw["plan"]["lanes"][2]["steps"] = []
+    with pytest.raises(ValueError, match=r"lanes\[2\] \(lane2\)\.steps is empty"):
+        hdee_config_from_dict(raw)
+
+
+def test_plan_over_budget_shows_the_numbers(tmp_path):
+    cfg = tiny_cfg(tmp_path)
+    cfg.plan.lanes[2].steps = [4]
+    with pytest.raises(ValueError, match=r"(?s)off the homogeneous baseline.*lane2 \(w80\): N=.*baseline:"):
+        check_plan(cfg)
+
+
+def test_tokens_per_step_must_match_the_batch(tmp_path):
+    raw = OmegaConf.to_container(OmegaConf.structured(tiny_cfg(tmp_path)))
+    raw["train"]["global_batch_size"] = 8
+    with pytest.raises(ValueError, match=r"plan.tokens_per_step=128 must equal train.global_batch_size x data.seq_len"):
+        hdee_config_from_dict(raw)
+
+
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        (lambda: EvalConfig(split="dev"), "eval.split='dev' is unknown"),
+        (lambda: EvalConfig(weightings=["median"]), "eval.weightings='median' is unknown"),
+        (lambda: JobConfig(stage="lane"), "job.index=None must name a lane"),
+        (lambda: JobConfig(expert_algorithm="nope"), "job.expert_algorithm='nope' is unknown"),
+    ],
+)
+def test_field_errors(bad, match):
+    with pytest.raises(ValueError, match=match):
+        bad()
+
+
+def test_saved_config_round_trips_with_overrides(tmp_path):
+    cfg = tiny_cfg(tmp_path)
+    save_config(tmp_path, OmegaConf.to_container(OmegaConf.structured(cfg)))
+    back = load_saved_config(tmp_path, ["eval.top_k=2"])
+    assert back.plan == cfg.plan and back.eval.top_k == 2
+    assert load_saved_config(tmp_path / "nowhere") is None
+
+
+def test_child_jobs_replace_the_job_keys(tmp_path):
+    jobs = child_jobs(tiny_cfg(tmp_path), "lane", ["job.stage=all", "train.seed=3", f"ensemble_dir={tmp_path}"], "recipes.hdee_train")
+    assert [j.name for j in jobs] == ["lane0", "lane1", "lane2"]
+    tail = jobs[1].argv[4:]
+    assert tail[:2] == ["train.seed=3", "job.stage=lane"] and "job.index=1" in tail
+    assert sum(a.startswith("job.stage=") for a in tail) == 1
+
+
+def test_run_jobs_runs_in_parallel_and_names_failures(tmp_path):
+    sleep = [sys.executable, "-c", "import time; time.sleep(1.0)"]
+    jobs = [Job(f"ok{i}", sleep, tmp_path / f"ok{i}.log") for i in range(3)]
+    import time
+
+    t0 = time.perf_counter()
+    run_jobs(jobs, max_parallel=3, poll_s=0.05)
+    assert time.perf_counter() - t0 < 2.5  # three 1 s jobs at once, not 3 s in a row
+    bad = Job("lane7", [sys.executable, "-c", "raise SystemExit('boom in lane7')"], tmp_path / "bad.log")
+    with pytest.raises(RuntimeError, match=r"(?s)1 of 2 jobs failed: \['lane7'\].*boom in lane7"):
+        run_jobs([jobs[0], bad], max_parallel=2, poll_s=0.05)
