@@ -1,0 +1,66 @@
+"""PairExchange over 4 gloo ranks with one process group per direction (full duplex)."""
+
+import time
+
+import pytest
+import torch
+
+from dist_helpers import run_ranks
+
+from decentrain.core.gossip import PairExchange, gossip_groups, group_of
+
+pytestmark = pytest.mark.dist
+
+
+def _duplex_rounds(world, rounds):
+    ex = PairExchange(world, bucket_bytes=256).full_duplex()
+    out = []
+    for t in range(rounds):
+        group = group_of(world.rank, gossip_groups(t, world.world_size, seed=11))
+        mine = [torch.full((3, 7), float(world.rank) + t), torch.arange(100.0) * (world.rank + 1)]
+        a, b = ex.average(mine, group, t)
+        out.append((group, a.unique().tolist(), b[:3].tolist()))
+    return len(ex._lanes), out
+
+
+def test_full_duplex_exchange_averages_with_the_partner_every_round():
+    results = run_ranks(_duplex_rounds, 4, 4)
+    for rank, (lanes, rounds) in enumerate(results):
+        assert lanes == 4 * 3  # one group per ordered pair
+        partners = set()
+        for t, (group, a, b) in enumerate(rounds):
+            assert rank in group and len(group) == 2
+            partners.add(group)
+            assert a == [sum(r + t for r in group) / 2]
+            assert b == [i * sum(r + 1 for r in group) / 2 for i in range(3)]
+        assert len(partners) > 1  # the matching changes between rounds
+
+
+def _triple(world):
+    ex = PairExchange(world).full_duplex()
+    groups = gossip_groups(0, world.world_size, seed=2, odd="triple")
+    group = group_of(world.rank, groups)
+    return group, ex.average([torch.tensor([float(world.rank)])], group, 0)[0].item()
+
+
+def test_odd_world_triple_averages_three_ranks():
+    results = run_ranks(_triple, 3)
+    for group, value in results:
+        assert len(group) == 3 and value == pytest.approx(1.0)
+
+
+def _duplex_deadline(world):
+    ex = PairExchange(world, deadline_s=0.5).full_duplex()
+    if world.rank == 1:
+        time.sleep(1.5)
+    r0 = ex.average([torch.ones(4) * world.rank], (0, 1), 0)
+    if world.rank == 0:
+        time.sleep(1.5)
+    r1 = ex.average([torch.ones(4) * (world.rank + 2)], (0, 1), 1)
+    return r0 is None, r1[0].tolist()
+
+
+def test_deadline_costs_one_round_in_duplex_mode_too():
+    (missed0, r1_0), (missed1, r1_1) = run_ranks(_duplex_deadline, 2)
+    assert missed0 and not missed1
+    assert r1_0 == r1_1 == [2.5] * 4
