@@ -45,8 +45,9 @@ def main(dcfg: DictConfig) -> None:
         if cfg.job.stage == "all":
             for stage in ("seed", "lane"):  # independent jobs; lanes wait for every seed
                 run_jobs(child_jobs(cfg, stage, overrides, MODULE), cfg.job.max_parallel)
-            print(f"[hdee] all experts trained; evaluate with: python -m recipes.ensemble_eval "
-                  f"{' '.join(overrides)} ensemble_dir={root}", flush=True)
+            same = " ".join(o for o in overrides if not o.startswith(("job.", "ensemble_dir=")))
+            print(f"[hdee] all experts trained; evaluate with: python -m recipes.ensemble_eval {same} "
+                  f"ensemble_dir={root}", flush=True)
             return
         if (cfg.launcher.world_size or 1) > 1:
             launch_workers([*overrides, f"ensemble_dir={root}", f"hydra.run.dir={root}"], cfg.launcher.nproc_per_node,
