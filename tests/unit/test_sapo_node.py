@@ -7,6 +7,7 @@ from safetensors.torch import load_file
 from sapo_helpers import tiny_sapo_config
 
 from decentrain.algorithms.sapo.batching import ScoredGroup
+from decentrain.algorithms.sapo.exchange import PeerRecord
 from decentrain.algorithms.sapo.grpo import SAPOLossConfig
 from decentrain.algorithms.sapo.node import SAPONode
 from decentrain.algorithms.sapo.payload import RolloutGroup, RolloutPayload, encode_payload
@@ -23,7 +24,7 @@ class FakeExchange:
 
     def exchange(self, round_, payload):
         self.published.append((round_, payload))
-        return list(self.records)
+        return [PeerRecord(source, data) for source, data in self.records]
 
     def close(self):
         pass

@@ -3,8 +3,9 @@
 Backends, keyed by `exchange.name`:
   silo        no peers (J must be 0)
   collective  all_gather of bytes inside one torchrun job: synchronous, like the paper's runs
-  hivemind    a DHT of independent processes that join and leave; records keyed by
-              (round, peer) with a TTL, and no barrier: a node takes whatever has arrived
+  hivemind    a DHT of independent processes that join and leave; each peer's latest record,
+              identified by (round, peer), expires after a TTL; no barrier: a node takes
+              whatever new records have arrived
 
 Backends move bytes only; decoding and validation (`PayloadDecoder`) is the caller's job.
 """
@@ -29,7 +30,8 @@ logger = logging.getLogger(__name__)
 class HivemindConfig:
     initial_peers: list[str] = field(default_factory=list)  # multiaddrs of any live swarm members
     # A file of peers' multiaddrs, shared by the nodes of one machine (launch/sapo_swarm.sh):
-    # a node reads it to join and then appends its own addresses.
+    # a node reads it to join (an empty or missing file: it starts the swarm) and then appends
+    # its own addresses, so later nodes can join through any live one.
     peers_file: str | None = None
     host_maddrs: list[str] = field(default_factory=lambda: ["/ip4/127.0.0.1/tcp/0"])
     announce_maddrs: list[str] = field(default_factory=list)
@@ -41,18 +43,16 @@ class HivemindConfig:
     auto_nat: bool = False
     prefix: str = "decentrain_sapo"  # DHT key namespace: swarms with different prefixes do not mix
     ttl_s: float = 120.0  # a record expires from the DHT this long after it was stored
-    lookback_rounds: int = 2  # also read peers' records of the previous rounds (slower peers)
-    wait_s: float = 2.0  # wait at most this long for `min_peers` records of this round
+    wait_s: float = 2.0  # wait at most this long for `min_peers` new records
     min_peers: int = 1
     poll_s: float = 0.2
-    join_timeout_s: float = 60.0  # how long to wait for a non-empty peers_file
 
     def __post_init__(self) -> None:
-        for name in ("ttl_s", "poll_s", "join_timeout_s"):
+        for name in ("ttl_s", "poll_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"exchange.hivemind.{name}={getattr(self, name)} must be > 0")
-        if self.wait_s < 0 or self.lookback_rounds < 0 or self.min_peers < 0:
-            raise ValueError("exchange.hivemind.wait_s, lookback_rounds and min_peers must be >= 0")
+        if self.wait_s < 0 or self.min_peers < 0:
+            raise ValueError("exchange.hivemind.wait_s and exchange.hivemind.min_peers must be >= 0")
 
 
 @dataclass
@@ -67,9 +67,18 @@ class ExchangeConfig:
             raise ValueError(f"exchange.max_bytes={self.max_bytes} must be > 0")
 
 
+@dataclass(frozen=True)
+class PeerRecord:
+    source: str  # where it came from, for drop logs
+    data: bytes  # raw, unvalidated
+    # The round the record was published under. Independent nodes count rounds on their own, so
+    # the decoder checks a payload against this (freshness is the DHT's TTL); None: our round.
+    round: int | None = None
+
+
 class RolloutExchange(Protocol):
-    def exchange(self, round_: int, payload: bytes) -> list[tuple[str, bytes]]:
-        """Publish `payload` for `round_`; return (source, raw bytes) of peers' records not seen before."""
+    def exchange(self, round_: int, payload: bytes) -> list[PeerRecord]:
+        """Publish `payload` for `round_`; return peers' records not returned before."""
         ...
 
     def close(self) -> None: ...
@@ -83,7 +92,7 @@ class SiloExchange:
     def __init__(self, cfg: ExchangeConfig, world: World, node_id: str):
         pass
 
-    def exchange(self, round_: int, payload: bytes) -> list[tuple[str, bytes]]:
+    def exchange(self, round_: int, payload: bytes) -> list[PeerRecord]:
         return []
 
     def close(self) -> None:
@@ -97,9 +106,9 @@ class CollectiveExchange:
     def __init__(self, cfg: ExchangeConfig, world: World, node_id: str):
         self.cfg, self.world = cfg, world
 
-    def exchange(self, round_: int, payload: bytes) -> list[tuple[str, bytes]]:
+    def exchange(self, round_: int, payload: bytes) -> list[PeerRecord]:
         gathered = all_gather_bytes(self.world, payload, max_bytes=self.cfg.max_bytes)
-        return [(f"rank{r}", data) for r, data in enumerate(gathered) if r != self.world.rank]
+        return [PeerRecord(f"rank{r}", data) for r, data in enumerate(gathered) if r != self.world.rank]
 
     def close(self) -> None:
         pass
@@ -122,12 +131,18 @@ def _append_peers(path: Path, maddrs: list[str]) -> None:
 
 @EXCHANGES.register("hivemind")
 class HivemindExchange:
-    """Records live under key `<prefix>/round/<r>`, subkey = node id, expiring after `ttl_s`."""
+    """One DHT key, `<prefix>/rollouts`; subkey = node id; value = {"round": r, "payload": bytes}.
+
+    A newer store replaces a peer's older one, so a fetch returns at most one record per live
+    peer (nodes that left fade out after `ttl_s`), and the (round, peer) pairs already returned
+    are skipped.
+    """
 
     def __init__(self, cfg: ExchangeConfig, world: World, node_id: str):
         import hivemind  # optional dependency: `pip install decentrain[swarm]`
 
         self.cfg, self.hcfg, self.node_id = cfg, cfg.hivemind, node_id
+        self.key = f"{self.hcfg.prefix}/rollouts"
         self.seen: set[tuple[int, str]] = set()
         peers = list(self.hcfg.initial_peers)
         peers_file = Path(self.hcfg.peers_file) if self.hcfg.peers_file else None
@@ -146,40 +161,40 @@ class HivemindExchange:
         self.maddrs = [str(m) for m in self.dht.get_visible_maddrs()]
         if peers_file is not None:
             _append_peers(peers_file, self.maddrs)
-        logger.info("hivemind node %s at %s (joined %d peers)", node_id, self.maddrs, len(peers))
+        logger.info("hivemind node %s at %s (joined via %d peers)", node_id, self.maddrs, len(peers))
 
-    def _key(self, round_: int) -> str:
-        return f"{self.hcfg.prefix}/round/{round_}"
-
-    def _collect(self, round_: int) -> list[tuple[str, bytes]]:
+    def _collect(self) -> list[PeerRecord]:
+        found = self.dht.get(self.key, latest=True)
+        if found is None or not isinstance(found.value, dict):
+            return []
         out = []
-        for r in range(max(round_ - self.hcfg.lookback_rounds, 0), round_ + 1):
-            found = self.dht.get(self._key(r), latest=True)
-            if found is None or not isinstance(found.value, dict):
+        for peer, record in found.value.items():
+            value = getattr(record, "value", None)
+            # Anything a peer stored is untrusted: only {"round": int, "payload": bytes} goes on.
+            if peer == self.node_id or not isinstance(value, dict):
                 continue
-            for peer, record in found.value.items():
-                key = (r, str(peer))
-                if peer == self.node_id or key in self.seen:
-                    continue
-                self.seen.add(key)
-                value = getattr(record, "value", None)
-                out.append((f"{peer}@{r}", value if isinstance(value, bytes) else b""))
+            round_, data = value.get("round"), value.get("payload")
+            if not isinstance(round_, int) or isinstance(round_, bool):
+                round_, data = None, b""  # the decoder counts it as a drop
+            if (round_, str(peer)) in self.seen:
+                continue
+            self.seen.add((round_, str(peer)))
+            out.append(PeerRecord(f"{peer}@{round_}", data if isinstance(data, bytes) else b"", round_))
         return out
 
-    def exchange(self, round_: int, payload: bytes) -> list[tuple[str, bytes]]:
-        import hivemind
+    def exchange(self, round_: int, payload: bytes) -> list[PeerRecord]:
+        from hivemind.utils import get_dht_time
 
         if len(payload) > self.cfg.max_bytes:
             raise ValueError(f"payload of {len(payload)} bytes exceeds exchange.max_bytes={self.cfg.max_bytes}")
-        expiration = hivemind.get_dht_time() + self.hcfg.ttl_s
-        self.dht.store(self._key(round_), payload, expiration_time=expiration, subkey=self.node_id)
-        # No barrier: poll briefly for this round's records, then go on with whatever arrived.
+        record = {"round": round_, "payload": payload}
+        self.dht.store(self.key, record, expiration_time=get_dht_time() + self.hcfg.ttl_s, subkey=self.node_id)
+        # No barrier: poll briefly for new records, then go on with whatever arrived.
         deadline = time.monotonic() + self.hcfg.wait_s
-        out = self._collect(round_)
-        while sum(1 for s, _ in out if s.endswith(f"@{round_}")) < self.hcfg.min_peers and time.monotonic() < deadline:
+        out = self._collect()
+        while len(out) < self.hcfg.min_peers and time.monotonic() < deadline:
             time.sleep(self.hcfg.poll_s)
-            out += self._collect(round_)
-        self.seen = {k for k in self.seen if k[0] >= round_ - self.hcfg.lookback_rounds}
+            out += self._collect()
         return out
 
     def close(self) -> None:

@@ -84,8 +84,8 @@ class SAPONode:
     def share(self, round_: int, local: list[RolloutGroup]) -> list[RolloutGroup]:
         payload = RolloutPayload(self.node_id, round_, time.time(), tuple(local))
         external = []
-        for source, data in self.exchange.exchange(round_, encode_payload(payload, self.cfg.swarm_key)):
-            decoded = self.decoder(data, current_round=round_, source=source)
+        for rec in self.exchange.exchange(round_, encode_payload(payload, self.cfg.swarm_key)):
+            decoded = self.decoder(rec.data, current_round=round_ if rec.round is None else rec.round, source=rec.source)
             if decoded is not None and decoded.node_id != self.node_id:
                 external += decoded.groups
         return external

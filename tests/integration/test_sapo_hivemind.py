@@ -1,0 +1,69 @@
+"""Independent SAPO nodes over a hivemind DHT on loopback: one dies, the others keep going."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("hivemind")
+pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parents[2]
+TINY = ["model.hidden_size=32", "model.num_layers=2", "model.intermediate_size=64", "model.num_heads=4",
+        "sampling.max_new_tokens=4", "loss.num_generations=4", "train.micro_batch_size=16", "train.threads=1",
+        "task.size=100", "logger.progress=false", "logger.console=false", "batch.num_local=2", "batch.num_external=2",
+        "train.rounds=10000", "train.checkpoint_every=0", "exchange.hivemind.wait_s=0.5"]
+
+
+def _rounds(run_dir: Path, node: str) -> int:
+    path = run_dir / node / "metrics.jsonl"
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def _received(run_dir: Path, node: str) -> int:
+    path = run_dir / node / "metrics.jsonl"
+    return sum(json.loads(line)["external_received"] for line in path.read_text().splitlines())
+
+
+def _wait(cond, timeout: float, procs) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        for p in procs:
+            assert p.poll() is None, p.stderr.read().decode()[-3000:] if p.stderr else "node exited"
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.25)
+
+
+def test_three_nodes_one_killed_the_rest_keep_training(tmp_path):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline", "OMP_NUM_THREADS": "1"}
+    peers = tmp_path / "peers.txt"
+
+    def start(i):
+        args = [*TINY, "sapo=hivemind", f"node_index={i}", f"exchange.hivemind.peers_file={peers}", f"run_dir={tmp_path}"]
+        return subprocess.Popen([sys.executable, "-m", "recipes.rl", *args], cwd=ROOT, env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+    procs = [start(0)]
+    try:
+        _wait(lambda: peers.exists() and peers.read_text().strip(), 60, procs)  # node 0 started the swarm
+        procs += [start(1), start(2)]
+        nodes = ["node0", "node1", "node2"]
+        _wait(lambda: all(_rounds(tmp_path, n) >= 2 for n in nodes), 60, procs)
+        procs[2].send_signal(signal.SIGKILL)
+        procs[2].wait()
+        after = {n: _rounds(tmp_path, n) for n in nodes[:2]}
+        _wait(lambda: all(_rounds(tmp_path, n) >= after[n] + 3 for n in nodes[:2]), 45, procs[:2])
+        assert all(_received(tmp_path, n) > 0 for n in nodes[:2])  # they did see peers' rollouts
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in procs:
+            try:
+                p.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                p.kill()
