@@ -59,12 +59,16 @@ def group_of(rank: int, groups: Sequence[tuple[int, ...]]) -> tuple[int, ...]:
 
 
 def flatten_buckets(tensors: Sequence[torch.Tensor], bucket_bytes: int) -> list[list[int]]:
-    """Split tensor indices into consecutive buckets of at most `bucket_bytes` (one tensor may exceed it)."""
+    """Split tensor indices into consecutive buckets of at most `bucket_bytes` (one tensor may exceed it).
+
+    A bucket holds one dtype: concatenating bf16 weights with an fp32 tensor would
+    promote, and so double, the whole bucket on the wire.
+    """
     buckets: list[list[int]] = [[]]
     size = 0
     for i, t in enumerate(tensors):
         nbytes = t.numel() * t.element_size()
-        if buckets[-1] and size + nbytes > bucket_bytes:
+        if buckets[-1] and (size + nbytes > bucket_bytes or tensors[buckets[-1][0]].dtype != t.dtype):
             buckets.append([])
             size = 0
         buckets[-1].append(i)

@@ -42,3 +42,8 @@ def test_buckets_respect_size_and_order():
     ts = [torch.zeros(10), torch.zeros(10), torch.zeros(100), torch.zeros(5)]
     buckets = flatten_buckets(ts, bucket_bytes=80)
     assert buckets == [[0, 1], [2], [3]]
+
+
+def test_buckets_never_mix_dtypes():
+    ts = [torch.zeros(4, dtype=torch.bfloat16), torch.zeros(4, dtype=torch.bfloat16), torch.zeros(2), torch.zeros(4, dtype=torch.bfloat16)]
+    assert flatten_buckets(ts, bucket_bytes=1 << 20) == [[0, 1], [2], [3]]

@@ -81,7 +81,7 @@ class NoLoCo(InnerOuterAlgorithm):
         groups = gossip_groups(self.round, self.world.world_size, self.cfg.pairing_seed, self.cfg.odd_world)
         group = group_of(self.world.rank, groups)
         general = self.cfg.gamma is not None and self.cfg.gamma != self.cfg.outer_lr
-        pace = torch.tensor([self.pace.step_time, min(self.pace.fastest, self.pace.step_time)], dtype=torch.float64)
+        pace = torch.tensor([self.pace.step_time, min(self.pace.fastest, self.pace.step_time)], dtype=torch.float32)
         sent = [p.detach() for p in self.params] + (self.phi if general else []) + [pace]
         mean = self.exchange.average(sent, group, self.round)
         missed = mean is None
