@@ -73,6 +73,8 @@ def test_child_jobs_replace_the_job_keys(tmp_path):
     tail = jobs[1].argv[4:]
     assert tail[:2] == ["train.seed=3", "job.stage=lane"] and "job.index=1" in tail
     assert sum(a.startswith("job.stage=") for a in tail) == 1
+    (tmp_path / "lane1-it0-w64" / "model").mkdir(parents=True)  # lane 1 already finished: no job
+    assert [j.name for j in child_jobs(tiny_cfg(tmp_path), "lane", [], "m")] == ["lane0", "lane2"]
 
 
 def test_run_jobs_runs_in_parallel_and_names_failures(tmp_path):

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from decentrain.algorithms.hdee.config import HdeeConfig
+from decentrain.algorithms.hdee.train import model_dir
 
 # Overrides the parent sets for each child; the user's own values for these are dropped.
 _JOB_KEYS = ("job.stage", "job.index", "ensemble_dir", "hydra.run.dir")
@@ -27,17 +28,22 @@ class Job:
 
 
 def child_jobs(cfg: HdeeConfig, stage: str, overrides: list[str], module: str) -> list[Job]:
-    """One job per seed (stage='seed') or per lane (stage='lane'), re-entering `module`."""
+    """One job per seed (stage='seed') or per lane (stage='lane'), re-entering `module`.
+
+    Seeds and lanes whose final model is already saved get no job (a process start costs seconds).
+    """
     if stage not in ("seed", "lane"):
         raise ValueError(f"stage={stage!r} must be 'seed' or 'lane'")
     root = Path(cfg.ensemble_dir).resolve()
     keep = [o for o in overrides if o.lstrip("+~").split("=", 1)[0] not in _JOB_KEYS]
     count = len(cfg.plan.seeds) if stage == "seed" else cfg.plan.num_experts
     names = [s.name for s in cfg.plan.seeds] if stage == "seed" else [f"lane{i}" for i in range(count)]
+    finals = names if stage == "seed" else cfg.plan.final_experts()
     return [
         Job(names[i], [sys.executable, "-u", "-m", module, *keep, f"job.stage={stage}", f"job.index={i}",
                        f"ensemble_dir={root}", f"hydra.run.dir={root}"], root / "logs" / f"{names[i]}.log")
         for i in range(count)
+        if not model_dir(root, finals[i]).exists()
     ]
 
 
