@@ -108,6 +108,12 @@ def run_world(link: str, n: int, args: argparse.Namespace) -> list[dict]:
     addr = "10.77.0.1" if link == "emulated" else "127.0.0.1"
     if link == "emulated":
         subprocess.run([str(WAN), "up", str(n), args.rate, str(args.delay_ms)], check=True, env={**os.environ, "WAN_PREFIX": PREFIX, "PYTHON": sys.executable})
+        if not args.slow_start_after_idle:
+            # Linux restarts TCP slow start on a connection idle for one RTO. Syncs come after
+            # idle compute, so on a 100 ms RTT link every sync re-ramps the window (~0.6 s);
+            # long-lived training links turn this off. The setting is per namespace.
+            for r in range(n):
+                subprocess.run(["ip", "netns", "exec", f"{PREFIX}{r}", "sysctl", "-qw", "net.ipv4.tcp_slow_start_after_idle=0"], check=True)
     procs = []
     try:
         for r in range(n):
@@ -165,7 +171,8 @@ def summarise(rows: list[dict], args: argparse.Namespace) -> dict:
 
 def table(summary: dict, args: argparse.Namespace) -> str:
     big = max(args.sizes)
-    lines = [f"payload {big * 4 / 1e6:.1f} MB ({big / 1e6:.1f}M fp32 params); fragment = 1/{args.fragments}; link {args.rate}, +{args.delay_ms} ms each way (emulated)",
+    lines = [f"payload {big * 4 / 1e6:.1f} MB ({big / 1e6:.1f}M fp32 params); fragment = 1/{args.fragments}; link {args.rate}, "
+             f"+{args.delay_ms} ms each way (emulated); TCP slow start after idle: {'on' if args.slow_start_after_idle else 'off'}",
              f"{'link':9s} {'N':>2s} {'method':9s} {'median s':>9s} {'floor s':>8s} {'x floor':>8s}   all runs"]
     for r in sorted(summary["rows"], key=lambda r: (r["link"], r["n"], r["method"])):
         if r["numel"] != big:
@@ -214,6 +221,9 @@ def main() -> None:
     ap.add_argument("--rate", default="100mbit")
     ap.add_argument("--delay-ms", type=float, default=50.0)
     ap.add_argument("--timeout", type=float, default=600.0)
+    ap.add_argument("--slow-start-after-idle", action=argparse.BooleanOptionalAction, default=False,
+                    help="keep Linux's TCP slow-start restart after idle in the emulated namespaces (default: off)")
+    ap.add_argument("--name", default="comm_sync", help="results file name under benchmarks/results/")
     args = ap.parse_args()
     if args.worker:
         return worker(args)
@@ -230,10 +240,10 @@ def main() -> None:
     sys.path.insert(0, str(ROOT))
     from benchmarks.results_io import RESULTS, write_results
 
-    out = write_results("comm_sync", vars(args), summary)
-    plot(summary, args, RESULTS / "comm_sync.png")
+    out = write_results(args.name, vars(args), summary)
+    plot(summary, args, RESULTS / f"{args.name}.png")
     print(table(summary, args))
-    print(f"wrote {out} and {RESULTS / 'comm_sync.png'} in {summary['wall_s']:.0f}s")
+    print(f"wrote {out} and {RESULTS / f'{args.name}.png'} in {summary['wall_s']:.0f}s")
 
 
 if __name__ == "__main__":

@@ -37,7 +37,8 @@ def run(algorithm: str, args: argparse.Namespace, run_dir: Path) -> tuple[list[t
     if algorithm == "noloco":
         overrides += [f"algorithm.outer_lr={args.noloco_lr}", f"algorithm.outer_momentum={args.noloco_momentum}"]
     if algorithm == "diloco":
-        overrides += [f"algorithm.outer_lr={args.diloco_lr}", f"algorithm.outer_momentum={args.diloco_momentum}"]
+        overrides += [f"algorithm.outer_lr={args.diloco_lr}", f"algorithm.outer_momentum={args.diloco_momentum}",
+                      f"algorithm.nesterov={str(args.diloco_momentum > 0).lower()}"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     t0 = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "recipes.train", *overrides], cwd=ROOT, env=env, capture_output=True, text=True)

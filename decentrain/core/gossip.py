@@ -132,10 +132,13 @@ class PairExchange:
         start = time.perf_counter()
         self.stats.rounds += 1
         mine = [t.detach().contiguous() for t in tensors]
-        sums = [t.float().clone() for t in mine]
         works, inbox = [], []
         for b, idx in enumerate(flatten_buckets(mine, self.bucket_bytes)):
-            flat = torch.cat([mine[i].reshape(-1) for i in idx])
+            if len(idx) > 1:
+                flat = torch.cat([mine[i].reshape(-1) for i in idx])
+            else:  # no copy, unless a deadline may leave the send running after we return
+                flat = mine[idx[0]].reshape(-1)
+                flat = flat.clone() if self.deadline_s is not None else flat
             tag = (round_idx % (1 << 20)) * 1024 + b % 1024
             for p in peers:
                 # post the receive before the send so both directions can progress at once
@@ -148,14 +151,15 @@ class PairExchange:
             self._orphans.append((works, inbox, mine))
             self.stats.seconds += time.perf_counter() - start
             return None
+        sums = [t.float() for t in mine]  # may alias the caller's fp32 tensors: add out of place
         for idx, buf in inbox:
             offset = 0
             for i in idx:
                 n = mine[i].numel()
-                sums[i] += buf[offset : offset + n].view_as(mine[i]).float()
+                sums[i] = sums[i] + buf[offset : offset + n].view_as(mine[i]).float()
                 offset += n
         self.stats.seconds += time.perf_counter() - start
-        return [(s / len(group)).to(t.dtype) for s, t in zip(sums, mine)]
+        return [s.div_(len(group)).to(t.dtype) for s, t in zip(sums, mine)]
 
     def _wait(self, works: list, start: float) -> bool:
         # gloo's p2p works never report is_completed() and a Work.wait(timeout) that

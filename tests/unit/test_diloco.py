@@ -31,6 +31,8 @@ def test_h_below_one_is_rejected_naming_the_field():
         DiLoCoConfig(inner_steps=0)
     with pytest.raises(ValueError, match="algorithm.overlap_steps"):
         StreamingDiLoCoConfig(inner_steps=4, overlap_steps=4)
+    with pytest.raises(ValueError, match="algorithm.nesterov=true needs algorithm.outer_momentum"):
+        DiLoCoConfig(outer_momentum=0.0)
     with pytest.raises(ValueError, match="algorithm.quantization='int8'.*allowed"):
         StreamingDiLoCoConfig(quantization="int8")
 

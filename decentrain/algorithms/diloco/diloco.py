@@ -27,6 +27,15 @@ class DiLoCoConfig(InnerOuterConfig):
     outer_momentum: float = 0.9
     nesterov: bool = True
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_nesterov(self.nesterov, self.outer_momentum)
+
+
+def check_nesterov(nesterov: bool, momentum: float) -> None:
+    if nesterov and momentum == 0:
+        raise ValueError("algorithm.nesterov=true needs algorithm.outer_momentum > 0 (or set algorithm.nesterov=false)")
+
 
 @register_algorithm("diloco", DiLoCoConfig)
 class DiLoCo(InnerOuterAlgorithm):

@@ -18,6 +18,7 @@ import torch
 from decentrain.algorithms.base import register_algorithm
 from decentrain.algorithms.common.inner_outer import InnerOuterAlgorithm, InnerOuterConfig
 from decentrain.algorithms.common.outer import OuterOptimizer, check_fragments_cover, fragment_param_names, mix_
+from decentrain.algorithms.diloco.diloco import check_nesterov
 from decentrain.algorithms.diloco.sync import QUANTIZATIONS, check_quantization_backend, start_mean
 
 
@@ -37,6 +38,7 @@ class StreamingDiLoCoConfig(InnerOuterConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        check_nesterov(self.nesterov, self.outer_momentum)
         if self.adaptive_inner_steps:
             raise ValueError("algorithm.adaptive_inner_steps is not supported by streaming_diloco; allowed: false")
         if self.num_fragments < 1:
