@@ -67,3 +67,31 @@ def test_three_nodes_one_killed_the_rest_keep_training(tmp_path):
                 p.wait(timeout=15)
             except subprocess.TimeoutExpired:
                 p.kill()
+
+
+def test_exchange_returns_new_peer_records_and_passes_junk_to_the_decoder():
+    from decentrain.algorithms.sapo.exchange import ExchangeConfig, HivemindConfig, build_exchange
+    from decentrain.algorithms.sapo.payload import PayloadDecoder, PayloadLimits
+    from decentrain.core.world import World
+
+    cfg = ExchangeConfig(name="hivemind", hivemind=HivemindConfig(wait_s=5.0, prefix="t"))
+    a = build_exchange(cfg, World(), "a")
+    b_cfg = ExchangeConfig(name="hivemind", hivemind=HivemindConfig(wait_s=5.0, prefix="t", initial_peers=a.maddrs))
+    b = build_exchange(b_cfg, World(), "b")
+    try:
+        b.exchange(0, b"from-b")  # publishes; a may or may not be there yet
+        got = a.exchange(0, b"from-a")
+        assert [(r.source, r.data, r.round) for r in got] == [("b@0", b"from-b", 0)]
+        a.hcfg.wait_s = 0.0
+        assert a.exchange(1, b"again") == []  # (round 0, b) is not returned twice
+        # A hostile peer stores a value of the wrong shape: it arrives as empty bytes, and the decoder drops it.
+        from hivemind.utils import get_dht_time
+
+        b.dht.store("t/rollouts", {"round": "zero", "payload": 5}, expiration_time=get_dht_time() + 30, subkey="evil")
+        junk = [r for r in a.exchange(3, b"y") if r.source.startswith("evil")]
+        assert junk and junk[0].data == b""
+        decoder = PayloadDecoder(PayloadLimits())
+        assert decoder(junk[0].data, current_round=3) is None and decoder.drops.total == 1
+    finally:
+        a.close()
+        b.close()

@@ -7,7 +7,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from decentrain.algorithms.sapo.batching import SwarmBatchConfig
-from decentrain.algorithms.sapo.config import NodeOverride, SAPOConfig, register_sapo_configs
+from decentrain.algorithms.sapo.config import NodeOverride, RLLoopConfig, SAPOConfig, register_sapo_configs
 from decentrain.algorithms.sapo.exchange import ExchangeConfig
 from decentrain.algorithms.sapo.grpo import SAPOLossConfig
 from decentrain.algorithms.sapo.payload import PayloadLimits
@@ -74,3 +74,9 @@ def test_sft_config_composes():
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         dcfg = compose("sft", overrides=["run_dir=/tmp/x", "sft.steps=3"])
     assert dcfg.sft.steps == 3 and dcfg.model.hidden_size == 192
+
+
+def test_prioritized_sampling_needs_spo():
+    with pytest.raises(ValueError, match="train.prioritized_sampling=True needs loss.advantage='spo'"):
+        SAPOConfig(train=RLLoopConfig(prioritized_sampling=True))
+    SAPOConfig(train=RLLoopConfig(prioritized_sampling=True), loss=SAPOLossConfig(advantage="spo"))

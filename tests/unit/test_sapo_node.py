@@ -95,3 +95,13 @@ def test_resume_continues_exactly(tmp_path):
     b = load_file(str(tmp_path / "part" / "node0" / "final" / "model.safetensors"))
     for k in a:
         torch.testing.assert_close(a[k], b[k])
+
+
+def test_spo_node_with_prioritized_sampling_runs_rounds():
+    cfg = tiny_sapo_config(rounds=2, reward=RewardConfig(format_weight=0.5))
+    cfg.loss = SAPOLossConfig(num_generations=4, advantage="spo")
+    cfg.train.prioritized_sampling = True
+    node = SAPONode(cfg, 0, "node0", FakeExchange())
+    for _ in range(2):
+        m = node.run_round()
+    assert m["local_groups"] == 2 and node.advantage.alpha  # the tracker has seen prompts

@@ -41,6 +41,10 @@ class RLOptimConfig:
 class RLLoopConfig:
     rounds: int = 100
     questions_per_round: int | None = None  # None: batch.num_local, at least 1 (a node with I=0 still shares)
+    # SPO's prioritised prompt sampling (needs loss.advantage="spo"): draw `candidates_factor` x the
+    # questions, keep a subset weighted by sqrt(v(1-v)) + eps, favouring prompts the policy is unsure of.
+    prioritized_sampling: bool = False
+    candidates_factor: int = 4
     micro_batch_size: int = 32  # completions per forward/backward
     max_prompt_tokens: int = 256
     checkpoint_every: int = 50  # rounds; 0 disables
@@ -55,6 +59,8 @@ class RLLoopConfig:
                 raise ValueError(f"train.{name}={getattr(self, name)} must be >= 1")
         if self.questions_per_round is not None and self.questions_per_round < 1:
             raise ValueError(f"train.questions_per_round={self.questions_per_round} must be >= 1")
+        if self.candidates_factor < 1:
+            raise ValueError(f"train.candidates_factor={self.candidates_factor} must be >= 1")
         if self.checkpoint_every < 0:
             raise ValueError(f"train.checkpoint_every={self.checkpoint_every} must be >= 0")
         if self.stop_at is not None and not 1 <= self.stop_at <= self.rounds:
@@ -108,6 +114,8 @@ class SAPOConfig:
         if self.node_index is not None and self.node_index < 0:
             raise ValueError(f"node_index={self.node_index} must be >= 0")
         self._check_batch(self.batch, "batch")
+        if self.train.prioritized_sampling and self.loss.advantage != "spo":
+            raise ValueError(f"train.prioritized_sampling=True needs loss.advantage='spo', not {self.loss.advantage!r}")
         for i in range(len(self.nodes)):
             self.for_node(i)  # resolve every override now: bad ones fail before start
 

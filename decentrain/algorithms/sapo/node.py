@@ -75,7 +75,13 @@ class SAPONode:
     # -- the round -------------------------------------------------------------------------------
 
     def generate(self, round_: int) -> list[RolloutGroup]:
-        items = self.mixture.sample(self.questions_per_round, self.rng)
+        n = self.questions_per_round
+        if self.cfg.train.prioritized_sampling:
+            pool = self.mixture.sample(n * self.cfg.train.candidates_factor, self.rng)
+            p = self.advantage.sampling_weights([self.template(it.question) for it in pool])
+            items = [pool[int(i)] for i in self.rng.choice(len(pool), size=n, replace=False, p=p)]
+        else:
+            items = self.mixture.sample(n, self.rng)
         completions = self.backend.generate(
             [self.template(it.question) for it in items], self.cfg.loss.num_generations, seed=self.seed * 100_003 + round_
         )
