@@ -48,11 +48,7 @@ class NoLoCoConfig(InnerOuterConfig):
             raise ValueError(f"algorithm.bucket_mb={self.bucket_mb} must be > 0")
 
     @property
-    def beta(self) -> float:
-        return self.outer_lr
-
-    @property
-    def gamma_(self) -> float:
+    def effective_gamma(self) -> float:
         return self.outer_lr if self.gamma is None else self.gamma
 
 
@@ -80,7 +76,7 @@ class NoLoCo(InnerOuterAlgorithm):
     def outer_step(self, model: torch.nn.Module) -> dict[str, float]:
         groups = gossip_groups(self.round, self.world.world_size, self.cfg.pairing_seed, self.cfg.odd_world)
         group = group_of(self.world.rank, groups)
-        general = self.cfg.gamma is not None and self.cfg.gamma != self.cfg.outer_lr
+        general = self.cfg.effective_gamma != self.cfg.outer_lr
         pace = torch.tensor([self.pace.step_time, min(self.pace.fastest, self.pace.step_time)], dtype=torch.float32)
         sent = [p.detach() for p in self.params] + (self.phi if general else []) + [pace]
         mean = self.exchange.average(sent, group, self.round)
@@ -93,7 +89,7 @@ class NoLoCo(InnerOuterAlgorithm):
             phi_bar = mean[n : 2 * n]
             mean_pg = [pb - tb.float() for pb, tb in zip(phi_bar, theta_bar)]  # mean Δ = mean φ − θ̄
             noloco_general_step_(self.phi, self.params, self.m, mean_pg, phi_bar,
-                                 alpha=self.cfg.outer_momentum, beta=self.cfg.beta, gamma=self.cfg.gamma_)
+                                 alpha=self.cfg.outer_momentum, beta=self.cfg.outer_lr, gamma=self.cfg.effective_gamma)
         else:
             noloco_step_(self.phi, self.params, self.m, theta_bar, lr=self.cfg.outer_lr, momentum=self.cfg.outer_momentum)
         if self.cfg.adaptive_inner_steps and len(group) > 1:
