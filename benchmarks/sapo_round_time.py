@@ -2,7 +2,9 @@
 
 Both sides: the SFT warm-start model, 8 questions x G completions, the same max completion
 length, temperature, KL 0, one optimizer step per batch, token-mean (dapo) loss, one micro-batch.
-Both stop a completion at "\\n" (TRL: "\\n" is made an EOS token of the model's generation config).
+Both stop a completion at "\\n" (TRL: "\\n" is made an EOS token of the model's generation config)
+and see the same prompt tokens (TRL's plain-prompt path would append ByT5's </s>; the tokenizer
+handed to TRL does not).
 The node runs the full round: generate, exchange (a one-node hivemind DHT: a real publish and
 fetch), re-tokenise and re-score, train. TRL's time is its `training_step` (generate, score, train).
 Both run in this one process, in turn, on the same threads, after warm-up steps.
@@ -82,7 +84,13 @@ def trl_step_times(model_dir: Path, args: argparse.Namespace, run_dir: Path) -> 
     def reward(prompts, completions, idx, **_):
         return [verifier(items[i], c) for i, c in zip(idx, completions)]
 
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    class PromptAsIs(type(AutoTokenizer.from_pretrained(model_dir))):
+        """TRL tokenizes plain prompts with special tokens; ByT5 would append </s>. The node does not."""
+
+        def build_inputs_with_special_tokens(self, token_ids_0, token_ids_1=None):
+            return token_ids_0 + (token_ids_1 or [])
+
+    tokenizer = PromptAsIs.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir)
     newline = tokenizer("\n", add_special_tokens=False)["input_ids"][0]
     model.generation_config.eos_token_id = [tokenizer.eos_token_id, newline]  # stop at "\n", as the node does

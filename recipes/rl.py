@@ -8,6 +8,8 @@
 
 from __future__ import annotations
 
+import signal
+import sys
 from pathlib import Path
 
 import hydra
@@ -33,6 +35,8 @@ def to_config(dcfg: DictConfig) -> SAPOConfig:
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="rl")
 def main(dcfg: DictConfig) -> None:
     cfg = to_config(dcfg)
+    # SIGTERM (launch/sapo_swarm.sh, Slurm) unwinds normally, so the hivemind DHT process is shut down.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     env = read_launch_env()
     collective = cfg.exchange.name == "collective"
     if collective and not env.under_torchrun and cfg.num_nodes > 1:

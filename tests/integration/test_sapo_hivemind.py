@@ -44,8 +44,9 @@ def test_three_nodes_one_killed_the_rest_keep_training(tmp_path):
 
     def start(i):
         args = [*TINY, "sapo=hivemind", f"node_index={i}", f"exchange.hivemind.peers_file={peers}", f"run_dir={tmp_path}"]
+        # Own session per node: killing its process group takes its DHT process and p2p daemon too.
         return subprocess.Popen([sys.executable, "-m", "recipes.rl", *args], cwd=ROOT, env=env,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
 
     procs = [start(0)]
     try:
@@ -53,7 +54,7 @@ def test_three_nodes_one_killed_the_rest_keep_training(tmp_path):
         procs += [start(1), start(2)]
         nodes = ["node0", "node1", "node2"]
         _wait(lambda: all(_rounds(tmp_path, n) >= 2 for n in nodes), 60, procs)
-        procs[2].send_signal(signal.SIGKILL)
+        os.killpg(procs[2].pid, signal.SIGKILL)  # the node's machine dies: no goodbye to the swarm
         procs[2].wait()
         after = {n: _rounds(tmp_path, n) for n in nodes[:2]}
         _wait(lambda: all(_rounds(tmp_path, n) >= after[n] + 3 for n in nodes[:2]), 45, procs[:2])
@@ -66,7 +67,11 @@ def test_three_nodes_one_killed_the_rest_keep_training(tmp_path):
             try:
                 p.wait(timeout=15)
             except subprocess.TimeoutExpired:
-                p.kill()
+                pass
+            try:
+                os.killpg(p.pid, signal.SIGKILL)  # anything the node left behind (its session only)
+            except ProcessLookupError:
+                pass
 
 
 def test_exchange_returns_new_peer_records_and_passes_junk_to_the_decoder():
