@@ -8,8 +8,8 @@ the test split of the in-training domains and of two held-out domains (python_te
 arithmetic: no seed or expert trains on them) with every weighting, and the script
 counts the domains where a heterogeneous ensemble beats the homogeneous one.
 
-    python benchmarks/hdee_ensemble.py             # ~10 min on 2 CPU cores
-    python benchmarks/hdee_ensemble.py --seed-steps 40 --steps 12   # a quick look
+    python -m benchmarks.hdee_ensemble --fresh      # 17 min training + 9 min eval on a shared 2-core CPU
+    python -m benchmarks.hdee_ensemble --seed-steps 100 --steps 20 --eval-max-blocks 32 --fresh   # a quick look
 """
 
 from __future__ import annotations
@@ -97,12 +97,13 @@ def main() -> None:
             print(f"[bench] {v}: trained in {seconds[v]:.0f}s", flush=True)
 
     torch.set_num_threads(bench.eval_threads)
-    results, budgets = {}, {}
+    results, budgets, eval_seconds = {}, {}, {}
     for v in VARIANTS:
         raw, cfg = configs[v]
         t0 = time.perf_counter()
         results[v] = EnsembleScorer(cfg, World()).evaluate()
-        print(f"\n[bench] {v} ({time.perf_counter() - t0:.0f}s to evaluate), test perplexity:\n"
+        eval_seconds[v] = time.perf_counter() - t0
+        print(f"\n[bench] {v} ({eval_seconds[v]:.0f}s to evaluate), test perplexity:\n"
               f"{format_table(results[v], cfg.eval.weightings)}", flush=True)
         hf = hf_config(cfg.model, len(build_tokenizer(cfg.model)))
         costs = plan_costs(cfg.plan, hf, include_seeds=False)
@@ -119,12 +120,13 @@ def main() -> None:
     either = {w: [d for d in domains if d in wins["het_steps"][w] or d in wins["het_sizes"][w]] for w in weightings}
     figures = {
         "domains": {"in_training": [d for d in domains if d in trained], "held_out": held_out},
-        "perplexity": results, "budget": budgets, "train_seconds": seconds,
+        "perplexity": results, "budget": budgets, "train_seconds": seconds, "eval_seconds": eval_seconds,
         "wins_vs_homogeneous": wins, "wins_either_het": either,
         "headline": {"weighting": bench.primary, "domains_won": len(either[bench.primary]), "domains": len(domains)},
     }
     table = summary_table(results, domains, held_out, weightings, wins, either)
     print("\n" + table)
+    (RESULTS / "hdee_ensemble.txt").write_text(table + "\n")
     out = write_results("hdee_ensemble", {"bench": asdict(bench), "variants": {v: r for v, (r, _) in configs.items()}}, figures)
     png = plot(results, domains, held_out, weightings, RESULTS / "hdee_ensemble.png")
     print(f"\nwrote {out} and {png}")
