@@ -16,6 +16,7 @@ import argparse
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -55,10 +56,16 @@ def run_config(split: str, model_dir: Path, args: argparse.Namespace, run_dir: P
         f"sampling.max_new_tokens={args.max_new_tokens}", "train.micro_batch_size=64", "train.threads=1",
         "train.checkpoint_every=0", "logger.progress=false", f"run_dir={run_dir}", "resume=false",
     ]
-    wall = _run("recipes.rl", overrides)
+    if args.aggregate_only:  # re-read finished runs (e.g. after a plotting change); wall time from the old JSON
+        old = json.loads((RESULTS / f"{args.name}.json").read_text())["figures"]["configs"].get(split, {})
+        wall = old.get("wall_s", float("nan"))
+    else:
+        shutil.rmtree(run_dir, ignore_errors=True)  # metrics.jsonl appends: start clean
+        wall = _run("recipes.rl", overrides)
     nodes = {}
     for n in range(args.nodes):
-        rows = [json.loads(line) for line in (run_dir / f"node{n}" / "metrics.jsonl").read_text().splitlines()]
+        lines = (run_dir / f"node{n}" / "metrics.jsonl").read_text().splitlines()
+        rows = [json.loads(line) for line in lines][-args.rounds:]  # this run's rounds only
         nodes[f"node{n}"] = {
             "reward": [r["reward"] for r in rows],
             "cumulative_reward": rows[-1]["cumulative_reward"],
@@ -107,6 +114,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--cache-dir", default=str(ROOT / ".cache"))
     ap.add_argument("--name", default="sapo_swarm")
+    ap.add_argument("--aggregate-only", action="store_true", help="re-read the runs under runs/bench/<name>, run nothing")
     args = ap.parse_args()
 
     t0 = time.perf_counter()
@@ -125,7 +133,8 @@ def main() -> None:
         paper = PAPER[split] / PAPER["8/0"] if split in PAPER else None
         rows.append((split, r["swarm_cumulative_reward"], r["mean_cumulative_reward"], ratio, paper, t, r["wall_s"]))
 
-    figures = {"sft": sft, "configs": results, "paper_cumulative_reward": PAPER, "total_wall_s": time.perf_counter() - t0}
+    total_wall = sum(r["wall_s"] for r in results.values()) if args.aggregate_only else time.perf_counter() - t0
+    figures = {"sft": sft, "configs": results, "paper_cumulative_reward": PAPER, "total_wall_s": total_wall}
     out = write_results(args.name, vars(args), figures)
     plot(results, RESULTS / f"{args.name}.png")
     print(f"\nSFT warm start ({sft['steps']} steps): " + ", ".join(

@@ -5,4 +5,9 @@ Modules (import them directly; this package imports nothing heavy):
   grpo        SAPOLossConfig, the clipped-ratio loss, `group` / `spo` advantages
   batching    I local + J external groups, re-scored and re-tokenised by the receiver
   generation  GenerationBackend protocol, HF backend, completion log-probs
+  exchange    rollout exchange backends: silo, collective (all_gather of bytes), hivemind (DHT)
+  config      SAPOConfig (with per-node overrides), SFTConfig, Hydra schema registration
+  node        one node's round: generate, share, build the I+J batch, policy step
+  trainer     the round loop: metrics, checkpoint and resume
+  sft         the warm start: SFT with the loss on answer tokens only
 """
