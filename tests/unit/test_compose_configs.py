@@ -7,8 +7,20 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
-import recipes.train  # noqa: F401  (registers the schemas)
+import recipes.hdee_train  # noqa: F401  (each recipe registers its schemas on import)
+import recipes.rl
+import recipes.sft  # noqa: F401
+import recipes.train  # noqa: F401
+from decentrain.algorithms.hdee.config import hdee_config_from_dict
 from decentrain.config import config_from_dict
+
+# each primary config and the one conversion its recipe applies
+CONVERTERS = {
+    "config": lambda cfg: config_from_dict(OmegaConf.to_container(cfg, resolve=True)),
+    "hdee": lambda cfg: hdee_config_from_dict(OmegaConf.to_container(cfg, resolve=True)),
+    "rl": recipes.rl.to_config,
+    "sft": lambda cfg: OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(recipes.sft.SFTConfig), OmegaConf.to_container(cfg, resolve=True))),
+}
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 TRAIN_GROUPS = [d.name for d in CONF.iterdir() if d.is_dir() and d.name != "hydra" and (CONF / "config.yaml").read_text().count(f"- {d.name}:")]
@@ -30,12 +42,11 @@ def test_training_group_option_composes_and_converts(group, option):
     config_from_dict(OmegaConf.to_container(cfg, resolve=True))
 
 
-def test_every_primary_config_composes():
-    primaries = sorted(p.stem for p in CONF.glob("*.yaml"))
-    assert "config" in primaries
-    for name in primaries:
-        cfg = _compose([], name=name) if name != "config" else _compose(["run_dir=/tmp/x"])
-        assert OmegaConf.to_container(cfg, resolve=False)
+@pytest.mark.parametrize("name", sorted(p.stem for p in CONF.glob("*.yaml")))
+def test_every_primary_config_composes_and_converts(name):
+    assert name in CONVERTERS, f"conf/{name}.yaml has no converter in this test"
+    overrides = ["run_dir=/tmp/x"] if "run_dir:" in (CONF / f"{name}.yaml").read_text() else []
+    CONVERTERS[name](_compose(overrides, name=name))
 
 
 def test_unknown_group_option_lists_the_available_ones():
