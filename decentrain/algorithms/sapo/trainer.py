@@ -34,7 +34,7 @@ def _resume_round(cfg: SAPOConfig, world: World, ckpt: Checkpointer) -> int | No
     steps = ckpt.complete_steps() if cfg.resume else []
     if cfg.exchange.name != "collective" or not world.is_distributed:
         return steps[-1] if steps else None
-    # The newest round that every rank has; -1 stands for "none".
+    # The newest round that every rank has saved (None: start afresh everywhere).
     mine = json.dumps(steps).encode()
     common = set(steps)
     for data in all_gather_bytes(world, mine, max_bytes=1 << 16):
