@@ -59,7 +59,9 @@ def bare_steps(cfg: TrainConfig, world, blocks: torch.Tensor) -> list[float]:
     """The loop a user would write by hand: no hooks, no sampler, no logging."""
     seed_everything(cfg.train.seed)
     model = build_model(cfg.model)
-    wrapped = DistributedDataParallel(model) if world.is_distributed else model
+    # the same DDP settings as decentrain's, so the ratio is the loop's overhead alone
+    ddp = cfg.algorithm
+    wrapped = DistributedDataParallel(model, bucket_cap_mb=ddp.bucket_cap_mb, gradient_as_bucket_view=ddp.gradient_as_bucket_view) if world.is_distributed else model
     opt, sched = build_optimizer(model, cfg.optim, cfg.train.steps)
     gen = torch.Generator().manual_seed(world.rank)
     times = []
