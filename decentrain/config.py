@@ -14,6 +14,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from decentrain.algorithms import ALGORITHMS, AlgorithmConfig
+from decentrain.algorithms.common.engine import EngineConfig
 from decentrain.core.metrics import LoggerConfig
 from decentrain.data.blocks import DataConfig
 from decentrain.models.factory import ModelConfig
@@ -92,6 +93,7 @@ class TrainConfig:
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: LoopConfig = field(default_factory=LoopConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
     run_dir: str | None = None
     resume: bool = True  # continue from the newest complete checkpoint in run_dir
     experiment: str | None = None
@@ -116,7 +118,7 @@ def config_from_dict(raw: dict[str, Any]) -> TrainConfig:
     if unknown:
         raise ValueError(f"unknown top-level config key(s) {unknown}; allowed: {sorted(sections)}")
     kwargs: dict[str, Any] = {"algorithm": _typed(algo_cls.config_cls, algo_raw, "algorithm")}
-    for name in ("model", "data", "logger", "launcher", "optim", "train"):
+    for name in ("model", "data", "logger", "launcher", "optim", "train", "engine"):
         cls = type(sections[name].default_factory())
         kwargs[name] = _typed(cls, dict(raw.get(name) or {}), name)
     for name in ("run_dir", "resume", "experiment"):
@@ -140,7 +142,14 @@ def validate(cfg: TrainConfig, world_size: int) -> None:
             f"train.global_batch_size={cfg.train.global_batch_size} does not divide into world_size={world_size} "
             f"x train.micro_batch_size={cfg.train.micro_batch_size}; use a multiple of {per_step}"
         )
-    ALGORITHMS.get(cfg.algorithm.name).check_world(cfg.algorithm, world_size)
+    shards = cfg.engine.shards_per_replica
+    if world_size % shards:
+        raise ValueError(f"engine.shards_per_replica={shards} does not divide world size {world_size} into replicas")
+    if cfg.engine.name != "torch" and cfg.algorithm.name == "ddp":
+        raise ValueError(f"engine.name={cfg.engine.name!r} shards inside replicas that an outer algorithm syncs; "
+                         "algorithm=ddp already averages every step: use engine=torch, or algorithm=diloco/noloco")
+    # the outer algorithm sees one rank per replica
+    ALGORITHMS.get(cfg.algorithm.name).check_world(cfg.algorithm, world_size // shards)
 
 
 def register_configs() -> None:
@@ -151,5 +160,6 @@ def register_configs() -> None:
     cs.store(name="train_schema", node=TrainConfig)
     for name in ALGORITHMS.names():
         cs.store(group="algorithm", name=f"{name}_schema", node=ALGORITHMS.get(name).config_cls)
-    for group, cls in (("model", ModelConfig), ("data", DataConfig), ("logger", LoggerConfig), ("launcher", LauncherConfig)):
+    for group, cls in (("model", ModelConfig), ("data", DataConfig), ("logger", LoggerConfig), ("launcher", LauncherConfig),
+                       ("engine", EngineConfig)):
         cs.store(group=group, name=f"{group}_schema", node=cls)

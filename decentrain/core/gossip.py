@@ -112,7 +112,11 @@ class PairExchange:
         n = self.world.world_size
         if n > max_world:  # O(N²) groups: beyond this, exchange on the shared group
             return self
-        ranks = list(range(n)) if self.world.group is None else dist.get_process_group_ranks(self.world.group)
+        if self.world.group is not None:
+            # a sub-world (replicas × shards): new_group must be entered by every rank of the
+            # default group in the same order, which the other sub-worlds don't do here
+            return self
+        ranks = list(range(n))
         for i in range(n):
             for j in range(i + 1, n):
                 a, b = ranks[i], ranks[j]
@@ -120,6 +124,10 @@ class PairExchange:
                 self._lanes[(a, b)] = dist.new_group([a, b])
                 self._lanes[(b, a)] = dist.new_group([a, b])
         return self
+
+    def _global(self, rank: int) -> int:
+        # p2p takes global ranks; a sub-world's ranks are indices into its group
+        return rank if self.world.group is None else dist.get_global_rank(self.world.group, rank)
 
     def _lane(self, src: int, dst: int):
         return self._lanes.get((src, dst), self.world.group)
@@ -143,8 +151,8 @@ class PairExchange:
             for p in peers:
                 # post the receive before the send so both directions can progress at once
                 buf = torch.empty_like(flat)
-                works.append(dist.irecv(buf, src=p, group=self._lane(p, self.world.rank), tag=tag))
-                works.append(dist.isend(flat, dst=p, group=self._lane(self.world.rank, p), tag=tag))
+                works.append(dist.irecv(buf, src=self._global(p), group=self._lane(p, self.world.rank), tag=tag))
+                works.append(dist.isend(flat, dst=self._global(p), group=self._lane(self.world.rank, p), tag=tag))
                 inbox.append((idx, buf))
                 self.stats.bytes_sent += flat.numel() * flat.element_size()
         if not self._wait(works, start):

@@ -9,6 +9,7 @@ import torch
 from decentrain.algorithms.base import ALGORITHMS
 from decentrain.algorithms.common.trainer import Trainer, TrainResult, seed_everything
 from decentrain.config import TrainConfig
+from decentrain.core.mesh import replica_layout
 from decentrain.core.metrics import MetricsLogger, plot_curves, read_jsonl
 from decentrain.core.world import World
 from decentrain.data.blocks import build_corpus
@@ -22,14 +23,17 @@ def run_pretraining(cfg: TrainConfig, world: World, run_dir: Path, config_dict: 
     corpus = build_corpus(cfg.data, tokenizer)
     # ranks draw different randomness after the shared init (dropout); resume restores it
     torch.manual_seed(cfg.train.seed + 1 + world.rank)
-    algorithm = ALGORITHMS.get(cfg.algorithm.name)(cfg.algorithm, world)
-    trainer = Trainer(cfg, world, algorithm, model, corpus, run_dir)
+    # replicas × shards: the outer algorithm sees one rank per replica (the whole world when 1 shard)
+    layout = replica_layout(world, cfg.engine.shards_per_replica)
+    algorithm = ALGORITHMS.get(cfg.algorithm.name)(cfg.algorithm, layout.outer)
+    trainer = Trainer(cfg, world, algorithm, model, corpus, run_dir, layout)
     resumed = trainer.maybe_resume()
     logger = MetricsLogger(cfg.logger, run_dir, world.rank, config_dict, total_steps=cfg.train.steps)
     if world.is_main:
+        shards = f" ({layout.replicas} replicas x {layout.shards} shards, {cfg.engine.name})" if layout.shards > 1 else ""
         where = f"resumed from step {resumed}" if resumed is not None else "from scratch"
         print(
-            f"[decentrain] {cfg.algorithm.name}: {num_params(model) / 1e6:.2f}M params, world {world.world_size}, "
+            f"[decentrain] {cfg.algorithm.name}: {num_params(model) / 1e6:.2f}M params, world {world.world_size}{shards}, "
             f"{len(trainer.train_blocks)} train blocks of {cfg.data.seq_len} tokens, {where}; run dir {run_dir}",
             flush=True,
         )

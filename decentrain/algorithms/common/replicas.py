@@ -47,4 +47,4 @@ def broadcast_parameters(world: World, model: torch.nn.Module, src: int = 0) -> 
     if not world.is_distributed:
         return
     for t in [*model.parameters(), *model.buffers()]:
-        dist.broadcast(t.data, src=src, group=world.group)
+        dist.broadcast(t.data, group_src=src, group=world.group)  # src: a rank of world.group

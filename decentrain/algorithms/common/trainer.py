@@ -3,12 +3,13 @@
 It knows nothing of DDP, DiLoCo or NoLoCo: the `Algorithm` hooks (wrap_model, no_sync,
 after_optimizer_step, state) carry all of that, so the loop stays an ordinary
 AdamW loop with gradient accumulation, evaluation and exact-resume checkpoints.
+The backward and optimizer step go through an inner `Engine` (plain torch, or
+DeepSpeed ZeRO inside each replica), picked by `engine.name`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import math
 import random
 import time
 from dataclasses import dataclass
@@ -18,31 +19,13 @@ import numpy as np
 import torch
 
 from decentrain.algorithms.base import Algorithm
-from decentrain.config import OptimConfig, TrainConfig
+from decentrain.algorithms.common.engine import ENGINES, build_optimizer  # noqa: F401 (re-exported)
+from decentrain.config import TrainConfig
 from decentrain.core.checkpoint import Checkpointer
+from decentrain.core.mesh import ReplicaLayout, replica_layout
 from decentrain.core.metrics import MetricsLogger
 from decentrain.core.world import World
 from decentrain.data.blocks import Corpus, ShardedSampler
-
-
-def build_optimizer(model: torch.nn.Module, cfg: OptimConfig, total_steps: int):
-    # no weight decay on norms and biases (1-D tensors), as in most LM recipes
-    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
-    opt = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=cfg.lr, betas=tuple(cfg.betas),
-    )
-
-    def factor(step: int) -> float:
-        if step < cfg.warmup_steps:
-            return (step + 1) / cfg.warmup_steps
-        if cfg.schedule == "constant":
-            return 1.0
-        progress = min(1.0, (step - cfg.warmup_steps) / max(1, total_steps - cfg.warmup_steps))
-        return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
-
-    return opt, torch.optim.lr_scheduler.LambdaLR(opt, factor)
 
 
 def seed_everything(seed: int) -> None:
@@ -73,16 +56,18 @@ class TrainResult:
 
 
 class Trainer:
-    def __init__(self, cfg: TrainConfig, world: World, algorithm: Algorithm, model: torch.nn.Module, corpus: Corpus, run_dir: Path):
+    def __init__(self, cfg: TrainConfig, world: World, algorithm: Algorithm, model: torch.nn.Module, corpus: Corpus, run_dir: Path,
+                 layout: ReplicaLayout | None = None):
         self.cfg, self.world, self.algorithm = cfg, world, algorithm
         self.run_dir = run_dir
         self.model = model.to(world.device)
-        self.optimizer, self.scheduler = build_optimizer(self.model, cfg.optim, cfg.train.steps)
         self.train_blocks = corpus.train_blocks()
         n_eval = cfg.train.eval_batches * cfg.train.micro_batch_size
         self.val_blocks = {d: corpus.split("val", d)[:n_eval] for d in corpus.blocks}
         self.sampler = ShardedSampler(len(self.train_blocks), cfg.train.global_batch_size, world.rank, world.world_size, cfg.train.seed)
         self.accum = cfg.train.global_batch_size // (world.world_size * cfg.train.micro_batch_size)
+        layout = layout or replica_layout(world, 1)
+        self.engine = ENGINES.get(cfg.engine.name)(cfg, layout, self.model, self.accum)
         self.checkpointer = Checkpointer(run_dir / "checkpoints", world.rank, world.world_size, keep=cfg.train.keep_checkpoints)
         self.step = 0
         self.step_times: list[float] = []
@@ -91,8 +76,7 @@ class Trainer:
     def state_dict(self) -> dict:
         return {
             "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
+            **self.engine.state_dict(),  # torch: "optimizer" and "scheduler"
             "sampler": self.sampler.state_dict(),
             "algorithm": self.algorithm.state_dict(),
             "rng": {"torch": torch.get_rng_state(), "python": list(random.getstate()[1]), "python_pos": random.getstate()[2]},
@@ -100,8 +84,7 @@ class Trainer:
 
     def load_state_dict(self, state: dict) -> None:
         self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
+        self.engine.load_state_dict(state)
         self.sampler.load_state_dict(state["sampler"])
         self.algorithm.load_state_dict(state["algorithm"])
         torch.set_rng_state(state["rng"]["torch"])
@@ -126,20 +109,18 @@ class Trainer:
             ctx = self.algorithm.no_sync(model) if i < len(micro_batches) - 1 else contextlib.nullcontext()
             with ctx:
                 loss = model(input_ids=micro, labels=micro).loss / self.accum
-                loss.backward()
+                self.engine.backward(loss, last=i == len(micro_batches) - 1)
             total += loss.item()
-        if self.cfg.optim.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.optim.grad_clip)
-        self.optimizer.step()
-        self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        self.engine.step()
         return total
 
     def fit(self, logger: MetricsLogger) -> TrainResult:
         cfg = self.cfg.train
         start_time = time.perf_counter()
-        model = self.algorithm.wrap_model(self.model)
-        self.algorithm.on_train_start(self.model, self.optimizer)
+        self.engine.prepare(self.algorithm)
+        model = self.engine.forward_model
+        self.algorithm.on_train_start(self.model, self.engine.optimizer)
+        self.engine.weights_changed()  # the start-up broadcast
         logger.advance(self.step)
         loss, eval_loss = float("nan"), {}
         last = cfg.stop_at or cfg.steps
@@ -148,12 +129,13 @@ class Trainer:
             tick = time.perf_counter()
             loss = self.train_step(model)
             self.step += 1
-            metrics = self.algorithm.after_optimizer_step(self.step, self.model, self.optimizer)
+            metrics = self.algorithm.after_optimizer_step(self.step, self.model, self.engine.optimizer)
+            self.engine.weights_changed()
             stop = self.algorithm.should_stop(self.step, cfg.steps)
             final = self.step == cfg.steps or stop
             logger.advance(1, loss=loss)
             if self.step % self.cfg.logger.log_every == 0 or final:
-                logger.log(self.step, {"train/loss": loss, "lr": self.scheduler.get_last_lr()[0], **metrics})
+                logger.log(self.step, {"train/loss": loss, "lr": self.engine.lr(), **metrics})
             self.step_times.append(time.perf_counter() - tick)  # eval and checkpoints excluded
             if self.step % cfg.eval_every == 0 or final:
                 eval_loss = evaluate(self.model, self.val_blocks, cfg.micro_batch_size, self.world.device)

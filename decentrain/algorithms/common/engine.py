@@ -1,0 +1,230 @@
+"""Inner engines: how one replica turns micro-batch losses into an optimizer step.
+
+`torch` is the plain path (AdamW + LambdaLR on every rank, gradients averaged by the
+algorithm's wrapper, e.g. DDP). `deepspeed` runs ZeRO-1/2 over the ranks of one replica
+(see core/mesh.py): optimizer state (and with stage 2 gradients) are sharded, parameters
+stay whole on every rank, so the outer algorithms can average them as usual.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+
+from decentrain.algorithms.base import Algorithm
+from decentrain.core.mesh import ReplicaLayout
+from decentrain.core.registry import Registry
+
+ZERO_STAGES = (1, 2)
+
+
+@dataclass
+class EngineConfig:
+    name: str = "torch"
+    zero_stage: int = 2  # deepspeed only
+    shards_per_replica: int = 1  # ranks per replica; the inner engine shards across them
+
+    def __post_init__(self) -> None:
+        if self.name not in ENGINES.names():
+            raise ValueError(f"engine.name={self.name!r} is unknown; allowed: {ENGINES.names()}")
+        if self.shards_per_replica < 1:
+            raise ValueError(f"engine.shards_per_replica={self.shards_per_replica} must be >= 1")
+        if self.name == "torch" and self.shards_per_replica != 1:
+            raise ValueError(f"engine.shards_per_replica={self.shards_per_replica}: engine=torch does not shard; "
+                             "use 1, or engine=deepspeed_zero1/2")
+        if self.name == "deepspeed":
+            if self.zero_stage == 3:
+                raise ValueError("engine.zero_stage=3 partitions the parameters themselves, which the outer "
+                                 f"algorithms cannot average; allowed: {list(ZERO_STAGES)}")
+            if self.zero_stage not in ZERO_STAGES:
+                raise ValueError(f"engine.zero_stage={self.zero_stage} is unknown; allowed: {list(ZERO_STAGES)}")
+            if importlib.util.find_spec("deepspeed") is None:
+                raise ValueError("engine.name='deepspeed' needs the deepspeed package (pip install deepspeed)")
+
+
+def lr_factor(cfg, total_steps: int) -> Callable[[int], float]:
+    """Linear warm-up, then constant or cosine down to min_lr_ratio (cfg: OptimConfig)."""
+
+    def factor(step: int) -> float:
+        if step < cfg.warmup_steps:
+            return (step + 1) / cfg.warmup_steps
+        if cfg.schedule == "constant":
+            return 1.0
+        progress = min(1.0, (step - cfg.warmup_steps) / max(1, total_steps - cfg.warmup_steps))
+        return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return factor
+
+
+def build_optimizer(model: torch.nn.Module, cfg, total_steps: int):
+    """AdamW + LambdaLR (cfg: OptimConfig)."""
+    # no weight decay on norms and biases (1-D tensors), as in most LM recipes
+    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=cfg.lr, betas=tuple(cfg.betas),
+    )
+    return opt, torch.optim.lr_scheduler.LambdaLR(opt, lr_factor(cfg, total_steps))
+
+
+class Engine:
+    """One replica's backward and optimizer step. `forward_model` is what the loop calls."""
+
+    forward_model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+
+    def __init__(self, cfg, layout: ReplicaLayout, model: torch.nn.Module, accum: int):
+        """cfg: the TrainConfig; `model` is already on the device."""
+        self.cfg, self.layout, self.model, self.accum = cfg, layout, model, accum
+
+    def prepare(self, algorithm: Algorithm) -> None:
+        """Wrap the model for training; called once, at the start of fit."""
+
+    def backward(self, loss: torch.Tensor, last: bool) -> None:
+        """One micro-batch (`loss` already divided by the accumulation count)."""
+        raise NotImplementedError
+
+    def step(self) -> None:
+        """After the last micro-batch: clip, optimizer step, LR schedule, zero grads."""
+        raise NotImplementedError
+
+    def weights_changed(self) -> None:
+        """The algorithm may have rewritten the parameters in place (an outer step)."""
+
+    def lr(self) -> float:
+        raise NotImplementedError
+
+    def state_dict(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+
+ENGINES: Registry[type[Engine]] = Registry("engine.name")
+
+
+@ENGINES.register("torch")
+class TorchEngine(Engine):
+    def __init__(self, cfg, layout, model, accum):
+        super().__init__(cfg, layout, model, accum)
+        self.optimizer, self.scheduler = build_optimizer(model, cfg.optim, cfg.train.steps)
+        self.forward_model = model
+
+    def prepare(self, algorithm: Algorithm) -> None:
+        self.forward_model = algorithm.wrap_model(self.model)
+
+    def backward(self, loss: torch.Tensor, last: bool) -> None:
+        loss.backward()
+
+    def step(self) -> None:
+        if self.cfg.optim.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.optim.grad_clip)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def lr(self) -> float:
+        return self.scheduler.get_last_lr()[0]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+
+
+class _ReplicaMPU:
+    """DeepSpeed's 'model parallel unit': data parallel = this replica's ranks, no model parallel."""
+
+    def __init__(self, layout: ReplicaLayout, self_group: dist.ProcessGroup):
+        self.layout, self.self_group = layout, self_group
+
+    def get_data_parallel_group(self):
+        return self.layout.shard_group
+
+    def get_data_parallel_world_size(self) -> int:
+        return self.layout.shards
+
+    def get_data_parallel_rank(self) -> int:
+        return self.layout.shard
+
+    def get_model_parallel_group(self):
+        return self.self_group
+
+    def get_model_parallel_world_size(self) -> int:
+        return 1
+
+    def get_model_parallel_rank(self) -> int:
+        return 0
+
+
+def _singleton_groups(world_size: int, rank: int) -> dist.ProcessGroup:
+    # new_group is collective over the whole world: every rank creates every group, in order
+    groups = [dist.new_group([r]) for r in range(world_size)]
+    return groups[rank]
+
+
+@ENGINES.register("deepspeed")
+class DeepSpeedEngine(Engine):
+    """ZeRO-1/2 inside a replica. On CPU it runs over gloo with DeepSpeed's cpu accelerator."""
+
+    def __init__(self, cfg, layout, model, accum):
+        super().__init__(cfg, layout, model, accum)
+        if not torch.cuda.is_available():
+            os.environ.setdefault("DS_ACCELERATOR", "cpu")
+        # the first initialize JIT-builds a comm op (~40 s on CPU); cache it across runs
+        os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache/decentrain/torch_extensions"))
+        import deepspeed
+
+        world_size = layout.replicas * layout.shards
+        global_rank = layout.replica * layout.shards + layout.shard
+        mpu = _ReplicaMPU(layout, _singleton_groups(world_size, global_rank)) if dist.is_initialized() else None
+        # our own AdamW + LambdaLR (ZeRO supports torch.optim.AdamW): the same update and
+        # schedule as engine=torch, and no fused-Adam build
+        optimizer, scheduler = build_optimizer(model, cfg.optim, cfg.train.steps)
+        ds_config = {
+            "train_micro_batch_size_per_gpu": cfg.train.micro_batch_size,
+            "gradient_accumulation_steps": accum,
+            "gradient_clipping": cfg.optim.grad_clip,
+            "zero_optimization": {"stage": cfg.engine.zero_stage},
+            "steps_per_print": 10**9,
+            "wall_clock_breakdown": False,
+        }
+        self.ds, self.optimizer, _, self.scheduler = deepspeed.initialize(
+            model=model, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config, mpu=mpu, dist_init_required=False)
+        self.forward_model = self.ds
+
+    def backward(self, loss: torch.Tensor, last: bool) -> None:
+        # the loop owns accumulation: tell ZeRO which micro-batch reduces the gradients
+        self.ds.set_gradient_accumulation_boundary(last)
+        self.ds.backward(loss, scale_wrt_gas=False)
+
+    def step(self) -> None:
+        self.ds.step()  # clips, steps the ZeRO optimizer and the LR schedule, zeroes grads
+
+    def weights_changed(self) -> None:
+        # ZeRO keeps an fp32 master copy of this rank's partition; after an outer step the
+        # module's parameters are the truth. An O(params) copy per step, cheap beside Adam.
+        self.ds.optimizer.refresh_fp32_params()
+
+    def lr(self) -> float:
+        return self.scheduler.get_last_lr()[0]
+
+    def state_dict(self) -> dict[str, Any]:
+        # ZeRO's partitioned optimizer state is not saved yet: such a checkpoint keeps the
+        # weights and outer state for inspection, and resume refuses it (below)
+        return {"engine": "deepspeed", "scheduler": self.scheduler.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        raise ValueError("engine=deepspeed cannot resume yet (ZeRO optimizer state is not checkpointed); "
+                         "use a fresh run_dir or resume=false")
