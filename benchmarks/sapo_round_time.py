@@ -67,7 +67,7 @@ def trl_step_times(model_dir: Path, args: argparse.Namespace, run_dir: Path) -> 
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from decentrain.tasks import PromptTemplate, TaskItem, TaskMixConfig, TaskMixture, TemplateConfig, Verifier
+    from decentrain.tasks import PromptTemplate, TaskMixConfig, TaskMixture, TemplateConfig, Verifier
 
     import yaml
 
@@ -160,7 +160,7 @@ def main() -> None:
     fig.savefig(RESULTS / f"{args.name}.png", dpi=120)
     plt.close(fig)
 
-    print(f"\n| | median s | generate | exchange | train |")
+    print("\n| | median s | generate | exchange | train |")
     print("|---|---|---|---|---|")
     print(f"| decentrain node | {split['round']:.3f} | {split['generate']:.3f} | {split['exchange']:.3f} | {split['train']:.3f} |")
     print(f"| TRL GRPOTrainer | {trl_median:.3f} | | | |")

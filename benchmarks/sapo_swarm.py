@@ -139,7 +139,7 @@ def main() -> None:
     plot(results, RESULTS / f"{args.name}.png")
     print(f"\nSFT warm start ({sft['steps']} steps): " + ", ".join(
         f"{t} {a['sampled_accuracy']:.1%} sampled / {a['greedy_accuracy']:.1%} greedy" for t, a in sft["accuracy"].items()))
-    print(f"\n| I/J | swarm cum. reward | per node | ratio to 8/0 | paper ratio | round s (gen/exch/train) | wall s |")
+    print("\n| I/J | swarm cum. reward | per node | ratio to 8/0 | paper ratio | round s (gen/exch/train) | wall s |")
     print("|---|---|---|---|---|---|---|")
     for split, total, mean, ratio, paper, t, wall in rows:
         print(f"| {split} | {total:.2f} | {mean:.2f} | {ratio:.2f}x | {paper:.2f}x | "

@@ -24,7 +24,7 @@ from decentrain.algorithms.base import ALGORITHMS
 from decentrain.algorithms.common.trainer import Trainer, build_optimizer, seed_everything
 from decentrain.config import TrainConfig, config_from_dict
 from decentrain.core.launcher import run_on_ranks
-from decentrain.core.metrics import LoggerConfig, MetricsLogger
+from decentrain.core.metrics import MetricsLogger
 from decentrain.core.world import init_world
 from decentrain.data.blocks import build_corpus
 from decentrain.models.factory import build_model, build_tokenizer

@@ -2,7 +2,7 @@
 
 import pytest
 
-from test_noloco_recipe import metrics, recipe
+from recipe_helpers import metrics, recipe
 
 pytestmark = pytest.mark.integration
 

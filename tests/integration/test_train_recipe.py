@@ -1,40 +1,19 @@
 """The pre-training recipe end to end: 2 local gloo ranks started by the recipe itself."""
 
-import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from recipe_helpers import ROOT, recipe, train_losses
+
 pytestmark = pytest.mark.integration
-
-TINY = [
-    "model.hidden_size=32", "model.num_layers=2", "model.num_heads=2", "model.intermediate_size=64",
-    "data.seq_len=32", "data.max_bytes_per_domain=20000", "data.domains=[python_docs,licenses]",
-    "train.global_batch_size=8", "train.micro_batch_size=2", "train.eval_batches=1", "logger.log_every=1",
-    "logger.progress=false",
-]
-
-
-def run_recipe(run_dir: Path, *overrides: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "recipes.train", *TINY, f"run_dir={run_dir}", *overrides]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return proc
-
-
-def train_losses(run_dir: Path) -> dict[int, float]:
-    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return {r["step"]: r["train/loss"] for r in lines if "train/loss" in r}
 
 
 def test_ddp_recipe_on_two_ranks_writes_a_complete_run_dir(tmp_path):
     run = tmp_path / "run"
-    proc = run_recipe(run, "train.steps=6", "train.eval_every=3", "train.checkpoint_every=3")
+    proc = recipe(run, "train.steps=6", "train.eval_every=3", "train.checkpoint_every=3")
     assert "world 2" in proc.stdout
     for name in ("config.yaml", "metrics.jsonl", "loss.png", "model/model.safetensors", "model/config.json"):
         assert (run / name).exists(), name
@@ -46,9 +25,9 @@ def test_ddp_recipe_on_two_ranks_writes_a_complete_run_dir(tmp_path):
 
 def test_resume_after_preemption_reproduces_the_uninterrupted_loss_curve(tmp_path):
     common = ["train.steps=8", "train.eval_every=4", "train.checkpoint_every=100"]
-    run_recipe(tmp_path / "straight", *common)
-    run_recipe(tmp_path / "preempted", *common, "train.stop_at=4")
-    proc = run_recipe(tmp_path / "preempted", *common)
+    recipe(tmp_path / "straight", *common)
+    recipe(tmp_path / "preempted", *common, "train.stop_at=4")
+    proc = recipe(tmp_path / "preempted", *common)
     assert "resumed from step 4" in proc.stdout
     straight, resumed = train_losses(tmp_path / "straight"), train_losses(tmp_path / "preempted")
     assert resumed == straight  # bit-for-bit, not approximately

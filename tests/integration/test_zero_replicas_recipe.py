@@ -6,7 +6,7 @@ import json
 import pytest
 from safetensors.torch import load_file
 
-from tests.integration.test_noloco_recipe import metrics, recipe
+from recipe_helpers import metrics, recipe
 
 pytestmark = [
     pytest.mark.integration, pytest.mark.slow,

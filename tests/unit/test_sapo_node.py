@@ -1,6 +1,5 @@
 """One SAPO node in-process: round metrics, peers' payloads (good and hostile), exact resume."""
 
-import pytest
 import torch
 from safetensors.torch import load_file
 

@@ -1,0 +1,35 @@
+"""Run the pre-training recipe as a user would (`python -m recipes.train ...`) on a tiny model."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+TINY = [
+    "model.hidden_size=32", "model.num_layers=2", "model.num_heads=2", "model.intermediate_size=64",
+    "data.seq_len=32", "data.max_bytes_per_domain=20000", "data.domains=[python_docs,licenses]",
+    "train.global_batch_size=8", "train.micro_batch_size=2", "train.eval_batches=1", "logger.log_every=1",
+    "logger.progress=false", "train.threads=1",
+]
+
+
+def recipe(run_dir: Path, *overrides: str, ok: bool = True, timeout: float = 240) -> subprocess.CompletedProcess:
+    """Run the recipe on the tiny model; assert it succeeded (or failed, with ok=False)."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "recipes.train", *TINY, f"run_dir={run_dir}", *overrides],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    assert (proc.returncode == 0) == ok, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
+def metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def train_losses(run_dir: Path) -> dict[int, float]:
+    return {r["step"]: r["train/loss"] for r in metrics(run_dir) if "train/loss" in r}
