@@ -16,7 +16,9 @@ RESULTS = Path(__file__).resolve().parent / "results"
 def git_sha() -> str:
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=RESULTS.parent, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True, cwd=RESULTS.parent).stdout.strip()
+        # result files themselves don't make the code dirty
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":!benchmarks/results"],
+                               capture_output=True, text=True, cwd=RESULTS.parent.parent).stdout.strip()
         return sha + ("-dirty" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
