@@ -94,10 +94,12 @@ class PairExchange:
     process ends, because gloo still writes into them; a per-round tag keeps a late
     message from matching a later round.
 
-    `full_duplex()`: one gloo process group moves a pair's two directions one after the
-    other (a 10 MB swap on 100 Mbit/s links takes ~2x the floor). After it, each ordered
-    pair (src -> dst) sends on a process group of its own, so both directions stream at
-    once. It is a collective over the whole world: call it at start-up, on every rank.
+    `full_duplex()`: each ordered pair (src -> dst) then sends on a process group of its
+    own, so the two directions cannot queue behind each other on one gloo pair (seen
+    with a send-first swap: ~2x the floor on 100 Mbit/s links). With receives posted
+    first, benchmarks/comm_sync measured the shared group as fast (1.11x vs 1.12x the
+    floor), so this is a safeguard, not a must. It is collective over the whole world:
+    call it at start-up, on every rank.
     """
 
     world: World
