@@ -78,6 +78,9 @@ class LauncherConfig:
             raise ValueError(f"launcher.nproc_per_node={self.nproc_per_node} must be >= 1")
         if self.nnodes < 1:
             raise ValueError(f"launcher.nnodes={self.nnodes} must be >= 1")
+        if self.name == "local" and self.nnodes != 1:
+            raise ValueError(f"launcher.nnodes={self.nnodes}: launcher=local starts workers on this machine only; "
+                             "for several nodes use launch/multinode.sh (torchrun, launcher=torchrun)")
 
     @property
     def world_size(self) -> int | None:
@@ -149,7 +152,9 @@ def validate(cfg: TrainConfig, world_size: int) -> None:
         raise ValueError(f"engine.name={cfg.engine.name!r} shards inside replicas that an outer algorithm syncs; "
                          "algorithm=ddp already averages every step: use engine=torch, or algorithm=diloco/noloco")
     # the outer algorithm sees one rank per replica
-    ALGORITHMS.get(cfg.algorithm.name).check_world(cfg.algorithm, world_size // shards)
+    algorithm = ALGORITHMS.get(cfg.algorithm.name)
+    algorithm.check_world(cfg.algorithm, world_size // shards)
+    algorithm.check_steps(cfg.algorithm, cfg.train.steps)
 
 
 def register_configs() -> None:

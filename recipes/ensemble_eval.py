@@ -11,6 +11,7 @@ Results go to <ensemble_dir>/eval_<split>.json (or eval.out) and a table is prin
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import hydra
@@ -27,7 +28,10 @@ register_hdee_configs()
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="hdee")
 def main(dcfg: DictConfig) -> None:
     raw = OmegaConf.to_container(dcfg, resolve=True)
-    cfg = hdee_config_from_dict(raw)  # the one conversion: library code sees dataclasses only
+    try:
+        cfg = hdee_config_from_dict(raw)  # the one conversion: library code sees dataclasses only
+    except ValueError as e:
+        sys.exit(f"config error: {e}")
     check_saved_plan(cfg, load_saved_config(cfg.ensemble_dir))
     expert_refs(cfg)  # a missing expert fails here, before any process group or data
     world = init_world(threads=cfg.train.threads)

@@ -12,6 +12,7 @@ ranks of its own if asked. Under torchrun every stage runs in this process group
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import hydra
@@ -32,8 +33,11 @@ register_hdee_configs()
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="hdee")
 def main(dcfg: DictConfig) -> None:
     raw = OmegaConf.to_container(dcfg, resolve=True)
-    cfg = hdee_config_from_dict(raw)  # the one conversion: library code sees dataclasses only
-    rel = check_plan(cfg)  # before any training: unknown domains, empty steps, over budget
+    try:  # before any training: bad fields, unknown domains, empty steps, over budget
+        cfg = hdee_config_from_dict(raw)  # the one conversion: library code sees dataclasses only
+        rel = check_plan(cfg)
+    except ValueError as e:
+        sys.exit(f"config error: {e}")
     env = read_launch_env()
     root = Path(cfg.ensemble_dir).resolve()
     overrides = list(HydraConfig.get().overrides.task)

@@ -34,7 +34,10 @@ def to_config(dcfg: DictConfig) -> SAPOConfig:
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="rl")
 def main(dcfg: DictConfig) -> None:
-    cfg = to_config(dcfg)
+    try:  # bad config: one clear line, before any process or DHT starts
+        cfg = to_config(dcfg)
+    except ValueError as e:
+        sys.exit(f"config error: {e}")
     # SIGTERM (launch/sapo_swarm.sh, Slurm) unwinds normally, so the hivemind DHT process is shut down.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     env = read_launch_env()

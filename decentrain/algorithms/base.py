@@ -34,6 +34,10 @@ class Algorithm:
     def check_world(cls, cfg: AlgorithmConfig, world_size: int) -> None:
         """Refuse a world this algorithm cannot run on; called before any process group."""
 
+    @classmethod
+    def check_steps(cls, cfg: AlgorithmConfig, steps: int) -> None:
+        """Refuse a run length this algorithm cannot finish cleanly; called before any process group."""
+
     def wrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
         return model
 

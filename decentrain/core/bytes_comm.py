@@ -24,18 +24,28 @@ def _to_tensor(data: bytes, device: torch.device) -> torch.Tensor:
 def all_gather_bytes(world: World, data: bytes, max_bytes: int = 64 << 20) -> list[bytes]:
     """Every rank contributes `data`; every rank receives all ranks' bytes, in rank order.
 
-    A rank whose announced size exceeds `max_bytes` contributes b"" instead of forcing
-    everybody to allocate a huge buffer (sizes are exchanged first).
+    Sizes are exchanged first. A rank whose payload exceeds `max_bytes` contributes b""
+    (so nobody allocates a huge buffer and the collective still completes on every rank),
+    then raises PayloadTooLarge itself.
     """
-    if len(data) > max_bytes:
-        raise PayloadTooLarge(f"payload of {len(data)} bytes exceeds max_bytes={max_bytes}")
+    oversized = len(data) > max_bytes
+    if oversized:
+        data = b""
     if not world.is_distributed:
-        return [data]
+        out = [data]
+    else:
+        out = _gather(world, data)
+    if oversized:
+        raise PayloadTooLarge(f"payload exceeds max_bytes={max_bytes}; contributed nothing this round")
+    return out
+
+
+def _gather(world: World, data: bytes) -> list[bytes]:
     n = world.world_size
     size = torch.tensor([len(data)], dtype=torch.int64, device=world.device)
     sizes = [torch.zeros_like(size) for _ in range(n)]
     dist.all_gather(sizes, size, group=world.group)
-    lengths = [min(int(s.item()), max_bytes) for s in sizes]
+    lengths = [int(s.item()) for s in sizes]
     width = max(lengths)
     if width == 0:
         return [b""] * n

@@ -73,3 +73,19 @@ def test_ensemble_gather_orders_experts_across_ranks():
     results = run_ranks(_experts, 2, 3)  # rank 0 holds experts 0 and 2, rank 1 holds 1
     expected = [[[-1.0] * 3] * 2, [[-2.0] * 3] * 2, [[-3.0] * 3] * 2]
     assert results[0] == results[1] == expected
+
+
+def _oversized(world):
+    from decentrain.core.bytes_comm import PayloadTooLarge
+
+    data = b"y" * (100 if world.rank == 1 else 3)
+    try:
+        return all_gather_bytes(world, data, max_bytes=10)
+    except PayloadTooLarge:
+        return "raised"
+
+
+def test_an_oversized_payload_raises_on_its_sender_only_and_nobody_hangs():
+    results = run_ranks(_oversized, 3)
+    assert results[1] == "raised"
+    assert results[0] == results[2] == [b"yyy", b"", b"yyy"]

@@ -54,3 +54,14 @@ def test_world_size_must_match_the_launcher():
     with pytest.raises(ValueError, match="launcher.nproc_per_node=2"):
         validate(cfg, world_size=4)
     validate(config_from_dict(_raw(launcher={"name": "torchrun", "nproc_per_node": None}, train={"global_batch_size": 16})), world_size=4)
+
+
+def test_local_launcher_refuses_several_nodes():
+    with pytest.raises(ValueError, match="launch/multinode.sh"):
+        config_from_dict(_raw(launcher={"nnodes": 2}))
+
+
+def test_adaptive_inner_steps_need_whole_rounds():
+    cfg = config_from_dict(_raw(algorithm={"name": "noloco", "inner_steps": 4, "adaptive_inner_steps": True}))
+    with pytest.raises(ValueError, match="multiple of algorithm.inner_steps=4"):
+        validate(cfg, world_size=2)

@@ -74,6 +74,14 @@ class InnerOuterAlgorithm(Algorithm):
 
     cfg: InnerOuterConfig
 
+    @classmethod
+    def check_steps(cls, cfg: InnerOuterConfig, steps: int) -> None:
+        if cfg.adaptive_inner_steps and steps % cfg.inner_steps:
+            # paced workers stop after the same number of rounds; a partial last round would
+            # leave the fastest worker gone while slower ones wait in the final exchange
+            raise ValueError(f"train.steps={steps} must be a multiple of algorithm.inner_steps={cfg.inner_steps} "
+                             "with algorithm.adaptive_inner_steps=true")
+
     def __init__(self, cfg: InnerOuterConfig, world):
         super().__init__(cfg, world)
         self.round = 0  # outer steps taken

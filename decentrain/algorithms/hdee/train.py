@@ -21,7 +21,7 @@ from decentrain.algorithms.base import ALGORITHMS
 from decentrain.algorithms.common.trainer import Trainer, seed_everything
 from decentrain.algorithms.hdee.config import HdeeConfig
 from decentrain.algorithms.hdee.plan import ExpertRun, SeedConfig
-from decentrain.config import TrainConfig
+from decentrain.config import TrainConfig, validate
 from decentrain.core.metrics import MetricsLogger
 from decentrain.core.world import World
 from decentrain.data.blocks import build_corpus
@@ -52,6 +52,7 @@ def _train_run(cfg: HdeeConfig, world: World, name: str, model, tokenizer, domai
     algo_cls = ALGORITHMS.get(cfg.job.expert_algorithm, field="job.expert_algorithm")
     tcfg = TrainConfig(algorithm=algo_cls.config_cls(), model=cfg.model, data=data, logger=cfg.logger,
                        launcher=cfg.launcher, optim=cfg.optim, train=loop, run_dir=str(run_dir), resume=cfg.resume)
+    validate(tcfg, world.world_size)  # e.g. a batch that does not divide over this job's ranks
     corpus = build_corpus(data, tokenizer)
     torch.manual_seed(seed + 1 + world.rank)  # per-rank randomness after the shared init
     trainer = Trainer(tcfg, world, algo_cls(tcfg.algorithm, world), model, corpus, run_dir)

@@ -107,6 +107,10 @@ class CollectiveExchange:
         self.cfg, self.world = cfg, world
 
     def exchange(self, round_: int, payload: bytes) -> list[PeerRecord]:
+        if len(payload) > self.cfg.max_bytes:  # publish nothing this round, keep training
+            logger.warning("round %d: own payload of %d bytes exceeds exchange.max_bytes=%d; not published",
+                        round_, len(payload), self.cfg.max_bytes)
+            payload = b""
         gathered = all_gather_bytes(self.world, payload, max_bytes=self.cfg.max_bytes)
         return [PeerRecord(f"rank{r}", data) for r, data in enumerate(gathered) if r != self.world.rank]
 
