@@ -61,16 +61,26 @@ def pack(docs: list[str], tokenizer, seq_len: int) -> torch.Tensor:
     return torch.from_numpy(stream[: n * seq_len].reshape(n, seq_len).copy())
 
 
-def split_blocks(blocks: torch.Tensor, val_fraction: float, test_fraction: float, seed: int) -> dict[str, torch.Tensor]:
-    """Seeded block-level split; val and test get at least one block each when asked for."""
+def split_blocks(blocks: torch.Tensor, val_fraction: float, test_fraction: float) -> dict[str, torch.Tensor]:
+    """Contiguous train | val | test ranges of a packed stream; val and test get >= 1 block when asked.
+
+    Contiguous, not shuffled blocks: a shuffled split puts the neighbours of most test
+    blocks (same document) into train. Here only the documents at the two cuts straddle.
+    """
     n = len(blocks)
-    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
     n_test = max(1, round(n * test_fraction)) if test_fraction > 0 else 0
     n_val = max(1, round(n * val_fraction)) if val_fraction > 0 else 0
     if n_test + n_val >= n:
         raise ValueError(f"only {n} blocks: too few for val/test splits; raise data.max_bytes_per_domain or lower data.seq_len")
-    test, val, train = perm[:n_test], perm[n_test : n_test + n_val], perm[n_test + n_val :]
-    return {"train": blocks[train.sort().values], "val": blocks[val.sort().values], "test": blocks[test.sort().values]}
+    n_train = n - n_val - n_test
+    return {"train": blocks[:n_train], "val": blocks[n_train : n_train + n_val], "test": blocks[n_train + n_val :]}
+
+
+def unique_shuffled(docs: list[str], seed: int) -> list[str]:
+    """Drop exact duplicates (generated problems repeat) and fix a seeded document order."""
+    unique = list(dict.fromkeys(docs))
+    order = torch.randperm(len(unique), generator=torch.Generator().manual_seed(seed))
+    return [unique[i] for i in order]
 
 
 def _hf_documents(cfg: DataConfig) -> dict[str, list[str]]:
@@ -103,7 +113,8 @@ def build_corpus(cfg: DataConfig, tokenizer) -> Corpus:
     else:
         docs = {d: load_domain(d, cfg.max_bytes_per_domain, cfg.seed) for d in cfg.domains}
     return Corpus(
-        {d: split_blocks(pack(texts, tokenizer, cfg.seq_len), cfg.val_fraction, cfg.test_fraction, cfg.seed) for d, texts in docs.items()}
+        {d: split_blocks(pack(unique_shuffled(texts, cfg.seed), tokenizer, cfg.seq_len), cfg.val_fraction, cfg.test_fraction)
+         for d, texts in docs.items()}
     )
 
 

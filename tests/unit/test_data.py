@@ -1,7 +1,9 @@
+import re
+
 import torch
 from transformers import ByT5Tokenizer
 
-from decentrain.data.blocks import DataConfig, ShardedSampler, build_corpus, encode, pack, split_blocks
+from decentrain.data.blocks import DataConfig, ShardedSampler, build_corpus, encode, pack, split_blocks, unique_shuffled
 
 
 def test_fast_byte_encoding_matches_the_tokenizer():
@@ -16,14 +18,29 @@ def test_pack_appends_eos_and_cuts_blocks():
     assert blocks.tolist() == [[100, 101, 1], [102, 103, 104]]
 
 
-def test_splits_are_deterministic_and_disjoint():
+def test_splits_are_contiguous_and_disjoint():
     blocks = torch.arange(200).reshape(100, 2)
-    a = split_blocks(blocks, 0.1, 0.1, seed=0)
-    b = split_blocks(blocks, 0.1, 0.1, seed=0)
-    assert all(torch.equal(a[s], b[s]) for s in a)
+    a = split_blocks(blocks, 0.1, 0.1)
     rows = [tuple(r.tolist()) for s in a for r in a[s]]
     assert len(rows) == len(set(rows)) == 100
     assert len(a["val"]) == len(a["test"]) == 10
+    assert a["train"][-1, 0] < a["val"][0, 0] < a["test"][0, 0]
+
+
+def test_documents_do_not_leak_across_splits():
+    # 200 distinct documents of 50 bytes: only the documents cut by a split boundary may be in two splits
+    docs = [f"<doc{i:04d}>" + "x" * 41 for i in range(200)] * 2  # every document twice
+    cfg = DataConfig(domains=["python_docs"], seq_len=16, val_fraction=0.1, test_fraction=0.1)
+    tok = ByT5Tokenizer()
+    splits = split_blocks(pack(unique_shuffled(docs, cfg.seed), tok, cfg.seq_len), 0.1, 0.1)
+
+    def doc_ids(blocks):
+        text = bytes((blocks.flatten().clamp(min=3) - 3).tolist()).decode(errors="replace")
+        return set(re.findall(r"doc(\d{4})", text))
+
+    train, val, test = (doc_ids(splits[s]) for s in ("train", "val", "test"))
+    assert len(train & test) == 0 and len(train & val) <= 1 and len(val & test) <= 1
+    assert len(train | val | test) >= 195  # duplicates dropped, nearly every document readable
 
 
 def test_offline_corpus_builds_every_requested_domain():
