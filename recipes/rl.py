@@ -18,7 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from decentrain.algorithms.sapo.config import SAPOConfig, register_sapo_configs
 from decentrain.algorithms.sapo.trainer import run_sapo
-from decentrain.core.bytes_comm import broadcast_bytes
+from decentrain.core.bytes_comm import agree_run_dir
 from decentrain.core.launcher import launch_workers
 from decentrain.core.world import World, init_world, read_launch_env
 
@@ -53,9 +53,7 @@ def main(dcfg: DictConfig) -> None:
         import torch
 
         torch.set_num_threads(cfg.train.threads)
-    run_dir = Path(cfg.run_dir).resolve()
-    if world.is_distributed:  # every rank composed its own timestamped dir; rank 0's wins
-        run_dir = Path(broadcast_bytes(world, str(run_dir).encode() if world.is_main else None).decode())
+    run_dir = agree_run_dir(world, cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     if world.is_main and cfg.node_index in (None, 0):
         (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(dcfg, resolve=True))

@@ -15,7 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from decentrain.algorithms.common.pretrain import run_pretraining
 from decentrain.config import config_from_dict, register_configs, validate
-from decentrain.core.bytes_comm import broadcast_bytes
+from decentrain.core.bytes_comm import agree_run_dir
 from decentrain.core.launcher import launch_workers
 from decentrain.core.world import init_world, read_launch_env
 
@@ -38,11 +38,7 @@ def main(dcfg: DictConfig) -> None:
                        cfg.launcher.nproc_per_node, cfg.launcher.nnodes, cfg.launcher.rdzv_endpoint, cfg.launcher.max_restarts)
         return
     world = init_world(threads=cfg.train.threads)
-    # every rank composed its own timestamped dir; rank 0's wins
-    own_dir = Path(cfg.run_dir).resolve()
-    run_dir = Path(broadcast_bytes(world, str(own_dir).encode() if world.is_main else None).decode())
-    if own_dir != run_dir and own_dir.is_dir() and not any(own_dir.iterdir()):
-        own_dir.rmdir()  # Hydra made it from a clock a second off rank 0's
+    run_dir = agree_run_dir(world, cfg.run_dir)
     if world.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(raw))

@@ -7,6 +7,8 @@ the bytes is the caller's job (e.g. a versioned JSON schema).
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 import torch.distributed as dist
 
@@ -69,3 +71,18 @@ def broadcast_bytes(world: World, data: bytes | None, src: int = 0, max_bytes: i
     buf = _to_tensor(data, world.device) if world.rank == src else torch.empty(length, dtype=torch.uint8, device=world.device)
     dist.broadcast(buf, src=src, group=world.group)
     return buf.cpu().numpy().tobytes()
+
+
+def agree_run_dir(world: World, run_dir: str | Path) -> Path:
+    """Rank 0's run dir, on every rank.
+
+    Under torchrun each rank composes its own timestamped Hydra dir; a rank whose clock
+    read a second off rank 0's removes the empty dir Hydra made for it.
+    """
+    own = Path(run_dir).resolve()
+    if not world.is_distributed:
+        return own
+    agreed = Path(broadcast_bytes(world, str(own).encode() if world.is_main else None).decode())
+    if own != agreed and own.is_dir() and not any(own.iterdir()):
+        own.rmdir()
+    return agreed
