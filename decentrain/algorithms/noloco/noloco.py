@@ -30,7 +30,9 @@ class NoLoCoConfig(InnerOuterConfig):
     outer_lr: float = 0.7  # η = β, weight of the pair's pseudo-gradient
     gamma: float | None = None  # weight of the pull towards the pair's mean φ; None: γ = β
     outer_momentum: float = 0.5  # μ (the paper's α)
-    pairing_seed: int | None = 0  # None: the reference `default_rng(t+1)` stream
+    # None: the official NoLoCo partner sequence, default_rng(k·H + 1) at the k-th sync (H = inner_steps);
+    # an int: decentrain's own seeded stream default_rng([seed, round]), not the reference one
+    pairing_seed: int | None = 0
     odd_world: str = "error"  # error | idle | triple
     deadline_s: float | None = None  # None waits for the partner forever
     bucket_mb: float = 32.0
@@ -74,7 +76,8 @@ class NoLoCo(InnerOuterAlgorithm):
             self.exchange.full_duplex()  # start-up only: creating groups is collective
 
     def outer_step(self, model: torch.nn.Module) -> dict[str, float]:
-        groups = gossip_groups(self.round, self.world.world_size, self.cfg.pairing_seed, self.cfg.odd_world)
+        groups = gossip_groups(self.round, self.world.world_size, self.cfg.pairing_seed, self.cfg.odd_world,
+                               inner_steps=self.cfg.inner_steps)
         group = group_of(self.world.rank, groups)
         general = self.cfg.effective_gamma != self.cfg.outer_lr
         pace = torch.tensor([self.pace.step_time, min(self.pace.fastest, self.pace.step_time)], dtype=torch.float32)
