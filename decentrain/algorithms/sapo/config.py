@@ -109,6 +109,7 @@ class SAPOConfig:
                 f"payload.num_generations={self.payload.num_generations} must equal "
                 f"loss.num_generations={self.loss.num_generations}"
             )
+        self._check_completion_length()
         if self.num_nodes < 1:
             raise ValueError(f"num_nodes={self.num_nodes} must be >= 1")
         if self.node_index is not None and self.node_index < 0:
@@ -118,6 +119,15 @@ class SAPOConfig:
             raise ValueError(f"train.prioritized_sampling=True needs loss.advantage='spo', not {self.loss.advantage!r}")
         for i in range(len(self.nodes)):
             self.for_node(i)  # resolve every override now: bad ones fail before start
+
+    def _check_completion_length(self) -> None:
+        """One completion length: dr_grpo's normaliser is the generation cap, as in TRL."""
+        cap = self.sampling.max_new_tokens
+        if self.loss.max_completion_length is None:
+            self.loss = dataclasses.replace(self.loss, max_completion_length=cap)
+        elif self.loss.max_completion_length != cap:
+            raise ValueError(f"loss.max_completion_length={self.loss.max_completion_length} must equal "
+                             f"sampling.max_new_tokens={cap} (or be null to follow it)")
 
     def _check_batch(self, batch: SwarmBatchConfig, where: str) -> None:
         if self.exchange.name == "silo" and batch.num_external > 0:
@@ -146,6 +156,8 @@ class SAPOConfig:
                 raise ValueError(f"nodes[{index}].{section}: {e}") from None
         if "batch" in changes:
             self._check_batch(changes["batch"], f"nodes[{index}].batch")
+        if "sampling" in changes:  # the loss normaliser follows this node's own generation cap
+            changes["loss"] = dataclasses.replace(self.loss, max_completion_length=None)
         return dataclasses.replace(self, nodes=[], **changes) if changes else dataclasses.replace(self, nodes=[])
 
 

@@ -32,7 +32,9 @@ class SAPOLossConfig:
     loss_type: str = "dapo"
     scale_rewards: str | bool = "group"  # True == "group", False == "none", as in TRL
     num_iterations: int = 1  # optimizer passes per generated batch; >1 makes the clip active
-    max_completion_length: int = 64  # dr_grpo's normaliser
+    # dr_grpo's normaliser. TRL uses one value for it and the generation cap; here SAPOConfig sets it
+    # from sampling.max_new_tokens when None and refuses a different value.
+    max_completion_length: int | None = None
     advantage: str = "group"  # "group" (GRPO) or "spo" (per-prompt Beta value tracker)
     spo_rho: float = 0.875  # SPO tracker discount
 
@@ -49,8 +51,10 @@ class SAPOLossConfig:
         for name in ("epsilon", "epsilon_high", "beta"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= 0")
-        if self.num_iterations < 1 or self.max_completion_length < 1:
-            raise ValueError("num_iterations and max_completion_length must be >= 1")
+        if self.num_iterations < 1:
+            raise ValueError(f"num_iterations={self.num_iterations} must be >= 1")
+        if self.max_completion_length is not None and self.max_completion_length < 1:
+            raise ValueError(f"max_completion_length={self.max_completion_length} must be >= 1 (or null: sampling.max_new_tokens)")
         if not 0.0 < self.spo_rho <= 1.0:
             raise ValueError(f"spo_rho={self.spo_rho} must be in (0, 1]")
 
@@ -218,6 +222,8 @@ def policy_loss(
     elif cfg.loss_type == "grpo":
         loss = ((per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1)).sum() / norm.num_sequences
     else:  # dr_grpo
+        if cfg.max_completion_length is None:
+            raise ValueError("loss_type='dr_grpo' needs max_completion_length (SAPOConfig sets it to sampling.max_new_tokens)")
         loss = masked_sum / (norm.num_sequences * cfg.max_completion_length)
 
     is_clipped = ((ratio < 1 - cfg.epsilon) & (adv < 0)) | ((ratio > 1 + cfg.epsilon_high) & (adv > 0))
