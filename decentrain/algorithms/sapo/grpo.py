@@ -20,6 +20,8 @@ from decentrain.core.registry import Registry
 # micro-batch, "grpo" averages each sequence first, "dr_grpo" divides by a constant.
 LOSS_TYPES = ("dapo", "bnpo", "grpo", "dr_grpo")
 SCALE_REWARDS = ("group", "batch", "none")
+SPO_DISCOUNTS = ("round", "observation")
+SPO_INITS = ("group", "prior")
 _STD_EPS = 1e-4  # TRL's epsilon in (r - mean) / (std + eps)
 
 
@@ -37,6 +39,8 @@ class SAPOLossConfig:
     max_completion_length: int | None = None
     advantage: str = "group"  # "group" (GRPO) or "spo" (per-prompt Beta value tracker)
     spo_rho: float = 0.875  # SPO tracker discount
+    spo_discount: str = "round"  # "round": rho once per round; "observation": once per completion (SPO's update)
+    spo_init: str = "group"  # unseen prompt's baseline: "group" (its own group mean) or "prior" (SPO's v = 0.5)
 
     def __post_init__(self) -> None:
         if isinstance(self.scale_rewards, bool):
@@ -57,6 +61,10 @@ class SAPOLossConfig:
             raise ValueError(f"max_completion_length={self.max_completion_length} must be >= 1 (or null: sampling.max_new_tokens)")
         if not 0.0 < self.spo_rho <= 1.0:
             raise ValueError(f"spo_rho={self.spo_rho} must be in (0, 1]")
+        if self.spo_discount not in SPO_DISCOUNTS:
+            raise ValueError(f"spo_discount={self.spo_discount!r} is unknown; allowed: {list(SPO_DISCOUNTS)}")
+        if self.spo_init not in SPO_INITS:
+            raise ValueError(f"spo_init={self.spo_init!r} is unknown; allowed: {list(SPO_INITS)}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -105,22 +113,30 @@ class GroupAdvantage:
 class SPOTracker:
     """SPO's per-prompt Beta value tracker (arXiv 2509.13232), with a constant discount rho.
 
-    v = a / (a + b); after observing rewards r: a <- rho*a + sum(r), b <- rho*b + sum(1 - r).
-    The G completions of one round count as G observations under one policy, so they are
-    discounted once. A prompt seen for the first time is initialised from its own group (SPO
-    initialises from n0 samples of the start policy), so its baseline is the group mean.
-    A = r - v (v from before this round's update), then z-scored over the whole batch.
-    Rewards are clamped to [0, 1] for the tracker: it models a success probability.
+    v = a / (a + b); SPO's update for one observed reward r: a <- rho*a + r, b <- rho*b + (1 - r).
+    SPO samples one completion per prompt and step; with G completions per round there are two
+    readings, chosen by `discount`:
+      "observation": SPO's update applied to each completion in turn (rho^G per round),
+      "round":       the G completions come from one policy, so they are discounted once:
+                     a <- rho*a + sum(r), b <- rho*b + sum(1 - r).
+    Unseen prompts (`init`, a choice where SPO estimates v from n0 offline samples of the start
+    policy): "group" starts from this round's own group (a = sum r, b = sum(1 - r), baseline =
+    group mean); "prior" starts from SPO's n0 = 0 prior a = b = 0.5 (baseline 0.5), then updates.
+    A = r - v (v from before this round's update), then z-scored over the whole batch, as SPO.
+    The advantage uses the raw reward, as SPO; the tracker clamps it to [0, 1] (a choice: with a
+    format bonus r can exceed 1, and b would then shrink, while the tracker models a success rate).
     """
 
-    def __init__(self, rho: float = 0.875):
-        self.rho = rho
+    def __init__(self, rho: float = 0.875, discount: str = "round", init: str = "group"):
+        if discount not in SPO_DISCOUNTS or init not in SPO_INITS:
+            raise ValueError(f"discount={discount!r}, init={init!r}; allowed: {list(SPO_DISCOUNTS)}, {list(SPO_INITS)}")
+        self.rho, self.discount, self.init = rho, discount, init
         self.alpha: dict[str, float] = {}
         self.beta: dict[str, float] = {}
 
     @classmethod
     def from_config(cls, cfg: SAPOLossConfig) -> SPOTracker:
-        return cls(cfg.spo_rho)
+        return cls(cfg.spo_rho, cfg.spo_discount, cfg.spo_init)
 
     def value(self, prompt: str) -> float | None:
         if prompt not in self.alpha:
@@ -130,15 +146,25 @@ class SPOTracker:
 
     def update(self, prompt: str, rewards: Sequence[float]) -> None:
         r = np.clip(np.asarray(rewards, dtype=np.float64), 0.0, 1.0)
-        self.alpha[prompt] = self.rho * self.alpha.get(prompt, 0.0) + float(r.sum())
-        self.beta[prompt] = self.rho * self.beta.get(prompt, 0.0) + float((1.0 - r).sum())
+        if prompt not in self.alpha and self.init == "group":  # the group is its own first estimate
+            self.alpha[prompt], self.beta[prompt] = float(r.sum()), float((1.0 - r).sum())
+            return
+        a, b = self.alpha.get(prompt, 0.5), self.beta.get(prompt, 0.5)
+        if self.discount == "round":
+            a, b = self.rho * a + float(r.sum()), self.rho * b + float((1.0 - r).sum())
+        else:
+            for x in r:
+                a, b = self.rho * a + float(x), self.rho * b + float(1.0 - x)
+        self.alpha[prompt], self.beta[prompt] = a, b
 
     def __call__(self, prompts: Sequence[str], rewards: Tensor) -> Tensor:
         baselines = []
         for prompt, r in zip(prompts, rewards.tolist(), strict=True):
             v = self.value(prompt)
             self.update(prompt, r)
-            baselines.append(self.value(prompt) if v is None else v)
+            if v is None:  # unseen: the group's own mean ("group") or the prior's 0.5
+                v = self.value(prompt) if self.init == "group" else 0.5
+            baselines.append(v)
         advantages = rewards - torch.tensor(baselines, dtype=rewards.dtype, device=rewards.device)[:, None]
         return (advantages - advantages.mean()) / (advantages.std() + _STD_EPS)
 
@@ -149,7 +175,8 @@ class SPOTracker:
         return w / w.sum()
 
     def state_dict(self) -> dict[str, Any]:
-        return {"rho": self.rho, "alpha": dict(self.alpha), "beta": dict(self.beta)}
+        return {"rho": self.rho, "discount": self.discount, "init": self.init,
+                "alpha": dict(self.alpha), "beta": dict(self.beta)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.rho = float(state["rho"])
