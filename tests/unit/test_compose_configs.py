@@ -36,10 +36,26 @@ def _compose(overrides: list[str], name: str = "config"):
         return compose(config_name=name, overrides=overrides, return_hydra_config=False)
 
 
+# engine.name -> the optional package that engine needs (its config refuses to validate without it)
+ENGINE_EXTRAS = {"deepspeed": "deepspeed"}
+
+
 @pytest.mark.parametrize("group,option", [(g, o) for g in TRAIN_GROUPS for o in _options(g)])
 def test_training_group_option_composes_and_converts(group, option):
     cfg = _compose([f"{group}={option}", "run_dir=/tmp/x"])
+    if cfg.engine.name in ENGINE_EXTRAS:  # e.g. engine=deepspeed_zero2, experiment=noloco_zero2_cpu
+        pytest.importorskip(ENGINE_EXTRAS[cfg.engine.name])
     config_from_dict(OmegaConf.to_container(cfg, resolve=True))
+
+
+def test_an_engine_without_its_package_is_refused_at_config_time(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "deepspeed" else real(name, *a))
+    cfg = _compose(["engine=deepspeed_zero2", "run_dir=/tmp/x"])
+    with pytest.raises(ValueError, match="engine.name='deepspeed' needs the deepspeed package"):
+        config_from_dict(OmegaConf.to_container(cfg, resolve=True))
 
 
 @pytest.mark.parametrize("name", sorted(p.stem for p in CONF.glob("*.yaml")))

@@ -1,5 +1,7 @@
 import json
 
+import pytest
+
 from decentrain.core.metrics import LoggerConfig, MetricsLogger, plot_curves, read_jsonl
 
 
@@ -25,6 +27,7 @@ def test_only_rank_zero_writes_unless_all_ranks(tmp_path):
 
 
 def test_wandb_offline_writes_a_local_run(tmp_path):
+    pytest.importorskip("wandb")
     cfg = LoggerConfig(progress=False, console=False, wandb=True, wandb_mode="offline")
     log = MetricsLogger(cfg, tmp_path, rank=0, config={"lr": 1e-3})
     log.log(1, {"train/loss": 2.0})
