@@ -5,8 +5,10 @@ Methods (each timed as the slowest rank's wall time of one sync):
               per direction, so both directions stream at once);
   pair_1pg    the same swap on one shared process group (the naive baseline; N=2 only);
   ring        DiLoCo: gloo all-reduce of the whole payload;
-  fragment    Streaming DiLoCo: all-reduce of one of P fragments (1/P of the payload;
-              the paper overlaps it with compute).
+  fragment    Streaming DiLoCo: all-reduce of one fragment, numel // P of the payload (the
+              paper overlaps it with compute). Its rows record the bytes actually reduced.
+              A real model's fragments differ in size (embeddings and head ride with two of
+              them): `--fragment-model llama_125m` sizes the fragment as that model's largest.
 Links: `loopback` (127.0.0.1) and `emulated` (one netns per worker via
 launch/wan_emulation.sh: tbf-capped uplinks plus a userspace delay line).
 Floor = bytes each node must upload / link rate: S for the pair swap, 2(N−1)/N·S for the
@@ -37,12 +39,11 @@ PREFIX = "dtc"  # own namespaces, so a user's `dt*` setup is left alone
 
 
 # --------------------------------------------------------------------------- model of the wire
-def wire(method: str, n: int, nbytes: int, fragments: int) -> tuple[float, float]:
-    """(messages in sequence, bytes each node uploads) for one sync."""
+def wire(method: str, n: int, nbytes: int) -> tuple[float, float]:
+    """(messages in sequence, bytes each node uploads) for one sync of `nbytes` (what is reduced)."""
     if method.startswith("pair"):
         return 1.0, float(nbytes)
-    size = nbytes / fragments if method == "fragment" else nbytes
-    return 2.0 * (n - 1), 2.0 * (n - 1) / n * size  # ring reduce-scatter + all-gather
+    return 2.0 * (n - 1), 2.0 * (n - 1) / n * nbytes  # ring reduce-scatter + all-gather
 
 
 def fit_alpha_beta(points: list[tuple[float, float, float]]) -> tuple[float, float]:
@@ -55,6 +56,23 @@ def fit_alpha_beta(points: list[tuple[float, float, float]]) -> tuple[float, flo
     if coef[1] <= 0:
         coef = np.array([float(np.dot(a[:, 0], t) / np.dot(a[:, 0], a[:, 0])), 1e-30])
     return float(coef[0]), float(1.0 / coef[1])
+
+
+def fragment_sizes(model_name: str, fragments: int) -> list[int]:
+    """Parameters per Streaming DiLoCo fragment of a shipped model config (built on the meta device)."""
+    import torch
+    from omegaconf import OmegaConf
+
+    from decentrain.algorithms.common.outer import fragment_param_names
+    from decentrain.models.factory import ModelConfig, build_model
+
+    raw = OmegaConf.load(ROOT / "conf" / "model" / f"{model_name}.yaml")
+    raw.pop("defaults", None)
+    cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelConfig), raw))
+    with torch.device("meta"):
+        model = build_model(cfg)
+    numel = {n: p.numel() for n, p in model.named_parameters() if p.requires_grad}
+    return [sum(numel[n] for n in frag) for frag in fragment_param_names(numel, cfg.num_layers, fragments)]
 
 
 # --------------------------------------------------------------------------- one worker
@@ -82,18 +100,18 @@ def worker(args: argparse.Namespace) -> None:
     out = []
     for numel in args.sizes:
         payload = torch.randn(numel, generator=torch.Generator().manual_seed(rank))
-        frag = payload[: numel // args.fragments].clone()
-        methods = {
-            "pair": lambda t: duplex.average([payload], group_of(rank, gossip_groups(t, n, seed=0)), t),
-            "ring": lambda t: dist.all_reduce(payload),
-            "fragment": lambda t: dist.all_reduce(frag),
+        frag = payload[: max(1, int(numel * args.fragment_share))].clone()
+        methods = {  # name -> (sync, the tensor it moves)
+            "pair": (lambda t: duplex.average([payload], group_of(rank, gossip_groups(t, n, seed=0)), t), payload),
+            "ring": (lambda t: dist.all_reduce(payload), payload),
+            "fragment": (lambda t: dist.all_reduce(frag), frag),
         }
         if n == 2:
-            methods["pair_1pg"] = lambda t: shared.average([payload], (0, 1), t)
-        for name, fn in methods.items():
+            methods["pair_1pg"] = (lambda t: shared.average([payload], (0, 1), t), payload)
+        for name, (fn, sent) in methods.items():
             fn(10_000)  # warm-up on a fresh tag: connections and buffers
             times = [timed(lambda r=r: fn(r)) for r in range(args.repeats)]
-            out.append({"method": name, "n": n, "numel": numel, "bytes": numel * 4, "times": times})
+            out.append({"method": name, "n": n, "numel": numel, "bytes": sent.numel() * sent.element_size(), "times": times})
             if rank == 0:
                 print(f"  N={n} {name:9s} {numel * 4 / 1e6:7.1f} MB  median {statistics.median(times):.3f}s", flush=True)
     if rank == 0:
@@ -121,7 +139,8 @@ def run_world(link: str, n: int, args: argparse.Namespace) -> list[dict]:
                    "MASTER_ADDR": addr, "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1",
                    "GLOO_SOCKET_IFNAME": "eth0" if link == "emulated" else "lo"}
             cmd = [sys.executable, "-m", "benchmarks.comm_sync", "--worker", "--out", str(out), "--repeats", str(args.repeats),
-                   "--fragments", str(args.fragments), "--sizes", *map(str, args.sizes)]
+                   "--fragments", str(args.fragments), "--fragment-share", repr(args.fragment_share),
+                   "--sizes", *map(str, args.sizes)]
             if link == "emulated":
                 cmd = ["ip", "netns", "exec", f"{PREFIX}{r}", *cmd]
             procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env))
@@ -148,37 +167,37 @@ def rate_bytes_per_s(rate: str) -> float:
 def summarise(rows: list[dict], args: argparse.Namespace) -> dict:
     link_rate = rate_bytes_per_s(args.rate)
     for row in rows:
-        msgs, up = wire(row["method"], row["n"], row["bytes"], args.fragments)
+        msgs, up = wire(row["method"], row["n"], row["bytes"])
         row["median_s"] = statistics.median(row["times"])
         row["upload_bytes"] = up
         if row["link"] == "emulated":
             row["floor_s"] = up / link_rate
             row["vs_floor"] = row["median_s"] / row["floor_s"]
     fits, extrap = {}, {}
-    big = max(args.sizes) * 4
     for link in sorted({r["link"] for r in rows}):
         for method in ("pair", "ring", "fragment"):
-            pts = [(*wire(method, r["n"], r["bytes"], args.fragments), r["median_s"]) for r in rows if r["link"] == link and r["method"] == method]
+            pts = [(*wire(method, r["n"], r["bytes"]), r["median_s"]) for r in rows if r["link"] == link and r["method"] == method]
             if len(pts) < 2:
                 continue
             alpha, beta = fit_alpha_beta(pts)
             fits[f"{link}/{method}"] = {"alpha_s": alpha, "beta_bytes_per_s": beta}
+            sent = max(r["bytes"] for r in rows if r["link"] == link and r["method"] == method)  # at the full payload
             for n in (100, 1000):
-                m, b = wire(method, n, big, args.fragments)
+                m, b = wire(method, n, sent)
                 extrap[f"{link}/{method}/N={n}"] = alpha * m + b / beta
     return {"rows": rows, "fits": fits, "extrapolated_s": extrap}
 
 
 def table(summary: dict, args: argparse.Namespace) -> str:
     big = max(args.sizes)
-    lines = [f"payload {big * 4 / 1e6:.1f} MB ({big / 1e6:.1f}M fp32 params); fragment = 1/{args.fragments}; link {args.rate}, "
+    lines = [f"payload {big * 4 / 1e6:.1f} MB ({big / 1e6:.1f}M fp32 params); fragment = {args.fragment_share:.3f} of it; link {args.rate}, "
              f"+{args.delay_ms} ms each way (emulated); TCP slow start after idle: {'on' if args.slow_start_after_idle else 'off'}",
-             f"{'link':9s} {'N':>2s} {'method':9s} {'median s':>9s} {'floor s':>8s} {'x floor':>8s}   all runs"]
+             f"{'link':9s} {'N':>2s} {'method':9s} {'MB sent':>8s} {'median s':>9s} {'floor s':>8s} {'x floor':>8s}   all runs"]
     for r in sorted(summary["rows"], key=lambda r: (r["link"], r["n"], r["method"])):
         if r["numel"] != big:
             continue
         floor = f"{r['floor_s']:8.2f} {r['vs_floor']:8.2f}" if "floor_s" in r else f"{'-':>8s} {'-':>8s}"
-        lines.append(f"{r['link']:9s} {r['n']:2d} {r['method']:9s} {r['median_s']:9.3f} {floor}   {', '.join(f'{t:.2f}' for t in r['times'])}")
+        lines.append(f"{r['link']:9s} {r['n']:2d} {r['method']:9s} {r['bytes'] / 1e6:8.2f} {r['median_s']:9.3f} {floor}   {', '.join(f'{t:.2f}' for t in r['times'])}")
     lines.append("fit t = α·messages + bytes/β, extrapolated to the full payload:")
     for key, f in summary["fits"].items():
         e100, e1000 = summary["extrapolated_s"][f"{key}/N=100"], summary["extrapolated_s"][f"{key}/N=1000"]
@@ -217,6 +236,9 @@ def main() -> None:
     ap.add_argument("--ns", nargs="+", type=int, default=[2, 4, 8])
     ap.add_argument("--sizes", nargs="+", type=int, default=[1_000_000, 25_000_000], help="payload sizes in fp32 elements")
     ap.add_argument("--fragments", type=int, default=4)
+    ap.add_argument("--fragment-model", default=None, help="size the fragment as this conf/model config's largest "
+                    "Streaming DiLoCo fragment (default: 1/fragments of the payload)")
+    ap.add_argument("--fragment-share", type=float, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--rate", default="100mbit")
     ap.add_argument("--delay-ms", type=float, default=50.0)
@@ -229,6 +251,11 @@ def main() -> None:
         return worker(args)
     if any(n % 2 for n in args.ns):
         ap.error("--ns: every N must be even (pairs)")
+    if args.fragment_model:
+        args.fragment_sizes = fragment_sizes(args.fragment_model, args.fragments)
+        args.fragment_share = max(args.fragment_sizes) / sum(args.fragment_sizes)
+    else:
+        args.fragment_share = 1.0 / args.fragments
     rows = []
     t0 = time.perf_counter()
     for link in args.links:

@@ -1,8 +1,10 @@
 """Streaming DiLoCo (arXiv 2501.18512): fragments sync in turn, overlapped with compute.
 
 Parameters split into P strided layer fragments. Fragment p sends its pseudo-gradient
-at the inner steps t with t ≡ p·H/P (mod H), so payloads are 1/P of the model and
-spread over the round. The collective runs in the background for τ inner steps; then
+at the inner steps t with t ≡ p·H/P (mod H), so the syncs spread over the round. Each
+payload holds ~1/P of the layers, but the fragments of the first and last layer also
+carry the embeddings and the final norm / head, so they are larger (the sizes are
+logged at start-up; `algorithm.fragments` sets an explicit split). The collective runs in the background for τ inner steps; then
 the fragment's outer Nesterov step lands and the local weights, which moved on during
 those τ steps, are merged: θ ← α·θ + (1−α)·φ. The payload may be fp16 or int4, always
 accumulated in fp32.
@@ -10,6 +12,7 @@ accumulated in fp32.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +23,8 @@ from decentrain.algorithms.common.inner_outer import InnerOuterAlgorithm, InnerO
 from decentrain.algorithms.common.outer import OuterOptimizer, check_fragments_cover, fragment_param_names, mix_
 from decentrain.algorithms.diloco.diloco import check_nesterov
 from decentrain.algorithms.diloco.sync import QUANTIZATIONS, check_quantization_backend, start_mean
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -77,6 +82,8 @@ class StreamingDiLoCo(InnerOuterAlgorithm):
             except ValueError as e:
                 raise ValueError(f"algorithm.num_fragments={self.cfg.num_fragments}: {e}") from None
         self.frag_params = [[named[n] for n in frag] for frag in names]
+        self.fragment_numels = [sum(p.numel() for p in ps) for ps in self.frag_params]
+        logger.info("streaming_diloco fragments (parameters each): %s", self.fragment_numels)
         self.outers = [OuterOptimizer(ps, self.cfg.outer_lr, self.cfg.outer_momentum, self.cfg.nesterov) for ps in self.frag_params]
         h, p = self.cfg.inner_steps, self.cfg.num_fragments
         self.offsets = [f * h // p for f in range(p)]
