@@ -41,9 +41,14 @@ class SandboxScorer:
         self._proc: subprocess.Popen | None = None
         self._buf = b""
         self.failures = 0  # requests that scored 0 because the worker misbehaved or timed out
-        self.restarts = 0
+        self.starts = 0
+
+    @property
+    def restarts(self) -> int:
+        return max(self.starts - 1, 0)
 
     def _start(self) -> subprocess.Popen:
+        self.starts += 1
         env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
         self._proc = subprocess.Popen(
             [sys.executable, "-m", "decentrain.tasks.sandbox", str(self.memory_mb)],
@@ -75,8 +80,7 @@ class SandboxScorer:
     def score(self, task: str, entry: dict[str, Any], answers: list[str | None]) -> list[float]:
         zeros = [0.0] * len(answers)
         if self._proc is None or self._proc.poll() is not None:
-            if self._proc is not None:
-                self.restarts += 1
+            self.close()
             self._start()
         assert self._proc is not None and self._proc.stdin is not None
         nonce = secrets.token_hex(16)
