@@ -145,11 +145,17 @@ def _cfg(stop_at=None):
 def test_resume_continues_exactly(tmp_path):
     full = []
     run_sapo(_cfg(), World(), tmp_path / "full", on_round=lambda n, m: full.append((m["reward"], m["trained_completions"])))
-    part = []
-    run_sapo(_cfg(stop_at=2), World(), tmp_path / "part", on_round=lambda n, m: part.append((m["reward"], m["trained_completions"])))
-    run_sapo(_cfg(), World(), tmp_path / "part", on_round=lambda n, m: part.append((m["reward"], m["trained_completions"])))
+    part, ids = [], set()
+
+    def record(node, m):
+        part.append((m["reward"], m["trained_completions"]))
+        ids.add(node.identity.node_id)
+
+    run_sapo(_cfg(stop_at=2), World(), tmp_path / "part", on_round=record)
+    run_sapo(_cfg(), World(), tmp_path / "part", on_round=record)
     assert len(part) == 3 and any(n > 0 for _, n in full)  # some round took a policy step
     assert part == full
+    assert len(ids) == 1 and (tmp_path / "part" / "node0" / "node.key").exists()  # the restarted node kept its id
     a = load_file(str(tmp_path / "full" / "node0" / "final" / "model.safetensors"))
     b = load_file(str(tmp_path / "part" / "node0" / "final" / "model.safetensors"))
     for k in a:
