@@ -84,6 +84,16 @@ def test_round_uses_peer_groups_and_counts_hostile_payloads():
     assert any(k.startswith("accuracy/") for k in m)
 
 
+def test_a_flood_of_junk_is_one_log_line_per_round(caplog):
+    cfg = tiny_sapo_config(exchange="collective", num_local=0, num_external=2)
+    node = SAPONode(cfg, 0, "node0", FakeExchange([(f"evil\u202e{i}", b"junk\x00") for i in range(200)]))
+    with caplog.at_level("WARNING"):
+        node.share(0, [])
+    warnings = [r for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "dropped 200 rollout payload(s): bad_frame=200" in warnings[0].getMessage()
+    assert node.decoder.drops.as_dict() == {"bad_frame": 200}
+
+
 def test_answer_spoofing_earns_nothing():
     # A peer sends a real question with completions of a wrong answer. Before, it also sent that
     # wrong answer, and the receiver rewarded 8/8 wrong completions and 0/8 true ones. Now the

@@ -11,6 +11,7 @@ question is dropped and counted. Payloads are signed with this node's Ed25519 ke
 from __future__ import annotations
 
 import copy
+import logging
 import time
 from collections import Counter
 from typing import Any
@@ -27,6 +28,8 @@ from decentrain.algorithms.sapo.identity import NodeIdentity
 from decentrain.algorithms.sapo.payload import PayloadDecoder, RolloutGroup, RolloutPayload, encode_payload
 from decentrain.models.factory import build_model, build_tokenizer
 from decentrain.tasks import EntryMismatch, EntryRef, PromptTemplate, TaskItem, TaskMixture, Verifier
+
+logger = logging.getLogger(__name__)
 
 
 def group_of(item: TaskItem, completions: tuple[str, ...]) -> RolloutGroup:
@@ -113,7 +116,7 @@ class SAPONode:
 
     def share(self, round_: int, local: list[RolloutGroup]) -> list[RolloutGroup]:
         payload = RolloutPayload(self.identity.node_id, round_, time.time(), tuple(local), name=self.node_id)
-        external = []
+        external, seen_groups = [], dict(self.group_drops)
         for rec in self.exchange.exchange(round_, encode_payload(payload, self.identity, self.cfg.swarm_key)):
             # A record with its own round comes from an asynchronous backend: rounds do not line
             # up across nodes there, so the signed timestamp must also be fresh.
@@ -129,6 +132,10 @@ class SAPONode:
                     self.group_drops[e.reason] += 1
                     continue
                 external.append(g)
+        self.decoder.drops.flush_log(f"{self.node_id} round {round_}: ")
+        if dropped := {k: v - seen_groups.get(k, 0) for k, v in self.group_drops.items() if v != seen_groups.get(k, 0)}:
+            logger.warning("%s round %d: dropped %d peer group(s) that do not rebuild here: %s", self.node_id, round_,
+                           sum(dropped.values()), ", ".join(f"{k}={v}" for k, v in sorted(dropped.items())))
         return external
 
     def train_step(self, batch_groups) -> dict[str, float]:

@@ -373,16 +373,28 @@ def decode_payload(
 
 
 class DropCounter:
-    """Counts drops by reason, for metrics and logs."""
+    """Counts drops by reason, for metrics and logs.
+
+    Each drop is logged at DEBUG; `flush_log` writes one WARNING line for all drops since its
+    last call, so a flood of junk costs one log line per round, not one per record.
+    """
 
     def __init__(self) -> None:
         self.counts: Counter[str] = Counter()
+        self._unlogged: Counter[str] = Counter()
 
     def record(self, rejection: Rejection, source: str = "?") -> None:
         self.counts[rejection.reason] += 1
+        self._unlogged[rejection.reason] += 1
         # Peer text only through safe_label: no control or bidi characters reach the log.
-        logger.warning("dropped rollout payload from %s: %s %s", safe_label(source), rejection.reason,
-                       safe_label(rejection.detail, 96))
+        logger.debug("dropped rollout payload from %s: %s %s", safe_label(source), rejection.reason,
+                     safe_label(rejection.detail, 96))
+
+    def flush_log(self, what: str = "") -> None:
+        if self._unlogged:
+            logger.warning("%sdropped %d rollout payload(s): %s", what, sum(self._unlogged.values()),
+                           ", ".join(f"{k}={v}" for k, v in sorted(self._unlogged.items())))
+            self._unlogged.clear()
 
     @property
     def total(self) -> int:
