@@ -81,6 +81,11 @@ class Verifier:
         self._score_fns: dict[str, Callable[[str | None, dict[str, Any]], float]] = {}
 
     @property
+    def sandbox_failures(self) -> int:
+        """Requests the sandbox scored 0 because the worker hung, crashed or misbehaved."""
+        return 0 if self._sandbox is None else self._sandbox.failures
+
+    @property
     def sandbox(self) -> SandboxScorer:
         if self._sandbox is None:
             self._sandbox = SandboxScorer()

@@ -36,7 +36,7 @@ _MAX_REPLY = 1 << 16
 class SandboxScorer:
     """Scores answers for sandboxed tasks in a locked-down worker; any failure scores 0."""
 
-    def __init__(self, timeout_s: float = 5.0, memory_mb: int = 1024, start_timeout_s: float = 120.0):
+    def __init__(self, timeout_s: float = 2.0, memory_mb: int = 1024, start_timeout_s: float = 120.0):
         self.timeout_s, self.memory_mb, self.start_timeout_s = timeout_s, memory_mb, start_timeout_s
         self._proc: subprocess.Popen | None = None
         self._buf = b""
@@ -162,7 +162,7 @@ def _lock_down(memory_mb: int) -> None:
     import tempfile
 
     vm = _vm_bytes()
-    os.closerange(3, 4096)
+    os.closerange(3, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
     gone = tempfile.mkdtemp(prefix="dtr-sandbox-")
     os.chdir(gone)
     os.rmdir(gone)  # relative paths now resolve nowhere

@@ -180,3 +180,26 @@ def test_spo_node_with_prioritized_sampling_runs_rounds():
     for _ in range(2):
         m = node.run_round()
     assert m["local_groups"] == 2 and node.advantage.alpha  # the tracker has seen prompts
+
+
+def test_a_peer_that_hangs_the_sandbox_costs_one_timeout_per_round():
+    from decentrain.algorithms.sapo.batching import build_swarm_batch
+    from decentrain.tasks import TaskMixConfig
+
+    cfg = tiny_sapo_config(exchange="collective", num_local=0, num_external=2)
+    cfg.task = TaskMixConfig(tasks=["spiral_matrix"], size=50)
+    mix = TaskMixture(cfg.task)
+    hang = "[x for x in iter(int, 1)]\n"
+    groups = tuple(group_of(mix[i], (hang, mix[i].answer + "\n", "1\n", "2\n")) for i in range(4))
+    wire = encode_payload(RolloutPayload(PEER.node_id, 0, time.time(), groups, name="peer"), PEER)
+    node = SAPONode(cfg, 0, "node0", FakeExchange([("hang", wire)]))
+    try:
+        external = node.share(0, [])
+        assert len(external) == 4
+        t = time.monotonic()
+        batch = build_swarm_batch([], external, node.rewards, cfg.batch, node.rng)
+        assert batch.num_external == 0 and batch.stats["external_unscorable"] == 4
+        assert node.verifier.sandbox_failures == 1  # one timeout, then the sender's groups are skipped
+        assert time.monotonic() - t < 2 * node.verifier.sandbox.timeout_s + 30  # + one worker start
+    finally:
+        node.close()

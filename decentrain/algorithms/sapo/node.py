@@ -81,6 +81,8 @@ class SAPONode:
         self.decoder = PayloadDecoder(cfg.payload, key=cfg.swarm_key)
         self.group_drops: Counter[str] = Counter()  # peers' groups that did not rebuild, by reason
         self._items: dict[RolloutGroup, TaskItem] = {}  # this round's trusted item per group
+        self._origin: dict[RolloutGroup, str] = {}  # this round's external groups -> sender key
+        self._faulty: set[str] = set()  # senders whose text broke the verifier sandbox this round
         self.rng = np.random.default_rng(self.seed)
         self.round = 0  # rounds completed
         self.cumulative_reward = 0.0
@@ -93,7 +95,16 @@ class SAPONode:
         item = self._items.get(group)
         if item is None:  # never happens for groups that came through generate() or share()
             raise ValueError("group was not rebuilt by this node")
-        return self.verifier.rewards(item, group.completions)
+        sender = self._origin.get(group)
+        if sender in self._faulty:
+            raise ValueError("sender already hung or crashed the verifier sandbox this round")
+        failures = self.verifier.sandbox_failures
+        rewards = self.verifier.rewards(item, group.completions)
+        if sender is not None and self.verifier.sandbox_failures > failures:
+            # A timeout costs seconds; one per sender per round, then its groups are unscorable.
+            self._faulty.add(sender)
+            raise ValueError("completions hung or crashed the verifier sandbox")
+        return rewards
 
     # -- the round -------------------------------------------------------------------------------
 
@@ -128,6 +139,7 @@ class SAPONode:
             for g in decoded.groups:
                 try:
                     self._items[g] = self.mixture.rebuild(entry_ref(g), g.question, self.cfg.payload.max_dataset_size)
+                    self._origin.setdefault(g, decoded.node_id)
                 except EntryMismatch as e:
                     self.group_drops[e.reason] += 1
                     continue
@@ -184,6 +196,8 @@ class SAPONode:
         """One full round; returns its metrics."""
         round_ = self.round
         self._items.clear()
+        self._origin.clear()
+        self._faulty.clear()
         t0 = time.perf_counter()
         local = self.generate(round_)
         t1 = time.perf_counter()
@@ -216,8 +230,7 @@ class SAPONode:
             **train,
         }
         metrics["local_mixed_groups"] = sum(1 for s in own if max(s.rewards) != min(s.rewards))
-        if self.verifier._sandbox is not None:
-            metrics["sandbox_failures"] = self.verifier._sandbox.failures
+        metrics["sandbox_failures"] = self.verifier.sandbox_failures
         for task in sorted({g.task for g in local}):
             # Exact answers only: reasoning-gym gives partial credit (e.g. 0.01) to some wrong ones.
             scores = [s >= 1.0 for g in local if g.task == task for s in self.verifier.scores(self._items[g], g.completions)]
