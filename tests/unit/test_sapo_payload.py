@@ -279,6 +279,7 @@ def _hostile_bodies() -> dict[str, bytes]:
         "floats": _repeat(b"[", b"1.5", b"]"),
         "dict_keys": b"{" + b",".join(b'"%07d":0' % i for i in range((MIB - 400) // 12)) + b"}",
         "escaped_quotes": b'["' + b'\\"' * ((MIB - 400) // 2) + b'"]',
+        "escaped_commas": b'["' + b'\\",' * ((MIB - 400) // 3) + b'"]',  # forces the exact count
         "long_strings": json.dumps(dict(obj, groups=[dict(obj["groups"][0], completions=["x" * 2000] * 8)] * 64)).encode(),
     }
 
