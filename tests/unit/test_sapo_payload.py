@@ -1,6 +1,7 @@
 """The rollout payload decoder against hostile peers: it never raises, bounds numbers, types and
 time, and binds every payload to its signing key."""
 
+import dataclasses
 import hashlib
 import hmac
 import json
@@ -204,14 +205,19 @@ def test_empty_swarm_key_is_refused():
 
 def test_replays_are_dropped_by_a_per_peer_high_water_mark():
     dec = PayloadDecoder(LIMITS)
-    wire10 = encode_payload(payload(10), ME)
-    assert dec(wire10, current_round=10) == payload(10)
-    assert dec(wire10, current_round=10) is None  # the same record again
-    assert dec(encode_payload(payload(9), ME), current_round=10) is None  # an older round
-    assert dec(encode_payload(payload(10, ident=EVIL), EVIL), current_round=10) is not None  # marks are per key
-    assert dec(encode_payload(payload(11), ME), current_round=10) is not None
-    assert dec.drops.as_dict() == {"replayed": 2}
-    assert dec.high_water == {ME.node_id: 11, EVIL.node_id: 10}
+
+    def wire(round_, t, ident=ME):
+        return encode_payload(dataclasses.replace(payload(round_, ident=ident), timestamp=t), ident)
+
+    assert dec(wire(10, 100.0), current_round=10) is not None
+    assert dec(wire(10, 100.0), current_round=10) is None  # the same record again
+    assert dec(wire(9, 90.0), current_round=10) is None  # an older one
+    assert dec(wire(10, 101.0), current_round=10) is None  # a second payload for the same round
+    assert dec(wire(10, 100.0, EVIL), current_round=10) is not None  # marks are per key
+    assert dec(wire(11, 110.0), current_round=10) is not None
+    assert dec(wire(9, 120.0), current_round=10) is not None  # restarted from an older checkpoint
+    assert dec.drops.as_dict() == {"replayed": 3}
+    assert dec.high_water == {ME.node_id: (9, 120.0), EVIL.node_id: (10, 100.0)}
 
 
 def test_freshness_window_for_asynchronous_backends():

@@ -266,4 +266,4 @@ class SAPONode:
         torch.set_rng_state(state["torch_rng"])
         self.decoder.drops.counts.update(state["drops"])
         self.group_drops.update(state.get("group_drops", {}))
-        self.decoder.high_water.update(state.get("high_water", {}))
+        self.decoder.high_water.update({k: (int(r), float(t)) for k, (r, t) in state.get("high_water", {}).items()})

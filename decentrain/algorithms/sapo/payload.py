@@ -409,23 +409,28 @@ class DropCounter:
 
 
 class PayloadDecoder:
-    """`decode_payload` plus drop accounting and replay protection: a payload whose round is not
-    above the highest already accepted from the same key is dropped as `replayed`."""
+    """`decode_payload` plus drop accounting and replay protection.
+
+    Per sender key it keeps a high-water mark, the (round, timestamp) of the last payload it
+    accepted. A payload is `replayed` unless its signed timestamp is newer than the mark and its
+    round differs: an old record sent again is dropped, and so is a second payload for the same
+    round, while a peer that restarted from an older checkpoint (older round, newer time) is not.
+    """
 
     def __init__(self, limits: PayloadLimits, key: bytes | str | None = None):
         self.limits = limits
         self.key = check_swarm_key(key)
         self.drops = DropCounter()
-        self.high_water: OrderedDict[str, int] = OrderedDict()
+        self.high_water: OrderedDict[str, tuple[int, float]] = OrderedDict()
 
     def __call__(self, data: Any, current_round: int, source: str = "?", now: float | None = None) -> RolloutPayload | None:
         result = decode_payload(data, self.limits, current_round=current_round, key=self.key, now=now)
         if isinstance(result, RolloutPayload):
             last = self.high_water.get(result.node_id)
-            if last is not None and result.round <= last:
-                result = Rejection("replayed", f"round {result.round} <= {last} from {result.node_id[:16]}")
+            if last is not None and (result.timestamp <= last[1] or result.round == last[0]):
+                result = Rejection("replayed", f"round {result.round} after {last[0]} from {result.node_id[:16]}")
             else:
-                self.high_water[result.node_id] = result.round
+                self.high_water[result.node_id] = (result.round, result.timestamp)
                 self.high_water.move_to_end(result.node_id)
                 while len(self.high_water) > self.limits.max_peers_tracked:
                     self.high_water.popitem(last=False)
