@@ -3,10 +3,12 @@
 `SandboxScorer` keeps one worker subprocess (`python -m decentrain.tasks.sandbox`) and talks to
 it in JSON lines. The worker builds every sandboxed task's verifier, scores a warm-up entry (so
 lazy imports happen), then locks itself down before it reads a single request:
-  - cwd is a directory that no longer exists; RLIMIT_NOFILE = 3 (no new file, pipe or socket),
-    RLIMIT_FSIZE = 0, RLIMIT_NPROC = 0, RLIMIT_CORE = 0, RLIMIT_AS and RLIMIT_CPU caps;
-  - an audit hook (PEP 578) refuses opening files, imports, os/subprocess/socket/ctypes calls
-    and frame or gc introspection (so evaluated text cannot read the reply nonce).
+  - cwd is a directory that no longer exists (as root: also the chroot, and then uid nobody);
+    RLIMIT_NOFILE = 3 (no new file, pipe or socket), RLIMIT_FSIZE = 0, RLIMIT_NPROC = 0 (no
+    fork), RLIMIT_CORE = 0, RLIMIT_AS and RLIMIT_CPU caps;
+  - os functions that touch files or processes without an audit event (mkfifo, close, ...)
+    are removed, and an audit hook (PEP 578) refuses opening files, imports, os/subprocess/
+    socket/ctypes calls and frame or gc introspection (so evaluated text cannot read the nonce).
 Each request carries a fresh random nonce that the reply must echo; a reply that is late,
 malformed, has the wrong nonce, or is followed by extra bytes scores 0 and the worker is
 replaced. No single layer is a proof (an audit hook is not a sandbox on its own); together they
@@ -157,20 +159,48 @@ def _vm_bytes() -> int:
     return 0
 
 
+# os/posix functions that change the filesystem or processes without raising an audit event
+# (mkfifo, close, dup2, ...) or that an audit hook would cover anyway: removed from the worker.
+_REMOVED_OS_FUNCTIONS = (
+    "mkfifo", "mknod", "close", "closerange", "dup", "dup2", "write", "pwrite", "writev", "pipe", "pipe2",
+    "sendfile", "splice", "copy_file_range", "fchdir", "chroot", "setsid", "setpgid", "setuid", "setgid",
+    "seteuid", "setegid", "setreuid", "setregid", "setresuid", "setresgid", "link", "symlink", "rename",
+    "replace", "remove", "unlink", "rmdir", "mkdir", "makedirs", "truncate", "ftruncate", "chmod", "fchmod",
+    "lchmod", "chown", "fchown", "lchown", "kill", "killpg", "fork", "forkpty", "system", "popen",
+    "posix_spawn", "posix_spawnp", "execv", "execve", "execl", "execle", "execlp", "execlpe", "execvp",
+    "execvpe", "spawnv", "spawnve", "spawnl", "spawnle", "spawnlp", "spawnlpe", "spawnvp", "spawnvpe",
+    "putenv", "unsetenv", "open", "openpty", "login_tty", "memfd_create", "eventfd", "register_at_fork",
+)
+_NOBODY = 65534
+
+
 def _lock_down(memory_mb: int) -> None:
+    import posix
     import resource
     import tempfile
 
     vm = _vm_bytes()
     os.closerange(3, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
     gone = tempfile.mkdtemp(prefix="dtr-sandbox-")
-    os.chdir(gone)
-    os.rmdir(gone)  # relative paths now resolve nowhere
+    fd = os.open(gone, os.O_RDONLY)
+    os.rmdir(gone)
+    os.fchdir(fd)  # cwd: a directory that no longer exists, so relative paths resolve nowhere
+    if os.geteuid() == 0:
+        # As root: make that deleted directory the filesystem root, then stop being root, so
+        # absolute paths resolve nowhere either and the chroot cannot be undone.
+        os.chroot(".")
+        os.setgroups([])
+        os.setgid(_NOBODY)
+        os.setuid(_NOBODY)
+    os.close(fd)
     cpu = int(resource.getrusage(resource.RUSAGE_SELF).ru_utime) + 3600
     for limit, value in ((resource.RLIMIT_AS, vm + memory_mb * (1 << 20)), (resource.RLIMIT_FSIZE, 0),
                          (resource.RLIMIT_NPROC, 0), (resource.RLIMIT_CORE, 0), (resource.RLIMIT_CPU, cpu),
                          (resource.RLIMIT_NOFILE, 3)):
         resource.setrlimit(limit, (value, value))
+    for module in (os, posix):
+        for name in _REMOVED_OS_FUNCTIONS:
+            module.__dict__.pop(name, None)
     sys.addaudithook(_deny)
 
 

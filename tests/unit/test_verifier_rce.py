@@ -20,10 +20,16 @@ def verifier():
         v.close()
 
 
+_OS = '[c for c in ().__class__.__base__.__subclasses__() if c.__name__ == "_wrap_close"][0].__init__.__globals__'
+
+
 def markers(path) -> list[str]:
     return [f'__import__("os").system("touch {path}_a")', f'open("{path}_b", "w")',
             f'[open("{path}_c", "w").close()]', f'[__import__("pathlib").Path("{path}_d").touch()]',
-            '[open("rel_marker", "w")]', f'exec("open(\'{path}_e\', \'w\')")']
+            '[open("rel_marker", "w")]', f'exec("open(\'{path}_e\', \'w\')")',
+            # os reached without an import, and its functions that raise no audit event:
+            f'[{_OS}["mkfifo"]("{path}_f")]', f'[{_OS}["system"]("touch {path}_g")]',
+            f'[{_OS}["close"](2), {_OS}["open"]("{path}_h", 65)]']
 
 
 @pytest.mark.parametrize("task", EVAL_TASKS)
