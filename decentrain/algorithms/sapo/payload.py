@@ -206,7 +206,9 @@ def _count_values(body: bytes, limit: int) -> None:
     def structural(b: bytes) -> int:
         return b.count(b",") + b.count(b":") + b.count(b"[") + b.count(b"{")
 
-    if structural(body) <= limit and body.count(b'"') <= 2 * limit:
+    # Upper bound on unescaped quotes: a quote after one backslash is escaped, after two may not be.
+    quotes = body.count(b'"') - body.count(b'\\"') + body.count(b'\\\\"')
+    if structural(body) <= limit and quotes <= 2 * limit:
         return  # counting string contents too, it is already within the bound (the usual case)
     s = body.replace(b"\\\\", b"").replace(b'\\"', b"")
     if s.count(b'"') > 2 * limit:
