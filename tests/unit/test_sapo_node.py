@@ -64,6 +64,10 @@ def test_round_uses_peer_groups_and_counts_hostile_payloads():
         ("foreign", _peer_payload(cfg, 0, key="k", ident=NodeIdentity.generate(), task="string_insertion")),
         ("config", _peer_payload(cfg, 0, key="k", ident=NodeIdentity.generate(), config="f" * 16)),
     ]
+    item = _entry(cfg)
+    two_seeds = tuple(dataclasses.replace(group_of(item, ("1\n",) * 4), seed=s) for s in (7, 8))
+    mixed = NodeIdentity.generate()
+    records.append(("mixed", encode_payload(RolloutPayload(mixed.node_id, 0, time.time(), two_seeds, name="m"), mixed, "k")))
     ex = FakeExchange(records)
     node = SAPONode(cfg, 0, "node0", ex)
     m = node.run_round()
@@ -75,10 +79,10 @@ def test_round_uses_peer_groups_and_counts_hostile_payloads():
     assert {k: v for k, v in m.items() if k.startswith("dropped/")} == {
         "dropped/unsigned": 1, "dropped/future_round": 1, "dropped/bad_signature": 1, "dropped/bad_frame": 1,
         "dropped/replayed": 1}
-    assert m["groups_dropped"] == 6
+    assert m["groups_dropped"] == 8
     assert {k: v for k, v in m.items() if k.startswith("dropped_groups/")} == {
-        "dropped_groups/question_mismatch": 2, "dropped_groups/task_not_in_mix": 2,
-        "dropped_groups/task_config_mismatch": 2}
+        "dropped_groups/question_mismatch": 3, "dropped_groups/task_not_in_mix": 2,
+        "dropped_groups/task_config_mismatch": 2, "dropped_groups/mixed_datasets": 1}
     for key in ("reward", "cumulative_reward", "time_generate", "time_exchange", "time_train", "loss"):
         assert key in m
     assert any(k.startswith("accuracy/") for k in m)

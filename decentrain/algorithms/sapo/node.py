@@ -136,7 +136,13 @@ class SAPONode:
                                    source=rec.source, now=now)
             if decoded is None or decoded.node_id == self.identity.node_id:
                 continue
+            datasets: dict[str, tuple[int, int]] = {}
             for g in decoded.groups:
+                # An honest peer draws each task from one dataset; more would make this node build
+                # a dataset per group (word_sorting: ~15 ms each).
+                if datasets.setdefault(g.task, (g.seed, g.size)) != (g.seed, g.size):
+                    self.group_drops["mixed_datasets"] += 1
+                    continue
                 try:
                     self._items[g] = self.mixture.rebuild(entry_ref(g), g.question, self.cfg.payload.max_dataset_size)
                     self._origin.setdefault(g, decoded.node_id)
