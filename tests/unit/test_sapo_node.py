@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import logging
 import time
 
 import torch
@@ -88,12 +89,24 @@ def test_round_uses_peer_groups_and_counts_hostile_payloads():
     assert any(k.startswith("accuracy/") for k in m)
 
 
-def test_a_flood_of_junk_is_one_log_line_per_round(caplog):
+def test_a_flood_of_junk_is_one_log_line_per_round():
     cfg = tiny_sapo_config(exchange="collective", num_local=0, num_external=2)
     node = SAPONode(cfg, 0, "node0", FakeExchange([(f"evil\u202e{i}", b"junk\x00") for i in range(200)]))
-    with caplog.at_level("WARNING"):
+    records = []
+    handler = logging.Handler(logging.DEBUG)
+    handler.emit = records.append
+    log = logging.getLogger("decentrain")
+    old_level = log.level
+    log.addHandler(handler)
+    log.setLevel(logging.DEBUG)  # the per-record lines exist, at DEBUG
+    try:
         node.share(0, [])
-    warnings = [r for r in caplog.records if r.levelname == "WARNING"]
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(old_level)
+    assert sum(r.levelno == logging.DEBUG for r in records) == 200
+    assert all("\u202e" not in r.getMessage() for r in records)  # peer labels are escaped
+    warnings = [r for r in records if r.levelno >= logging.WARNING]
     assert len(warnings) == 1 and "dropped 200 rollout payload(s): bad_frame=200" in warnings[0].getMessage()
     assert node.decoder.drops.as_dict() == {"bad_frame": 200}
 
