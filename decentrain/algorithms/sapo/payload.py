@@ -195,7 +195,7 @@ def encode_payload(payload: RolloutPayload, identity: NodeIdentity, key: bytes |
 
 # -- parsing -------------------------------------------------------------------------------------
 
-def _count_values(body: bytes, limit: int) -> None:
+def _count_values(body: bytes, limit: int, max_chars: int) -> None:
     """Refuse bodies with more JSON values than any valid payload, before parsing them.
 
     Parsing time grows with the number of values, not bytes: 1 MiB of `[]` takes ~60 ms to
@@ -213,9 +213,13 @@ def _count_values(body: bytes, limit: int) -> None:
     s = body.replace(b"\\\\", b"").replace(b'\\"', b"")
     if s.count(b'"') > 2 * limit:
         raise _Reject("too_many_values", "too many strings")
-    n = structural(b"".join(s.split(b'"')[0::2]))
+    pieces = s.split(b'"')
+    n = structural(b"".join(pieces[0::2]))
     if n > limit:
         raise _Reject("too_many_values", f"{n} > {limit}")
+    # Odd pieces are string contents; an encoded char takes at most 6 bytes (\u00XX).
+    if len(pieces) > 1 and max(map(len, pieces[1::2])) > 6 * max_chars:
+        raise _Reject("string_too_long", f"a string over {6 * max_chars} bytes")
 
 
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -300,7 +304,7 @@ def _decode(data: Any, limits: PayloadLimits, current_round: int, key: bytes | N
             and (len(parts) == 3 or len(parts[3]) == _HMAC_HEX_LEN)):
         raise _Reject("bad_frame", repr(data[:16]))
     body = data[end + 1:]
-    _count_values(body, limits.max_values)
+    _count_values(body, limits.max_values, limits.max_string_chars)
     if key is not None:  # membership first: a keyed swarm drops outsiders before any public-key math
         if len(parts) != 4:
             raise _Reject("unsigned")
