@@ -72,12 +72,16 @@ class NoLoCo(InnerOuterAlgorithm):
         self.exchange = PairExchange(self.world, int(self.cfg.bucket_mb * (1 << 20)), self.cfg.deadline_s)
         if self.cfg.full_duplex and self.world.is_distributed:
             self.exchange.full_duplex()  # start-up only: creating groups is collective
+        self.exchange.check_transport()
 
     def outer_step(self, model: torch.nn.Module) -> dict[str, float]:
         groups = gossip_groups(self.round, self.world.world_size, self.cfg.pairing_seed, self.cfg.odd_world)
         group = group_of(self.world.rank, groups)
         general = self.cfg.effective_gamma != self.cfg.outer_lr
-        pace = torch.tensor([self.pace.step_time, min(self.pace.fastest, self.pace.step_time)], dtype=torch.float32)
+        # side data lives with the weights (cat and NCCL need one device); inf (no timing yet) would
+        # read as a non-finite message to the partner, so it travels as a large finite stand-in
+        pace_values = [min(v, 1e30) for v in (self.pace.step_time, min(self.pace.fastest, self.pace.step_time))]
+        pace = torch.tensor(pace_values, dtype=torch.float32, device=self.params[0].device)
         sent = [p.detach() for p in self.params] + (self.phi if general else []) + [pace]
         mean = self.exchange.average(sent, group, self.round)
         missed = mean is None
@@ -95,9 +99,11 @@ class NoLoCo(InnerOuterAlgorithm):
         if self.cfg.adaptive_inner_steps and len(group) > 1:
             # others' values from the group mean: sum_others = k·mean − mine
             others = (mean[-1] * len(group) - pace) / (len(group) - 1)
-            self.pace.hear(float(others[1]))
+            if float(others[1]) < 1e30:
+                self.pace.hear(float(others[1]))
+        st = self.exchange.stats
         return {"outer/round": float(self.round + 1), "outer/partner_missed": float(missed),
-                "outer/exchange_timeouts": float(self.exchange.stats.timeouts)}
+                "outer/exchange_timeouts": float(st.timeouts), "outer/exchange_dropped": float(st.dropped)}
 
     def outer_state(self) -> dict[str, Any]:
         return {"phi": [p.clone() for p in self.phi], "m": [b.clone() for b in self.m],
