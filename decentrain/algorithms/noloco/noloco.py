@@ -55,6 +55,7 @@ class NoLoCoConfig(InnerOuterConfig):
 @register_algorithm("noloco", NoLoCoConfig)
 class NoLoCo(InnerOuterAlgorithm):
     cfg: NoLoCoConfig
+    survives_peer_loss = True  # a dead partner costs a round; the job is launched so that survivors go on
 
     @classmethod
     def check_world(cls, cfg: NoLoCoConfig, world_size: int) -> None:
