@@ -20,6 +20,7 @@ import torch
 from decentrain.algorithms.base import register_algorithm
 from decentrain.algorithms.common.inner_outer import InnerOuterAlgorithm, InnerOuterConfig
 from decentrain.algorithms.common.outer import noloco_general_step_, noloco_step_
+from decentrain.core.checks import check_range
 from decentrain.core.gossip import ODD_POLICIES, PairExchange, gossip_groups, group_of
 
 
@@ -38,14 +39,13 @@ class NoLoCoConfig(InnerOuterConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.gamma is not None and self.gamma < 0:
-            raise ValueError(f"algorithm.gamma={self.gamma} must be >= 0 (or null for gamma = outer_lr)")
+        check_range("algorithm.gamma", self.gamma, 0, 2, none_ok=True)  # null: gamma = outer_lr
         if self.odd_world not in ODD_POLICIES:
             raise ValueError(f"algorithm.odd_world={self.odd_world!r} is unknown; allowed: {list(ODD_POLICIES)}")
-        if self.deadline_s is not None and self.deadline_s <= 0:
-            raise ValueError(f"algorithm.deadline_s={self.deadline_s} must be > 0 (or null for no deadline)")
-        if self.bucket_mb <= 0:
-            raise ValueError(f"algorithm.bucket_mb={self.bucket_mb} must be > 0")
+        check_range("algorithm.deadline_s", self.deadline_s, 0, 86400, low_open=True, none_ok=True)  # null: no deadline
+        check_range("algorithm.bucket_mb", self.bucket_mb, 0, 1 << 20, low_open=True)
+        if self.pairing_seed is not None:
+            check_range("algorithm.pairing_seed", self.pairing_seed, 0, 2**32 - 1)
 
     @property
     def effective_gamma(self) -> float:
