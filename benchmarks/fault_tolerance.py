@@ -82,7 +82,7 @@ def run(algorithm: str, fault: str, args: argparse.Namespace, run_dir: Path, see
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "DECENTRAIN_BENCH": token}
     t0 = time.time()
     proc = subprocess.Popen([sys.executable, "-m", "recipes.train", *overrides], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     events: dict[str, float] = {}
     if fault != "none":
         while proc.poll() is None and not any(r.get("step", 0) >= args.fault_step for r in rows(run_dir, 0)):
@@ -97,7 +97,13 @@ def run(algorithm: str, fault: str, args: argparse.Namespace, run_dir: Path, see
                 time.sleep(args.stop_s)
                 os.kill(pid, signal.SIGCONT)
                 events["resumed_at"] = time.time()
-    out, _ = proc.communicate()
+    try:
+        out, _ = proc.communicate(timeout=args.run_timeout_s)
+    finally:
+        try:  # the launcher's process group holds every worker
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
     return {"returncode": proc.returncode, "wall_s": time.time() - t0, "events": events, "tail": out[-1500:]}
 
 
@@ -151,6 +157,7 @@ def main() -> None:
     ap.add_argument("--deadline-s", type=float, default=3.0)
     ap.add_argument("--checkpoint-every", type=int, default=20)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0])
+    ap.add_argument("--run-timeout-s", type=float, default=1200)
     ap.add_argument("--runs-dir", default=str(ROOT / "runs" / "fault_tolerance"))
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT))

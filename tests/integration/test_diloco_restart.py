@@ -37,7 +37,8 @@ def test_max_restarts_resumes_a_killed_diloco_job_exactly(tmp_path):
     token = uuid.uuid4().hex
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "FT_TEST": token}
     proc = subprocess.Popen([sys.executable, "-m", "recipes.train", *TINY, *ARGS, f"run_dir={run_dir}", "launcher.max_restarts=1"],
-                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)  # own process group: cleanup reaches the workers too
     try:
         deadline = time.time() + 180
         while time.time() < deadline and not (run_dir / "checkpoints" / "step_00000004").exists():
@@ -47,8 +48,10 @@ def test_max_restarts_resumes_a_killed_diloco_job_exactly(tmp_path):
         os.kill(pid, signal.SIGKILL)
         out, _ = proc.communicate(timeout=300)
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
     assert proc.returncode == 0, out[-4000:]
     assert "resumed from step" in out
     assert train_losses(run_dir) == train_losses(straight)  # bit-identical, each step logged once

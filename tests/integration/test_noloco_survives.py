@@ -20,7 +20,8 @@ def test_sigkill_of_one_of_four_noloco_workers_leaves_three_that_finish(tmp_path
     proc = subprocess.Popen([sys.executable, "-m", "recipes.train", *TINY, f"run_dir={tmp_path}", "algorithm=noloco",
                              "algorithm.inner_steps=2", f"train.steps={steps}", "train.eval_every=100",
                              "train.checkpoint_every=100", "launcher.nproc_per_node=4", "logger.all_ranks=true"],
-                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)  # own process group: cleanup reaches the workers too
     try:
         deadline = time.time() + 180
         while time.time() < deadline:  # kill rank 2 once rank 0 has logged a few steps
@@ -32,8 +33,10 @@ def test_sigkill_of_one_of_four_noloco_workers_leaves_three_that_finish(tmp_path
         os.kill(pid, signal.SIGKILL)
         out, _ = proc.communicate(timeout=240)
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
     assert proc.returncode == 0, out[-3000:]
     assert "3 of 4 workers finished" in out and "rank 2: SIGKILL" in out
     for rank in (0, 1, 3):  # every survivor ran every step
