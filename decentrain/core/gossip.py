@@ -118,17 +118,22 @@ def layout_digest(flats: Sequence[torch.Tensor]) -> int:
     return zlib.crc32(";".join(f"{f.numel()}:{f.dtype}" for f in flats).encode())
 
 
-def checksum(flats: Sequence[torch.Tensor]) -> int:
-    """Sum of the raw bit patterns (as integers) of every bucket, mod 2**62: catches garbage and torn buffers."""
-    total = 0
+def checksum(flats: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Sum of the raw bit patterns (as int64, wrapping) of every bucket, mod 2**62, as a 1-element tensor.
+
+    Computed where the buffers live, with no host sync: the sender's header stays on the
+    backend's device (NCCL) and the check costs one pass over the weights.
+    """
+    total = torch.zeros((), dtype=torch.int64, device=flats[0].device if flats else "cpu")
     for f in flats:
-        total += int(f.reshape(-1).view(_INT_VIEW[f.element_size()]).sum(dtype=torch.int64))
-    return total & _MASK
+        total = total + f.reshape(-1).view(_INT_VIEW[f.element_size()]).sum(dtype=torch.int64)
+    return (total & _MASK).reshape(1)
 
 
 def make_header(round_idx: int, flats: Sequence[torch.Tensor], device: torch.device) -> torch.Tensor:
-    return torch.tensor([MAGIC, VERSION, round_idx, len(flats), layout_digest(flats), sum(f.numel() for f in flats),
-                         checksum(flats), 0], dtype=torch.int64, device=device)
+    fixed = torch.tensor([MAGIC, VERSION, round_idx, len(flats), layout_digest(flats), sum(f.numel() for f in flats)],
+                         dtype=torch.int64, device=device)
+    return torch.cat([fixed, checksum(flats).to(device), torch.zeros(1, dtype=torch.int64, device=device)])
 
 
 def header_problem(got: torch.Tensor, expected: torch.Tensor) -> str | None:
@@ -322,7 +327,7 @@ class PairExchange:
                 for w in works[: len(bufs)]:
                     w.wait()
                 pending += works[len(bufs):]
-                if checksum(bufs) != int(hdr[6]):
+                if int(checksum(bufs)) != int(hdr[6]):
                     ib.status, ib.detail = "corrupt", "body checksum differs from the header's"
                 elif not all(bool(torch.isfinite(b).all()) for b in bufs if b.is_floating_point()):
                     ib.status, ib.detail = "nonfinite", "NaN or inf in the partner's tensors"
