@@ -80,8 +80,9 @@ def code_version(script: str | Path, root: Path = ROOT) -> str:
             parts.append(_git("rev-parse", f"HEAD:{p}", root=root))
         except subprocess.CalledProcessError:
             parts.append("missing:" + p)
-    if git_state(root)[1]:  # uncommitted code must not share a cache key with HEAD's
-        parts.append(_git("diff", "HEAD", "--", *CODE_PATHS, str(relpath(script, root)), root=root))
+    diff = _git("diff", "HEAD", "--", *CODE_PATHS, str(relpath(script, root)), root=root)
+    if diff:  # uncommitted code must not share a cache key with HEAD's (other dirty files don't matter)
+        parts.append(diff)
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
 
 

@@ -47,6 +47,8 @@ def test_code_version_changes_with_uncommitted_code(tmp_path):
     root = _repo(tmp_path)
     v0 = H.code_version(root / "benchmarks" / "b.py", root)
     assert H.code_version(root / "benchmarks" / "b.py", root) == v0
+    (root / "README.md").write_text("docs\n")  # unrelated dirt keeps the key: a resume still finds its runs
+    assert H.code_version(root / "benchmarks" / "b.py", root) == v0
     (root / "decentrain" / "a.py").write_text("x = 3\n")
     assert H.code_version(root / "benchmarks" / "b.py", root) != v0
 
