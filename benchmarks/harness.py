@@ -22,6 +22,7 @@ import os
 import platform
 import statistics
 import subprocess
+import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -156,24 +157,32 @@ class RunCache:
     def __init__(self, path: Path):
         self.path = Path(path)
         self.entries: dict[str, Any] = {}
+        self.seconds: dict[str, float] = {}
         if self.path.exists():
             for line in self.path.read_text().splitlines():
                 try:
                     rec = json.loads(line)
                     self.entries[rec["key"]] = rec["result"]
+                    if "seconds" in rec:
+                        self.seconds[rec["key"]] = float(rec["seconds"])
                 except (json.JSONDecodeError, KeyError, TypeError):
                     continue  # a line torn by a kill mid-write: that run simply reruns
 
     def get(self, key: str) -> Any | None:
         return self.entries.get(key)
 
-    def put(self, key: str, config: dict[str, Any], result: Any) -> None:
+    def put(self, key: str, config: dict[str, Any], result: Any, seconds: float | None = None) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        rec = {"key": key, "config": config, "result": result}
+        if seconds is not None:
+            rec["seconds"] = seconds
         with self.path.open("a") as f:
-            f.write(json.dumps({"key": key, "config": config, "result": result}, default=str) + "\n")
+            f.write(json.dumps(rec, default=str) + "\n")
             f.flush()
             os.fsync(f.fileno())
         self.entries[key] = result
+        if seconds is not None:
+            self.seconds[key] = seconds
 
 
 class Harness:
@@ -190,6 +199,9 @@ class Harness:
             self.cache.entries.clear()
         self.started = hardware()
         self.reused = 0
+        self.t0 = time.perf_counter()
+        self.job_seconds: list[float] = []  # every job's own run time, cached ones included
+        self.untimed = 0
 
     def key(self, job: dict[str, Any]) -> str:
         return config_key({"job": relativize(job, self.root), "code": self.code})
@@ -206,10 +218,15 @@ class Harness:
                 res = self.cache.get(k)
                 if res is None:
                     bar.set_postfix_str(json.dumps(job, default=str)[:60])
+                    t0 = time.perf_counter()
                     res = fn(job)
-                    self.cache.put(k, relativize(job, self.root), relativize(res, self.root))
+                    self.cache.put(k, relativize(job, self.root), relativize(res, self.root), time.perf_counter() - t0)
                 else:
                     self.reused += 1
+                if k in self.cache.seconds:
+                    self.job_seconds.append(self.cache.seconds[k])
+                else:
+                    self.untimed += 1
                 results.append(res)
                 bar.update(1)
         return results
@@ -224,6 +241,9 @@ class Harness:
             "versions": versions(),
             "hardware": self.started,
             "runs_reused_from_cache": self.reused,
+            # seconds of all runs behind the figures (resumed ones included), measured on `hardware`
+            "compute_s": sum(self.job_seconds), "runs_untimed": self.untimed,
+            "wall_s_this_invocation": time.perf_counter() - self.t0,
             "figures": relativize(figures, self.root),
         }
 
@@ -262,7 +282,8 @@ def header(record: dict) -> str:
     lines = [f"{record['name']} @ {record['git_sha'][:12]}" + ("  (NOT FOR COMMIT: dirty tree)" if record.get("not_for_commit") else ""),
              f"hardware: {hw.get('cpu')}, {hw.get('cpu_count')} cores" + (f", load avg at start {load[0]:.1f}" if load else "")
              + ("  (runtimes measured on a shared, loaded machine)" if load and load[0] > (hw.get("cpu_count") or 1) else ""),
-             f"runs reused from cache: {record.get('runs_reused_from_cache', 0)}"]
+             f"runs reused from cache: {record.get('runs_reused_from_cache', 0)}; compute {record.get('compute_s', 0) / 60:.1f} min"
+             + (f" ({record['runs_untimed']} runs untimed)" if record.get("runs_untimed") else "")]
     return "\n".join(lines)
 
 

@@ -67,6 +67,7 @@ def test_resume_from_cache_runs_each_job_once(tmp_path):
     h2 = H.Harness("t", root / "benchmarks" / "b.py", {}, cache_dir=tmp_path / "cache", root=root)
     res = h2.run_jobs(jobs, fn)
     assert calls == [0, 1, 2] and h2.reused == 2
+    assert len(h2.job_seconds) == 3 and h2.untimed == 0  # resumed runs keep their measured time
     assert [r["loss"] for r in res] == [0.0, 1.0, 2.0]
     assert res[0]["dir"] == "runs/s0"  # cached relative
     assert h.config == {"out": "x"}
