@@ -2,8 +2,9 @@
 
 Trains, on the offline multi-domain corpus, the homogeneous baseline (M, M, M at equal
 steps), heterogeneous steps (M at 3:4:5 shares of the same steps) and heterogeneous
-sizes (S/M/L FFN widths at equal steps) through `recipes.hdee_train` (seeds, then each
-lane as its own process). Within a training seed the three plans share the same M seed
+sizes (S/M/L FFN widths at equal steps) with the recipe's own `run_stage(job.stage=all)`
+in this process (seeds, then lanes in turn): on 2 shared cores the recipe's one process
+per seed and lane costs more start-up than training at this scale. Within a training seed the three plans share the same M seed
 model. Each ensemble is scored on the test split of the in-training domains and of two
 held-out domains (python_tests, arithmetic: no seed or expert trains on them).
 
@@ -20,10 +21,10 @@ Every (seed) run is checkpointed in the harness cache; nothing else is reused.
 from __future__ import annotations
 
 import argparse
-import os
+import contextlib
+import dataclasses
+import io
 import shutil
-import subprocess
-import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -36,6 +37,7 @@ from benchmarks.harness import Harness, header, mean_std, seeds_arg
 from decentrain.algorithms.hdee.budget import plan_costs
 from decentrain.algorithms.hdee.config import check_plan, eval_domains, hdee_config_from_dict, plan_domains, register_hdee_configs
 from decentrain.algorithms.hdee.evaluate import EnsembleScorer
+from decentrain.algorithms.hdee.train import run_stage
 from decentrain.core.world import World
 from decentrain.models.factory import build_tokenizer, hf_config
 
@@ -54,7 +56,7 @@ class BenchConfig:
     eval_max_blocks: int = 32  # 0: whole test split
     work_dir: str = "runs/bench/hdee_ensemble"  # runs/ is git-ignored; one sub-directory per training seed
     primary: str = "cached"  # weighting used for the headline win count
-    eval_threads: int = 1
+    eval_threads: int = 1  # torch threads for training and scoring
 
 
 def overrides(bench: BenchConfig, variant: str, seed: int) -> list[str]:
@@ -90,16 +92,16 @@ def run_seed(job: dict) -> dict:
     """Train the three plans from scratch for one training seed and score each ensemble."""
     bench, seed = BenchConfig(**job["bench"]), job["seed"]
     shutil.rmtree(ROOT / bench.work_dir / f"seed{seed}", ignore_errors=True)  # only the harness cache resumes
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    torch.set_num_threads(bench.eval_threads)
     out: dict = {"perplexity": {}, "train_s": {}, "eval_s": {}}
     for v in ("het_sizes", "homogeneous", "het_steps"):  # het_sizes first: it trains the shared M seed
-        check_plan(compose_variant(bench, v, seed)[1])  # refuse an unmatched plan before training anything
+        cfg = compose_variant(bench, v, seed)[1]
+        check_plan(cfg)  # refuse an unmatched plan before training anything
         share_seed(bench, v, seed)
         t0 = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "recipes.hdee_train", *overrides(bench, v, seed)], cwd=ROOT, env=env, check=True,
-                       stdout=subprocess.DEVNULL)
+        with contextlib.redirect_stdout(io.StringIO()):
+            run_stage(dataclasses.replace(cfg, job=dataclasses.replace(cfg.job, stage="all")), World())
         out["train_s"][v] = time.perf_counter() - t0
-    torch.set_num_threads(bench.eval_threads)
     for v in VARIANTS:
         t0 = time.perf_counter()
         res = EnsembleScorer(compose_variant(bench, v, seed)[1], World()).evaluate()
