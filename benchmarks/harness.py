@@ -206,30 +206,43 @@ class Harness:
     def key(self, job: dict[str, Any]) -> str:
         return config_key({"job": relativize(job, self.root), "code": self.code})
 
-    def run_jobs(self, jobs: Iterable[dict[str, Any]], fn: Callable[[dict[str, Any]], Any], desc: str | None = None) -> list[Any]:
-        """fn(job) for each job not cached yet (in order); returns every job's result."""
+    def run_jobs(self, jobs: Iterable[dict[str, Any]], fn: Callable[[dict[str, Any]], Any], desc: str | None = None,
+                 parallel: int = 1) -> list[Any]:
+        """fn(job) for each job not cached yet; returns every job's result, in job order.
+
+        parallel > 1 runs that many jobs at once in worker processes (fn must be a module-level
+        function); each result is cached the moment it arrives, so a kill loses only running jobs.
+        """
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+
         from tqdm import tqdm
 
         jobs = list(jobs)
-        results = []
-        with tqdm(total=len(jobs), desc=desc or self.name, unit="run", dynamic_ncols=True) as bar:
-            for job in jobs:
-                k = self.key(job)
-                res = self.cache.get(k)
-                if res is None:
-                    bar.set_postfix_str(json.dumps(job, default=str)[:60])
+        keys = [self.key(j) for j in jobs]
+        todo = [i for i, k in enumerate(keys) if self.cache.get(k) is None]
+        todo = [i for n, i in enumerate(todo) if keys[i] not in {keys[j] for j in todo[:n]}]  # duplicates run once
+        self.reused += len(jobs) - len(todo)
+        with tqdm(total=len(jobs), initial=len(jobs) - len(todo), desc=desc or self.name, unit="run", dynamic_ncols=True) as bar:
+            if parallel <= 1:
+                for i in todo:
                     t0 = time.perf_counter()
-                    res = fn(job)
-                    self.cache.put(k, relativize(job, self.root), relativize(res, self.root), time.perf_counter() - t0)
-                else:
-                    self.reused += 1
-                if k in self.cache.seconds:
-                    self.job_seconds.append(self.cache.seconds[k])
-                else:
-                    self.untimed += 1
-                results.append(res)
-                bar.update(1)
-        return results
+                    res = fn(jobs[i])
+                    self.cache.put(keys[i], relativize(jobs[i], self.root), relativize(res, self.root), time.perf_counter() - t0)
+                    bar.update(1)
+            else:
+                with ProcessPoolExecutor(parallel) as pool:
+                    futures = {pool.submit(_timed, fn, jobs[i]): i for i in todo}
+                    for fut in as_completed(futures):
+                        i = futures[fut]
+                        res, seconds = fut.result()
+                        self.cache.put(keys[i], relativize(jobs[i], self.root), relativize(res, self.root), seconds)
+                        bar.update(1)
+        for k in dict.fromkeys(keys):
+            if k in self.cache.seconds:
+                self.job_seconds.append(self.cache.seconds[k])
+            else:
+                self.untimed += 1
+        return [self.cache.get(k) for k in keys]
 
     def record(self, figures: dict[str, Any]) -> dict[str, Any]:
         return {
@@ -256,6 +269,11 @@ class Harness:
         tmp.write_text(json.dumps(self.record(figures), indent=2, default=_json_default, allow_nan=True))
         os.replace(tmp, out)
         return render(out, text_fn, plot_fn)
+
+
+def _timed(fn: Callable[[dict[str, Any]], Any], job: dict[str, Any]) -> tuple[Any, float]:
+    t0 = time.perf_counter()
+    return fn(job), time.perf_counter() - t0
 
 
 def render(json_path: Path, text_fn: Callable[[dict], str], plot_fn: Callable[[dict, Path], None] | None = None) -> dict[str, Path]:

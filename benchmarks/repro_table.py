@@ -44,8 +44,7 @@ def rows() -> list[str]:
         c = f["comparisons"]
         nb, db = f["runs"]["noloco@best_noloco"], f["runs"]["diloco@best_diloco"]
         ours = (f"NoLoCo vs DiLoCo test loss, best vs best: {fmt(c['best_vs_best']['noloco_vs_diloco_pct'], 2)} %; "
-                f"same hp: {fmt(c['same_hp_at_best_diloco']['noloco_vs_diloco_pct'], 2)} % / "
-                f"{fmt(c['same_hp_at_best_noloco']['noloco_vs_diloco_pct'], 2)} %; paper defaults: "
+                f"paper defaults: "
                 f"{fmt(c['paper_defaults']['noloco_vs_diloco_pct'], 2)} % ({len(nb['test_loss']['values'])} seeds, "
                 f"{f['steps'] // rec['config']['protocol']['inner_steps']} outer rounds; NoLoCo {nb['bytes_sent_per_node'] / 1e6:.0f} MB / "
                 f"{nb['emulated_wan_sync_s']:.0f} s WAN sync vs DiLoCo {db['bytes_sent_per_node'] / 1e6:.0f} MB / {db['emulated_wan_sync_s']:.0f} s)")
