@@ -108,3 +108,17 @@ def test_write_generates_txt_and_png_from_json(tmp_path):
     assert rec["git_sha"] == h.sha and rec["not_for_commit"] is False and rec["config"] == {"k": 1}
     assert "loss 2.0000 ± 1.4142" in paths["txt"].read_text()
     assert paths["png"].stat().st_size > 0
+
+
+def _square(job):
+    return {"y": job["x"] ** 2}
+
+
+def test_parallel_jobs_keep_order_and_cache(tmp_path):
+    root = _repo(tmp_path)
+    h = H.Harness("p", root / "benchmarks" / "b.py", {}, cache_dir=tmp_path / "cache", root=root)
+    jobs = [{"x": x} for x in (3, 1, 2, 1)]  # a duplicate runs once
+    assert [r["y"] for r in h.run_jobs(jobs, _square, parallel=2)] == [9, 1, 4, 1]
+    h2 = H.Harness("p", root / "benchmarks" / "b.py", {}, cache_dir=tmp_path / "cache", root=root)
+    h2.run_jobs(jobs, _square)
+    assert h2.reused == 4 and len(h2.job_seconds) == 3
