@@ -1,24 +1,30 @@
-"""HDEE: heterogeneous vs homogeneous 3-expert ensembles at a matched compute budget.
+"""HDEE: heterogeneous vs homogeneous 3-expert ensembles at a matched compute budget, per plan, over seeds.
 
 Trains, on the offline multi-domain corpus, the homogeneous baseline (M, M, M at equal
 steps), heterogeneous steps (M at 3:4:5 shares of the same steps) and heterogeneous
-sizes (S/M/L FFN widths at equal steps) through `recipes.hdee_train` (seeds, then each
-lane as its own process). All three share the same M seed. Each ensemble is scored on
-the test split of the in-training domains and of two held-out domains (python_tests,
-arithmetic: no seed or expert trains on them) with every weighting, and the script
-counts the domains where a heterogeneous ensemble beats the homogeneous one.
+sizes (S/M/L FFN widths at equal steps) with the recipe's own `run_stage(job.stage=all)`
+in this process (seeds, then lanes in turn): on 2 shared cores the recipe's one process
+per seed and lane costs more start-up than training at this scale. Within a training seed the three plans share the same M seed
+model. Each ensemble is scored on the test split of the in-training domains and of two
+held-out domains (python_tests, arithmetic: no seed or expert trains on them).
 
-    python -m benchmarks.hdee_ensemble --fresh      # 17 min training + 9 min eval on a shared 2-core CPU
-    python -m benchmarks.hdee_ensemble --seed-steps 100 --steps 20 --eval-max-blocks 32 --fresh   # a quick look
+Each heterogeneous plan is compared with the homogeneous one on its own: per domain the
+paired difference (homogeneous − het perplexity, % of homogeneous) over S training
+seeds, mean ± std; a domain is won only when the mean difference exceeds its std (the
+raw count, mean > 0, is shown beside it). Target (paper: 20/21 per plan): >= 80% per plan.
+Every (seed) run is checkpointed in the harness cache; nothing else is reused.
+
+    python -m benchmarks.hdee_ensemble                       # 3 seeds at once at the reduced scale below
+    python -m benchmarks.hdee_ensemble --seed-steps 300 --steps 60 --eval-max-blocks 0   # the earlier, larger scale
 """
 
 from __future__ import annotations
 
 import argparse
-import os
+import contextlib
+import dataclasses
+import io
 import shutil
-import subprocess
-import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -27,33 +33,36 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from benchmarks.results_io import RESULTS, write_results
+from benchmarks.harness import Harness, header, mean_std, seeds_arg
 from decentrain.algorithms.hdee.budget import plan_costs
 from decentrain.algorithms.hdee.config import check_plan, eval_domains, hdee_config_from_dict, plan_domains, register_hdee_configs
-from decentrain.algorithms.hdee.evaluate import EnsembleScorer, format_table
+from decentrain.algorithms.hdee.evaluate import EnsembleScorer
+from decentrain.algorithms.hdee.train import run_stage
 from decentrain.core.world import World
 from decentrain.models.factory import build_tokenizer, hf_config
 
 ROOT = Path(__file__).resolve().parents[1]
 VARIANTS = ("homogeneous", "het_steps", "het_sizes")
+HET = ("het_steps", "het_sizes")
 SHARES = (3, 4, 5)  # the paper's 300/400/500
+TARGET_SHARE = 0.8
 
 
 @dataclass
 class BenchConfig:
-    seed_steps: int = 300
-    steps: int = 60  # per domain for the baseline; het_steps gets 3:4:5 shares of 3x this
+    seed_steps: int = 100
+    steps: int = 20  # per domain for the baseline; het_steps gets 3:4:5 shares of 3x this
     max_parallel: int = 3
-    eval_max_blocks: int | None = None  # None: whole test split
-    work_dir: str = str(ROOT / "runs" / "bench" / "hdee_ensemble")  # runs/ is git-ignored
+    eval_max_blocks: int = 16  # test blocks per domain; 0: whole test split
+    work_dir: str = "runs/bench/hdee_ensemble"  # runs/ is git-ignored; one sub-directory per training seed
     primary: str = "cached"  # weighting used for the headline win count
-    eval_threads: int = 2
+    eval_threads: int = 1  # torch threads for training and scoring
 
 
-def overrides(bench: BenchConfig, variant: str) -> list[str]:
+def overrides(bench: BenchConfig, variant: str, seed: int) -> list[str]:
     het = [round(3 * bench.steps * s / sum(SHARES)) for s in SHARES]
-    out = [f"hdee_plan={variant}", f"ensemble_dir={Path(bench.work_dir) / variant}", f"job.max_parallel={bench.max_parallel}",
-           f"budget.baseline_steps_per_domain={bench.steps}"]
+    out = [f"hdee_plan={variant}", f"ensemble_dir={ROOT / bench.work_dir / f'seed{seed}' / variant}",
+           f"job.max_parallel={bench.max_parallel}", f"budget.baseline_steps_per_domain={bench.steps}", f"train.seed={seed}"]
     for i in range(len(VARIANTS) if variant == "het_sizes" else 1):
         out.append(f"plan.seeds.{i}.steps={bench.seed_steps}")
     for lane in range(3):
@@ -64,111 +73,147 @@ def overrides(bench: BenchConfig, variant: str) -> list[str]:
     return out
 
 
-def share_seed(bench: BenchConfig, variant: str) -> None:
-    """Every variant branches from the same M seed: link het_sizes' seed-M instead of retraining it."""
-    src, dst = Path(bench.work_dir) / "het_sizes" / "seed-M", Path(bench.work_dir) / variant / "seed-M"
+def share_seed(bench: BenchConfig, variant: str, seed: int) -> None:
+    """Every variant branches from the same M seed: copy het_sizes' seed-M instead of retraining it."""
+    base = ROOT / bench.work_dir / f"seed{seed}"
+    src, dst = base / "het_sizes" / "seed-M", base / variant / "seed-M"
     if variant != "het_sizes" and src.exists() and not dst.exists():
         dst.parent.mkdir(parents=True, exist_ok=True)
         shutil.copytree(src / "model", dst / "model")
 
 
+def compose_variant(bench: BenchConfig, variant: str, seed: int):
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        raw = OmegaConf.to_container(compose("hdee", overrides=overrides(bench, variant, seed)), resolve=True)
+    return raw, hdee_config_from_dict(raw)
+
+
+def run_seed(job: dict) -> dict:
+    """Train the three plans from scratch for one training seed and score each ensemble."""
+    bench, seed = BenchConfig(**job["bench"]), job["seed"]
+    shutil.rmtree(ROOT / bench.work_dir / f"seed{seed}", ignore_errors=True)  # only the harness cache resumes
+    torch.set_num_threads(bench.eval_threads)
+    out: dict = {"perplexity": {}, "train_s": {}, "eval_s": {}}
+    for v in ("het_sizes", "homogeneous", "het_steps"):  # het_sizes first: it trains the shared M seed
+        cfg = compose_variant(bench, v, seed)[1]
+        check_plan(cfg)  # refuse an unmatched plan before training anything
+        share_seed(bench, v, seed)
+        t0 = time.perf_counter()
+        with contextlib.redirect_stdout(io.StringIO()):
+            run_stage(dataclasses.replace(cfg, job=dataclasses.replace(cfg.job, stage="all")), World())
+        out["train_s"][v] = time.perf_counter() - t0
+    for v in VARIANTS:
+        t0 = time.perf_counter()
+        res = EnsembleScorer(compose_variant(bench, v, seed)[1], World()).evaluate()
+        out["perplexity"][v] = {d: r["weightings"] for d, r in res.items()}
+        out["eval_s"][v] = time.perf_counter() - t0
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     for f, v in asdict(BenchConfig()).items():
-        p.add_argument(f"--{f.replace('_', '-')}", type=type(v) if v is not None else int, default=v)
-    p.add_argument("--fresh", action="store_true", help="delete work_dir first (else finished runs are reused)")
+        p.add_argument(f"--{f.replace('_', '-')}", type=type(v), default=v)
+    seeds_arg(p)
+    p.add_argument("--parallel", type=int, default=3, help="training seeds run at once (processes)")
     args = vars(p.parse_args())
-    fresh = args.pop("fresh")
+    nseeds, allow_dirty, fresh, parallel = args.pop("seeds"), args.pop("allow_dirty"), args.pop("fresh"), args.pop("parallel")
     bench = BenchConfig(**args)
-    if fresh:
-        shutil.rmtree(bench.work_dir, ignore_errors=True)
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     register_hdee_configs()
-    configs, seconds = {}, {}
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        for v in ("het_sizes", "homogeneous", "het_steps"):  # het_sizes first: it trains the shared M seed
-            raw = OmegaConf.to_container(compose("hdee", overrides=overrides(bench, v)), resolve=True)
-            configs[v] = (raw, hdee_config_from_dict(raw))
-            check_plan(configs[v][1])  # refuse an unmatched plan before training anything
-            share_seed(bench, v)
-            t0 = time.perf_counter()
-            subprocess.run([sys.executable, "-m", "recipes.hdee_train", *overrides(bench, v)], cwd=ROOT, env=env, check=True)
-            seconds[v] = time.perf_counter() - t0
-            print(f"[bench] {v}: trained in {seconds[v]:.0f}s", flush=True)
-
-    torch.set_num_threads(bench.eval_threads)
-    results, budgets, eval_seconds = {}, {}, {}
-    for v in VARIANTS:
-        raw, cfg = configs[v]
-        t0 = time.perf_counter()
-        results[v] = EnsembleScorer(cfg, World()).evaluate()
-        eval_seconds[v] = time.perf_counter() - t0
-        print(f"\n[bench] {v} ({eval_seconds[v]:.0f}s to evaluate), test perplexity:\n"
-              f"{format_table(results[v], cfg.eval.weightings)}", flush=True)
+    configs = {v: compose_variant(bench, v, 0) for v in VARIANTS}
+    budgets = {}
+    for v, (_, cfg) in configs.items():
         hf = hf_config(cfg.model, len(build_tokenizer(cfg.model)))
         costs = plan_costs(cfg.plan, hf, include_seeds=False)
         budgets[v] = {"expert_flops": sum(c.flops for c in costs), "vs_baseline": check_plan(cfg),
                       "runs": [{"name": c.name, "params": c.params, "tokens": c.tokens} for c in costs]}
+    config = {"bench": asdict(bench), "seeds": list(range(nseeds)),
+              "variants_seed0": {v: raw for v, (raw, _) in configs.items()}}
+    hz = Harness("hdee_ensemble", __file__, config, allow_dirty=allow_dirty, fresh=fresh)
+    runs = hz.run_jobs([{"bench": asdict(bench), "seed": s} for s in range(nseeds)], run_seed, desc="hdee seeds", parallel=parallel)
 
     cfg = configs["homogeneous"][1]
-    trained = plan_domains(cfg)
-    domains = eval_domains(cfg)
-    held_out = [d for d in domains if d not in trained]
-    weightings = cfg.eval.weightings
-    wins = {v: {w: [d for d in domains if results[v][d]["weightings"][w] < results["homogeneous"][d]["weightings"][w]]
-                for w in weightings} for v in ("het_steps", "het_sizes")}
-    either = {w: [d for d in domains if d in wins["het_steps"][w] or d in wins["het_sizes"][w]] for w in weightings}
+    trained, domains = plan_domains(cfg), eval_domains(cfg)
+    weightings = list(cfg.eval.weightings)
+    per_plan = {}
+    for v in HET:
+        per_plan[v] = {}
+        for w in weightings:
+            diffs = {d: mean_std([100 * (r["perplexity"]["homogeneous"][d][w] - r["perplexity"][v][d][w]) / r["perplexity"]["homogeneous"][d][w]
+                                  for r in runs]) for d in domains}
+            won = [d for d in domains if diffs[d]["mean"] > diffs[d]["std"] and diffs[d]["mean"] > 0]
+            raw = [d for d in domains if diffs[d]["mean"] > 0]
+            per_seed = [sum(r["perplexity"][v][d][w] < r["perplexity"]["homogeneous"][d][w] for d in domains) for r in runs]
+            per_plan[v][w] = {"diff_pct": diffs, "won": won, "won_raw": raw, "won_per_seed": per_seed,
+                              "target_met": len(won) >= TARGET_SHARE * len(domains)}
     figures = {
-        "domains": {"in_training": [d for d in domains if d in trained], "held_out": held_out},
-        "perplexity": results, "budget": budgets, "train_seconds": seconds, "eval_seconds": eval_seconds,
-        "wins_vs_homogeneous": wins, "wins_either_het": either,
-        "headline": {"weighting": bench.primary, "domains_won": len(either[bench.primary]), "domains": len(domains)},
+        "domains": {"in_training": [d for d in domains if d in trained], "held_out": [d for d in domains if d not in trained]},
+        "per_seed_perplexity": [r["perplexity"] for r in runs],
+        "per_plan": per_plan, "budget": budgets,
+        "train_s": {v: mean_std([r["train_s"][v] for r in runs]) for v in VARIANTS},
+        "eval_s": {v: mean_std([r["eval_s"][v] for r in runs]) for v in VARIANTS},
+        "headline": {v: {"weighting": bench.primary, "won": len(per_plan[v][bench.primary]["won"]),
+                         "won_raw": len(per_plan[v][bench.primary]["won_raw"]), "domains": len(domains),
+                         "target": f">= {TARGET_SHARE:.0%} of domains", "target_met": per_plan[v][bench.primary]["target_met"]}
+                     for v in HET},
     }
-    table = summary_table(results, domains, held_out, weightings, wins, either)
-    print("\n" + table)
-    (RESULTS / "hdee_ensemble.txt").write_text(table + "\n")
-    out = write_results("hdee_ensemble", {"bench": asdict(bench), "variants": {v: r for v, (r, _) in configs.items()}}, figures)
-    png = plot(results, domains, held_out, weightings, RESULTS / "hdee_ensemble.png")
-    print(f"\nwrote {out} and {png}")
+    paths = hz.write(figures, text, plot)
+    print(paths["txt"].read_text())
 
 
-def summary_table(results, domains, held_out, weightings, wins, either) -> str:
-    lines = [f"{'domain':<15}{'':>3}" + "".join(f"{v + '/' + w:>22}" for w in weightings for v in VARIANTS)]
-    for d in domains:
-        tag = " HO" if d in held_out else ""
-        lines.append(f"{d:<15}{tag:>3}" + "".join(f"{results[v][d]['weightings'][w]:>22.3f}" for w in weightings for v in VARIANTS))
+def text(rec: dict) -> str:
+    f, b = rec["figures"], rec["config"]["bench"]
+    domains = f["domains"]["in_training"] + f["domains"]["held_out"]
+    lines = [header(rec), "",
+             f"seed steps {b['seed_steps']}, {b['steps']} steps per domain per expert (het_steps 3:4:5 of the same total), "
+             f"test blocks per domain {b['eval_max_blocks'] or 'all'}, training seeds {rec['config']['seeds']}", "",
+             "perplexity reduction vs homogeneous, % (paired per seed, mean ± std); * = won (mean > std); HO = held out"]
+    for w in next(iter(f["per_plan"].values())):
+        lines.append(f"weighting {w}:")
+        lines.append(f"  {'domain':<16}" + "".join(f"{v:>22}" for v in f["per_plan"]))
+        for d in domains:
+            cells = []
+            for v in f["per_plan"]:
+                x = f["per_plan"][v][w]["diff_pct"][d]
+                cells.append(f"{x['mean']:+7.2f} ± {x['std']:5.2f}{'*' if d in f['per_plan'][v][w]['won'] else ' '}")
+            lines.append(f"  {d:<13}{' HO' if d in f['domains']['held_out'] else '   '}" + "".join(f"{c:>22}" for c in cells))
+        for v in f["per_plan"]:
+            r = f["per_plan"][v][w]
+            lines.append(f"  {v}: won {len(r['won'])}/{len(domains)} (raw mean>0: {len(r['won_raw'])}/{len(domains)}; "
+                         f"per seed {r['won_per_seed']}){'  target met' if r['target_met'] else ''}")
     lines.append("")
-    for w in weightings:
-        lines.append(f"{w:>8}: het_steps beats homogeneous on {len(wins['het_steps'][w])}/{len(domains)}, "
-                     f"het_sizes on {len(wins['het_sizes'][w])}/{len(domains)}, either on {len(either[w])}/{len(domains)}")
+    for v, h in f["headline"].items():
+        lines.append(f"headline ({h['weighting']}): {v} wins {h['won']}/{h['domains']} (raw {h['won_raw']}), "
+                     f"target {h['target']} (paper 20/21): {'MET' if h['target_met'] else 'NOT MET'}")
+    lines.append("train/eval seconds per seed (shared, loaded 2-core machine): "
+                 + ", ".join(f"{v} {f['train_s'][v]['mean']:.0f}/{f['eval_s'][v]['mean']:.0f}" for v in f["train_s"]))
     return "\n".join(lines)
 
 
-def plot(results, domains, held_out, weightings, out_png: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
+def plot(rec: dict, png: Path) -> None:
     import matplotlib.pyplot as plt
     import numpy as np
 
+    f = rec["figures"]
+    domains = f["domains"]["in_training"] + f["domains"]["held_out"]
+    weightings = list(next(iter(f["per_plan"].values())))
     fig, axes = plt.subplots(1, len(weightings), figsize=(4.2 * len(weightings), 4.2), sharey=True)
     x = np.arange(len(domains))
     for ax, w in zip(np.atleast_1d(axes), weightings):
-        base = np.array([results["homogeneous"][d]["weightings"][w] for d in domains])
-        for i, v in enumerate(("het_steps", "het_sizes")):
-            het = np.array([results[v][d]["weightings"][w] for d in domains])
-            ax.bar(x + (i - 0.5) * 0.38, 100 * (base - het) / base, width=0.38, label=v)
+        for i, v in enumerate(f["per_plan"]):
+            d = f["per_plan"][v][w]["diff_pct"]
+            ax.bar(x + (i - 0.5) * 0.38, [d[k]["mean"] for k in domains], yerr=[d[k]["std"] for k in domains],
+                   width=0.38, capsize=2, label=f"{v} (won {len(f['per_plan'][v][w]['won'])}/{len(domains)})")
         ax.axhline(0, color="k", lw=0.8)
-        ax.set_xticks(x, [d + (" (HO)" if d in held_out else "") for d in domains], rotation=45, ha="right")
+        ax.set_xticks(x, [d + (" (HO)" if d in f["domains"]["held_out"] else "") for d in domains], rotation=45, ha="right")
         ax.set_title(f"weighting: {w}")
         ax.grid(axis="y", alpha=0.3)
-    np.atleast_1d(axes)[0].set_ylabel("perplexity reduction vs homogeneous (%)")
-    np.atleast_1d(axes)[0].legend()
-    fig.suptitle("HDEE: heterogeneous vs homogeneous 3-expert ensembles, matched compute (HO = held out)")
+        ax.legend(fontsize=7)
+    np.atleast_1d(axes)[0].set_ylabel("perplexity reduction vs homogeneous (%), mean ± std over seeds")
+    fig.suptitle(f"HDEE per plan, {len(rec['config']['seeds'])} seeds, matched compute @ {rec['git_sha'][:10]}")
     fig.tight_layout()
-    fig.savefig(out_png, dpi=120)
+    fig.savefig(png, dpi=110)
     plt.close(fig)
-    return out_png
 
 
 if __name__ == "__main__":
