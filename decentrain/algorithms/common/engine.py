@@ -63,14 +63,15 @@ def lr_factor(cfg, total_steps: int) -> Callable[[int], float]:
     return factor
 
 
-def build_optimizer(model: torch.nn.Module, cfg, total_steps: int):
-    """AdamW + LambdaLR (cfg: OptimConfig)."""
+def build_optimizer(model: torch.nn.Module, cfg, total_steps: int, fused: bool | None = None):
+    """AdamW + LambdaLR (cfg: OptimConfig). `fused`: one kernel per step; None picks it when every parameter is on CUDA."""
     # no weight decay on norms and biases (1-D tensors), as in most LM recipes
     decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
     opt = torch.optim.AdamW(
         [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
         lr=cfg.lr, betas=tuple(cfg.betas),
+        fused=all(p.is_cuda for p in decay + no_decay) if fused is None else fused,
     )
     return opt, torch.optim.lr_scheduler.LambdaLR(opt, lr_factor(cfg, total_steps))
 
@@ -191,7 +192,7 @@ class DeepSpeedEngine(Engine):
         mpu = _ReplicaMPU(layout, _singleton_groups(world_size, global_rank)) if dist.is_initialized() else None
         # our own AdamW + LambdaLR (ZeRO supports torch.optim.AdamW): the same update and
         # schedule as engine=torch, and no fused-Adam build
-        optimizer, scheduler = build_optimizer(model, cfg.optim, cfg.train.steps)
+        optimizer, scheduler = build_optimizer(model, cfg.optim, cfg.train.steps, fused=False)
         ds_config = {
             "train_micro_batch_size_per_gpu": cfg.train.micro_batch_size,
             "gradient_accumulation_steps": accum,
