@@ -39,6 +39,9 @@ class EngineConfig:
         if self.name == "torch" and self.shards_per_replica != 1:
             raise ValueError(f"engine.shards_per_replica={self.shards_per_replica}: engine=torch does not shard; "
                              "use 1, or engine=deepspeed_zero1/2")
+        if self.name == "fsdp2" and self.shards_per_replica < 2:
+            raise ValueError(f"engine.shards_per_replica={self.shards_per_replica}: engine=fsdp2 shards a replica over "
+                             ">= 2 ranks; use engine=torch for one rank per replica")
         if self.name == "deepspeed":
             if self.zero_stage == 3:
                 raise ValueError("engine.zero_stage=3 partitions the parameters themselves, which the outer "
@@ -81,6 +84,7 @@ class Engine:
 
     forward_model: torch.nn.Module
     optimizer: torch.optim.Optimizer
+    whole_model_state = True  # the per-rank checkpoint holds model.state_dict(); False: the engine saves it
 
     def __init__(self, cfg, layout: ReplicaLayout, model: torch.nn.Module, accum: int):
         """cfg: the TrainConfig; `model` is already on the device."""
@@ -99,6 +103,18 @@ class Engine:
 
     def weights_changed(self) -> None:
         """The algorithm may have rewritten the parameters in place (an outer step)."""
+
+    @property
+    def outer_model(self):
+        """What the outer algorithm's hooks see: the module itself, or (sharded engines) a view of its shards."""
+        return self.model
+
+    def save_sharded(self, step: int) -> None:
+        """Write the engine's own sharded checkpoint of `step` (collective); before the per-rank one."""
+
+    def full_state_dict(self) -> dict[str, torch.Tensor] | None:
+        """Whole weights for save_pretrained (collective for sharded engines); None: use the module."""
+        return None
 
     def lr(self) -> float:
         raise NotImplementedError
@@ -229,3 +245,7 @@ class DeepSpeedEngine(Engine):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         raise ValueError("engine=deepspeed cannot resume yet (ZeRO optimizer state is not checkpointed); "
                          "use a fresh run_dir or resume=false")
+
+
+# registers engine=fsdp2 (imported last: it subclasses Engine from this module)
+from decentrain.algorithms.common import fsdp_engine  # noqa: E402,F401

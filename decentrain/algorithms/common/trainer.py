@@ -94,6 +94,7 @@ class Trainer:
         self.accum = cfg.train.global_batch_size // (world.world_size * cfg.train.micro_batch_size)
         layout = layout or replica_layout(world, 1)
         self.engine = ENGINES.get(cfg.engine.name)(cfg, layout, self.model, self.accum)
+        self.engine.checkpoint_dir = run_dir / "checkpoints"
         self.checkpointer = Checkpointer(run_dir / "checkpoints", world.rank, world.world_size, keep=cfg.train.keep_checkpoints)
         self.step = 0
         self.step_times: list[float] = []
@@ -107,7 +108,7 @@ class Trainer:
     # -- checkpoint state -------------------------------------------------------------
     def state_dict(self) -> dict:
         return {
-            "model": self.model.state_dict(),
+            **({"model": self.model.state_dict()} if self.engine.whole_model_state else {}),
             **self.engine.state_dict(),  # torch: "optimizer" and "scheduler"
             "sampler": self.sampler.state_dict(),
             "algorithm": self.algorithm.state_dict(),
@@ -115,7 +116,8 @@ class Trainer:
         }
 
     def load_state_dict(self, state: dict) -> None:
-        self.model.load_state_dict(state["model"])
+        if self.engine.whole_model_state:
+            self.model.load_state_dict(state["model"])
         self.engine.load_state_dict(state)
         self.sampler.load_state_dict(state["sampler"])
         self.algorithm.load_state_dict(state["algorithm"])
@@ -130,6 +132,7 @@ class Trainer:
         return step
 
     def save(self) -> None:
+        self.engine.save_sharded(self.step)  # first: a complete per-rank checkpoint implies the sharded one
         self.checkpointer.save(self.step, {"step": self.step, **self.state_dict()})
 
     # -- the loop ---------------------------------------------------------------------
@@ -153,7 +156,7 @@ class Trainer:
         start_time = time.perf_counter()
         self.engine.prepare(self.algorithm)
         model = self.engine.forward_model
-        self.algorithm.on_train_start(self.model, self.engine.optimizer)
+        self.algorithm.on_train_start(self.engine.outer_model, self.engine.optimizer)
         self.engine.weights_changed()  # the start-up broadcast
         logger.advance(self.step)
         loss, eval_loss = float("nan"), {}
@@ -164,7 +167,7 @@ class Trainer:
             with self.throughput.measure():
                 loss_t = self.train_step(model)
                 self.step += 1
-                metrics = self.algorithm.after_optimizer_step(self.step, self.model, self.engine.optimizer)
+                metrics = self.algorithm.after_optimizer_step(self.step, self.engine.outer_model, self.engine.optimizer)
                 self.engine.weights_changed()
                 stop = self.algorithm.should_stop(self.step, cfg.steps)
                 final = self.step == cfg.steps or stop
@@ -182,5 +185,5 @@ class Trainer:
                 logger.log(self.step, {"eval/loss": float(np.mean(list(eval_loss.values()))), **{f"eval/{d}": v for d, v in eval_loss.items()}})
             if self.step % cfg.checkpoint_every == 0 or self.step == last or stop:
                 self.save()
-        self.algorithm.on_train_end(self.model)
+        self.algorithm.on_train_end(self.engine.outer_model)
         return TrainResult(self.step, loss, eval_loss, time.perf_counter() - start_time)
