@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import math
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -85,6 +86,7 @@ class Engine:
     forward_model: torch.nn.Module
     optimizer: torch.optim.Optimizer
     whole_model_state = True  # the per-rank checkpoint holds model.state_dict(); False: the engine saves it
+    checkpoint_dir: Path | None = None  # <run_dir>/checkpoints, set by the Trainer (sharded engines write under it)
 
     def __init__(self, cfg, layout: ReplicaLayout, model: torch.nn.Module, accum: int):
         """cfg: the TrainConfig; `model` is already on the device."""
@@ -237,14 +239,35 @@ class DeepSpeedEngine(Engine):
     def lr(self) -> float:
         return self.scheduler.get_last_lr()[0]
 
+    # -- checkpoints: ZeRO's partitioned optimizer state through DeepSpeed's own checkpointing
+    def _ds_dir(self) -> Path:
+        if self.checkpoint_dir is None:
+            raise ValueError("engine=deepspeed: no checkpoint directory was set")
+        return self.checkpoint_dir / "deepspeed" / f"replica_{self.layout.replica}"
+
+    def save_sharded(self, step: int) -> None:
+        """Every rank writes its ZeRO partition (collective); one directory per replica, tag = step."""
+        self._ds_dir().mkdir(parents=True, exist_ok=True)  # DeepSpeed makes it on global rank 0 only
+        self.ds.save_checkpoint(str(self._ds_dir()), tag=f"step_{step:08d}", save_latest=False)
+        if self.layout.shard == 0:
+            tags = sorted(d for d in self._ds_dir().glob("step_*") if d.is_dir())
+            for old in tags[: max(0, len(tags) - self.cfg.train.keep_checkpoints)]:
+                shutil.rmtree(old, ignore_errors=True)
+
     def state_dict(self) -> dict[str, Any]:
-        # ZeRO's partitioned optimizer state is not saved yet: such a checkpoint keeps the
-        # weights and outer state for inspection, and resume refuses it (below)
+        # the module's weights are in the per-rank checkpoint; optimizer partitions in save_sharded's
         return {"engine": "deepspeed", "scheduler": self.scheduler.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        raise ValueError("engine=deepspeed cannot resume yet (ZeRO optimizer state is not checkpointed); "
-                         "use a fresh run_dir or resume=false")
+        if state.get("engine") != "deepspeed":
+            raise ValueError(f"engine=deepspeed cannot resume a checkpoint of engine {state.get('engine', 'torch')!r}; "
+                             "use the same engine or a fresh run_dir")
+        tag = f"step_{int(state['step']):08d}"
+        if not (self._ds_dir() / tag).is_dir():
+            raise ValueError(f"engine=deepspeed: {self._ds_dir() / tag} is missing (a checkpoint from before ZeRO "
+                             "state was saved); use a fresh run_dir or resume=false")
+        self.ds.load_checkpoint(str(self._ds_dir()), tag=tag, load_optimizer_states=True, load_lr_scheduler_states=True)
+        self.scheduler.load_state_dict(state["scheduler"])
 
 
 # registers engine=fsdp2 (imported last: it subclasses Engine from this module)
