@@ -16,8 +16,8 @@ from device_guard import DeviceMismatch, device_guard
 META = torch.device("meta")
 
 
-def _world(rank: int = 0, size: int = 2) -> World:
-    return World(rank=rank, world_size=size, device=META, backend="nccl")
+def _world(rank: int = 0, size: int = 2, backend: str = "nccl") -> World:
+    return World(rank=rank, world_size=size, device=META, backend=backend)
 
 
 def _meta_model(dtype: torch.dtype = torch.float32) -> torch.nn.Module:
@@ -49,6 +49,14 @@ def test_guard_refuses_a_host_tensor_and_passes_a_device_tensor():
             dist.isend(torch.zeros(2), dst=1)
         assert torch.zeros(3, device=META).sum().item() == 0.0  # host reads of meta give zeros
     assert calls.ops == ["all_reduce", "all_reduce", "isend"]
+    with device_guard(META, backend="gloo"):  # ranks sharing a GPU: gloo, p2p through host memory
+        dist.all_reduce(torch.zeros(2, device=META))  # gloo's CUDA collectives work
+        dist.isend(torch.zeros(2), dst=1)
+        with pytest.raises(DeviceMismatch, match="gloo needs it on cpu"):
+            dist.irecv(torch.zeros(2, device=META), src=1)
+        side = dist.new_group([0, 1], backend="nccl")
+        with pytest.raises(DeviceMismatch, match="nccl"):
+            dist.all_reduce(torch.zeros(2), group=side)
     with pytest.raises(RuntimeError):  # patches are gone afterwards
         torch.zeros(1, device=META).item()
 
@@ -76,15 +84,17 @@ def test_streaming_diloco_fragments_stay_on_device(quantization):
     assert calls.ops.count(op) >= 4  # 2 fragments x 2 rounds
 
 
+@pytest.mark.parametrize("backend", ["nccl", "gloo"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("gamma,adaptive", [(None, False), (None, True), (0.3, False)])
-def test_noloco_gossip_payload_stays_on_device(dtype, gamma, adaptive):
-    """The H100 finding: NoLoCo's pacing tensor was built on the CPU and sent with the weights."""
+def test_noloco_gossip_payload_stays_on_device(dtype, gamma, adaptive, backend):
+    """The H100 findings: NoLoCo's pacing tensor was built on the CPU and sent with the weights
+    (nccl); ranks sharing a GPU (gloo) must stage the pair exchange through host memory."""
     from decentrain.algorithms.noloco.noloco import NoLoCo, NoLoCoConfig
 
     cfg = NoLoCoConfig(inner_steps=2, gamma=gamma, adaptive_inner_steps=adaptive, full_duplex=False)
-    with device_guard(META) as calls:
-        metrics = _run_rounds(NoLoCo(cfg, _world()), _meta_model(dtype), 4)
+    with device_guard(META, backend) as calls:
+        metrics = _run_rounds(NoLoCo(cfg, _world(backend=backend)), _meta_model(dtype), 4)
     assert metrics["outer/round"] >= 2.0  # adaptive H hears a zero step time (meta reads) and may shorten rounds
     sent = [devs for op, devs in calls.calls if op in ("isend", "send", "batch_isend_irecv", "all_reduce", "all_gather")]
     assert sent, f"NoLoCo exchanged nothing: {calls.ops}"
