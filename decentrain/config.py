@@ -18,7 +18,9 @@ from omegaconf import OmegaConf
 from decentrain.algorithms import ALGORITHMS, AlgorithmConfig
 from decentrain.algorithms.common.engine import EngineConfig
 from decentrain.core.checks import check_range
+from decentrain.algorithms.common.speed import COMPILE_SCOPES, PRECISIONS
 from decentrain.core.metrics import LoggerConfig
+from decentrain.core.world import DEVICES
 from decentrain.data.blocks import DataConfig
 from decentrain.models.factory import ModelConfig
 
@@ -63,8 +65,17 @@ class LoopConfig:
     seed: int = 0
     threads: int | None = None  # torch threads per rank; None leaves torch's default
     stop_at: int | None = None  # leave early at this step, as a preempted job would (resume continues)
+    device: str = "auto"  # auto | cpu | cuda; more local ranks than GPUs share them round-robin over gloo
+    precision: str = "auto"  # auto (bf16_autocast on CUDA, fp32 on CPU) | fp32 | bf16_autocast | bf16 (pure)
+    compile: str = "none"  # none | model | blocks: torch.compile of the whole model or of each layer
 
     def __post_init__(self) -> None:
+        if self.device not in DEVICES:
+            raise ValueError(f"train.device={self.device!r} is unknown; allowed: {list(DEVICES)}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"train.precision={self.precision!r} is unknown; allowed: {list(PRECISIONS)}")
+        if self.compile not in COMPILE_SCOPES:
+            raise ValueError(f"train.compile={self.compile!r} is unknown; allowed: {list(COMPILE_SCOPES)}")
         if self.stop_at is not None and not 1 <= self.stop_at <= self.steps:
             raise ValueError(f"train.stop_at={self.stop_at} must be in [1, train.steps={self.steps}]")
         for f in ("steps", "global_batch_size", "micro_batch_size", "eval_every", "eval_batches", "checkpoint_every", "keep_checkpoints"):

@@ -34,7 +34,7 @@ def main(dcfg: DictConfig) -> None:
         sys.exit(f"config error: {e}")
     check_saved_plan(cfg, load_saved_config(cfg.ensemble_dir))
     expert_refs(cfg)  # a missing expert fails here, before any process group or data
-    world = init_world(threads=cfg.train.threads)
+    world = init_world(threads=cfg.train.threads, device=cfg.train.device)
     try:
         scorer = EnsembleScorer(cfg, world)
         results = scorer.evaluate()

@@ -33,7 +33,7 @@ def main(argv: list[str]) -> None:
     cfg = load_saved_config(dirs[0], [o for o in overrides if not o.startswith("ensemble_dir=")])
     if cfg is None:
         raise SystemExit(f"{dirs[0]} holds no hdee.yaml; train it with recipes.hdee_train first\n{USAGE}")
-    world = init_world(threads=cfg.train.threads)
+    world = init_world(threads=cfg.train.threads, device=cfg.train.device)
     try:
         result = EnsembleScorer(cfg, world).score_text(path.read_text(encoding="utf-8", errors="replace"))
     finally:

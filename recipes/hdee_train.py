@@ -22,7 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 from decentrain.algorithms.hdee.config import check_plan, hdee_config_from_dict, register_hdee_configs, save_config
 from decentrain.algorithms.hdee.jobs import child_jobs, run_jobs
 from decentrain.algorithms.hdee.train import run_stage
-from decentrain.core.launcher import launch_workers
+from decentrain.core.launcher import check_placement, launch_workers
 from decentrain.core.world import init_world, read_launch_env
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
@@ -36,6 +36,7 @@ def main(dcfg: DictConfig) -> None:
     try:  # before any training: bad fields, unknown domains, empty steps, over budget
         cfg = hdee_config_from_dict(raw)  # the one conversion: library code sees dataclasses only
         rel = check_plan(cfg)
+        check_placement(cfg.train.device, cfg.launcher.nproc_per_node)
     except ValueError as e:
         sys.exit(f"config error: {e}")
     env = read_launch_env()
@@ -57,7 +58,7 @@ def main(dcfg: DictConfig) -> None:
             launch_workers([*overrides, f"ensemble_dir={root}", f"hydra.run.dir={root}"], cfg.launcher.nproc_per_node,
                            cfg.launcher.nnodes, cfg.launcher.rdzv_endpoint, cfg.launcher.max_restarts, module=MODULE)
             return
-    world = init_world(threads=cfg.train.threads)
+    world = init_world(threads=cfg.train.threads, device=cfg.train.device)
     try:
         run_stage(cfg, world)
     finally:

@@ -19,8 +19,8 @@ from omegaconf import DictConfig, OmegaConf
 from decentrain.algorithms.sapo.config import SAPOConfig, register_sapo_configs
 from decentrain.algorithms.sapo.trainer import run_sapo
 from decentrain.core.bytes_comm import agree_run_dir
-from decentrain.core.launcher import launch_workers
-from decentrain.core.world import World, init_world, read_launch_env
+from decentrain.core.launcher import check_placement, launch_workers
+from decentrain.core.world import init_world, local_world, read_launch_env
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 register_sapo_configs()
@@ -48,11 +48,12 @@ def main(dcfg: DictConfig) -> None:
                        cfg.num_nodes, module="recipes.rl")
         return
     # Only the collective exchange joins torch.distributed; hivemind/silo nodes stand alone.
-    world = init_world(threads=cfg.train.threads) if collective else World()
-    if not collective and cfg.train.threads:
-        import torch
-
-        torch.set_num_threads(cfg.train.threads)
+    try:
+        check_placement(cfg.train.device, cfg.num_nodes if collective else 1)
+    except ValueError as e:
+        sys.exit(f"config error: {e}")
+    world = (init_world(threads=cfg.train.threads, device=cfg.train.device) if collective
+             else local_world(cfg.train.device, cfg.train.threads))
     run_dir = agree_run_dir(world, cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     if world.is_main and cfg.node_index in (None, 0):

@@ -17,7 +17,7 @@ from decentrain.algorithms.base import ALGORITHMS
 from decentrain.algorithms.common.pretrain import run_pretraining
 from decentrain.config import config_from_dict, register_configs, validate
 from decentrain.core.bytes_comm import agree_run_dir
-from decentrain.core.launcher import launch_survivors, launch_workers
+from decentrain.core.launcher import check_placement, launch_survivors, launch_workers
 from decentrain.core.world import init_world, read_launch_env
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
@@ -31,6 +31,7 @@ def main(dcfg: DictConfig) -> None:
     try:  # bad config: one clear line, before any process group or worker starts
         cfg = config_from_dict(raw)  # the one conversion: library code sees dataclasses only
         validate(cfg, env.world_size if env.under_torchrun else (cfg.launcher.world_size or 1))
+        check_placement(cfg.train.device, cfg.launcher.nproc_per_node)
     except ValueError as e:
         sys.exit(f"config error: {e}")
     if not env.under_torchrun and (cfg.launcher.world_size or 1) > 1:
@@ -44,7 +45,7 @@ def main(dcfg: DictConfig) -> None:
         else:
             launch_workers(argv, cfg.launcher.nproc_per_node, cfg.launcher.nnodes, cfg.launcher.rdzv_endpoint, cfg.launcher.max_restarts)
         return
-    world = init_world(threads=cfg.train.threads)
+    world = init_world(threads=cfg.train.threads, device=cfg.train.device)
     run_dir = agree_run_dir(world, cfg.run_dir)
     if world.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)

@@ -26,6 +26,18 @@ from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 log = logging.getLogger(__name__)
 
+from decentrain.core.world import Placement, plan_placement, read_launch_env, visible_gpus
+
+
+def check_placement(device: str, nproc_per_node: int | None) -> Placement:
+    """Refuse, before any worker starts, a device layout this node cannot serve (ValueError, one line).
+
+    Under torchrun the node's local rank count comes from torchrun; otherwise from `nproc_per_node`.
+    """
+    env = read_launch_env()
+    local_ranks = env.local_world_size if env.under_torchrun else (nproc_per_node or 1)
+    return plan_placement(device, local_ranks, visible_gpus())
+
 
 def launch_workers(argv: list[str], nproc_per_node: int, nnodes: int = 1, rdzv_endpoint: str = "localhost:0", max_restarts: int = 0, module: str = "recipes.train") -> None:
     """Run `python -m <module> <argv>` on `nproc_per_node` ranks here, as torchrun would.

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 import torch.distributed as dist
-from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from decentrain.core.world import World
 
@@ -39,6 +39,7 @@ class ReplicaLayout:
     shards: int
     shard_group: dist.ProcessGroup | None  # the ranks of this replica (the inner engine's data parallel)
     outer: World  # this rank seen by the outer algorithm: rank = replica, group = same shard across replicas
+    mesh: DeviceMesh | None = None  # the 2-D (replica, shard) mesh; None with one shard per replica
 
 
 def replica_layout(world: World, shards: int) -> ReplicaLayout:
@@ -50,4 +51,4 @@ def replica_layout(world: World, shards: int) -> ReplicaLayout:
     mesh = init_device_mesh(world.device.type, (replicas, shards), mesh_dim_names=("replica", "shard"))
     replica, shard = divmod(world.rank, shards)
     outer = replace(world, rank=replica, world_size=replicas, group=mesh.get_group("replica"))
-    return ReplicaLayout(replica, shard, replicas, shards, mesh.get_group("shard"), outer)
+    return ReplicaLayout(replica, shard, replicas, shards, mesh.get_group("shard"), outer, mesh)

@@ -6,6 +6,7 @@ has logged in sets `logger.wandb_mode=online`.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -31,8 +32,11 @@ class LoggerConfig:
     wandb_mode: str = "offline"
     wandb_project: str = "decentrain"
     wandb_entity: str | None = None
+    peak_flops: float | None = None  # FLOP/s of one device for MFU; None: looked up in PEAK_FLOPS by GPU name
 
     def __post_init__(self) -> None:
+        if self.peak_flops is not None and not (math.isfinite(self.peak_flops) and self.peak_flops > 0):
+            raise ValueError(f"logger.peak_flops={self.peak_flops} must be a finite number > 0 (FLOP/s), or null")
         if self.log_every < 1:
             raise ValueError(f"logger.log_every={self.log_every} must be >= 1")
         if self.wandb_mode not in WANDB_MODES:
@@ -93,6 +97,93 @@ class MetricsLogger:
             self._file.close()
         if self._wandb is not None:
             self._wandb.finish()
+
+
+# Dense (no sparsity) bf16 tensor-core peak FLOP/s from the vendors' data sheets. Matched by
+# substring of torch.cuda.get_device_name, most specific first; logger.peak_flops overrides.
+PEAK_FLOPS: tuple[tuple[str, float], ...] = (
+    ("GB200", 2.5e15),
+    ("B200", 2.25e15),
+    ("H200", 989e12),
+    ("H100 NVL", 835e12),
+    ("H100 PCIe", 756e12),
+    ("H100", 989e12),  # SXM
+    ("H800", 989e12),
+    ("H20", 148e12),
+    ("A100", 312e12),
+    ("A800", 312e12),
+    ("L40S", 362e12),
+    ("L40", 181e12),
+    ("L4", 121e12),
+    ("A10", 125e12),
+    ("RTX 4090", 165e12),
+    ("RTX 3090", 71e12),
+)
+
+
+def peak_flops(device_name: str, override: float | None = None) -> float | None:
+    """Peak FLOP/s of one device: the override, else the first table entry whose name occurs in `device_name`."""
+    if override is not None:
+        return override
+    for name, flops in PEAK_FLOPS:
+        if name.lower() in device_name.lower():
+            return flops
+    return None
+
+
+def flops_per_token(non_embedding_params: int, layers: int, hidden: int, seq_len: int) -> float:
+    """Training FLOPs per token, as torchtitan and the PaLM paper count them.
+
+    6·N for forward + backward of the weight matmuls (N = non-embedding parameters), plus
+    12·L·H·T for attention's QKᵀ and AV (2 matmuls × fwd+bwd 3× × 2 FLOP per MAC, over T keys).
+    """
+    return 6 * non_embedding_params + 12 * layers * hidden * seq_len
+
+
+def mfu(tokens_per_s: float, flops_per_tok: float, peak: float) -> float:
+    """Model FLOPs utilisation: achieved training FLOP/s ÷ the device's peak."""
+    return tokens_per_s * flops_per_tok / peak
+
+
+class Throughput:
+    """Step time, tokens/s (this rank and global), MFU and peak memory between two log steps.
+
+    The clock runs only inside `measure()` (eval and checkpoints are excluded); `read()` is
+    called right after the host has synced (the loss is read at log steps), so the
+    interval covers the device work of its steps.
+    """
+
+    def __init__(self, tokens_per_rank_step: int, tokens_global_step: int, flops_per_tok: float,
+                 peak: float | None, device: "object"):
+        self.tokens_rank, self.tokens_global = tokens_per_rank_step, tokens_global_step
+        self.flops_per_tok, self.peak, self.device = flops_per_tok, peak, device
+        self.seconds, self.steps = 0.0, 0
+
+    @contextlib.contextmanager
+    def measure(self):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds += time.perf_counter() - start
+            self.steps += 1
+
+    def read(self) -> dict[str, float]:
+        """Metrics of the steps since the last read (empty if none), then start a new interval."""
+        if self.steps == 0 or self.seconds <= 0:
+            return {}
+        step_s = self.seconds / self.steps
+        tps = self.tokens_rank / step_s
+        out = {"perf/step_ms": step_s * 1e3, "perf/tokens_per_s": tps, "perf/tokens_per_s_global": self.tokens_global / step_s}
+        if self.peak:
+            out["perf/mfu"] = mfu(tps, self.flops_per_tok, self.peak)
+        if getattr(self.device, "type", None) == "cuda":
+            import torch
+
+            out["perf/mem_peak_gib"] = torch.cuda.max_memory_allocated(self.device) / 2**30
+            torch.cuda.reset_peak_memory_stats(self.device)
+        self.seconds, self.steps = 0.0, 0
+        return out
 
 
 def read_jsonl(path: Path) -> list[dict]:

@@ -76,21 +76,75 @@ class World:
             dist.destroy_process_group()
 
 
-def init_world(backend: str | None = None, timeout_s: float = 600.0, threads: int | None = None) -> World:
-    """Start torch.distributed from torchrun's env: gloo on CPU, nccl on GPU.
+DEVICES = ("auto", "cpu", "cuda")
+BACKENDS = ("gloo", "nccl")
 
+
+@dataclass(frozen=True)
+class Placement:
+    """Where the local ranks of one node run, and which backend their process group uses.
+
+    More local ranks than GPUs: ranks share GPUs round-robin (cuda:local_rank % gpus). NCCL
+    refuses two ranks on one GPU, so a shared node talks over gloo through host memory.
+    """
+
+    device_type: str  # "cpu" | "cuda"
+    gpus: int  # visible GPUs used (0 on cpu)
+    shared: bool  # several local ranks per GPU
+    backend: str
+
+    def device(self, local_rank: int) -> torch.device:
+        return torch.device("cuda", local_rank % self.gpus) if self.device_type == "cuda" else torch.device("cpu")
+
+
+def plan_placement(device: str, local_ranks: int, gpus: int, backend: str | None = None) -> Placement:
+    """Resolve `device` (auto|cpu|cuda) for `local_ranks` ranks on a node with `gpus` visible GPUs.
+
+    Raises ValueError (one line, naming the counts and the fix) for a layout the code cannot serve.
+    """
+    if device not in DEVICES:
+        raise ValueError(f"train.device={device!r} is unknown; allowed: {list(DEVICES)}")
+    if backend is not None and backend not in BACKENDS:
+        raise ValueError(f"backend={backend!r} is unknown; allowed: {list(BACKENDS)}")
+    if local_ranks < 1:
+        raise ValueError(f"local ranks={local_ranks} must be >= 1")
+    if device == "cuda" and gpus < 1:
+        raise ValueError(f"train.device=cuda but no CUDA GPU is visible to {local_ranks} local rank(s) "
+                         "(torch.cuda.device_count()=0); set train.device=cpu or auto, or check CUDA_VISIBLE_DEVICES")
+    if device == "cpu" or (device == "auto" and gpus < 1):
+        if backend == "nccl":
+            raise ValueError(f"backend nccl needs CUDA, but {local_ranks} local rank(s) run on cpu "
+                             f"(train.device={device}, {gpus} GPU(s) visible); use backend gloo or train.device=cuda")
+        return Placement("cpu", 0, False, "gloo")
+    shared = local_ranks > gpus
+    if shared and backend == "nccl":
+        raise ValueError(f"backend nccl cannot put {local_ranks} local ranks on {gpus} GPU(s) (one rank per GPU); "
+                         f"start at most {gpus} rank(s) per node, or use gloo (the default when ranks share GPUs)")
+    return Placement("cuda", min(gpus, local_ranks), shared, backend or ("gloo" if shared else "nccl"))
+
+
+def visible_gpus() -> int:
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def init_world(backend: str | None = None, timeout_s: float = 600.0, threads: int | None = None, device: str = "auto") -> World:
+    """Start torch.distributed from torchrun's env on the device `plan_placement` picks.
+
+    Default backend: nccl with one rank per GPU, gloo on CPU or when local ranks share GPUs.
     A single process without torchrun gets a non-distributed World (no process group).
     """
     env = read_launch_env()
     if threads:
         torch.set_num_threads(threads)
-    use_cuda = torch.cuda.is_available() and backend != "gloo"
-    device = torch.device("cuda", env.local_rank) if use_cuda else torch.device("cpu")
-    if use_cuda:
-        torch.cuda.set_device(device)
+    # an explicit gloo backend with device=auto keeps the old meaning: CPU tensors
+    device = "cpu" if backend == "gloo" and device == "auto" else device
+    placement = plan_placement(device, env.local_world_size, visible_gpus(), backend)
+    dev = placement.device(env.local_rank)
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
     if not env.under_torchrun:
-        return World(device=device, run_id=env.run_id)
-    backend = backend or ("nccl" if use_cuda else "gloo")
+        return World(device=dev, run_id=env.run_id)
+    backend = placement.backend
     if not dist.is_initialized() and env.agent_store:
         # The launcher's store outlives a restart (--max-restarts), and with it the last attempt's
         # gloo addresses: without a fresh prefix per attempt, connectFullMesh dials dead workers
@@ -104,7 +158,18 @@ def init_world(backend: str | None = None, timeout_s: float = 600.0, threads: in
         rank=dist.get_rank(),
         world_size=dist.get_world_size(),
         local_rank=env.local_rank,
-        device=device,
-        backend=backend,
+        device=dev,
+        backend=placement.backend,
         run_id=env.run_id,
     )
+
+
+def local_world(device: str = "auto", threads: int | None = None) -> World:
+    """A non-distributed World on the resolved device (a stand-alone peer, e.g. a hivemind SAPO node)."""
+    if threads:
+        torch.set_num_threads(threads)
+    env = read_launch_env()
+    dev = plan_placement(device, env.local_world_size, visible_gpus()).device(env.local_rank)
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+    return World(device=dev, run_id=env.run_id)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import math
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -39,6 +40,9 @@ class EngineConfig:
         if self.name == "torch" and self.shards_per_replica != 1:
             raise ValueError(f"engine.shards_per_replica={self.shards_per_replica}: engine=torch does not shard; "
                              "use 1, or engine=deepspeed_zero1/2")
+        if self.name == "fsdp2" and self.shards_per_replica < 2:
+            raise ValueError(f"engine.shards_per_replica={self.shards_per_replica}: engine=fsdp2 shards a replica over "
+                             ">= 2 ranks; use engine=torch for one rank per replica")
         if self.name == "deepspeed":
             if self.zero_stage == 3:
                 raise ValueError("engine.zero_stage=3 partitions the parameters themselves, which the outer "
@@ -63,14 +67,15 @@ def lr_factor(cfg, total_steps: int) -> Callable[[int], float]:
     return factor
 
 
-def build_optimizer(model: torch.nn.Module, cfg, total_steps: int):
-    """AdamW + LambdaLR (cfg: OptimConfig)."""
+def build_optimizer(model: torch.nn.Module, cfg, total_steps: int, fused: bool | None = None):
+    """AdamW + LambdaLR (cfg: OptimConfig). `fused`: one kernel per step; None picks it when every parameter is on CUDA."""
     # no weight decay on norms and biases (1-D tensors), as in most LM recipes
     decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
     opt = torch.optim.AdamW(
         [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
         lr=cfg.lr, betas=tuple(cfg.betas),
+        fused=all(p.is_cuda for p in decay + no_decay) if fused is None else fused,
     )
     return opt, torch.optim.lr_scheduler.LambdaLR(opt, lr_factor(cfg, total_steps))
 
@@ -80,6 +85,8 @@ class Engine:
 
     forward_model: torch.nn.Module
     optimizer: torch.optim.Optimizer
+    whole_model_state = True  # the per-rank checkpoint holds model.state_dict(); False: the engine saves it
+    checkpoint_dir: Path | None = None  # <run_dir>/checkpoints, set by the Trainer (sharded engines write under it)
 
     def __init__(self, cfg, layout: ReplicaLayout, model: torch.nn.Module, accum: int):
         """cfg: the TrainConfig; `model` is already on the device."""
@@ -98,6 +105,18 @@ class Engine:
 
     def weights_changed(self) -> None:
         """The algorithm may have rewritten the parameters in place (an outer step)."""
+
+    @property
+    def outer_model(self):
+        """What the outer algorithm's hooks see: the module itself, or (sharded engines) a view of its shards."""
+        return self.model
+
+    def save_sharded(self, step: int) -> None:
+        """Write the engine's own sharded checkpoint of `step` (collective); before the per-rank one."""
+
+    def full_state_dict(self) -> dict[str, torch.Tensor] | None:
+        """Whole weights for save_pretrained (collective for sharded engines); None: use the module."""
+        return None
 
     def lr(self) -> float:
         raise NotImplementedError
@@ -191,7 +210,7 @@ class DeepSpeedEngine(Engine):
         mpu = _ReplicaMPU(layout, _singleton_groups(world_size, global_rank)) if dist.is_initialized() else None
         # our own AdamW + LambdaLR (ZeRO supports torch.optim.AdamW): the same update and
         # schedule as engine=torch, and no fused-Adam build
-        optimizer, scheduler = build_optimizer(model, cfg.optim, cfg.train.steps)
+        optimizer, scheduler = build_optimizer(model, cfg.optim, cfg.train.steps, fused=False)
         ds_config = {
             "train_micro_batch_size_per_gpu": cfg.train.micro_batch_size,
             "gradient_accumulation_steps": accum,
@@ -220,11 +239,36 @@ class DeepSpeedEngine(Engine):
     def lr(self) -> float:
         return self.scheduler.get_last_lr()[0]
 
+    # -- checkpoints: ZeRO's partitioned optimizer state through DeepSpeed's own checkpointing
+    def _ds_dir(self) -> Path:
+        if self.checkpoint_dir is None:
+            raise ValueError("engine=deepspeed: no checkpoint directory was set")
+        return self.checkpoint_dir / "deepspeed" / f"replica_{self.layout.replica}"
+
+    def save_sharded(self, step: int) -> None:
+        """Every rank writes its ZeRO partition (collective); one directory per replica, tag = step."""
+        self._ds_dir().mkdir(parents=True, exist_ok=True)  # DeepSpeed makes it on global rank 0 only
+        self.ds.save_checkpoint(str(self._ds_dir()), tag=f"step_{step:08d}", save_latest=False)
+        if self.layout.shard == 0:
+            tags = sorted(d for d in self._ds_dir().glob("step_*") if d.is_dir())
+            for old in tags[: max(0, len(tags) - self.cfg.train.keep_checkpoints)]:
+                shutil.rmtree(old, ignore_errors=True)
+
     def state_dict(self) -> dict[str, Any]:
-        # ZeRO's partitioned optimizer state is not saved yet: such a checkpoint keeps the
-        # weights and outer state for inspection, and resume refuses it (below)
+        # the module's weights are in the per-rank checkpoint; optimizer partitions in save_sharded's
         return {"engine": "deepspeed", "scheduler": self.scheduler.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        raise ValueError("engine=deepspeed cannot resume yet (ZeRO optimizer state is not checkpointed); "
-                         "use a fresh run_dir or resume=false")
+        if state.get("engine") != "deepspeed":
+            raise ValueError(f"engine=deepspeed cannot resume a checkpoint of engine {state.get('engine', 'torch')!r}; "
+                             "use the same engine or a fresh run_dir")
+        tag = f"step_{int(state['step']):08d}"
+        if not (self._ds_dir() / tag).is_dir():
+            raise ValueError(f"engine=deepspeed: {self._ds_dir() / tag} is missing (a checkpoint from before ZeRO "
+                             "state was saved); use a fresh run_dir or resume=false")
+        self.ds.load_checkpoint(str(self._ds_dir()), tag=tag, load_optimizer_states=True, load_lr_scheduler_states=True)
+        self.scheduler.load_state_dict(state["scheduler"])
+
+
+# registers engine=fsdp2 (imported last: it subclasses Engine from this module)
+from decentrain.algorithms.common import fsdp_engine  # noqa: E402,F401

@@ -62,8 +62,14 @@ def run_pretraining(cfg: TrainConfig, world: World, run_dir: Path, config_dict: 
         result = trainer.fit(logger)
     finally:
         logger.close()
+    whole = trainer.engine.full_state_dict()  # collective for sharded engines: every rank calls it
     if world.is_main:
-        save_model(trainer.model, tokenizer, run_dir / "model")
+        if whole is None:
+            save_model(trainer.model, tokenizer, run_dir / "model")
+        else:  # a sharded replica: its gathered weights, in a plain copy of the model
+            plain = build_model(cfg.model, tokenizer)
+            plain.load_state_dict(whole)
+            save_model(plain, tokenizer, run_dir / "model")
         metrics = run_dir / "metrics.jsonl"
         if metrics.exists():
             plot_curves(read_jsonl(metrics), ["train/loss", "eval/loss"], run_dir / "loss.png", title=f"{cfg.algorithm.name} on {world.world_size} ranks")

@@ -24,7 +24,8 @@ from decentrain.algorithms.common.engine import ENGINES, build_optimizer  # noqa
 from decentrain.config import TrainConfig
 from decentrain.core.checkpoint import Checkpointer
 from decentrain.core.mesh import ReplicaLayout, replica_layout
-from decentrain.core.metrics import MetricsLogger
+from decentrain.algorithms.common.speed import apply_compile, autocast, resolve_precision, weight_dtype
+from decentrain.core.metrics import MetricsLogger, Throughput, flops_per_token, peak_flops
 from decentrain.core.world import World
 from decentrain.data.blocks import Corpus, ShardedSampler
 
@@ -36,16 +37,39 @@ def seed_everything(seed: int) -> None:
 
 
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, blocks: dict[str, torch.Tensor], micro_batch: int, device: torch.device) -> dict[str, float]:
-    """Mean next-token loss per domain (this replica only: evaluation never communicates)."""
+def evaluate(model: torch.nn.Module, blocks: dict[str, torch.Tensor], micro_batch: int, device: torch.device,
+             precision: str = "fp32") -> dict[str, float]:
+    """Mean next-token loss per domain (this replica only: evaluation never communicates).
+
+    Losses accumulate on the device; the host reads them once, at the end.
+    """
     was_training = model.training
     model.eval()
-    out = {}
-    for domain, data in blocks.items():
-        losses = [model(input_ids=b.to(device), labels=b.to(device)).loss.item() for b in data.split(micro_batch)]
-        out[domain] = float(np.mean(losses))
+    means = []
+    for data in blocks.values():
+        total = torch.zeros((), dtype=torch.float32, device=device)
+        batches = data.split(micro_batch)
+        for b in batches:
+            b = b.to(device, non_blocking=True)
+            with autocast(precision, device):
+                total += model(input_ids=b, labels=b).loss.float()
+        means.append(total / max(1, len(batches)))
     model.train(was_training)
-    return out
+    values = torch.stack(means).tolist() if means else []
+    return dict(zip(blocks, values))
+
+
+def model_flops_per_token(model: torch.nn.Module, seq_len: int) -> float:
+    """core.metrics.flops_per_token for a transformers causal LM (embedding table excluded)."""
+    params = sum(p.numel() for p in model.parameters())
+    emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    out = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if emb is not None and not (out is not None and out.weight is emb.weight):
+        params -= emb.weight.numel()  # a tied table is the LM head's matmul too: keep it counted
+    config = getattr(model, "config", None)
+    layers = getattr(config, "num_hidden_layers", 0)
+    hidden = getattr(config, "hidden_size", 0)
+    return flops_per_token(params, layers, hidden, seq_len)
 
 
 @dataclass
@@ -61,22 +85,32 @@ class Trainer:
                  layout: ReplicaLayout | None = None):
         self.cfg, self.world, self.algorithm = cfg, world, algorithm
         self.run_dir = run_dir
-        self.model = model.to(world.device)
+        self.precision = resolve_precision(cfg.train.precision, world.device)
+        # fp32 master weights unless pure bf16 was chosen (model.dtype only sets how it was built/loaded)
+        self.model = model.to(device=world.device, dtype=weight_dtype(self.precision))
         self.train_blocks = corpus.train_blocks()
         n_eval = cfg.train.eval_batches * cfg.train.micro_batch_size
-        self.val_blocks = {d: corpus.split("val", d)[:n_eval] for d in corpus.blocks}
+        # evaluation data lives on the device for the whole run (small: eval_batches micro-batches per domain)
+        self.val_blocks = {d: corpus.split("val", d)[:n_eval].to(world.device) for d in corpus.blocks}
         self.sampler = ShardedSampler(len(self.train_blocks), cfg.train.global_batch_size, world.rank, world.world_size, cfg.train.seed)
         self.accum = cfg.train.global_batch_size // (world.world_size * cfg.train.micro_batch_size)
         layout = layout or replica_layout(world, 1)
         self.engine = ENGINES.get(cfg.engine.name)(cfg, layout, self.model, self.accum)
+        self.engine.checkpoint_dir = run_dir / "checkpoints"
         self.checkpointer = Checkpointer(run_dir / "checkpoints", world.rank, world.world_size, keep=cfg.train.keep_checkpoints)
         self.step = 0
         self.step_times: list[float] = []
+        seq = self.train_blocks.shape[1]
+        tokens_rank = cfg.train.global_batch_size // world.world_size * seq
+        name = torch.cuda.get_device_name(world.device) if world.device.type == "cuda" else ""
+        self.throughput = Throughput(tokens_rank, cfg.train.global_batch_size * seq, model_flops_per_token(self.model, seq),
+                                     peak_flops(name, cfg.logger.peak_flops), world.device)
+        apply_compile(self.model, cfg.train.compile)  # in place, after the optimizer saw the parameters
 
     # -- checkpoint state -------------------------------------------------------------
     def state_dict(self) -> dict:
         return {
-            "model": self.model.state_dict(),
+            **({"model": self.model.state_dict()} if self.engine.whole_model_state else {}),
             **self.engine.state_dict(),  # torch: "optimizer" and "scheduler"
             "sampler": self.sampler.state_dict(),
             "algorithm": self.algorithm.state_dict(),
@@ -84,7 +118,8 @@ class Trainer:
         }
 
     def load_state_dict(self, state: dict) -> None:
-        self.model.load_state_dict(state["model"])
+        if self.engine.whole_model_state:
+            self.model.load_state_dict(state["model"])
         self.engine.load_state_dict(state)
         self.sampler.load_state_dict(state["sampler"])
         self.algorithm.load_state_dict(state["algorithm"])
@@ -104,6 +139,7 @@ class Trainer:
         if bad:  # never let a NaN model replace the last good checkpoint
             raise FloatingPointError(f"step {self.step}: non-finite weights in {bad[:3]}; stopping without saving, "
                                      f"the last good checkpoint is kept ({self.checkpointer.root})")
+        self.engine.save_sharded(self.step)  # first: a complete per-rank checkpoint implies the sharded one
         self.checkpointer.save(self.step, {"step": self.step, **self.state_dict()})
 
     def check_finite_loss(self, loss: float) -> None:
@@ -112,16 +148,18 @@ class Trainer:
                                      f"checkpoint is kept ({self.checkpointer.root}). Lower optim.lr or check the data")
 
     # -- the loop ---------------------------------------------------------------------
-    def train_step(self, model: torch.nn.Module) -> float:
-        batch = self.train_blocks[self.sampler.next_indices()].to(self.world.device)
-        total = 0.0
+    def train_step(self, model: torch.nn.Module) -> torch.Tensor:
+        """One optimizer step; returns the mean micro-batch loss as a device tensor (no host sync)."""
+        batch = self.train_blocks[self.sampler.next_indices()].to(self.world.device, non_blocking=True)
+        total = torch.zeros((), dtype=torch.float32, device=self.world.device)
         micro_batches = batch.split(self.cfg.train.micro_batch_size)
         for i, micro in enumerate(micro_batches):
-            ctx = self.algorithm.no_sync(model) if i < len(micro_batches) - 1 else contextlib.nullcontext()
-            with ctx:
-                loss = model(input_ids=micro, labels=micro).loss / self.accum
-                self.engine.backward(loss, last=i == len(micro_batches) - 1)
-            total += loss.item()
+            last = i == len(micro_batches) - 1
+            with self.algorithm.no_sync(model) if not last else contextlib.nullcontext():
+                with autocast(self.precision, self.world.device):
+                    loss = model(input_ids=micro, labels=micro).loss / self.accum
+                self.engine.backward(loss, last=last)
+            total += loss.detach().float()
         self.engine.step()
         return total
 
@@ -130,7 +168,7 @@ class Trainer:
         start_time = time.perf_counter()
         self.engine.prepare(self.algorithm)
         model = self.engine.forward_model
-        self.algorithm.on_train_start(self.model, self.engine.optimizer)
+        self.algorithm.on_train_start(self.engine.outer_model, self.engine.optimizer)
         self.engine.weights_changed()  # the start-up broadcast
         logger.advance(self.step)
         loss, eval_loss = float("nan"), {}
@@ -138,22 +176,27 @@ class Trainer:
         stop = False
         while self.step < last and not stop:
             tick = time.perf_counter()
-            loss = self.train_step(model)
-            self.step += 1
-            self.check_finite_loss(loss)
-            metrics = self.algorithm.after_optimizer_step(self.step, self.model, self.engine.optimizer)
-            self.engine.weights_changed()
-            stop = self.algorithm.should_stop(self.step, cfg.steps)
-            final = self.step == cfg.steps or stop
-            logger.advance(1, loss=loss)
-            if self.step % self.cfg.logger.log_every == 0 or final:
-                logger.log(self.step, {"train/loss": loss, "lr": self.engine.lr(), **metrics})
+            with self.throughput.measure():
+                loss_t = self.train_step(model)
+                self.step += 1
+                metrics = self.algorithm.after_optimizer_step(self.step, self.engine.outer_model, self.engine.optimizer)
+                self.engine.weights_changed()
+                stop = self.algorithm.should_stop(self.step, cfg.steps)
+                final = self.step == cfg.steps or stop
+                log_now = self.step % self.cfg.logger.log_every == 0 or final or self.step == last
+                if log_now:
+                    loss = float(loss_t)  # the one host sync of a log interval
+                    self.check_finite_loss(loss)
+            if log_now:
+                logger.advance(1, loss=loss)
+                logger.log(self.step, {"train/loss": loss, "lr": self.engine.lr(), **metrics, **self.throughput.read()})
+            else:
+                logger.advance(1)
             self.step_times.append(time.perf_counter() - tick)  # eval and checkpoints excluded
             if self.step % cfg.eval_every == 0 or final:
-                eval_loss = evaluate(self.model, self.val_blocks, cfg.micro_batch_size, self.world.device)
+                eval_loss = evaluate(self.model, self.val_blocks, cfg.micro_batch_size, self.world.device, self.precision)
                 logger.log(self.step, {"eval/loss": float(np.mean(list(eval_loss.values()))), **{f"eval/{d}": v for d, v in eval_loss.items()}})
             if self.step % cfg.checkpoint_every == 0 or self.step == last or stop:
                 self.save()
-        self.algorithm.on_train_end(self.model)
+        self.algorithm.on_train_end(self.engine.outer_model)
         return TrainResult(self.step, loss, eval_loss, time.perf_counter() - start_time)
-

@@ -17,6 +17,7 @@ from decentrain.algorithms.sapo.grpo import SAPOLossConfig
 from decentrain.algorithms.sapo.identity import check_node_name
 from decentrain.algorithms.sapo.payload import PayloadLimits, check_swarm_key
 from decentrain.core.metrics import LoggerConfig
+from decentrain.core.world import DEVICES
 from decentrain.models.factory import ModelConfig
 from decentrain.tasks import RewardConfig, TaskMixConfig, TemplateConfig
 
@@ -53,8 +54,11 @@ class RLLoopConfig:
     seed: int = 0
     threads: int | None = None
     stop_at: int | None = None  # leave after this round, as a preempted job would (resume continues)
+    device: str = "auto"  # auto | cpu | cuda (nodes sharing a GPU talk over gloo)
 
     def __post_init__(self) -> None:
+        if self.device not in DEVICES:
+            raise ValueError(f"train.device={self.device!r} is unknown; allowed: {list(DEVICES)}")
         for name in ("rounds", "micro_batch_size", "max_prompt_tokens", "keep_checkpoints"):
             if getattr(self, name) < 1:
                 raise ValueError(f"train.{name}={getattr(self, name)} must be >= 1")
@@ -184,8 +188,11 @@ class SFTLoopConfig:
     log_every: int = 50
     seed: int = 0
     threads: int | None = None
+    device: str = "auto"  # auto | cpu | cuda
 
     def __post_init__(self) -> None:
+        if self.device not in DEVICES:
+            raise ValueError(f"sft.device={self.device!r} is unknown; allowed: {list(DEVICES)}")
         for name in ("steps", "batch_size", "log_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"sft.{name}={getattr(self, name)} must be >= 1")

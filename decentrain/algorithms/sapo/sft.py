@@ -20,6 +20,7 @@ from decentrain.algorithms.sapo.batching import pad_sequences
 from decentrain.algorithms.sapo.config import SFTConfig
 from decentrain.algorithms.sapo.generation import HFGenerationBackend, SamplingConfig
 from decentrain.core.metrics import MetricsLogger
+from decentrain.core.world import local_world
 from decentrain.models.factory import build_model, build_tokenizer, num_params, save_model
 from decentrain.tasks import PromptTemplate, TaskItem, TaskMixConfig, TaskMixture, Verifier
 
@@ -82,11 +83,10 @@ def run_sft(cfg: SFTConfig, run_dir: Path) -> dict[str, Any]:
     """Train, evaluate per task, `save_pretrained` to `cfg.out_dir`; returns the summary (also sft_eval.json)."""
     run_dir = Path(run_dir)
     out_dir = Path(cfg.out_dir) if cfg.out_dir else run_dir / "model"
-    if cfg.sft.threads:
-        torch.set_num_threads(cfg.sft.threads)
+    device = local_world(cfg.sft.device, cfg.sft.threads).device
     torch.manual_seed(cfg.sft.seed)
     tokenizer = build_tokenizer(cfg.model)
-    model = build_model(cfg.model, tokenizer)
+    model = build_model(cfg.model, tokenizer).to(device)
     template = PromptTemplate(cfg.template)
     mixture = TaskMixture(cfg.task)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -99,6 +99,7 @@ def run_sft(cfg: SFTConfig, run_dir: Path) -> dict[str, Any]:
     try:
         for step in range(cfg.sft.steps):
             batch = collate([encode_example(it, template, tokenizer) for it in mixture.sample(cfg.sft.batch_size, rng)], pad_id)
+            batch = {k: v.to(device) for k, v in batch.items()}
             for group in optimizer.param_groups:
                 group["lr"] = _lr_at(step, cfg.sft)
             loss = answer_loss(model, batch)
