@@ -3,8 +3,14 @@
 Layout (one swarm = one `prefix`):
 
     <prefix>/nodes                      registry: subkey = a node's owner marker, value = 1
-    <prefix>/rollouts/<sha256(key)[:32]>  that node's latest record: subkey = the same marker,
-                                        value = {"round": int, "payload": zlib(encoded payload)}
+    <prefix>/rollouts/<sha256(key)[:32]>  that node's latest payload, zlib-compressed and cut in
+                                        chunks: subkey = marker + b"#<i>", value =
+                                        {"round": int, "n": chunks, "payload": chunk i}
+
+Chunks, because hivemind's DHT process reads its command pipe without blocking, and Python's
+multiprocessing writes a message over 16 KiB in two parts: a store of ~32 KiB or more from the
+training process can kill the DHT process (`BlockingIOError`, then `EOFError`). Chunks are
+`CHUNK_BYTES` and stored one after another.
 
 An owner marker is hivemind's `[owner:<RSA public key>]`: hivemind's RSASignatureValidator then
 refuses any write under that subkey not signed by the key's holder. `SwarmRecordValidator` runs
@@ -32,8 +38,19 @@ from hivemind.dht.validation import DHTRecord, RecordValidatorBase
 from hivemind.utils import get_dht_time
 
 _OWNER_RE = re.compile(rb"\[owner:(.+?)\]")
+_CHUNK_RE = re.compile(rb"\]#(\d{1,5})$")
 TTL_SLACK_S = 5.0  # clock skew between honest peers
 REGISTRY_VALUE_BYTES = 64  # the registry value is the integer 1; anything more is junk
+CHUNK_BYTES = 12 << 10  # one pipe message stays below 16 KiB (see above)
+CHUNK_OVERHEAD = 256  # msgpack of {"round", "n", "payload"} around a chunk
+
+
+def chunk_subkey(marker: bytes, index: int) -> bytes:
+    return marker + b"#%d" % index
+
+
+def max_chunks(max_record_bytes: int) -> int:
+    return -(-max_record_bytes // CHUNK_BYTES)
 
 
 def registry_key(prefix: str) -> str:
@@ -67,10 +84,12 @@ class SwarmRecordValidator(RecordValidatorBase):
         if record.expiration_time > get_dht_time() + self.max_ttl_s + TTL_SLACK_S:
             return False
         if record.key == self.registry_id:
-            return len(record.value) <= REGISTRY_VALUE_BYTES
-        if record.key == DHTID.generate(source=rollouts_key(self.prefix, marker)).to_bytes():
-            return len(record.value) <= self.max_record_bytes
-        return False
+            return len(record.value) <= REGISTRY_VALUE_BYTES and record.subkey.endswith(b"]")
+        if record.key != DHTID.generate(source=rollouts_key(self.prefix, marker)).to_bytes():
+            return False
+        index = _CHUNK_RE.search(record.subkey)
+        return (index is not None and int(index.group(1)) < max_chunks(self.max_record_bytes)
+                and len(record.value) <= CHUNK_BYTES + CHUNK_OVERHEAD)
 
     @property
     def priority(self) -> int:

@@ -237,21 +237,40 @@ class HivemindExchange:
 
     # -- records ---------------------------------------------------------------------------------
 
+    def _assemble(self, marker: bytes, found) -> tuple[int, bytes] | None | str:
+        """(round, compressed bytes) of a peer's newest complete payload; None: nothing (yet); str: a drop reason."""
+        from decentrain.algorithms.sapo.dht_guard import chunk_subkey, max_chunks
+
+        if found is None or not isinstance(found.value, dict):
+            return None  # nothing published yet, or expired
+        first = getattr(found.value.get(chunk_subkey(marker, 0)), "value", None)
+        if not isinstance(first, dict):
+            return "bad_shape" if first is not None else None
+        round_, n = first.get("round"), first.get("n")
+        if any(not isinstance(v, int) or isinstance(v, bool) for v in (round_, n)):
+            return "bad_shape"
+        if not 1 <= n <= max_chunks(self.hcfg.max_record_bytes):
+            return "bad_shape"
+        parts = []
+        for i in range(n):
+            chunk = first if i == 0 else getattr(found.value.get(chunk_subkey(marker, i)), "value", None)
+            if not isinstance(chunk, dict) or chunk.get("round") != round_ or chunk.get("n") != n:
+                return None  # the rest of this round's chunks have not landed yet
+            if not isinstance(chunk.get("payload"), bytes):
+                return "bad_shape"
+            parts.append(chunk["payload"])
+        return round_, b"".join(parts)
+
     def _take(self, marker: bytes, found, budget: list[int]) -> PeerRecord | None:
         """One peer's record if it passes every receive-side rule; else counts why and returns None."""
         from decentrain.algorithms.sapo.dht_guard import inflate, owner_digest
 
-        if found is None or not isinstance(found.value, dict):
-            return None  # nothing published yet, or expired
-        entry = found.value.get(marker)
-        value = getattr(entry, "value", None)
-        if not isinstance(value, dict):
-            self.drops["bad_shape"] += 1
+        got = self._assemble(marker, found)
+        if got is None or isinstance(got, str):
+            if got:
+                self.drops[got] += 1
             return None
-        round_, data = value.get("round"), value.get("payload")
-        if not isinstance(round_, int) or isinstance(round_, bool) or not isinstance(data, bytes):
-            self.drops["bad_shape"] += 1
-            return None
+        round_, data = got
         last = self.high_water.get(marker)
         if last is not None and round_ <= last:
             if round_ < last:
@@ -266,15 +285,21 @@ class HivemindExchange:
         if payload is None:
             self.drops["bad_compression"] += 1
             return None
-        digest = hashlib.sha256(payload).digest()
-        if digest in self.digests:
+        if not self._remember(payload):
             self.drops["replay"] += 1
             return None
+        self.delivered[marker] = time.monotonic()
+        return PeerRecord(f"{owner_digest(marker)[:12]}@{round_}", payload, round_)
+
+    def _remember(self, payload: bytes) -> bool:
+        """False if these exact bytes were seen before (taken from a peer, or our own)."""
+        digest = hashlib.sha256(payload).digest()
+        if digest in self.digests:
+            return False
         self.digests[digest] = None
         if len(self.digests) > self._DIGESTS:
             self.digests.popitem(last=False)
-        self.delivered[marker] = time.monotonic()
-        return PeerRecord(f"{owner_digest(marker)[:12]}@{round_}", payload, round_)
+        return True
 
     def _collect(self, taken: set[bytes], budget: list[int]) -> list[PeerRecord]:
         from decentrain.algorithms.sapo.dht_guard import rollouts_key
@@ -296,20 +321,17 @@ class HivemindExchange:
         return out
 
     def exchange(self, round_: int, payload: bytes) -> list[PeerRecord]:
-        from hivemind.utils import get_dht_time
-
         from decentrain.algorithms.sapo.dht_guard import compress
 
         before = sum(self.drops.values()), dict(self.drops)
         data = compress(payload)
+        self._remember(payload)  # our own payload coming back under another key is a replay
         if len(payload) > self.cfg.max_bytes or len(data) > self.hcfg.max_record_bytes:
             logger.warning("round %d: own payload of %d bytes (%d compressed) exceeds exchange.max_bytes=%d or "
                            "exchange.hivemind.max_record_bytes=%d; not published", round_, len(payload), len(data),
                            self.cfg.max_bytes, self.hcfg.max_record_bytes)
         else:
-            expiration = get_dht_time() + self.hcfg.ttl_s
-            self.dht.store(self.own_key, {"round": round_, "payload": data}, expiration_time=expiration, subkey=self.marker)
-            self.dht.store(self.registry, 1, expiration_time=expiration, subkey=self.marker)
+            self._publish(round_, data)
         # No barrier: poll briefly for new records, then go on with whatever arrived.
         taken: set[bytes] = set()
         budget = [self.hcfg.max_fetch_bytes]
@@ -322,6 +344,19 @@ class HivemindExchange:
             out += self._collect(taken, budget)
         self._report(round_, out, before)
         return out
+
+    def _publish(self, round_: int, data: bytes) -> None:
+        from hivemind.utils import get_dht_time
+
+        from decentrain.algorithms.sapo.dht_guard import CHUNK_BYTES, chunk_subkey
+
+        chunks = [data[i:i + CHUNK_BYTES] for i in range(0, len(data), CHUNK_BYTES)] or [b""]
+        expiration = get_dht_time() + self.hcfg.ttl_s
+        # One after another, chunk 0 last: a reader that sees this round's chunk 0 finds the rest.
+        for i in reversed(range(len(chunks))):
+            value = {"round": round_, "n": len(chunks), "payload": chunks[i]}
+            self.dht.store(self.own_key, value, expiration_time=expiration, subkey=chunk_subkey(self.marker, i))
+        self.dht.store(self.registry, 1, expiration_time=expiration, subkey=self.marker)
 
     def _report(self, round_: int, out: list[PeerRecord], before: tuple[int, dict[str, int]]) -> None:
         """Drops: one line per round, not per record. Silence while peers are listed: one WARNING per K rounds."""
