@@ -1,11 +1,28 @@
-"""RL tasks: a reasoning-gym mixture, the prompt template and the verifier reward."""
+"""RL tasks: a reasoning-gym mixture, the prompt template, the verifier reward and the vetted task list."""
 
-from decentrain.tasks.mixture import TaskItem, TaskMixConfig, TaskMixture, json_safe, known_tasks
+from decentrain.tasks.mixture import (
+    REBUILD_DROP_REASONS,
+    EntryMismatch,
+    EntryRef,
+    TaskItem,
+    TaskMixConfig,
+    TaskMixture,
+    json_safe,
+    known_tasks,
+    task_config_id,
+)
 from decentrain.tasks.rewards import PromptTemplate, RewardConfig, TemplateConfig, Verifier
+from decentrain.tasks.sandbox import SandboxScorer
+from decentrain.tasks.vetted import VETTED_TASKS, vetted_tasks
 
 __all__ = [
+    "REBUILD_DROP_REASONS",
+    "VETTED_TASKS",
+    "EntryMismatch",
+    "EntryRef",
     "PromptTemplate",
     "RewardConfig",
+    "SandboxScorer",
     "TaskItem",
     "TaskMixConfig",
     "TaskMixture",
@@ -13,4 +30,6 @@ __all__ = [
     "Verifier",
     "json_safe",
     "known_tasks",
+    "task_config_id",
+    "vetted_tasks",
 ]

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from reasoning_gym.factory import DATASETS
 
 from decentrain.tasks.mixture import TaskItem, check_task_name
+from decentrain.tasks.sandbox import SandboxScorer
+from decentrain.tasks.vetted import SANDBOX, check_vetted
 
 ANSWER_FORMATS = ("line", "tag")
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
@@ -64,34 +67,67 @@ class RewardConfig:
 
 
 class Verifier:
-    """Scores a completion for any reasoning-gym task: peers may send tasks outside this node's mix."""
+    """Scores completions for vetted reasoning-gym tasks (decentrain/tasks/vetted.py).
 
-    def __init__(self, template: PromptTemplate, cfg: RewardConfig | None = None):
+    The item must be trusted: built by this node's mixture, or rebuilt by it from a peer's entry
+    address (`TaskMixture.rebuild`); only completions come from peers. Verifiers that evaluate
+    text run in a `SandboxScorer` subprocess, started on first use.
+    """
+
+    def __init__(self, template: PromptTemplate, cfg: RewardConfig | None = None, sandbox: SandboxScorer | None = None):
         self.template = template
         self.cfg = cfg or RewardConfig()
+        self._sandbox = sandbox
         self._score_fns: dict[str, Callable[[str | None, dict[str, Any]], float]] = {}
+
+    @property
+    def sandbox_failures(self) -> int:
+        """Requests the sandbox scored 0 because the worker hung, crashed or misbehaved."""
+        return 0 if self._sandbox is None else self._sandbox.failures
+
+    @property
+    def sandbox(self) -> SandboxScorer:
+        if self._sandbox is None:
+            self._sandbox = SandboxScorer()
+        return self._sandbox
 
     def _score_fn(self, task: str) -> Callable[[str | None, dict[str, Any]], float]:
         if task not in self._score_fns:
-            check_task_name(task, "task")
             dataset_cls, config_cls = DATASETS[task]
-            try:
-                self._score_fns[task] = dataset_cls(config=config_cls(size=1)).score_answer
-            except Exception as e:  # e.g. `composite`, which needs sub-datasets
-                raise ValueError(f"task={task!r} has no standalone verifier: {e!r}") from e
+            self._score_fns[task] = dataset_cls(config=config_cls(size=1)).score_answer
         return self._score_fns[task]
 
-    def correctness(self, item: TaskItem, completion: str) -> float:
-        score_answer = self._score_fn(item.task)
+    def scores(self, item: TaskItem, completions: Sequence[str]) -> list[float]:
+        """Correctness in [0, 1] of each completion (format reward not included)."""
+        check_task_name(item.task, "task")
+        mode = check_vetted(item.task, "task")
+        answers = [self.template.extract_answer(c) for c in completions]
         entry = {"question": item.question, "answer": item.answer, "metadata": item.metadata}
-        try:
-            score = float(score_answer(self.template.extract_answer(completion), entry))
-        except Exception:  # metadata may come from a peer; a verifier that chokes on it scores 0
-            return 0.0
-        return min(max(score, 0.0), 1.0) if score == score else 0.0  # clamp; NaN scores 0
+        if mode == SANDBOX:
+            return self.sandbox.score(item.task, entry, answers)
+        score_answer = self._score_fn(item.task)
+        out = []
+        for answer in answers:
+            try:
+                score = float(score_answer(answer, entry))
+            except Exception:  # a verifier that chokes on an answer scores it 0
+                score = 0.0
+            out.append(min(max(score, 0.0), 1.0) if math.isfinite(score) else 0.0)
+        return out
+
+    def correctness(self, item: TaskItem, completion: str) -> float:
+        return self.scores(item, [completion])[0]
+
+    def rewards(self, item: TaskItem, completions: Sequence[str]) -> list[float]:
+        """Correctness plus `format_weight` for each well-formed completion."""
+        out = self.scores(item, completions)
+        if self.cfg.format_weight:
+            out = [r + self.cfg.format_weight * float(self.template.is_well_formed(c)) for r, c in zip(out, completions)]
+        return out
 
     def __call__(self, item: TaskItem, completion: str) -> float:
-        reward = self.correctness(item, completion)
-        if self.cfg.format_weight:
-            reward += self.cfg.format_weight * float(self.template.is_well_formed(completion))
-        return reward
+        return self.rewards(item, [completion])[0]
+
+    def close(self) -> None:
+        if self._sandbox is not None:
+            self._sandbox.close()

@@ -12,14 +12,14 @@ from decentrain.algorithms.sapo.payload import RolloutGroup
 
 
 def grp(name: str, completions: tuple[str, ...], task: str = "t") -> RolloutGroup:
-    return RolloutGroup(question=name, answer="1", task=task, metadata={}, completions=completions)
+    return RolloutGroup(task=task, config="0" * 16, seed=0, size=10, index=0, question=name, completions=completions)
 
 
 def reward_fn(g: RolloutGroup) -> list[float]:
-    """The receiver's verifier: 1 for a completion equal to the answer; unknown tasks cannot be scored."""
+    """The receiver's verifier: 1 for a completion "1" (the answer); unknown tasks cannot be scored."""
     if g.task == "unknown":
         raise ValueError("task='unknown' is unknown")
-    return [float(c == g.answer) for c in g.completions]
+    return [float(c == "1") for c in g.completions]
 
 
 LOCAL = [grp(f"l{i}", ("1", "0")) for i in range(4)]

@@ -1,5 +1,9 @@
 """One SAPO node in-process: round metrics, peers' payloads (good and hostile), exact resume."""
 
+import dataclasses
+import json
+import time
+
 import torch
 from safetensors.torch import load_file
 
@@ -8,11 +12,12 @@ from sapo_helpers import tiny_sapo_config
 from decentrain.algorithms.sapo.batching import ScoredGroup
 from decentrain.algorithms.sapo.exchange import PeerRecord
 from decentrain.algorithms.sapo.grpo import SAPOLossConfig
-from decentrain.algorithms.sapo.node import SAPONode
+from decentrain.algorithms.sapo.identity import NodeIdentity
+from decentrain.algorithms.sapo.node import SAPONode, group_of
 from decentrain.algorithms.sapo.payload import RolloutGroup, RolloutPayload, encode_payload
 from decentrain.algorithms.sapo.trainer import run_sapo
 from decentrain.core.world import World
-from decentrain.tasks import RewardConfig
+from decentrain.tasks import RewardConfig, TaskMixture
 
 
 class FakeExchange:
@@ -29,21 +34,40 @@ class FakeExchange:
         pass
 
 
-def _peer_payload(round_, node_id="peer", completions=("7\n", "3\n", "7\n", "x\n"), key=None):
-    group = RolloutGroup("State the final answer to the following arithmetic problem: 3 + 4 =", "7", "chain_sum",
-                         {"expression": "3 + 4"}, tuple(completions))
-    return encode_payload(RolloutPayload(node_id, round_, 0.0, (group, group)), key)
+PEER = NodeIdentity.generate()
+
+
+def _entry(cfg, task="chain_sum"):
+    """A real entry of the node's own mixture, as a peer with the same task config would draw it."""
+    mix = TaskMixture(cfg.task)
+    return next(mix[i] for i in range(50) if mix[i].task == task)
+
+
+def _peer_payload(cfg, round_, completions=None, key=None, ident=PEER, **changes):
+    item = _entry(cfg)
+    group = dataclasses.replace(group_of(item, tuple(completions or (item.answer + "\n", "3\n", item.answer + "\n", "x\n"))),
+                                **changes)
+    return encode_payload(RolloutPayload(ident.node_id, round_, time.time(), (group, group), name="peer"), ident, key)
 
 
 def test_round_uses_peer_groups_and_counts_hostile_payloads():
     cfg = tiny_sapo_config(exchange="collective", num_local=2, num_external=2, swarm_key="k")
     records = [
-        ("good", _peer_payload(0, key="k")),
-        ("unsigned", _peer_payload(0)),
-        ("stale", _peer_payload(-5, key="k")),
+        ("good", _peer_payload(cfg, 0, key="k")),
+        ("unsigned", _peer_payload(cfg, 0)),
+        ("future", _peer_payload(cfg, 5, key="k", ident=NodeIdentity.generate())),
+        ("tampered", _peer_payload(cfg, 0, key="k", ident=NodeIdentity.generate()).replace(b'"peer"', b'"node0"')),
         ("junk", b"\x80\x81 not a payload"),
-        ("equal", _peer_payload(0, completions=("1\n",) * 4, key="k")),
+        ("equal", _peer_payload(cfg, 0, completions=("1\n",) * 4, key="k", ident=NodeIdentity.generate())),
+        ("replay", _peer_payload(cfg, 0, key="k")),  # PEER's round 0 again
+        ("edited", _peer_payload(cfg, 0, key="k", ident=NodeIdentity.generate(), question="What is 9 + 9?")),
+        ("foreign", _peer_payload(cfg, 0, key="k", ident=NodeIdentity.generate(), task="string_insertion")),
+        ("config", _peer_payload(cfg, 0, key="k", ident=NodeIdentity.generate(), config="f" * 16)),
     ]
+    item = _entry(cfg)
+    two_seeds = tuple(dataclasses.replace(group_of(item, ("1\n",) * 4), seed=s) for s in (7, 8))
+    mixed = NodeIdentity.generate()
+    records.append(("mixed", encode_payload(RolloutPayload(mixed.node_id, 0, time.time(), two_seeds, name="m"), mixed, "k")))
     ex = FakeExchange(records)
     node = SAPONode(cfg, 0, "node0", ex)
     m = node.run_round()
@@ -51,18 +75,68 @@ def test_round_uses_peer_groups_and_counts_hostile_payloads():
     assert m["external_received"] == 4  # good (2 groups) + equal (2 groups)
     assert m["external_groups"] == 2 and m["local_groups"] == 2
     assert m["external_equal_rewards"] == 2
-    assert m["payloads_dropped"] == 3
-    assert m["dropped/unsigned"] == 1 and m["dropped/stale_round"] == 1 and m["dropped/bad_frame"] == 1
+    assert m["payloads_dropped"] == 5
+    assert {k: v for k, v in m.items() if k.startswith("dropped/")} == {
+        "dropped/unsigned": 1, "dropped/future_round": 1, "dropped/bad_signature": 1, "dropped/bad_frame": 1,
+        "dropped/replayed": 1}
+    assert m["groups_dropped"] == 8
+    assert {k: v for k, v in m.items() if k.startswith("dropped_groups/")} == {
+        "dropped_groups/question_mismatch": 3, "dropped_groups/task_not_in_mix": 2,
+        "dropped_groups/task_config_mismatch": 2, "dropped_groups/mixed_datasets": 1}
     for key in ("reward", "cumulative_reward", "time_generate", "time_exchange", "time_train", "loss"):
         assert key in m
     assert any(k.startswith("accuracy/") for k in m)
 
 
+def test_a_flood_of_junk_is_one_log_line_per_round(caplog):
+    cfg = tiny_sapo_config(exchange="collective", num_local=0, num_external=2)
+    node = SAPONode(cfg, 0, "node0", FakeExchange([(f"evil\u202e{i}", b"junk\x00") for i in range(200)]))
+    with caplog.at_level("WARNING"):
+        node.share(0, [])
+    warnings = [r for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "dropped 200 rollout payload(s): bad_frame=200" in warnings[0].getMessage()
+    assert node.decoder.drops.as_dict() == {"bad_frame": 200}
+
+
+def test_answer_spoofing_earns_nothing():
+    # A peer sends a real question with completions of a wrong answer. Before, it also sent that
+    # wrong answer, and the receiver rewarded 8/8 wrong completions and 0/8 true ones. Now the
+    # answer is rebuilt here: the wrong completions earn 0, the true ones 1.
+    cfg = tiny_sapo_config(exchange="collective", num_local=0, num_external=2)
+    item = _entry(cfg)
+    wrong = str(int(item.answer) + 1)
+    ex = FakeExchange([("spoof", _peer_payload(cfg, 0, completions=(wrong + "\n",) * 2 + (item.answer + "\n",) * 2))])
+    node = SAPONode(cfg, 0, "node0", ex)
+    external = node.share(0, [])
+    assert len(external) == 2
+    assert node.rewards(external[0]) == [0.0, 0.0, 1.0, 1.0]
+    # And a payload that carries an answer field at all is dropped before scoring.
+    body = json.loads(_peer_payload(cfg, 1).split(b"\n", 1)[1])
+    body["groups"][0]["answer"] = wrong
+    raw = json.dumps(body).encode()
+    spoof = b" ".join([b"DTR2", PEER.node_id.encode(), PEER.sign(raw)]) + b"\n" + raw
+    assert node.decoder(spoof, current_round=1) is None and node.decoder.drops.counts["unexpected_field"] == 1
+
+
+def test_asynchronous_records_must_be_fresh():
+    cfg = tiny_sapo_config(exchange="collective", num_local=0, num_external=2)
+    item = _entry(cfg)
+    group = group_of(item, ("1\n", "2\n", "3\n", "4\n"))
+    old = encode_payload(RolloutPayload(PEER.node_id, 0, time.time() - 3600, (group,), name="peer"), PEER)
+
+    class AsyncExchange(FakeExchange):
+        def exchange(self, round_, payload):
+            return [PeerRecord("dht", old, 0)]  # a record replayed from the DHT, an hour old
+
+    node = SAPONode(cfg, 0, "node0", AsyncExchange())
+    assert node.share(86, []) == [] and node.decoder.drops.as_dict() == {"stale_timestamp": 1}
+
+
 def test_zero_advantage_skip_gives_the_full_batch_gradient():
     # dapo skips zero-advantage completions; bnpo with one micro-batch computes every completion
     # and divides by the same token count, so the two gradients must agree.
-    mixed = RolloutGroup("q 3 + 4 =", "7", "chain_sum", {}, ("7\n", "2\n", "7\n", "1\n"))
-    equal = RolloutGroup("q 1 + 1 =", "2", "chain_sum", {}, ("5\n", "6\n", "5\n", "9\n"))
+    mixed = RolloutGroup("chain_sum", "0" * 16, 0, 10, 0, "q 3 + 4 =", ("7\n", "2\n", "7\n", "1\n"))
+    equal = RolloutGroup("chain_sum", "0" * 16, 0, 10, 1, "q 1 + 1 =", ("5\n", "6\n", "5\n", "9\n"))
     batch = [ScoredGroup(mixed, [1.0, 0.0, 1.0, 0.0], True), ScoredGroup(equal, [0.0] * 4, True)]
     grads, trained = [], []
     for loss_type in ("dapo", "bnpo"):
@@ -85,11 +159,17 @@ def _cfg(stop_at=None):
 def test_resume_continues_exactly(tmp_path):
     full = []
     run_sapo(_cfg(), World(), tmp_path / "full", on_round=lambda n, m: full.append((m["reward"], m["trained_completions"])))
-    part = []
-    run_sapo(_cfg(stop_at=2), World(), tmp_path / "part", on_round=lambda n, m: part.append((m["reward"], m["trained_completions"])))
-    run_sapo(_cfg(), World(), tmp_path / "part", on_round=lambda n, m: part.append((m["reward"], m["trained_completions"])))
+    part, ids = [], set()
+
+    def record(node, m):
+        part.append((m["reward"], m["trained_completions"]))
+        ids.add(node.identity.node_id)
+
+    run_sapo(_cfg(stop_at=2), World(), tmp_path / "part", on_round=record)
+    run_sapo(_cfg(), World(), tmp_path / "part", on_round=record)
     assert len(part) == 3 and any(n > 0 for _, n in full)  # some round took a policy step
     assert part == full
+    assert len(ids) == 1 and (tmp_path / "part" / "node0" / "node.key").exists()  # the restarted node kept its id
     a = load_file(str(tmp_path / "full" / "node0" / "final" / "model.safetensors"))
     b = load_file(str(tmp_path / "part" / "node0" / "final" / "model.safetensors"))
     for k in a:
@@ -104,3 +184,26 @@ def test_spo_node_with_prioritized_sampling_runs_rounds():
     for _ in range(2):
         m = node.run_round()
     assert m["local_groups"] == 2 and node.advantage.alpha  # the tracker has seen prompts
+
+
+def test_a_peer_that_hangs_the_sandbox_costs_one_timeout_per_round():
+    from decentrain.algorithms.sapo.batching import build_swarm_batch
+    from decentrain.tasks import TaskMixConfig
+
+    cfg = tiny_sapo_config(exchange="collective", num_local=0, num_external=2)
+    cfg.task = TaskMixConfig(tasks=["spiral_matrix"], size=50)
+    mix = TaskMixture(cfg.task)
+    hang = "[x for x in iter(int, 1)]\n"
+    groups = tuple(group_of(mix[i], (hang, mix[i].answer + "\n", "1\n", "2\n")) for i in range(4))
+    wire = encode_payload(RolloutPayload(PEER.node_id, 0, time.time(), groups, name="peer"), PEER)
+    node = SAPONode(cfg, 0, "node0", FakeExchange([("hang", wire)]))
+    try:
+        external = node.share(0, [])
+        assert len(external) == 4
+        t = time.monotonic()
+        batch = build_swarm_batch([], external, node.rewards, cfg.batch, node.rng)
+        assert batch.num_external == 0 and batch.stats["external_unscorable"] == 4
+        assert node.verifier.sandbox_failures == 1  # one timeout, then the sender's groups are skipped
+        assert time.monotonic() - t < 2 * node.verifier.sandbox.timeout_s + 30  # + one worker start
+    finally:
+        node.close()

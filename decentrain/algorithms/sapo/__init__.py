@@ -1,7 +1,8 @@
 """SAPO: swarm RL where nodes share decoded rollouts (arXiv 2509.08721).
 
 Modules (import them directly; this package imports nothing heavy):
-  payload     versioned, validated, optionally HMAC-signed rollout payloads
+  identity    Ed25519 node keys (the wire id), safe node names
+  payload     versioned, bounded, signed rollout payloads (+ optional swarm-key HMAC), replay marks
   grpo        SAPOLossConfig, the clipped-ratio loss, `group` / `spo` advantages
   batching    I local + J external groups, re-scored and re-tokenised by the receiver
   generation  GenerationBackend protocol, HF backend, completion log-probs

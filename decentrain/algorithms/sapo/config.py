@@ -14,7 +14,8 @@ from decentrain.algorithms.sapo.batching import SwarmBatchConfig
 from decentrain.algorithms.sapo.exchange import EXCHANGES, ExchangeConfig
 from decentrain.algorithms.sapo.generation import SamplingConfig
 from decentrain.algorithms.sapo.grpo import SAPOLossConfig
-from decentrain.algorithms.sapo.payload import PayloadLimits
+from decentrain.algorithms.sapo.identity import check_node_name
+from decentrain.algorithms.sapo.payload import PayloadLimits, check_swarm_key
 from decentrain.core.metrics import LoggerConfig
 from decentrain.models.factory import ModelConfig
 from decentrain.tasks import RewardConfig, TaskMixConfig, TemplateConfig
@@ -96,8 +97,12 @@ class SAPOConfig:
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     nodes: list[NodeOverride] = field(default_factory=list)
     node_index: int | None = None  # which `nodes` entry and seed this process is; None: its rank
-    node_id: str | None = None  # name on the wire; None: "node<index>"
-    swarm_key: str | None = None  # HMAC key shared by the swarm; unsigned payloads are then dropped
+    node_id: str | None = None  # this node's name (logs, run dirs); None: "node<index>". Its wire id is its public key
+    # This node's Ed25519 key file (created on first run, kept so a restarted node keeps its id);
+    # "{node}" is replaced by the node's name. None: <run_dir>/<node name>/node.key.
+    key_file: str | None = None
+    # Membership gate: an HMAC key shared by the swarm; payloads without it are dropped. null: open swarm.
+    swarm_key: str | None = None
     num_nodes: int = 1  # processes the recipe starts here for `collective` (torchrun ranks)
     run_dir: str | None = None
     resume: bool = True
@@ -113,6 +118,14 @@ class SAPOConfig:
             raise ValueError(f"num_nodes={self.num_nodes} must be >= 1")
         if self.node_index is not None and self.node_index < 0:
             raise ValueError(f"node_index={self.node_index} must be >= 0")
+        if self.node_id is not None and (why := check_node_name(self.node_id)) is not None:
+            raise ValueError(f"node_id {why}")
+        if self.key_file is not None and self.num_nodes > 1 and "{node}" not in self.key_file:
+            raise ValueError(f"key_file={self.key_file!r} must contain '{{node}}' when num_nodes={self.num_nodes} > 1")
+        try:
+            check_swarm_key(self.swarm_key)
+        except ValueError as e:
+            raise ValueError(f"{e} (got {self.swarm_key!r})") from None
         self._check_batch(self.batch, "batch")
         if self.train.prioritized_sampling and self.loss.advantage != "spo":
             raise ValueError(f"train.prioritized_sampling=True needs loss.advantage='spo', not {self.loss.advantage!r}")

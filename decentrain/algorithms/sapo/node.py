@@ -2,12 +2,18 @@
 
     sample questions -> generate G completions each -> publish / fetch -> I local + J external
     groups -> re-tokenise and re-score here -> `num_iterations` clipped-ratio steps.
+
+Peers' groups are scored only for tasks in this node's own mixture, against entries rebuilt here
+from the address the peer sends (`TaskMixture.rebuild`); a group that does not rebuild to its
+question is dropped and counted. Payloads are signed with this node's Ed25519 key.
 """
 
 from __future__ import annotations
 
 import copy
+import logging
 import time
+from collections import Counter
 from typing import Any
 
 import numpy as np
@@ -18,13 +24,24 @@ from decentrain.algorithms.sapo.config import SAPOConfig
 from decentrain.algorithms.sapo.exchange import RolloutExchange
 from decentrain.algorithms.sapo.generation import HFGenerationBackend, completion_logprobs
 from decentrain.algorithms.sapo.grpo import LossNorm, build_advantage_estimator, policy_loss
+from decentrain.algorithms.sapo.identity import NodeIdentity
 from decentrain.algorithms.sapo.payload import PayloadDecoder, RolloutGroup, RolloutPayload, encode_payload
 from decentrain.models.factory import build_model, build_tokenizer
-from decentrain.tasks import PromptTemplate, TaskItem, TaskMixture, Verifier
+from decentrain.tasks import EntryMismatch, EntryRef, PromptTemplate, TaskItem, TaskMixture, Verifier
+
+logger = logging.getLogger(__name__)
 
 
-def _item(group: RolloutGroup) -> TaskItem:
-    return TaskItem(group.task, group.question, group.answer, group.metadata)
+def group_of(item: TaskItem, completions: tuple[str, ...]) -> RolloutGroup:
+    """The wire form of a local group: the entry's address and question, never its answer."""
+    ref = item.ref
+    if ref is None:
+        raise ValueError("only items built by a TaskMixture can be shared")
+    return RolloutGroup(ref.task, ref.config, ref.seed, ref.size, ref.index, item.question, completions)
+
+
+def entry_ref(group: RolloutGroup) -> EntryRef:
+    return EntryRef(group.task, group.config, group.seed, group.size, group.index)
 
 
 def _trim_padding(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -39,8 +56,10 @@ def _trim_padding(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
 
 class SAPONode:
     def __init__(self, cfg: SAPOConfig, node_index: int, node_id: str, exchange: RolloutExchange,
-                 device: torch.device | None = None):
+                 device: torch.device | None = None, identity: NodeIdentity | None = None):
+        # node_id: this node's name (logs, run dirs); identity.node_id: its public key (the wire id).
         self.cfg, self.node_index, self.node_id, self.exchange = cfg, node_index, node_id, exchange
+        self.identity = identity or NodeIdentity.generate()
         self.device = device or torch.device("cpu")
         self.seed = cfg.train.seed + 1000 * node_index
         torch.manual_seed(self.seed)
@@ -60,6 +79,10 @@ class SAPONode:
         self.backend = HFGenerationBackend(self.model, self.tokenizer, sampling)
         self.advantage = build_advantage_estimator(cfg.loss)
         self.decoder = PayloadDecoder(cfg.payload, key=cfg.swarm_key)
+        self.group_drops: Counter[str] = Counter()  # peers' groups that did not rebuild, by reason
+        self._items: dict[RolloutGroup, TaskItem] = {}  # this round's trusted item per group
+        self._origin: dict[RolloutGroup, str] = {}  # this round's external groups -> sender key
+        self._faulty: set[str] = set()  # senders whose text broke the verifier sandbox this round
         self.rng = np.random.default_rng(self.seed)
         self.round = 0  # rounds completed
         self.cumulative_reward = 0.0
@@ -69,8 +92,19 @@ class SAPONode:
         return self.cfg.train.questions_per_round or max(self.cfg.batch.num_local, 1)
 
     def rewards(self, group: RolloutGroup) -> list[float]:
-        item = _item(group)
-        return [self.verifier(item, c) for c in group.completions]
+        item = self._items.get(group)
+        if item is None:  # never happens for groups that came through generate() or share()
+            raise ValueError("group was not rebuilt by this node")
+        sender = self._origin.get(group)
+        if sender in self._faulty:
+            raise ValueError("sender already hung or crashed the verifier sandbox this round")
+        failures = self.verifier.sandbox_failures
+        rewards = self.verifier.rewards(item, group.completions)
+        if sender is not None and self.verifier.sandbox_failures > failures:
+            # A timeout costs seconds; one per sender per round, then its groups are unscorable.
+            self._faulty.add(sender)
+            raise ValueError("completions hung or crashed the verifier sandbox")
+        return rewards
 
     # -- the round -------------------------------------------------------------------------------
 
@@ -85,15 +119,41 @@ class SAPONode:
         completions = self.backend.generate(
             [self.template(it.question) for it in items], self.cfg.loss.num_generations, seed=self.seed * 100_003 + round_
         )
-        return [RolloutGroup(it.question, it.answer, it.task, it.metadata, tuple(c)) for it, c in zip(items, completions)]
+        groups = []
+        for it, c in zip(items, completions):
+            groups.append(group_of(it, tuple(c)))
+            self._items[groups[-1]] = it
+        return groups
 
     def share(self, round_: int, local: list[RolloutGroup]) -> list[RolloutGroup]:
-        payload = RolloutPayload(self.node_id, round_, time.time(), tuple(local))
-        external = []
-        for rec in self.exchange.exchange(round_, encode_payload(payload, self.cfg.swarm_key)):
-            decoded = self.decoder(rec.data, current_round=round_ if rec.round is None else rec.round, source=rec.source)
-            if decoded is not None and decoded.node_id != self.node_id:
-                external += decoded.groups
+        payload = RolloutPayload(self.identity.node_id, round_, time.time(), tuple(local), name=self.node_id)
+        external, seen_groups = [], dict(self.group_drops)
+        for rec in self.exchange.exchange(round_, encode_payload(payload, self.identity, self.cfg.swarm_key)):
+            # A record with its own round comes from an asynchronous backend: rounds do not line
+            # up across nodes there, so the signed timestamp must also be fresh.
+            now = None if rec.round is None else time.time()
+            decoded = self.decoder(rec.data, current_round=round_ if rec.round is None else rec.round,
+                                   source=rec.source, now=now)
+            if decoded is None or decoded.node_id == self.identity.node_id:
+                continue
+            datasets: dict[str, tuple[int, int]] = {}
+            for g in decoded.groups:
+                # An honest peer draws each task from one dataset; more would make this node build
+                # a dataset per group (word_sorting: ~15 ms each).
+                if datasets.setdefault(g.task, (g.seed, g.size)) != (g.seed, g.size):
+                    self.group_drops["mixed_datasets"] += 1
+                    continue
+                try:
+                    self._items[g] = self.mixture.rebuild(entry_ref(g), g.question, self.cfg.payload.max_dataset_size)
+                    self._origin.setdefault(g, decoded.node_id)
+                except EntryMismatch as e:
+                    self.group_drops[e.reason] += 1
+                    continue
+                external.append(g)
+        self.decoder.drops.flush_log(f"{self.node_id} round {round_}: ")
+        if dropped := {k: v - seen_groups.get(k, 0) for k, v in self.group_drops.items() if v != seen_groups.get(k, 0)}:
+            logger.warning("%s round %d: dropped %d peer group(s) that do not rebuild here: %s", self.node_id, round_,
+                           sum(dropped.values()), ", ".join(f"{k}={v}" for k, v in sorted(dropped.items())))
         return external
 
     def train_step(self, batch_groups) -> dict[str, float]:
@@ -141,6 +201,9 @@ class SAPONode:
     def run_round(self) -> dict[str, Any]:
         """One full round; returns its metrics."""
         round_ = self.round
+        self._items.clear()
+        self._origin.clear()
+        self._faulty.clear()
         t0 = time.perf_counter()
         local = self.generate(round_)
         t1 = time.perf_counter()
@@ -164,6 +227,8 @@ class SAPONode:
             **{k: v for k, v in batch.stats.items() if k != "external_candidates"},
             "payloads_dropped": self.decoder.drops.total,
             **{f"dropped/{k}": v for k, v in self.decoder.drops.as_dict().items()},
+            "groups_dropped": sum(self.group_drops.values()),
+            **{f"dropped_groups/{k}": v for k, v in self.group_drops.items()},
             "time_generate": t1 - t0,
             "time_exchange": t2 - t1,
             "time_train": t3 - t2,
@@ -171,11 +236,15 @@ class SAPONode:
             **train,
         }
         metrics["local_mixed_groups"] = sum(1 for s in own if max(s.rewards) != min(s.rewards))
+        metrics["sandbox_failures"] = self.verifier.sandbox_failures
         for task in sorted({g.task for g in local}):
             # Exact answers only: reasoning-gym gives partial credit (e.g. 0.01) to some wrong ones.
-            scores = [self.verifier.correctness(_item(g), c) >= 1.0 for g in local if g.task == task for c in g.completions]
+            scores = [s >= 1.0 for g in local if g.task == task for s in self.verifier.scores(self._items[g], g.completions)]
             metrics[f"accuracy/{task}"] = float(np.mean(scores))
         return metrics
+
+    def close(self) -> None:
+        self.verifier.close()
 
     # -- checkpoint state ------------------------------------------------------------------------
 
@@ -189,6 +258,8 @@ class SAPONode:
             "numpy_rng": self.rng.bit_generator.state,
             "torch_rng": torch.get_rng_state(),
             "drops": self.decoder.drops.as_dict(),
+            "group_drops": dict(self.group_drops),
+            "high_water": dict(self.decoder.high_water),  # replay marks survive a restart
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -200,3 +271,5 @@ class SAPONode:
         self.rng.bit_generator.state = state["numpy_rng"]
         torch.set_rng_state(state["torch_rng"])
         self.decoder.drops.counts.update(state["drops"])
+        self.group_drops.update(state.get("group_drops", {}))
+        self.decoder.high_water.update({k: (int(r), float(t)) for k, (r, t) in state.get("high_water", {}).items()})

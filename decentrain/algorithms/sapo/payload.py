@@ -2,9 +2,20 @@
 
 Wire format: a one-line ASCII header, then the UTF-8 JSON body.
 
-    DTR1[ <hmac-sha256 hex of body>]\\n{"version":1,"node_id":...,"round":...,"timestamp":...,"groups":[...]}
+    DTR2 <ed25519 public key, 64 hex> <ed25519 signature of body, 128 hex>[ <hmac-sha256 of body, 64 hex>]\\n
+    {"version":1,"node_id":<the same public key>,"name":"node0","round":3,"timestamp":1.7e9,
+     "groups":[{"task":"chain_sum","config":<16 hex>,"seed":1,"size":10000,"index":42,
+                "question":"...","completions":["...", ...]}]}
 
-The signature covers the body bytes exactly as sent, so no canonical re-serialisation is needed.
+A group names a reasoning-gym entry (task, task-config hash, dataset seed, size, index) instead
+of carrying an answer: the receiver rebuilds the entry, answer and metadata locally and scores
+against that (decentrain/tasks/mixture.py). The signature covers the body bytes as sent, so no
+canonical re-serialisation is needed; the body's node_id must equal the signing key.
+
+`decode_payload` is total: any bytes yield a payload or a `Rejection`, in time bounded by the
+size cap (the structure is counted before it is parsed). Public API, stable for other modules
+and benchmarks: `encode_payload(payload, identity, key=None)`, `decode_payload(data, limits, *,
+current_round, key=None, now=None)`, `PayloadDecoder(limits, key)(data, current_round, source, now)`.
 """
 
 from __future__ import annotations
@@ -14,57 +25,88 @@ import hmac
 import json
 import logging
 import math
-from collections import Counter
+import re
+from collections import Counter, OrderedDict
 from dataclasses import dataclass
 from typing import Any
+
+from decentrain.algorithms.sapo.identity import (
+    PUBLIC_KEY_HEX_LEN,
+    SIGNATURE_HEX_LEN,
+    NodeIdentity,
+    check_node_name,
+    is_public_key_hex,
+    safe_label,
+    verify_signature,
+)
 
 logger = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 1
-_MAGIC = b"DTR1"
-_SIG_HEX_LEN = 64
-_PAYLOAD_FIELDS = frozenset({"version", "node_id", "round", "timestamp", "groups"})
-_GROUP_FIELDS = frozenset({"question", "answer", "task", "metadata", "completions"})
+_MAGIC = b"DTR2"
+_HMAC_HEX_LEN = 64
+_MAX_HEADER = len(_MAGIC) + 3 + PUBLIC_KEY_HEX_LEN + SIGNATURE_HEX_LEN + _HMAC_HEX_LEN
+_PAYLOAD_FIELDS = ("version", "node_id", "name", "round", "timestamp", "groups")
+_GROUP_FIELDS = ("task", "config", "seed", "size", "index", "question", "completions")
+_CONFIG_ID = re.compile(r"[0-9a-f]{16}")
+_MAX_INT_DIGITS = 18  # every legitimate integer fits; a 400-digit one is refused while parsing
+MAX_ROUND = 1 << 40
+MAX_SEED = (1 << 31) - 1
+MAX_TIMESTAMP = 1e11  # seconds since the epoch (year 5138)
 
 # Every reason a payload can be dropped for; stable strings, used as metric names.
 REJECT_REASONS = (
     "not_bytes",
     "too_large",
     "bad_frame",
+    "too_many_values",
     "unsigned",
     "bad_signature",
+    "bad_node_signature",
     "invalid_utf8",
     "bad_json",
+    "duplicate_key",
+    "number_out_of_range",
     "bad_version",
     "missing_field",
     "unexpected_field",
     "wrong_type",
+    "bad_id",
     "too_many_groups",
     "string_too_long",
     "wrong_num_generations",
-    "metadata_too_large",
     "stale_round",
     "future_round",
+    "stale_timestamp",
+    "future_timestamp",
+    "replayed",
 )
 
 
 @dataclass(frozen=True)
 class RolloutGroup:
-    """One question and its G completions, as text: each receiver re-tokenises and re-scores it."""
+    """One question and its G completions, as text, plus the address of its reasoning-gym entry.
 
-    question: str
-    answer: str
+    `config` identifies the task's reasoning-gym config (`decentrain.tasks.task_config_id`);
+    (seed, size, index) select the entry. Each receiver rebuilds the answer and re-scores.
+    """
+
     task: str
-    metadata: dict[str, Any]
+    config: str
+    seed: int
+    size: int
+    index: int
+    question: str
     completions: tuple[str, ...]
 
 
 @dataclass(frozen=True)
 class RolloutPayload:
-    node_id: str
+    node_id: str  # the sender's Ed25519 public key, hex
     round: int
     timestamp: float
     groups: tuple[RolloutGroup, ...]
+    name: str = "node"  # human-readable, for logs only; ids are what count
     version: int = SCHEMA_VERSION
 
     @property
@@ -78,17 +120,28 @@ class PayloadLimits:
     num_generations: int = 8  # every group must carry exactly G completions
     max_bytes: int = 1 << 20
     max_groups: int = 64
-    max_string_chars: int = 4096  # per question, answer, completion, node id, metadata string
-    max_metadata_bytes: int = 4096  # per group, as JSON
-    max_metadata_depth: int = 4
+    max_string_chars: int = 4096  # per question and completion
+    max_dataset_size: int = 10_000_000  # a group's `size` field
     ttl_rounds: int = 2  # accept rounds in [current - ttl, current + ttl]
+    # Asynchronous backends (hivemind): the signed timestamp must be within this many seconds of
+    # the receiver's clock, so an old record replayed to a fresh node is dropped.
+    max_age_s: float = 300.0
+    max_peers_tracked: int = 4096  # replay high-water marks kept (least recently seen evicted)
 
     def __post_init__(self) -> None:
-        for name in ("num_generations", "max_bytes", "max_groups", "max_string_chars", "max_metadata_bytes"):
+        for name in ("num_generations", "max_bytes", "max_groups", "max_string_chars", "max_dataset_size",
+                     "max_peers_tracked"):
             if getattr(self, name) <= 0:
-                raise ValueError(f"{name}={getattr(self, name)} must be > 0")
-        if self.ttl_rounds < 0 or self.max_metadata_depth < 0:
-            raise ValueError("ttl_rounds and max_metadata_depth must be >= 0")
+                raise ValueError(f"payload.{name}={getattr(self, name)} must be > 0")
+        if self.ttl_rounds < 0:
+            raise ValueError(f"payload.ttl_rounds={self.ttl_rounds} must be >= 0")
+        if not (math.isfinite(self.max_age_s) and self.max_age_s > 0):
+            raise ValueError(f"payload.max_age_s={self.max_age_s} must be finite and > 0")
+
+    @property
+    def max_values(self) -> int:
+        """An upper bound on the JSON values (and structural characters) of a valid payload."""
+        return 32 + self.max_groups * (2 * len(_GROUP_FIELDS) + self.num_generations + 4)
 
 
 @dataclass(frozen=True)
@@ -103,34 +156,87 @@ class _Reject(Exception):
         self.reason, self.detail = reason, detail
 
 
-def _as_key(key: bytes | str | None) -> bytes | None:
+def check_swarm_key(key: bytes | str | None) -> bytes | None:
+    """The swarm key as bytes; an empty key would let anyone forge, so it is refused."""
+    if key is None:
+        return None
+    if not isinstance(key, (bytes, str)) or len(key) == 0:
+        raise ValueError("swarm_key must be a non-empty string, or null for no membership gate")
     return key.encode("utf-8") if isinstance(key, str) else key
 
 
-def _sign(key: bytes, body: bytes) -> bytes:
+def _hmac(key: bytes, body: bytes) -> bytes:
     return hmac.new(key, body, hashlib.sha256).hexdigest().encode("ascii")
 
 
-def encode_payload(payload: RolloutPayload, key: bytes | str | None = None) -> bytes:
+def encode_payload(payload: RolloutPayload, identity: NodeIdentity, key: bytes | str | None = None) -> bytes:
+    """Serialise and sign `payload` with this node's key (and the swarm key, if any)."""
+    if payload.node_id != identity.node_id:
+        raise ValueError("payload.node_id must be the signing identity's node_id")
     obj = {
         "version": payload.version,
         "node_id": payload.node_id,
+        "name": payload.name,
         "round": payload.round,
         "timestamp": payload.timestamp,
         "groups": [
-            {"question": g.question, "answer": g.answer, "task": g.task, "metadata": g.metadata,
-             "completions": list(g.completions)}
+            {"task": g.task, "config": g.config, "seed": g.seed, "size": g.size, "index": g.index,
+             "question": g.question, "completions": list(g.completions)}
             for g in payload.groups
         ],
     }
     body = json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
-    key = _as_key(key)
-    header = _MAGIC + (b" " + _sign(key, body) if key else b"")
+    header = b" ".join([_MAGIC, identity.node_id.encode("ascii"), identity.sign(body)])
+    key = check_swarm_key(key)
+    if key:
+        header += b" " + _hmac(key, body)
     return header + b"\n" + body
 
 
+# -- parsing -------------------------------------------------------------------------------------
+
+def _count_values(body: bytes, limit: int) -> None:
+    """Refuse bodies with more JSON values than any valid payload, before parsing them.
+
+    Parsing time grows with the number of values, not bytes: 1 MiB of `[]` takes ~60 ms to
+    parse. Everything here runs in C over the bytes: drop escaped backslashes and quotes, then
+    the even pieces between quotes are outside strings, where `, : [ {` count the values.
+    For valid JSON the count is exact; invalid JSON is refused by the parser afterwards.
+    """
+    def structural(b: bytes) -> int:
+        return b.count(b",") + b.count(b":") + b.count(b"[") + b.count(b"{")
+
+    # Upper bound on unescaped quotes: a quote after one backslash is escaped, after two may not be.
+    quotes = body.count(b'"') - body.count(b'\\"') + body.count(b'\\\\"')
+    if structural(body) <= limit and quotes <= 2 * limit:
+        return  # counting string contents too, it is already within the bound (the usual case)
+    s = body.replace(b"\\\\", b"").replace(b'\\"', b"")
+    if s.count(b'"') > 2 * limit:
+        raise _Reject("too_many_values", "too many strings")
+    n = structural(b"".join(s.split(b'"')[0::2]))
+    if n > limit:
+        raise _Reject("too_many_values", f"{n} > {limit}")
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        raise _Reject("duplicate_key", safe_label(sorted(k for k, _ in pairs)[:8]))
+    return obj
+
+
+def _bounded_int(text: str) -> int:
+    if len(text.lstrip("-")) > _MAX_INT_DIGITS:
+        raise _Reject("number_out_of_range", f"integer of {len(text)} digits")
+    return int(text)
+
+
+def _reject_constant(name: str) -> None:
+    raise _Reject("bad_json", f"non-finite constant {name}")
+
+
 def _check_str(value: Any, what: str, limits: PayloadLimits) -> str:
-    if not isinstance(value, str):
+    if type(value) is not str:
         raise _Reject("wrong_type", f"{what} is {type(value).__name__}, not str")
     if len(value) > limits.max_string_chars:
         raise _Reject("string_too_long", f"{what} has {len(value)} chars > {limits.max_string_chars}")
@@ -141,106 +247,116 @@ def _check_str(value: Any, what: str, limits: PayloadLimits) -> str:
     return value
 
 
-def _check_int(value: Any, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):  # bool is an int subclass
+def _check_int(value: Any, what: str, lo: int, hi: int) -> int:
+    if type(value) is not int:  # exact: bool is an int subclass, 1.0 is not an int
         raise _Reject("wrong_type", f"{what} is {type(value).__name__}, not int")
+    if not lo <= value <= hi:
+        raise _Reject("number_out_of_range", f"{what}={value} not in [{lo}, {hi}]")
     return value
 
 
-def _check_fields(obj: Any, fields: frozenset[str], what: str) -> dict[str, Any]:
-    if not isinstance(obj, dict):
+def _check_fields(obj: Any, fields: tuple[str, ...], what: str) -> dict[str, Any]:
+    if type(obj) is not dict:
         raise _Reject("wrong_type", f"{what} is {type(obj).__name__}, not an object")
-    if missing := fields - obj.keys():
+    if missing := set(fields) - obj.keys():
         raise _Reject("missing_field", f"{what} lacks {sorted(missing)}")
-    if extra := obj.keys() - fields:
-        raise _Reject("unexpected_field", f"{what} has {sorted(extra)[:5]}")
+    if extra := obj.keys() - set(fields):
+        raise _Reject("unexpected_field", f"{what} has {safe_label(sorted(extra)[:5])}")
     return obj
-
-
-def _check_json_value(value: Any, what: str, limits: PayloadLimits, depth: int = 0) -> None:
-    if depth > limits.max_metadata_depth:
-        raise _Reject("metadata_too_large", f"{what} nests deeper than {limits.max_metadata_depth}")
-    if isinstance(value, str):
-        _check_str(value, what, limits)
-    elif isinstance(value, dict):
-        for k, v in value.items():
-            _check_json_value(v, f"{what}.{_check_str(k, what + ' key', limits)[:32]}", limits, depth + 1)
-    elif isinstance(value, list):
-        for v in value:
-            _check_json_value(v, f"{what}[]", limits, depth + 1)
-    elif isinstance(value, float) and not math.isfinite(value):
-        raise _Reject("wrong_type", f"{what} is not finite")
 
 
 def _check_group(obj: Any, index: int, limits: PayloadLimits) -> RolloutGroup:
     what = f"groups[{index}]"
     g = _check_fields(obj, _GROUP_FIELDS, what)
-    question, answer, task = (_check_str(g[k], f"{what}.{k}", limits) for k in ("question", "answer", "task"))
-    if not isinstance(g["metadata"], dict):
-        raise _Reject("wrong_type", f"{what}.metadata is not an object")
-    _check_json_value(g["metadata"], f"{what}.metadata", limits)
-    if len(json.dumps(g["metadata"], ensure_ascii=False).encode("utf-8")) > limits.max_metadata_bytes:
-        raise _Reject("metadata_too_large", f"{what}.metadata > {limits.max_metadata_bytes} bytes")
+    task = _check_str(g["task"], f"{what}.task", limits)
+    config = _check_str(g["config"], f"{what}.config", limits)
+    if not _CONFIG_ID.fullmatch(config):
+        raise _Reject("wrong_type", f"{what}.config is not 16 hex chars")
+    seed = _check_int(g["seed"], f"{what}.seed", 0, MAX_SEED)
+    size = _check_int(g["size"], f"{what}.size", 1, limits.max_dataset_size)
+    entry = _check_int(g["index"], f"{what}.index", 0, size - 1)
+    question = _check_str(g["question"], f"{what}.question", limits)
     completions = g["completions"]
-    if not isinstance(completions, list):
+    if type(completions) is not list:
         raise _Reject("wrong_type", f"{what}.completions is not a list")
     if len(completions) != limits.num_generations:
         raise _Reject("wrong_num_generations", f"{what} has {len(completions)} != {limits.num_generations}")
     completions = tuple(_check_str(c, f"{what}.completions[]", limits) for c in completions)
-    return RolloutGroup(question, answer, task, g["metadata"], completions)
+    return RolloutGroup(task, config, seed, size, entry, question, completions)
 
 
-def _reject_constant(name: str) -> None:
-    raise _Reject("bad_json", f"non-finite constant {name}")
-
-
-def _decode(data: Any, limits: PayloadLimits, current_round: int, key: bytes | None) -> RolloutPayload:
+def _decode(data: Any, limits: PayloadLimits, current_round: int, key: bytes | None,
+            now: float | None) -> RolloutPayload:
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise _Reject("not_bytes", type(data).__name__)
-    data = bytes(data)
-    if len(data) > limits.max_bytes:
+    if len(data) > limits.max_bytes:  # before copying anything
         raise _Reject("too_large", f"{len(data)} bytes > {limits.max_bytes}")
+    data = bytes(data)
 
-    header, sep, body = data.partition(b"\n")
-    sig = header[len(_MAGIC):]
-    if not sep or not header.startswith(_MAGIC) or sig and (sig[:1] != b" " or len(sig) != _SIG_HEX_LEN + 1):
-        raise _Reject("bad_frame", repr(header[:16]))
-    if key is not None:  # without a swarm key, a signature is ignored
-        if not sig:
+    end = data.find(b"\n", 0, _MAX_HEADER + 1)
+    parts = data[:end].split(b" ") if end >= 0 else []
+    if not (parts and parts[0] == _MAGIC and len(parts) in (3, 4)
+            and len(parts[1]) == PUBLIC_KEY_HEX_LEN and len(parts[2]) == SIGNATURE_HEX_LEN
+            and (len(parts) == 3 or len(parts[3]) == _HMAC_HEX_LEN)):
+        raise _Reject("bad_frame", repr(data[:16]))
+    body = data[end + 1:]
+    _count_values(body, limits.max_values)
+    if key is not None:  # membership first: a keyed swarm drops outsiders before any public-key math
+        if len(parts) != 4:
             raise _Reject("unsigned")
-        if not hmac.compare_digest(sig[1:], _sign(key, body)):
+        if not hmac.compare_digest(parts[3], _hmac(key, body)):
             raise _Reject("bad_signature")
+    try:
+        node_id = parts[1].decode("ascii")
+    except UnicodeDecodeError:
+        raise _Reject("bad_frame", "non-ASCII key") from None
+    if not is_public_key_hex(node_id):
+        raise _Reject("bad_id", "public key is not 64 lowercase hex chars")
+    if not verify_signature(node_id, parts[2], body):
+        raise _Reject("bad_node_signature", node_id[:16])
 
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError as e:
         raise _Reject("invalid_utf8", str(e)[:80]) from None
     try:
-        obj = json.loads(text, parse_constant=_reject_constant)
+        obj = json.loads(text, object_pairs_hook=_no_duplicates, parse_int=_bounded_int,
+                         parse_constant=_reject_constant)
     except (ValueError, RecursionError) as e:  # RecursionError: deeply nested arrays
         raise _Reject("bad_json", str(e)[:80]) from None
 
-    if isinstance(obj, dict) and "version" in obj and obj["version"] != SCHEMA_VERSION:
-        raise _Reject("bad_version", repr(obj["version"])[:16])
+    if type(obj) is dict and "version" in obj and (type(obj["version"]) is not int or obj["version"] != SCHEMA_VERSION):
+        raise _Reject("bad_version", safe_label(obj["version"], 16))
     obj = _check_fields(obj, _PAYLOAD_FIELDS, "payload")
-    node_id = _check_str(obj["node_id"], "node_id", limits)
-    round_ = _check_int(obj["round"], "round")
+    if obj["node_id"] != node_id:
+        raise _Reject("bad_id", "body node_id is not the signing key")
+    if (why := check_node_name(obj["name"])) is not None:
+        raise _Reject("bad_id", f"name {why}")
+    round_ = _check_int(obj["round"], "round", 0, MAX_ROUND)
     timestamp = obj["timestamp"]
-    if isinstance(timestamp, bool) or not isinstance(timestamp, (int, float)) or not math.isfinite(timestamp):
-        raise _Reject("wrong_type", "timestamp is not a finite number")
-    # Check the round before walking the groups: stale payloads are the common case and cheap to drop.
+    if type(timestamp) not in (int, float):
+        raise _Reject("wrong_type", f"timestamp is {type(timestamp).__name__}, not a number")
+    if not 0 <= timestamp <= MAX_TIMESTAMP:  # also false for inf and nan
+        raise _Reject("number_out_of_range", f"timestamp not in [0, {MAX_TIMESTAMP:g}]")
+    # Cheap checks before walking the groups: stale payloads are the common case.
     if round_ < current_round - limits.ttl_rounds:
         raise _Reject("stale_round", f"round {round_} < {current_round} - {limits.ttl_rounds}")
     if round_ > current_round + limits.ttl_rounds:
         raise _Reject("future_round", f"round {round_} > {current_round} + {limits.ttl_rounds}")
+    if now is not None:
+        if timestamp < now - limits.max_age_s:
+            raise _Reject("stale_timestamp", f"{now - timestamp:.0f} s old > {limits.max_age_s}")
+        if timestamp > now + limits.max_age_s:
+            raise _Reject("future_timestamp", f"{timestamp - now:.0f} s ahead > {limits.max_age_s}")
 
     groups = obj["groups"]
-    if not isinstance(groups, list):
+    if type(groups) is not list:
         raise _Reject("wrong_type", "groups is not a list")
     if len(groups) > limits.max_groups:
         raise _Reject("too_many_groups", f"{len(groups)} > {limits.max_groups}")
     return RolloutPayload(
         node_id=node_id,
+        name=obj["name"],
         round=round_,
         timestamp=float(timestamp),
         groups=tuple(_check_group(g, i, limits) for i, g in enumerate(groups)),
@@ -248,24 +364,43 @@ def _decode(data: Any, limits: PayloadLimits, current_round: int, key: bytes | N
 
 
 def decode_payload(
-    data: Any, limits: PayloadLimits, *, current_round: int, key: bytes | str | None = None
+    data: Any, limits: PayloadLimits, *, current_round: int, key: bytes | str | None = None,
+    now: float | None = None,
 ) -> RolloutPayload | Rejection:
-    """Decode and validate; anything a peer can send yields a payload or a `Rejection`, never an exception."""
+    """Decode and verify; anything a peer can send yields a payload or a `Rejection`, never an exception.
+
+    `key`: the swarm key (HMAC membership gate); `now`: the receiver's clock, for asynchronous
+    backends, where the signed timestamp must lie within `limits.max_age_s` of it.
+    """
     try:
-        return _decode(data, limits, current_round, _as_key(key))
+        return _decode(data, limits, current_round, check_swarm_key(key), now)
     except _Reject as r:
         return Rejection(r.reason, r.detail)
 
 
 class DropCounter:
-    """Counts dropped payloads by reason, for metrics and logs."""
+    """Counts drops by reason, for metrics and logs.
+
+    Each drop is logged at DEBUG; `flush_log` writes one WARNING line for all drops since its
+    last call, so a flood of junk costs one log line per round, not one per record.
+    """
 
     def __init__(self) -> None:
         self.counts: Counter[str] = Counter()
+        self._unlogged: Counter[str] = Counter()
 
     def record(self, rejection: Rejection, source: str = "?") -> None:
         self.counts[rejection.reason] += 1
-        logger.warning("dropped rollout payload from %s: %s %s", source, rejection.reason, rejection.detail)
+        self._unlogged[rejection.reason] += 1
+        # Peer text only through safe_label: no control or bidi characters reach the log.
+        logger.debug("dropped rollout payload from %s: %s %s", safe_label(source), rejection.reason,
+                     safe_label(rejection.detail, 96))
+
+    def flush_log(self, what: str = "") -> None:
+        if self._unlogged:
+            logger.warning("%sdropped %d rollout payload(s): %s", what, sum(self._unlogged.values()),
+                           ", ".join(f"{k}={v}" for k, v in sorted(self._unlogged.items())))
+            self._unlogged.clear()
 
     @property
     def total(self) -> int:
@@ -276,15 +411,31 @@ class DropCounter:
 
 
 class PayloadDecoder:
-    """`decode_payload` plus drop accounting: returns the payload, or None after counting the drop."""
+    """`decode_payload` plus drop accounting and replay protection.
+
+    Per sender key it keeps a high-water mark, the (round, timestamp) of the last payload it
+    accepted. A payload is `replayed` unless its signed timestamp is newer than the mark and its
+    round differs: an old record sent again is dropped, and so is a second payload for the same
+    round, while a peer that restarted from an older checkpoint (older round, newer time) is not.
+    """
 
     def __init__(self, limits: PayloadLimits, key: bytes | str | None = None):
         self.limits = limits
-        self.key = _as_key(key)
+        self.key = check_swarm_key(key)
         self.drops = DropCounter()
+        self.high_water: OrderedDict[str, tuple[int, float]] = OrderedDict()
 
-    def __call__(self, data: Any, current_round: int, source: str = "?") -> RolloutPayload | None:
-        result = decode_payload(data, self.limits, current_round=current_round, key=self.key)
+    def __call__(self, data: Any, current_round: int, source: str = "?", now: float | None = None) -> RolloutPayload | None:
+        result = decode_payload(data, self.limits, current_round=current_round, key=self.key, now=now)
+        if isinstance(result, RolloutPayload):
+            last = self.high_water.get(result.node_id)
+            if last is not None and (result.timestamp <= last[1] or result.round == last[0]):
+                result = Rejection("replayed", f"round {result.round} after {last[0]} from {result.node_id[:16]}")
+            else:
+                self.high_water[result.node_id] = (result.round, result.timestamp)
+                self.high_water.move_to_end(result.node_id)
+                while len(self.high_water) > self.limits.max_peers_tracked:
+                    self.high_water.popitem(last=False)
         if isinstance(result, Rejection):
             self.drops.record(result, source)
             return None

@@ -15,6 +15,7 @@ from typing import Any
 
 from decentrain.algorithms.sapo.config import SAPOConfig
 from decentrain.algorithms.sapo.exchange import build_exchange
+from decentrain.algorithms.sapo.identity import NodeIdentity
 from decentrain.algorithms.sapo.node import SAPONode
 from decentrain.core.bytes_comm import all_gather_bytes
 from decentrain.core.checkpoint import Checkpointer
@@ -53,8 +54,11 @@ def run_sapo(cfg: SAPOConfig, world: World, run_dir: Path, on_round=None) -> dic
     node_dir = run_dir / node_id
     node_dir.mkdir(parents=True, exist_ok=True)
     (node_dir / "node_config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=1, default=str))
+    key_file = cfg.key_file.replace("{node}", node_id) if cfg.key_file else node_dir / "node.key"
+    identity = NodeIdentity.load_or_create(key_file)
+    logger.info("%s signs as %s", node_id, identity.node_id)
     exchange = build_exchange(cfg.exchange, world, node_id)
-    node = SAPONode(cfg, index, node_id, exchange, world.device)
+    node = SAPONode(cfg, index, node_id, exchange, world.device, identity=identity)
     ckpt = Checkpointer(run_dir / "checkpoints" / node_id, rank=0, world_size=1, keep=cfg.train.keep_checkpoints)
     start = _resume_round(cfg, world, ckpt)
     if start is not None:
@@ -80,4 +84,5 @@ def run_sapo(cfg: SAPOConfig, world: World, run_dir: Path, on_round=None) -> dic
     finally:
         log.close()
         exchange.close()
+        node.close()
     return {"node_id": node_id, "rounds": node.round, "cumulative_reward": node.cumulative_reward, **metrics}
