@@ -183,7 +183,7 @@ class Attacker:
         self.stop = threading.Event()
         self.errors: list[str] = []
         self.actions = 0
-        self.members: list = []  # payload attacks: one valid DHT member per hostile payload
+        self.members: list = []  # payload attacks: one valid DHT member
         self.dht = None
         self.thread = threading.Thread(target=self._run, daemon=True)
 
@@ -195,8 +195,7 @@ class Attacker:
             cfg = ExchangeConfig(name="hivemind", hivemind=HivemindConfig(initial_peers=self.peers, prefix=self.prefix,
                                                                           wait_s=0.0))
             self.framer = Framer()
-            n = len(hostile_payloads(self.kind, self.framer, 0, self.marker_dir))
-            self.members = [build_exchange(cfg, World(), f"attacker{i}") for i in range(n)]
+            self.members = [build_exchange(cfg, World(), "attacker")]
         else:
             self.dht = shapes.attacker_dht(self.peers)
             if self.kind == "stale_replay":
@@ -206,10 +205,10 @@ class Attacker:
         try:
             round_ = 0
             while not self.stop.is_set():
-                if self.members:
-                    for ex, data in zip(self.members, hostile_payloads(self.kind, self.framer, round_, self.marker_dir)):
-                        ex.exchange(round_, data)
-                        self.actions += 1
+                if self.members:  # one hostile payload per round, cycling through the variants
+                    variants = hostile_payloads(self.kind, self.framer, round_, self.marker_dir)
+                    self.members[0].exchange(round_, variants[round_ % len(variants)])
+                    self.actions += 1
                     round_ += 1
                     self.stop.wait(0.5)
                     continue
