@@ -89,3 +89,38 @@ def test_an_oversized_payload_raises_on_its_sender_only_and_nobody_hangs():
     results = run_ranks(_oversized, 3)
     assert results[1] == "raised"
     assert results[0] == results[2] == [b"yyy", b"", b"yyy"]
+
+
+def _hostile_announcer(world):
+    """Rank 1 announces 256 MiB, then 1 TiB, then plays the data round at the width honest ranks agree on."""
+    import resource
+
+    import torch.distributed as dist
+
+    cap = 1 << 20
+    out = []
+    peak0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+    for announced in (256 << 20, 1 << 40):
+        if world.rank == 1:  # hand-rolled sender: lies about its size, then follows the protocol
+            sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(world.world_size)]
+            dist.all_gather(sizes, torch.tensor([announced], dtype=torch.int64), group=world.group)
+            width = max(int(s) for s in sizes if int(s) <= cap)  # what honest ranks must agree on
+            bufs = [torch.empty(width, dtype=torch.uint8) for _ in range(world.world_size)]
+            dist.all_gather(bufs, torch.zeros(width, dtype=torch.uint8), group=world.group)
+            out.append("hostile")
+        else:
+            got = all_gather_bytes(world, bytes([65 + world.rank]) * 10, max_bytes=cap)
+            out.append((list(got), got.dropped))
+    grown_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak0) / 1024
+    after = all_gather_bytes(world, b"ok%d" % world.rank, max_bytes=cap)  # the group still works
+    return out, grown_mib, list(after)
+
+
+def test_an_over_cap_announcement_is_dropped_before_allocating_and_nobody_raises():
+    results = run_ranks(_hostile_announcer, 3)
+    for rank in (0, 2):
+        out, grown_mib, after = results[rank]
+        for got, dropped in out:  # 256 MiB, then 1 TiB: same outcome, no exception
+            assert got == [b"A" * 10, b"", b"C" * 10] and dropped == [1]
+        assert grown_mib < 64, f"rank {rank} peak RSS grew {grown_mib:.0f} MiB"
+        assert after == [b"ok0", b"ok1", b"ok2"]

@@ -74,29 +74,39 @@ def test_three_nodes_one_killed_the_rest_keep_training(tmp_path):
                 pass
 
 
-def test_exchange_returns_new_peer_records_and_passes_junk_to_the_decoder():
+def test_exchange_returns_new_peer_records_once_and_refuses_junk_at_the_dht():
+    from hivemind.utils import get_dht_time
+
     from decentrain.algorithms.sapo.exchange import ExchangeConfig, HivemindConfig, build_exchange
-    from decentrain.algorithms.sapo.payload import PayloadDecoder, PayloadLimits
     from decentrain.core.world import World
 
     cfg = ExchangeConfig(name="hivemind", hivemind=HivemindConfig(wait_s=5.0, prefix="t"))
     a = build_exchange(cfg, World(), "a")
-    b_cfg = ExchangeConfig(name="hivemind", hivemind=HivemindConfig(wait_s=5.0, prefix="t", initial_peers=a.maddrs))
+    b_cfg = ExchangeConfig(name="hivemind", hivemind=HivemindConfig(wait_s=0.0, prefix="t", initial_peers=a.maddrs))
     b = build_exchange(b_cfg, World(), "b")
     try:
-        b.exchange(0, b"from-b")  # publishes; a may or may not be there yet
+        big = bytes(range(256)) * 400  # ~100 KB: several chunks, each below hivemind's 16 KiB pipe limit
+        b.exchange(0, big)
         got = a.exchange(0, b"from-a")
-        assert [(r.source, r.data, r.round) for r in got] == [("b@0", b"from-b", 0)]
+        assert [(r.data, r.round) for r in got] == [(big, 0)]
         a.hcfg.wait_s = 0.0
         assert a.exchange(1, b"again") == []  # (round 0, b) is not returned twice
-        # A hostile peer stores a value of the wrong shape: it arrives as empty bytes, and the decoder drops it.
-        from hivemind.utils import get_dht_time
-
-        b.dht.store("t/rollouts", {"round": "zero", "payload": 5}, expiration_time=get_dht_time() + 30, subkey="evil")
-        junk = [r for r in a.exchange(3, b"y") if r.source.startswith("evil")]
-        assert junk and junk[0].data == b""
-        decoder = PayloadDecoder(PayloadLimits())
-        assert decoder(junk[0].data, current_round=3) is None and decoder.drops.total == 1
+        # A value of the wrong shape, anywhere in the namespace: every honest node refuses to store it.
+        assert not b.dht.store(b.registry, {"round": "zero"}, expiration_time=get_dht_time() + 30, subkey="evil")
+        assert not b.dht.store(b.own_key, b"plain", expiration_time=get_dht_time() + 30)
+        b.exchange(1, b"from-b1")
+        a.hcfg.wait_s = 5.0
+        assert [(r.data, r.round) for r in a.exchange(2, b"y")] == [(b"from-b1", 1)]
+        assert a.drops.total() == 0
     finally:
         a.close()
         b.close()
+
+
+def test_inflate_caps_output_before_expanding():
+    from decentrain.algorithms.sapo.dht_guard import compress, inflate
+
+    bomb = compress(b"\0" * (64 << 20))  # 64 MiB of zeros in ~64 KB
+    assert len(bomb) < 100_000 and inflate(bomb, 1 << 20) is None
+    assert inflate(compress(b"ok"), 2) == b"ok" and inflate(compress(b"ok") + b"x", 2) is None
+    assert inflate(b"not zlib", 100) is None

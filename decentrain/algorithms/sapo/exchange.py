@@ -3,18 +3,20 @@
 Backends, keyed by `exchange.name`:
   silo        no peers (J must be 0)
   collective  all_gather of bytes inside one torchrun job: synchronous, like the paper's runs
-  hivemind    a DHT of independent processes that join and leave; each peer's latest record,
-              identified by (round, peer), expires after a TTL; no barrier: a node takes
-              whatever new records have arrived
+  hivemind    a DHT of independent processes that join and leave; each peer's latest record
+              lives under that peer's own signed key and expires after a capped TTL; no
+              barrier: a node takes whatever new records have arrived (rules: `dht_guard`)
 
 Backends move bytes only; decoding and validation (`PayloadDecoder`) is the caller's job.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import time
+from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -46,13 +48,27 @@ class HivemindConfig:
     wait_s: float = 2.0  # wait at most this long for `min_peers` new records
     min_peers: int = 1
     poll_s: float = 0.2
+    # Receive-side limits: what strangers can make this node store, fetch and hold.
+    max_ttl_s: float = 300.0  # records expiring later than now + this are refused (stored or fetched)
+    max_record_bytes: int = 1 << 20  # one node's compressed record; below p2pd's 2 MiB unary limit
+    max_fetch_bytes: int = 16 << 20  # compressed bytes fetched per round, over all peers
+    max_peers_per_round: int = 32  # peers' keys read per round (those that delivered lately first)
+    max_known_peers: int = 1024  # registry entries remembered; the stalest are forgotten first
+    starved_warn_rounds: int = 5  # WARNING once per this many rounds without records while peers are known
 
     def __post_init__(self) -> None:
-        for name in ("ttl_s", "poll_s"):
-            if getattr(self, name) <= 0:
+        for name in ("ttl_s", "poll_s", "max_ttl_s"):
+            if not getattr(self, name) > 0:
                 raise ValueError(f"exchange.hivemind.{name}={getattr(self, name)} must be > 0")
         if self.wait_s < 0 or self.min_peers < 0:
             raise ValueError("exchange.hivemind.wait_s and exchange.hivemind.min_peers must be >= 0")
+        if self.ttl_s > self.max_ttl_s:
+            raise ValueError(f"exchange.hivemind.ttl_s={self.ttl_s} must be <= max_ttl_s={self.max_ttl_s}")
+        if not 0 < self.max_record_bytes < (2 << 20):
+            raise ValueError(f"exchange.hivemind.max_record_bytes={self.max_record_bytes} must be in (0, 2 MiB)")
+        for name in ("max_fetch_bytes", "max_peers_per_round", "max_known_peers", "starved_warn_rounds"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"exchange.hivemind.{name}={getattr(self, name)} must be >= 1")
 
 
 @dataclass
@@ -135,19 +151,38 @@ def _append_peers(path: Path, maddrs: list[str]) -> None:
 
 @EXCHANGES.register("hivemind")
 class HivemindExchange:
-    """One DHT key, `<prefix>/rollouts`; subkey = node id; value = {"round": r, "payload": bytes}.
+    """Per-node DHT keys (layout and record rules: `dht_guard`); no barrier between nodes.
 
-    A newer store replaces a peer's older one, so a fetch returns at most one record per live
-    peer (nodes that left fade out after `ttl_s`), and the (round, peer) pairs already returned
-    are skipped.
+    Each round a node signs and stores its compressed record under its own key and refreshes
+    its registry entry, reads the registry, then polls up to `max_peers_per_round` peers' keys
+    for at most `wait_s`. Each peer yields at most one record per round (the rate limit), only
+    with a round above the last one taken from it (its high-water mark: replays and round
+    rollbacks are dropped), only within the round's byte budget, and only if it inflates within
+    `exchange.max_bytes`; byte-identical payloads already taken (a replay under another key) are
+    dropped too. Drops are counted in `self.drops` and logged once per round.
     """
+
+    _DIGESTS = 4096  # payload digests remembered for replay detection
 
     def __init__(self, cfg: ExchangeConfig, world: World, node_id: str):
         import hivemind  # optional dependency: `pip install decentrain[swarm]`
+        from hivemind.dht.crypto import RSASignatureValidator
+        from hivemind.utils.crypto import RSAPrivateKey
+
+        from decentrain.algorithms.sapo.dht_guard import SwarmRecordValidator, registry_key, rollouts_key
 
         self.cfg, self.hcfg, self.node_id = cfg, cfg.hivemind, node_id
-        self.key = f"{self.hcfg.prefix}/rollouts"
-        self.seen: set[tuple[int, str]] = set()
+        # A fresh key per exchange (not hivemind's process-wide one): two nodes in one process stay two owners.
+        signer = RSASignatureValidator(RSAPrivateKey())
+        self.marker = signer.local_public_key
+        self.registry = registry_key(self.hcfg.prefix)
+        self.own_key = rollouts_key(self.hcfg.prefix, self.marker)
+        self.known: OrderedDict[bytes, float] = OrderedDict()  # peer marker -> when last listed
+        self.delivered: dict[bytes, float] = {}  # peer marker -> when it last gave us a record
+        self.high_water: dict[bytes, int] = {}  # peer marker -> highest round taken from it
+        self.digests: OrderedDict[bytes, None] = OrderedDict()
+        self.drops: Counter[str] = Counter()
+        self.starved_rounds = 0
         peers = list(self.hcfg.initial_peers)
         peers_file = Path(self.hcfg.peers_file) if self.hcfg.peers_file else None
         if peers_file is not None:
@@ -161,45 +196,182 @@ class HivemindExchange:
             use_relay=self.hcfg.use_relay,
             use_auto_relay=self.hcfg.use_auto_relay,
             auto_nat=self.hcfg.auto_nat,
+            record_validators=[signer, SwarmRecordValidator(self.hcfg.prefix, self.hcfg.max_ttl_s,
+                                                            self.hcfg.max_record_bytes)],
         )
         self.maddrs = [str(m) for m in self.dht.get_visible_maddrs()]
         if peers_file is not None:
             _append_peers(peers_file, self.maddrs)
         logger.info("hivemind node %s at %s (joined via %d peers)", node_id, self.maddrs, len(peers))
 
-    def _collect(self) -> list[PeerRecord]:
-        found = self.dht.get(self.key, latest=True)
+    # -- peers -----------------------------------------------------------------------------------
+
+    def _refresh_peers(self) -> None:
+        from decentrain.algorithms.sapo.dht_guard import owner_of
+
+        found = self.dht.get(self.registry, latest=True)
+        now = time.monotonic()
+        if found is not None and isinstance(found.value, dict):
+            for subkey in found.value:
+                marker = owner_of(subkey) if isinstance(subkey, bytes) else None
+                if marker is None or marker != subkey:
+                    self.drops["bad_registry_entry"] += 1
+                    continue
+                if marker != self.marker:
+                    self.known[marker] = now
+                    self.known.move_to_end(marker)
+        while self.known and (len(self.known) > self.hcfg.max_known_peers  # forget the stalest first
+                              or next(iter(self.known.values())) < now - self.hcfg.max_ttl_s):
+            old, _ = self.known.popitem(last=False)
+            self.delivered.pop(old, None)
+            self.high_water.pop(old, None)
+
+    def _candidates(self, taken: set[bytes]) -> list[bytes]:
+        """Peers to read this poll: those that delivered most recently first, then the rest."""
+        rest = [m for m in self.known if m not in taken]
+        rest.sort(key=lambda m: self.delivered.get(m, 0.0), reverse=True)
+        room = self.hcfg.max_peers_per_round - len(taken)
+        if len(rest) > room:
+            self.drops["peer_budget"] += len(rest) - room
+        return rest[:max(room, 0)]
+
+    # -- records ---------------------------------------------------------------------------------
+
+    def _assemble(self, marker: bytes, found) -> tuple[int, bytes] | None | str:
+        """(round, compressed bytes) of a peer's newest complete payload; None: nothing (yet); str: a drop reason."""
+        from decentrain.algorithms.sapo.dht_guard import chunk_subkey, max_chunks
+
         if found is None or not isinstance(found.value, dict):
-            return []
+            return None  # nothing published yet, or expired
+        first = getattr(found.value.get(chunk_subkey(marker, 0)), "value", None)
+        if not isinstance(first, dict):
+            return "bad_shape" if first is not None else None
+        round_, n = first.get("round"), first.get("n")
+        if any(not isinstance(v, int) or isinstance(v, bool) for v in (round_, n)):
+            return "bad_shape"
+        if not 1 <= n <= max_chunks(self.hcfg.max_record_bytes):
+            return "bad_shape"
+        parts = []
+        for i in range(n):
+            chunk = first if i == 0 else getattr(found.value.get(chunk_subkey(marker, i)), "value", None)
+            if not isinstance(chunk, dict) or chunk.get("round") != round_ or chunk.get("n") != n:
+                return None  # the rest of this round's chunks have not landed yet
+            if not isinstance(chunk.get("payload"), bytes):
+                return "bad_shape"
+            parts.append(chunk["payload"])
+        return round_, b"".join(parts)
+
+    def _take(self, marker: bytes, found, budget: list[int]) -> PeerRecord | None:
+        """One peer's record if it passes every receive-side rule; else counts why and returns None."""
+        from decentrain.algorithms.sapo.dht_guard import inflate, owner_digest
+
+        got = self._assemble(marker, found)
+        if got is None or isinstance(got, str):
+            if got:
+                self.drops[got] += 1
+            return None
+        round_, data = got
+        last = self.high_water.get(marker)
+        if last is not None and round_ <= last:
+            if round_ < last:
+                self.drops["stale_round"] += 1
+            return None  # round_ == last: already taken
+        if len(data) > budget[0]:
+            self.drops["fetch_budget"] += 1
+            return None
+        budget[0] -= len(data)
+        self.high_water[marker] = round_  # one record per peer per round: the rate limit
+        payload = inflate(data, self.cfg.max_bytes)
+        if payload is None:
+            self.drops["bad_compression"] += 1
+            return None
+        if not self._remember(payload):
+            self.drops["replay"] += 1
+            return None
+        self.delivered[marker] = time.monotonic()
+        return PeerRecord(f"{owner_digest(marker)[:12]}@{round_}", payload, round_)
+
+    def _remember(self, payload: bytes) -> bool:
+        """False if these exact bytes were seen before (taken from a peer, or our own)."""
+        digest = hashlib.sha256(payload).digest()
+        if digest in self.digests:
+            return False
+        self.digests[digest] = None
+        if len(self.digests) > self._DIGESTS:
+            self.digests.popitem(last=False)
+        return True
+
+    def _collect(self, taken: set[bytes], budget: list[int]) -> list[PeerRecord]:
+        from decentrain.algorithms.sapo.dht_guard import rollouts_key
+
+        peers = self._candidates(taken)
+        futures = [self.dht.get(rollouts_key(self.hcfg.prefix, m), latest=True, return_future=True) for m in peers]
         out = []
-        for peer, record in found.value.items():
-            value = getattr(record, "value", None)
-            # Anything a peer stored is untrusted: only {"round": int, "payload": bytes} goes on.
-            if peer == self.node_id or not isinstance(value, dict):
+        for marker, future in zip(peers, futures):
+            try:
+                found = future.result()
+            except Exception as e:  # a DHT lookup error costs this peer's record, not the round
+                self.drops["lookup_error"] += 1
+                logger.debug("DHT get for %s failed: %s", marker[:24], e)
                 continue
-            round_, data = value.get("round"), value.get("payload")
-            if not isinstance(round_, int) or isinstance(round_, bool):
-                round_, data = None, b""  # the decoder counts it as a drop
-            if (round_, str(peer)) in self.seen:
-                continue
-            self.seen.add((round_, str(peer)))
-            out.append(PeerRecord(f"{peer}@{round_}", data if isinstance(data, bytes) else b"", round_))
+            record = self._take(marker, found, budget)
+            if record is not None:
+                taken.add(marker)
+                out.append(record)
         return out
 
     def exchange(self, round_: int, payload: bytes) -> list[PeerRecord]:
-        from hivemind.utils import get_dht_time
+        from decentrain.algorithms.sapo.dht_guard import compress
 
-        if len(payload) > self.cfg.max_bytes:
-            raise ValueError(f"payload of {len(payload)} bytes exceeds exchange.max_bytes={self.cfg.max_bytes}")
-        record = {"round": round_, "payload": payload}
-        self.dht.store(self.key, record, expiration_time=get_dht_time() + self.hcfg.ttl_s, subkey=self.node_id)
+        before = sum(self.drops.values()), dict(self.drops)
+        data = compress(payload)
+        self._remember(payload)  # our own payload coming back under another key is a replay
+        if len(payload) > self.cfg.max_bytes or len(data) > self.hcfg.max_record_bytes:
+            logger.warning("round %d: own payload of %d bytes (%d compressed) exceeds exchange.max_bytes=%d or "
+                           "exchange.hivemind.max_record_bytes=%d; not published", round_, len(payload), len(data),
+                           self.cfg.max_bytes, self.hcfg.max_record_bytes)
+        else:
+            self._publish(round_, data)
         # No barrier: poll briefly for new records, then go on with whatever arrived.
+        taken: set[bytes] = set()
+        budget = [self.hcfg.max_fetch_bytes]
         deadline = time.monotonic() + self.hcfg.wait_s
-        out = self._collect()
+        self._refresh_peers()
+        out = self._collect(taken, budget)
         while len(out) < self.hcfg.min_peers and time.monotonic() < deadline:
             time.sleep(self.hcfg.poll_s)
-            out += self._collect()
+            self._refresh_peers()  # peers that joined meanwhile
+            out += self._collect(taken, budget)
+        self._report(round_, out, before)
         return out
+
+    def _publish(self, round_: int, data: bytes) -> None:
+        from hivemind.utils import get_dht_time
+
+        from decentrain.algorithms.sapo.dht_guard import CHUNK_BYTES, chunk_subkey
+
+        chunks = [data[i:i + CHUNK_BYTES] for i in range(0, len(data), CHUNK_BYTES)] or [b""]
+        expiration = get_dht_time() + self.hcfg.ttl_s
+        # One after another, chunk 0 last: a reader that sees this round's chunk 0 finds the rest.
+        for i in reversed(range(len(chunks))):
+            value = {"round": round_, "n": len(chunks), "payload": chunks[i]}
+            self.dht.store(self.own_key, value, expiration_time=expiration, subkey=chunk_subkey(self.marker, i))
+        self.dht.store(self.registry, 1, expiration_time=expiration, subkey=self.marker)
+
+    def _report(self, round_: int, out: list[PeerRecord], before: tuple[int, dict[str, int]]) -> None:
+        """Drops: one line per round, not per record. Silence while peers are listed: one WARNING per K rounds."""
+        dropped = sum(self.drops.values()) - before[0]
+        if dropped:
+            delta = {k: v - before[1].get(k, 0) for k, v in self.drops.items() if v != before[1].get(k, 0)}
+            logger.warning("round %d: dropped %d DHT record(s) %s", round_, dropped, delta)
+        if out or not self.known:
+            self.starved_rounds = 0
+            return
+        self.starved_rounds += 1
+        if self.starved_rounds % self.hcfg.starved_warn_rounds == 0:
+            logger.warning("round %d: NO records from any of %d known peers for %d rounds: this node may be cut "
+                           "off from the swarm (drops so far: %s)", round_, len(self.known), self.starved_rounds,
+                           dict(self.drops))
 
     def close(self) -> None:
         self.dht.shutdown()

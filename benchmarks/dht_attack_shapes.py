@@ -1,0 +1,154 @@
+"""Hostile DHT record shapes, run inside an attacker's hivemind DHT process.
+
+Each shape is `async def shape(dht, node, prefix) -> int` (records it stored), executed with
+`attacker.run_coroutine(partial(shape, prefix=...))`, so that large values never cross
+hivemind's command pipe (which breaks above 16 KiB, see dht_guard). Each aims at the old
+single key `<prefix>/rollouts` and at the current layout: the registry and every listed
+node's own key and chunk subkeys. Shared by tests/integration/test_sapo_dht_attacks.py and
+benchmarks/swarm_attack.py.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import partial
+
+FAR_S = 1e9  # a far-future expiration, ~30 years
+
+
+def _now() -> float:
+    from hivemind.utils import get_dht_time
+
+    return get_dht_time()
+
+
+async def _victims(node, prefix: str) -> list[bytes]:
+    """Owner markers listed in the registry (validators of the attacker's own node are off)."""
+    from decentrain.algorithms.sapo.dht_guard import owner_of, registry_key
+
+    found = await node.get(registry_key(prefix), latest=True)
+    if found is None or not isinstance(found.value, dict):
+        return []
+    return [owner_of(k) for k in found.value if isinstance(k, bytes) and owner_of(k)]
+
+
+async def _targets(node, prefix: str) -> list[tuple[str, bytes | None]]:
+    """(key, that key's victim marker or None)."""
+    from decentrain.algorithms.sapo.dht_guard import registry_key, rollouts_key
+
+    victims = await _victims(node, prefix)
+    return [(f"{prefix}/rollouts", None), (registry_key(prefix), None),
+            *((rollouts_key(prefix, m), m) for m in victims)]
+
+
+async def big_records(dht, node, prefix: str) -> int:
+    """> 4 MiB of records: five 900 KB records under each key."""
+    n = 0
+    for key, _ in await _targets(node, prefix):
+        for i in range(5):
+            await node.store(key, {"round": 1, "payload": os.urandom(900_000)}, _now() + 100, subkey=f"big{i}")
+            n += 1
+    return n
+
+
+async def far_future_ttl(dht, node, prefix: str) -> int:
+    """Unsigned records under each victim's own subkeys, expiring in ~30 years."""
+    from decentrain.algorithms.sapo.dht_guard import chunk_subkey, registry_key
+
+    n = 0
+    junk = {"round": 10**6, "n": 1, "payload": b"junk"}
+    for key, marker in await _targets(node, prefix):
+        for subkey in ([chunk_subkey(marker, 0), chunk_subkey(marker, 1)] if marker else ["b", "node0", "node1"]):
+            await node.store(key, junk, _now() + FAR_S, subkey=subkey)
+            n += 1
+        if marker:
+            await node.store(registry_key(prefix), 1, _now() + FAR_S, subkey=marker)
+            n += 1
+    return n
+
+
+async def whole_key(dht, node, prefix: str) -> int:
+    """One 1 MB plain value over each whole key, expiring in ~30 years."""
+    targets = await _targets(node, prefix)
+    for key, _ in targets:
+        await node.store(key, os.urandom(1_000_000), _now() + FAR_S)
+    return len(targets)
+
+
+async def flood(dht, node, prefix: str, count: int = 1000) -> int:
+    """`count` junk records under the old key and the registry."""
+    n = 0
+    for key, _ in (await _targets(node, prefix))[:2]:
+        keys = [key] * count
+        subkeys = [f"f{i}" for i in range(count)]
+        values = [{"round": 1, "n": 1, "payload": b"j" * 200}] * count
+        await node.store_many(keys, values, _now() + 100, subkeys=subkeys)
+        n += count
+    return n
+
+
+_CAPTURED: list[dict] = []  # lives in the attacker's DHT process: captured values never cross the pipe
+
+
+async def capture(dht, node, prefix: str) -> int:
+    """Every listed node's current records (old key and own keys), kept for `replay`."""
+    from decentrain.algorithms.sapo.dht_guard import rollouts_key
+
+    keys = [f"{prefix}/rollouts", *(rollouts_key(prefix, m) for m in await _victims(node, prefix))]
+    for key in keys:
+        found = await node.get(key, latest=True)
+        if found is not None and isinstance(found.value, dict):
+            _CAPTURED.extend(v.value for v in found.value.values() if isinstance(v.value, dict))
+    return len(_CAPTURED)
+
+
+async def replay(dht, node, prefix: str) -> int:
+    """Captured records again as round 0: under the old key (fresh subkeys) and, when the
+    attacker signs like a member, under its own key, where they pass every signature check."""
+    from decentrain.algorithms.sapo.dht_guard import chunk_subkey, registry_key, rollouts_key
+
+    marker = next((getattr(v, "local_public_key", None) for v in getattr(node.protocol.record_validator,
+                                                                          "_validators", [])), None)
+    n = 0
+    for i, value in enumerate(_CAPTURED):
+        await node.store(f"{prefix}/rollouts", {"round": 0, "payload": value.get("payload")}, _now() + 100,
+                         subkey=f"replay{i}")
+        n += 1
+        if marker is not None and "n" in value:  # a member replaying under its own signed key
+            await node.store(rollouts_key(prefix, marker), {**value, "round": 0}, _now() + 100,
+                             subkey=chunk_subkey(marker, i % int(value["n"])))
+            await node.store(registry_key(prefix), 1, _now() + 100, subkey=marker)
+            n += 2
+    return n
+
+
+SHAPES = {"big_records": big_records, "far_future_ttl": far_future_ttl, "whole_key": whole_key, "flood_1000": flood}
+
+
+def attacker_dht(initial_peers: list[str]):
+    """A raw hivemind DHT on loopback with its own RSA identity, like any swarm member. It runs
+    only hivemind's signature validator (to read signed values), none of a SAPO node's rules,
+    and stores unsigned records wherever it likes."""
+    import hivemind
+    from hivemind.dht.crypto import RSASignatureValidator
+    from hivemind.utils.crypto import RSAPrivateKey
+
+    return hivemind.DHT(initial_peers=initial_peers, start=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"],
+                        nat_port_map=False, use_relay=False, use_auto_relay=False, auto_nat=False,
+                        record_validators=[RSASignatureValidator(RSAPrivateKey())])
+
+
+def _run(attacker, fn, timeout: float) -> int:
+    return attacker.run_coroutine(fn, return_future=True).result(timeout=timeout)
+
+
+def run_shape(attacker, name: str, prefix: str, timeout: float = 120) -> int:
+    return _run(attacker, partial(SHAPES[name], prefix=prefix), timeout)
+
+
+def run_capture(attacker, prefix: str, timeout: float = 60) -> int:
+    return _run(attacker, partial(capture, prefix=prefix), timeout)
+
+
+def run_replay(attacker, prefix: str, timeout: float = 60) -> int:
+    return _run(attacker, partial(replay, prefix=prefix), timeout)

@@ -1,0 +1,385 @@
+"""swarm_attack: honest SAPO nodes over a loopback hivemind DHT, one hostile peer per attack.
+
+For each scenario, two honest nodes (`python -m recipes.rl sapo=hivemind`, tiny model) join a
+fresh swarm; once both have trained a round, the attacker joins and attacks for `--seconds`.
+Per scenario: rounds completed, external records received (rate per round), peak and growth of
+RSS (node + its DHT process and p2p daemon), crashes, and files created by RCE markers; each as
+a ratio to the no-attack run of the same invocation. Target: >= 0.9 of the no-attack rounds and
+external rate, 0 crashes, 0 files.
+
+Attackers (one per scenario):
+  payload level, published by a member with a valid DHT identity through a HivemindExchange:
+    rce (5 eval-verifier tasks), timestamp (400 digits), spoofing (wrong answers + matching
+    completions), metadata_bomb (~1 MiB), id_spoofing (honest names, RTL/zero-width/NUL ids)
+  DHT level (benchmarks/dht_attack_shapes.py, re-run every `--reattack-s`):
+    big_records (> 4 MiB under the swarm keys), far_future_ttl (under the honest nodes'
+    subkeys), whole_key (one value over each key), flood_1000, stale_replay (captured honest
+    records replayed as round 0)
+
+    python -m benchmarks.swarm_attack            # all 10 attacks + baseline, ~15 min on 2 cores
+    python -m benchmarks.swarm_attack --quick    # smoke: baseline + 2 attacks, short windows
+    python -m benchmarks.swarm_attack --attacks flood_1000 --seconds 600 --baseline-seconds 60 \
+        --reattack-s 5 --name swarm_attack_flood10   # memory under a 10-minute flood
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from benchmarks import dht_attack_shapes as shapes
+from benchmarks.results_io import RESULTS, write_results
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ["model.hidden_size=32", "model.num_layers=2", "model.intermediate_size=64", "model.num_heads=4",
+        "sampling.max_new_tokens=4", "loss.num_generations=4", "train.micro_batch_size=16", "train.threads=1",
+        "task.size=100", "logger.progress=false", "logger.console=false", "batch.num_local=2", "batch.num_external=2",
+        "train.rounds=100000", "train.checkpoint_every=0", "exchange.hivemind.wait_s=0.5", "resume=false"]
+G = 4  # loss.num_generations above
+EVAL_TASKS = ["string_insertion", "number_sorting", "polynomial_multiplication", "spiral_matrix", "binary_matrix"]
+PAYLOAD_ATTACKS = ["rce", "timestamp", "spoofing", "metadata_bomb", "id_spoofing"]
+DEFAULT_TASK = "chain_sum"  # in the default task mix: its questions are real to honest nodes
+DHT_ATTACKS = ["big_records", "far_future_ttl", "whole_key", "flood_1000", "stale_replay"]
+
+
+# -- hostile payloads --------------------------------------------------------------------------
+# Bodies are built by hand (a hostile peer does not use our encoder), then framed the way the
+# current wire format expects, signed with the attacker's own valid key where there is one.
+
+class Framer:
+    def __init__(self) -> None:
+        from decentrain.algorithms.sapo import payload as p
+
+        self.p = p
+        self.new = getattr(p, "_MAGIC", b"DTR1") != b"DTR1"
+        if self.new:
+            from decentrain.algorithms.sapo.identity import NodeIdentity
+
+            self.identity = NodeIdentity.generate()
+            self.node_id = self.identity.node_id
+        else:
+            self.identity, self.node_id = None, "attacker"
+
+    def frame(self, body: bytes) -> bytes:
+        if self.new:
+            return b" ".join([self.p._MAGIC, self.identity.node_id.encode(), self.identity.sign(body)]) + b"\n" + body
+        return b"DTR1\n" + body
+
+    def group(self, task: str, question: str, answer: str, completions: list[str], metadata=None) -> dict:
+        if self.new:
+            return {"task": task, "config": "0" * 16, "seed": 0, "size": 100, "index": 0, "question": question,
+                    "completions": completions}
+        return {"question": question, "answer": answer, "task": task, "metadata": metadata or {},
+                "completions": completions}
+
+    def body(self, round_: int, groups: list[dict], timestamp=None, node_id=None, name="attacker") -> bytes:
+        obj = {"version": 1, "node_id": node_id or self.node_id, "round": round_,
+               "timestamp": time.time() if timestamp is None else timestamp, "groups": groups}
+        if self.new:
+            obj["name"] = name
+        return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def _rce_markers(path: Path) -> list[str]:
+    return [f'__import__("os").system("touch {path}_a")', f'[open("{path}_b", "w")]',
+            f'[__import__("pathlib").Path("{path}_c").touch()]', '[open("rel_marker", "w")]']
+
+
+@functools.lru_cache(maxsize=None)
+def _questions(task: str, n: int = 1):
+    from decentrain.tasks import TaskMixConfig, TaskMixture
+
+    mix = TaskMixture(TaskMixConfig(tasks=[task], size=max(n, 10)))
+    return [mix[i] for i in range(n)]
+
+
+def hostile_payloads(kind: str, fr: Framer, round_: int, marker_dir: Path) -> list[bytes]:
+    if kind == "rce":
+        groups = []
+        for task in EVAL_TASKS:
+            item = _questions(task)[0]
+            marks = _rce_markers(marker_dir / task)
+            completions = [f"<answer>{m}</answer>" if i % 2 else m for i, m in enumerate(marks)][:G]
+            answer = marks[0] if task == "number_sorting" else item.answer  # number_sorting evals its answer
+            groups.append(fr.group(task, item.question, answer, completions, item.metadata))
+        return [fr.frame(fr.body(round_, groups))]
+    if kind == "timestamp":
+        item = _questions(DEFAULT_TASK)[0]
+        body = fr.body(round_, [fr.group(item.task, item.question, item.answer, [item.answer] * G)], timestamp=0)
+        return [fr.frame(body.replace(b'"timestamp":0', b'"timestamp":' + b"9" * 400))]
+    if kind == "spoofing":  # real questions of the default mix, wrong answers, completions that match them
+        groups = [fr.group(it.task, it.question, "123456789", ["123456789"] * G, it.metadata)
+                  for it in _questions(DEFAULT_TASK, 4)]
+        return [fr.frame(fr.body(round_, groups))]
+    if kind == "metadata_bomb":  # ~1 MiB of tiny values in one group's metadata (an unexpected field today)
+        item = _questions(DEFAULT_TASK)[0]
+        group = fr.group(item.task, item.question, item.answer, [item.answer] * G)
+        group["metadata"] = {f"k{i}": [i, [i]] for i in range(60_000)}
+        return [fr.frame(fr.body(round_, [group]))]
+    if kind == "id_spoofing":
+        item = _questions(DEFAULT_TASK)[0]
+        g = [fr.group(item.task, item.question, item.answer, [item.answer] * G)]
+        names = ["node0", "node1", "", "\x00node0", "\u202enode0", "node\u200b0"]
+        if fr.new:  # ids are public keys now: claim the names, and a node_id that is not the signing key
+            out = [fr.frame(fr.body(round_, g, name=n)) for n in names]
+            other = type(fr.identity).generate().node_id
+            return out + [fr.frame(fr.body(round_, g, node_id=other))]
+        return [fr.frame(fr.body(round_, g, node_id=n)) for n in names]
+    raise ValueError(kind)
+
+
+# -- processes and measurements ----------------------------------------------------------------
+
+def _env() -> dict:
+    return {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline", "OMP_NUM_THREADS": "1",
+            "PYTHONPATH": str(ROOT)}
+
+
+def _rows(run_dir: Path, node: str) -> list[dict]:
+    path = run_dir / node / "metrics.jsonl"
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:  # a line being written
+            pass
+    return out
+
+
+def _tree_rss_mib(pid: int) -> float:
+    import psutil
+
+    try:
+        proc = psutil.Process(pid)
+        procs = [proc, *proc.children(recursive=True)]
+    except psutil.Error:
+        return 0.0
+    total = 0
+    for p in procs:
+        try:
+            total += p.memory_info().rss
+        except psutil.Error:
+            pass
+    return total / 2**20
+
+
+class Attacker:
+    """One attack: `prepare()` joins the swarm (before the measured window), `thread` attacks until `stop`."""
+
+    def __init__(self, kind: str, peers: list[str], prefix: str, marker_dir: Path, reattack_s: float):
+        self.kind, self.peers, self.prefix, self.marker_dir, self.reattack_s = kind, peers, prefix, marker_dir, reattack_s
+        self.stop = threading.Event()
+        self.errors: list[str] = []
+        self.actions = 0
+        self.members: list = []  # payload attacks: one valid DHT member
+        self.dht = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def prepare(self) -> None:
+        if self.kind in PAYLOAD_ATTACKS:
+            from decentrain.algorithms.sapo.exchange import ExchangeConfig, HivemindConfig, build_exchange
+            from decentrain.core.world import World
+
+            cfg = ExchangeConfig(name="hivemind", hivemind=HivemindConfig(initial_peers=self.peers, prefix=self.prefix,
+                                                                          wait_s=0.0))
+            self.framer = Framer()
+            self.members = [build_exchange(cfg, World(), "attacker")]
+        else:
+            self.dht = shapes.attacker_dht(self.peers)
+            if self.kind == "stale_replay":
+                self.actions += shapes.run_capture(self.dht, self.prefix)
+
+    def _run(self) -> None:
+        try:
+            round_ = 0
+            while not self.stop.is_set():
+                if self.members:  # one hostile payload per round, cycling through the variants
+                    variants = hostile_payloads(self.kind, self.framer, round_, self.marker_dir)
+                    self.members[0].exchange(round_, variants[round_ % len(variants)])
+                    self.actions += 1
+                    round_ += 1
+                    self.stop.wait(0.5)
+                    continue
+                if self.kind == "stale_replay":
+                    self.actions += shapes.run_replay(self.dht, self.prefix)
+                else:
+                    self.actions += shapes.run_shape(self.dht, self.kind, self.prefix)
+                self.stop.wait(self.reattack_s)
+        except Exception as e:  # the attacker's own failure is reported, not fatal to the benchmark
+            self.errors.append(repr(e)[:300])
+
+    def close(self) -> None:
+        for ex in self.members:
+            ex.close()
+        if self.dht is not None:
+            self.dht.shutdown()
+
+
+def run_scenario(kind: str, args: argparse.Namespace, work: Path) -> dict:
+    run_dir, cwd, marker_dir = work / kind / "run", work / kind / "cwd", work / kind / "markers"
+    for d in (run_dir, cwd, marker_dir):
+        d.mkdir(parents=True)
+    peers_file = work / kind / "peers.txt"
+    prefix = f"atk_{kind}_{os.getpid()}"
+    nodes = ["node0", "node1"]
+
+    def start(i: int) -> subprocess.Popen:
+        cmd = [sys.executable, "-m", "recipes.rl", *TINY, "sapo=hivemind", f"node_index={i}", f"run_dir={run_dir}",
+               f"exchange.hivemind.peers_file={peers_file}", f"exchange.hivemind.prefix={prefix}"]
+        # Own session per node: stopping its process group takes its DHT process and p2p daemon too.
+        return subprocess.Popen(cmd, cwd=cwd, env=_env(), stdout=subprocess.DEVNULL,
+                                stderr=open(work / kind / f"node{i}.log", "wb"), start_new_session=True)
+
+    procs = [start(0)]
+    t0 = time.monotonic()
+    while not (peers_file.exists() and peers_file.read_text().strip()) and time.monotonic() - t0 < 120:
+        time.sleep(0.5)
+    procs.append(start(1))
+    while not all(_rows(run_dir, n) for n in nodes) and time.monotonic() - t0 < 180:
+        time.sleep(0.5)
+    attacker = None
+    if kind != "none":
+        peers = [line.strip() for line in peers_file.read_text().splitlines() if line.strip()]
+        attacker = Attacker(kind, peers, prefix, marker_dir, args.reattack_s)
+        attacker.prepare()
+        attacker.thread.start()
+    start_rows = {n: len(_rows(run_dir, n)) for n in nodes}
+    rss = {n: [] for n in nodes}
+    crashed = {n: False for n in nodes}
+    t_start = time.monotonic()
+    seconds = args.baseline_seconds if kind == "none" and args.baseline_seconds else args.seconds
+    while time.monotonic() - t_start < seconds:
+        for n, p in zip(nodes, procs):
+            crashed[n] |= p.poll() is not None
+            rss[n].append(_tree_rss_mib(p.pid))
+        time.sleep(2.0)
+    window = time.monotonic() - t_start
+    if attacker is not None:
+        attacker.stop.set()
+        attacker.thread.join(timeout=60)
+        attacker.close()
+    for p in procs:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGTERM)
+    for p in procs:
+        try:
+            p.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+    files = sorted(str(f.relative_to(work / kind)) for d in (marker_dir, cwd) for f in d.rglob("*")
+                   if f.is_file() and not f.name.endswith(".log") and "outputs" not in f.parts)
+    per_node = {}
+    for n in nodes:
+        rows = _rows(run_dir, n)[start_rows[n]:]
+        samples = [r for r in rss[n] if r > 0]
+        per_node[n] = {
+            "rounds": len(rows),
+            "external_received": sum(r.get("external_received", 0) for r in rows),
+            "external_per_round": sum(r.get("external_received", 0) for r in rows) / max(len(rows), 1),
+            "payloads_dropped": rows[-1].get("payloads_dropped", 0) if rows else None,
+            "rss_first_mib": samples[0] if samples else None, "rss_peak_mib": max(samples) if samples else None,
+            "rss_last_mib": samples[-1] if samples else None, "crashed": crashed[n],
+        }
+    return {"attack": kind, "window_s": window, "nodes": per_node, "files_created": files,
+            "crashes": sum(crashed.values()),
+            "rounds": sum(v["rounds"] for v in per_node.values()),
+            "external_per_round": sum(v["external_received"] for v in per_node.values())
+            / max(sum(v["rounds"] for v in per_node.values()), 1),
+            "rss_growth_mib": max((v["rss_last_mib"] or 0) - (v["rss_first_mib"] or 0) for v in per_node.values()),
+            "rss_peak_mib": max((v["rss_peak_mib"] or 0) for v in per_node.values()),
+            "attacker_actions": attacker.actions if attacker else 0,
+            "attacker_errors": attacker.errors if attacker else []}
+
+
+def _table(results: dict) -> str:
+    base = results["none"]
+    lines = ["| attack | rounds (ratio) | ext/round (ratio) | RSS peak MiB | RSS growth MiB | crashes | files | ok |",
+             "|---|---|---|---|---|---|---|---|"]
+    for kind, r in results.items():
+        # rounds per second of window: the no-attack window may differ (--baseline-seconds)
+        rr = (r["rounds"] / r["window_s"]) / (base["rounds"] / base["window_s"]) if base["rounds"] else float("nan")
+        er = r["external_per_round"] / base["external_per_round"] if base["external_per_round"] else float("nan")
+        r["rounds_ratio"], r["external_ratio"] = rr, er
+        r["ok"] = rr >= 0.9 and er >= 0.9 and r["crashes"] == 0 and not r["files_created"]
+        lines.append(f"| {kind} | {r['rounds']} ({rr:.2f}) | {r['external_per_round']:.2f} ({er:.2f}) | "
+                     f"{r['rss_peak_mib']:.0f} | {r['rss_growth_mib']:+.0f} | {r['crashes']} | "
+                     f"{len(r['files_created'])} | {'yes' if r['ok'] else 'NO'} |")
+    return "\n".join(lines)
+
+
+def plot(results: dict, out_png: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    kinds = list(results)
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    for ax, key, title in zip(axes, ("rounds_ratio", "external_ratio", "rss_growth_mib"),
+                              ("rounds vs no attack", "external records / round vs no attack", "RSS growth (MiB)")):
+        ax.bar(range(len(kinds)), [results[k][key] for k in kinds], color="tab:blue")
+        if key != "rss_growth_mib":
+            ax.axhline(0.9, color="red", ls="--", lw=1, label="target 0.9")
+            ax.legend()
+        ax.set_xticks(range(len(kinds)), kinds, rotation=60, ha="right")
+        ax.set_title(title)
+        ax.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    fig.savefig(out_png, dpi=110)
+    plt.close(fig)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seconds", type=float, default=45.0, help="measurement window per scenario")
+    ap.add_argument("--attacks", default=",".join(PAYLOAD_ATTACKS + DHT_ATTACKS))
+    ap.add_argument("--baseline-seconds", type=float, default=None, help="window of the no-attack run (default: --seconds)")
+    ap.add_argument("--reattack-s", type=float, default=10.0)
+    ap.add_argument("--quick", action="store_true", help="smoke run: baseline + 2 attacks, 12 s windows")
+    ap.add_argument("--name", default="swarm_attack")
+    args = ap.parse_args()
+    if args.quick:
+        args.seconds, args.attacks, args.name = 12.0, "timestamp,whole_key", args.name + "_quick"
+    kinds = ["none", *[k for k in args.attacks.split(",") if k]]
+    unknown = set(kinds) - {"none", *PAYLOAD_ATTACKS, *DHT_ATTACKS}
+    if unknown:
+        raise SystemExit(f"--attacks: unknown {sorted(unknown)}; allowed {PAYLOAD_ATTACKS + DHT_ATTACKS}")
+    work = Path(tempfile.mkdtemp(prefix="swarm_attack_"))
+    t0 = time.perf_counter()
+    results = {}
+    try:
+        for kind in kinds:
+            print(f"{kind}: 2 honest nodes, {args.seconds:.0f} s window", flush=True)
+            results[kind] = run_scenario(kind, args, work)
+            r = results[kind]
+            print(f"  rounds {r['rounds']}, ext/round {r['external_per_round']:.2f}, crashes {r['crashes']}, "
+                  f"files {len(r['files_created'])}, attacker actions {r['attacker_actions']} {r['attacker_errors']}",
+                  flush=True)
+    finally:
+        if not os.environ.get("SWARM_ATTACK_KEEP"):
+            shutil.rmtree(work, ignore_errors=True)
+    table = _table(results)
+    figures = {"scenarios": results, "total_wall_s": time.perf_counter() - t0, "table": table,
+               "all_ok": all(r["ok"] for r in results.values())}
+    out = write_results(args.name, vars(args), figures)
+    plot(results, RESULTS / f"{args.name}.png")
+    (RESULTS / f"{args.name}.txt").write_text(f"swarm_attack ({args.seconds:.0f} s per scenario, 2 honest nodes)\n\n"
+                                              f"{table}\n\nall targets met: {figures['all_ok']}\n")
+    print("\n" + table)
+    print(f"\nwrote {out}, {out.with_suffix('.png')} and {out.with_suffix('.txt')}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,60 @@
+"""Hostile DHT record shapes against the real HivemindExchange on loopback.
+
+Three DHT nodes: honest receiver `a`, honest sender `b`, and a raw hivemind DHT `x` that stores
+whatever it likes (benchmarks/dht_attack_shapes.py), aimed at the old single key `<prefix>/rollouts` and at the
+current layout's keys. After each attack, `a` must still receive `b`'s next payloads, and nothing else.
+"""
+
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("hivemind")
+pytestmark = pytest.mark.integration
+
+PREFIX = "atk"
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))  # the shapes live beside the benchmark that also uses them
+
+from benchmarks import dht_attack_shapes as shapes  # noqa: E402
+
+ATTACKS = [*shapes.SHAPES, "stale_replay"]
+
+
+def _payload(node_id: str, round_: int) -> bytes:
+    """Stands in for an encoded payload: the exchange moves bytes, the decoder is tested elsewhere."""
+    return f"{node_id}:{round_}:".encode() + bytes(range(256)) * 8
+
+
+@pytest.mark.parametrize("attack", ATTACKS)
+def test_honest_node_still_gets_the_honest_peers_groups(attack):
+    from decentrain.algorithms.sapo.exchange import ExchangeConfig, HivemindConfig, build_exchange
+    from decentrain.core.world import World
+
+    def cfg(peers, wait_s):
+        return ExchangeConfig(name="hivemind", hivemind=HivemindConfig(wait_s=wait_s, prefix=PREFIX, initial_peers=peers))
+
+    a = build_exchange(cfg([], 5.0), World(), "a")
+    b = build_exchange(cfg(a.maddrs, 0.0), World(), "b")  # b only publishes
+    x = shapes.attacker_dht(a.maddrs)
+    try:
+        b.exchange(0, _payload("b", 0))
+        assert [r.round for r in a.exchange(0, _payload("a", 0))] == [0]  # before the attack
+        if attack == "stale_replay":  # b's round-0 record, which a already took, comes back as round 0
+            assert shapes.run_capture(x, PREFIX) > 0
+            assert shapes.run_replay(x, PREFIX) > 0
+        else:
+            assert shapes.run_shape(x, attack, PREFIX) > 0
+        got = []
+        for r in (1, 2):  # the honest peer's next two rounds both arrive
+            b.exchange(r, _payload("b", r))
+            recs = a.exchange(r, _payload("a", r))
+            got += [(rec.data, rec.round) for rec in recs]
+        assert got == [(_payload("b", 1), 1), (_payload("b", 2), 2)]
+    finally:
+        for node in (a, b):
+            node.close()
+        x.shutdown()
