@@ -383,3 +383,15 @@ def test_valid_payloads_with_mutated_bytes_are_dropped_or_intact(junk, pos):
     # Without a swarm key the HMAC field is not read; everything else is covered by the node key.
     out = PayloadDecoder(LIMITS)(bytes(wire), current_round=10)
     assert out is None or out == payload()
+
+
+def test_an_upper_case_spelling_of_a_valid_signature_is_dropped():
+    # found by the mutation property test: bytes.fromhex accepts 'C' for 'c', so one signature
+    # had many wire spellings (a replay that a byte-level digest would not recognise)
+    good = encode_payload(payload(), ME, KEY)
+    head, body = good.split(b"\n", 1)
+    magic, pub, sig, mac = head.split(b" ")
+    assert sig != sig.upper()
+    dec = PayloadDecoder(LIMITS, key=KEY)
+    assert dec(b" ".join([magic, pub, sig.upper(), mac]) + b"\n" + body, current_round=10) is None
+    assert dec.drops.total == 1

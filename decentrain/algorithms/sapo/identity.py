@@ -89,8 +89,11 @@ class NodeIdentity:
 def verify_signature(public_key_hex: str, signature_hex: bytes, data: bytes) -> bool:
     """True iff `signature_hex` is a valid Ed25519 signature of `data`; never raises on bad input."""
     try:
+        sig = signature_hex.decode("ascii")
+        if not _HEX.fullmatch(sig):  # one spelling per signature: fromhex would also take upper case
+            return False
         pub = Ed25519PublicKey.from_public_bytes(bytes.fromhex(public_key_hex))
-        pub.verify(bytes.fromhex(signature_hex.decode("ascii")), data)
+        pub.verify(bytes.fromhex(sig), data)
         return True
     except (InvalidSignature, ValueError, UnicodeDecodeError):
         return False
