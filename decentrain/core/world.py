@@ -5,6 +5,7 @@ Everything else receives a `World` explicitly: there are no module-level globals
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -123,6 +124,22 @@ def plan_placement(device: str, local_ranks: int, gpus: int, backend: str | None
     return Placement("cuda", min(gpus, local_ranks), shared, backend or ("gloo" if shared else "nccl"))
 
 
+def tag_log_records(rank: int) -> None:
+    """Every log record of this process starts with its rank: one process is one rank, and logging's
+    handlers are process-wide, so the record factory is where the rank can go once for all modules."""
+    base = logging.getLogRecordFactory()
+    base = getattr(base, "untagged", base)  # a second World in one process re-tags, never stacks
+
+    def factory(*args, **kwargs) -> logging.LogRecord:
+        record = base(*args, **kwargs)
+        record.rank = rank
+        record.msg = f"[rank {rank}] {record.msg}"
+        return record
+
+    factory.untagged = base  # type: ignore[attr-defined]
+    logging.setLogRecordFactory(factory)
+
+
 def visible_gpus() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
@@ -142,6 +159,7 @@ def init_world(backend: str | None = None, timeout_s: float = 600.0, threads: in
     dev = placement.device(env.local_rank)
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
+    tag_log_records(env.rank)
     if not env.under_torchrun:
         return World(device=dev, run_id=env.run_id)
     backend = placement.backend
@@ -170,6 +188,7 @@ def local_world(device: str = "auto", threads: int | None = None) -> World:
         torch.set_num_threads(threads)
     env = read_launch_env()
     dev = plan_placement(device, env.local_world_size, visible_gpus()).device(env.local_rank)
+    tag_log_records(env.rank)
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
     return World(device=dev, run_id=env.run_id)

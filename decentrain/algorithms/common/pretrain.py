@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import json
 import os
 from pathlib import Path
@@ -16,6 +17,8 @@ from decentrain.core.metrics import MetricsLogger, plot_curves, read_jsonl
 from decentrain.core.world import World
 from decentrain.data.blocks import build_corpus
 from decentrain.models.factory import build_model, build_tokenizer, num_params, save_model
+
+log = logging.getLogger(__name__)
 
 
 def drop_rows_after(path: Path, step: int) -> None:
@@ -53,10 +56,9 @@ def run_pretraining(cfg: TrainConfig, world: World, run_dir: Path, config_dict: 
     if world.is_main:
         shards = f" ({layout.replicas} replicas x {layout.shards} shards, {cfg.engine.name})" if layout.shards > 1 else ""
         where = f"resumed from step {resumed}" if resumed is not None else "from scratch"
-        print(
+        log.info(
             f"[decentrain] {cfg.algorithm.name}: {num_params(model) / 1e6:.2f}M params, world {world.world_size}{shards}, "
-            f"{len(trainer.train_blocks)} train blocks of {cfg.data.seq_len} tokens, {where}; run dir {run_dir}",
-            flush=True,
+            f"{len(trainer.train_blocks)} train blocks of {cfg.data.seq_len} tokens, {where}; run dir {run_dir}"
         )
     try:
         result = trainer.fit(logger)
@@ -73,6 +75,6 @@ def run_pretraining(cfg: TrainConfig, world: World, run_dir: Path, config_dict: 
         metrics = run_dir / "metrics.jsonl"
         if metrics.exists():
             plot_curves(read_jsonl(metrics), ["train/loss", "eval/loss"], run_dir / "loss.png", title=f"{cfg.algorithm.name} on {world.world_size} ranks")
-        print(f"[decentrain] done: step {result.final_step}, train loss {result.train_loss:.4f}, "
-              f"eval loss {sum(result.eval_loss.values()) / max(1, len(result.eval_loss)):.4f}, {result.seconds:.1f}s", flush=True)
+        log.info(f"[decentrain] done: step {result.final_step}, train loss {result.train_loss:.4f}, "
+                 f"eval loss {sum(result.eval_loss.values()) / max(1, len(result.eval_loss)):.4f}, {result.seconds:.1f}s")
     return result

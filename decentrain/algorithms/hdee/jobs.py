@@ -7,6 +7,7 @@ launcher); here we start `max_parallel` of them at a time and wait for all.
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 import time
@@ -18,6 +19,8 @@ from decentrain.algorithms.hdee.train import model_dir
 
 # Overrides the parent sets for each child; the user's own values for these are dropped.
 _JOB_KEYS = ("job.stage", "job.index", "ensemble_dir", "hydra.run.dir")
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -54,16 +57,16 @@ def run_jobs(jobs: list[Job], max_parallel: int, poll_s: float = 0.5) -> None:
         while pending and len(running) < max_parallel:
             job = pending.pop(0)
             job.log.parent.mkdir(parents=True, exist_ok=True)
-            with open(job.log, "w") as log:
-                running.append((job, subprocess.Popen(job.argv, stdout=log, stderr=subprocess.STDOUT)))
-            print(f"[hdee] started job {job.name} (log {job.log})", flush=True)
+            with open(job.log, "w") as out:
+                running.append((job, subprocess.Popen(job.argv, stdout=out, stderr=subprocess.STDOUT)))
+            log.info(f"[hdee] started job {job.name} (log {job.log})")
         for job, proc in list(running):
             if proc.poll() is None:
                 continue
             running.remove((job, proc))
             if proc.returncode:
                 failed.append((job, proc.returncode))
-            print(f"[hdee] job {job.name} exited with {proc.returncode}", flush=True)
+            log.info(f"[hdee] job {job.name} exited with {proc.returncode}")
         time.sleep(poll_s)
     if failed:
         details = "\n".join(f"--- {j.name} (exit {rc}), last lines of {j.log}:\n{_tail(j.log)}" for j, rc in failed)

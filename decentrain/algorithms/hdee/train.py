@@ -10,6 +10,7 @@ one is its own job (a process here, a Hydra multirun job or a Slurm task elsewhe
 
 from __future__ import annotations
 
+import logging
 import dataclasses
 import os
 import shutil
@@ -28,6 +29,8 @@ from decentrain.data.blocks import build_corpus
 from decentrain.models.factory import build_model, build_tokenizer, num_params, save_model
 
 MODEL_SUBDIR = "model"
+
+log = logging.getLogger(__name__)
 
 
 def model_dir(ensemble_dir: str | Path, run: str) -> Path:
@@ -59,8 +62,8 @@ def _train_run(cfg: HdeeConfig, world: World, name: str, model, tokenizer, domai
     resumed = trainer.maybe_resume()
     if world.is_main:
         where = f"resumed at step {resumed}" if resumed is not None else "from its init"
-        print(f"[hdee] {name}: {num_params(model) / 1e6:.2f}M params, {steps} steps on {domains}, "
-              f"world {world.world_size}, {where}", flush=True)
+        log.info(f"[hdee] {name}: {num_params(model) / 1e6:.2f}M params, {steps} steps on {domains}, "
+                 f"world {world.world_size}, {where}")
     logger = MetricsLogger(cfg.logger, run_dir, world.rank, total_steps=steps)
     try:
         result = trainer.fit(logger)
@@ -68,7 +71,7 @@ def _train_run(cfg: HdeeConfig, world: World, name: str, model, tokenizer, domai
         logger.close()
     if world.is_main:
         _save_atomic(trainer.model, tokenizer, out)
-        print(f"[hdee] {name}: done, eval loss {result.eval_loss} in {result.seconds:.1f}s -> {out}", flush=True)
+        log.info(f"[hdee] {name}: done, eval loss {result.eval_loss} in {result.seconds:.1f}s -> {out}")
     world.barrier()
     return out
 
@@ -78,7 +81,7 @@ def train_seed(cfg: HdeeConfig, world: World, seed: SeedConfig) -> Path:
     out = model_dir(cfg.ensemble_dir, seed.name)
     if out.exists():
         if world.is_main:
-            print(f"[hdee] seed {seed.name}: {out} exists, skipping", flush=True)
+            log.info(f"[hdee] seed {seed.name}: {out} exists, skipping")
         return out
     model_cfg = dataclasses.replace(cfg.model, tokenizer=seed.tokenizer)
     tokenizer = build_tokenizer(model_cfg)
@@ -97,7 +100,7 @@ def train_expert(cfg: HdeeConfig, world: World, run: ExpertRun) -> Path:
     out = model_dir(cfg.ensemble_dir, run.name)
     if out.exists():
         if world.is_main:
-            print(f"[hdee] {run.name}: {out} exists, skipping", flush=True)
+            log.info(f"[hdee] {run.name}: {out} exists, skipping")
         return out
     init = model_dir(cfg.ensemble_dir, run.init_from)
     if not init.exists():
