@@ -11,11 +11,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from pathlib import Path
+
 from omegaconf import OmegaConf
 
 from decentrain.algorithms import ALGORITHMS, AlgorithmConfig
 from decentrain.algorithms.common.engine import EngineConfig
 from decentrain.algorithms.common.speed import COMPILE_SCOPES, PRECISIONS
+from decentrain.core.checks import check_range
 from decentrain.core.metrics import LoggerConfig
 from decentrain.core.world import DEVICES
 from decentrain.data.blocks import DataConfig
@@ -36,8 +39,14 @@ class OptimConfig:
     grad_clip: float = 1.0  # 0 disables clipping
 
     def __post_init__(self) -> None:
-        if self.lr <= 0:
-            raise ValueError(f"optim.lr={self.lr} must be > 0")
+        check_range("optim.lr", self.lr, 0, 1, low_open=True)  # AdamW above 1 only diverges
+        check_range("optim.weight_decay", self.weight_decay, 0, 1)
+        if len(self.betas) != 2:
+            raise ValueError(f"optim.betas={list(self.betas)} must be two numbers, each in [0, 1)")
+        for i, b in enumerate(self.betas):
+            check_range(f"optim.betas[{i}]", b, 0, 1, high_open=True)
+        check_range("optim.min_lr_ratio", self.min_lr_ratio, 0, 1)
+        check_range("optim.grad_clip", self.grad_clip, 0)
         if self.schedule not in SCHEDULES:
             raise ValueError(f"optim.schedule={self.schedule!r} is unknown; allowed: {list(SCHEDULES)}")
         if self.warmup_steps < 0:
@@ -72,6 +81,8 @@ class LoopConfig:
         for f in ("steps", "global_batch_size", "micro_batch_size", "eval_every", "eval_batches", "checkpoint_every", "keep_checkpoints"):
             if getattr(self, f) < 1:
                 raise ValueError(f"train.{f}={getattr(self, f)} must be >= 1")
+        check_range("train.seed", self.seed, 0, 2**32 - 1)  # numpy's seed range
+        check_range("train.threads", self.threads, 1, 1024, none_ok=True)
 
 
 @dataclass
@@ -141,8 +152,35 @@ def config_from_dict(raw: dict[str, Any]) -> TrainConfig:
     return TrainConfig(**kwargs)
 
 
+def check_data_fits(cfg: TrainConfig) -> None:
+    """The built-in corpus has room for one global batch of `seq_len` blocks (hf sources are checked by the workers)."""
+    if cfg.data.source != "offline":
+        return
+    from decentrain.data.blocks import build_corpus
+    from decentrain.models.factory import build_tokenizer
+
+    try:
+        corpus = build_corpus(cfg.data, build_tokenizer(cfg.model))
+    except ValueError as e:  # e.g. seq_len longer than a domain: too few blocks to split
+        raise ValueError(f"data.seq_len={cfg.data.seq_len}: {e}") from None
+    n = len(corpus.train_blocks())
+    if cfg.train.global_batch_size > n:
+        raise ValueError(f"train.global_batch_size={cfg.train.global_batch_size} must be <= the {n} training blocks of "
+                         f"data.seq_len={cfg.data.seq_len} tokens; lower it or raise data.max_bytes_per_domain")
+
+
+def check_run_dir(run_dir: str | None) -> None:
+    if run_dir is None:
+        return
+    for p in (Path(run_dir), *Path(run_dir).parents):
+        if p.exists() and not p.is_dir():
+            raise ValueError(f"run_dir={run_dir}: {p} is a file; allowed: a directory (existing or new)")
+
+
 def validate(cfg: TrainConfig, world_size: int) -> None:
-    """Checks that need the world size; run before any process group starts."""
+    """Checks that need the world size or the data; run before any process group starts."""
+    check_run_dir(cfg.run_dir)
+    check_data_fits(cfg)
     expected = cfg.launcher.world_size
     if expected is not None and expected != world_size:
         raise ValueError(

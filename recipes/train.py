@@ -13,10 +13,11 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+from decentrain.algorithms.base import ALGORITHMS
 from decentrain.algorithms.common.pretrain import run_pretraining
 from decentrain.config import config_from_dict, register_configs, validate
 from decentrain.core.bytes_comm import agree_run_dir
-from decentrain.core.launcher import check_placement, launch_workers
+from decentrain.core.launcher import check_placement, launch_survivors, launch_workers
 from decentrain.core.world import init_world, read_launch_env
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
@@ -35,8 +36,14 @@ def main(dcfg: DictConfig) -> None:
         sys.exit(f"config error: {e}")
     if not env.under_torchrun and (cfg.launcher.world_size or 1) > 1:
         run_dir = str(Path(cfg.run_dir).resolve())
-        launch_workers([*HydraConfig.get().overrides.task, f"run_dir={run_dir}", f"hydra.run.dir={run_dir}"],
-                       cfg.launcher.nproc_per_node, cfg.launcher.nnodes, cfg.launcher.rdzv_endpoint, cfg.launcher.max_restarts)
+        argv = [*HydraConfig.get().overrides.task, f"run_dir={run_dir}", f"hydra.run.dir={run_dir}"]
+        if ALGORITHMS.get(cfg.algorithm.name).survives_peer_loss and cfg.launcher.nnodes == 1:
+            try:  # gossip: a dead worker costs its partners a round, not the job
+                launch_survivors(argv, cfg.launcher.nproc_per_node, run_dir)
+            except RuntimeError as e:
+                sys.exit(f"[decentrain] {e}")
+        else:
+            launch_workers(argv, cfg.launcher.nproc_per_node, cfg.launcher.nnodes, cfg.launcher.rdzv_endpoint, cfg.launcher.max_restarts)
         return
     world = init_world(threads=cfg.train.threads, device=cfg.train.device)
     run_dir = agree_run_dir(world, cfg.run_dir)

@@ -35,8 +35,12 @@ def _entry(rank: int, world_size: int, port: int, fn: Callable, args: tuple, res
             dist.destroy_process_group()
 
 
-def run_ranks(fn: Callable, world_size: int, *args: Any, timeout: float = 120.0, backend: str = "gloo") -> list[Any]:
-    """`fn(world, *args)` on every rank; returns the results in rank order, re-raising any rank's error."""
+def run_ranks(fn: Callable, world_size: int, *args: Any, timeout: float = 120.0, backend: str = "gloo",
+              expect_dead: tuple[int, ...] = ()) -> list[Any]:
+    """`fn(world, *args)` on every rank; returns the results in rank order, re-raising any rank's error.
+
+    Ranks in `expect_dead` are meant to kill themselves: they return no result (None in the list).
+    """
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     port = free_port()
@@ -45,7 +49,7 @@ def run_ranks(fn: Callable, world_size: int, *args: Any, timeout: float = 120.0,
         p.start()
     out: dict[int, Any] = {}
     try:
-        for _ in range(world_size):
+        for _ in range(world_size - len(expect_dead)):
             rank, status, value = results.get(timeout=timeout)
             if status == "error":
                 raise AssertionError(f"rank {rank} failed:\n{value}")
@@ -55,4 +59,4 @@ def run_ranks(fn: Callable, world_size: int, *args: Any, timeout: float = 120.0,
             p.join(timeout=10)
             if p.is_alive():
                 p.kill()
-    return [out[r] for r in range(world_size)]
+    return [out.get(r) for r in range(world_size)]

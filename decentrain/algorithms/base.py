@@ -25,6 +25,9 @@ class AlgorithmConfig:
 
 class Algorithm:
     config_cls: type[AlgorithmConfig] = AlgorithmConfig
+    # True for gossip algorithms: the job goes on when a worker dies (launcher.launch_survivors);
+    # collective ones stop together and recover by restart + exact resume
+    survives_peer_loss: bool = False
 
     def __init__(self, cfg: AlgorithmConfig, world: World):
         self.cfg = cfg

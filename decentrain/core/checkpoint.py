@@ -5,11 +5,18 @@ into a temp dir and renames it into place, so a crash mid-save leaves the previo
 checkpoint untouched and at worst a `.tmp-*` dir that the next save removes. A step
 counts as complete when every rank's dir is there; ranks never wait on each other, so
 saving adds no barrier (NoLoCo allows none after start-up).
+
+Each rank dir also holds `checksums.json` (sha256 of both files, written last). Loading
+verifies it, so a truncated, emptied or bit-flipped file is named in a one-line warning
+and the resume falls back to the newest step that is good on every rank
+(`agree_resume_step`, one all-reduce at start-up).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 import os
 import re
 import shutil
@@ -17,10 +24,29 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+import torch.distributed as dist
+from safetensors.torch import load, save_file
+
+from decentrain.core.world import World
+
+log = logging.getLogger(__name__)
 
 _STEP = re.compile(r"^step_(\d+)$")
 _TENSOR = "__tensor__"
+_FILES = ("tensors.safetensors", "state.json")
+_SUMS = "checksums.json"
+
+
+class CheckpointError(ValueError):
+    """A rank's checkpoint files are missing, damaged or inconsistent (the message names the file)."""
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def flatten_state(state: Any, tensors: dict[str, torch.Tensor], prefix: str = "") -> Any:
@@ -88,6 +114,10 @@ class Checkpointer:
             json.dump({"step": step, "world_size": self.world_size, "state": meta}, f)
             f.flush()
             os.fsync(f.fileno())
+        with open(tmp / _SUMS, "w") as f:  # read back: the hash covers what reached the disk
+            json.dump({"step": step, "sha256": {name: _sha256(tmp / name) for name in _FILES}}, f)
+            f.flush()
+            os.fsync(f.fileno())
         _fsync_dir(tmp)
         if final.exists():  # re-saving a step (e.g. after a resume) replaces it whole
             shutil.rmtree(final)
@@ -111,27 +141,98 @@ class Checkpointer:
         return steps[-1] if steps else None
 
     def load(self, step: int, rank: int | None = None) -> dict[str, Any]:
+        """This rank's state at `step`, verified; raises CheckpointError naming the bad file."""
         d = self.step_dir(step) / f"rank_{self.rank if rank is None else rank}"
-        with open(d / "state.json") as f:
-            meta = json.load(f)
-        if meta["world_size"] != self.world_size:
-            raise ValueError(f"checkpoint {d} was written by world_size={meta['world_size']}, this run has {self.world_size}")
-        return unflatten_state(meta["state"], load_file(str(d / "tensors.safetensors")))
+        blobs = {}
+        for name in _FILES:
+            try:
+                blobs[name] = (d / name).read_bytes()
+            except OSError as e:
+                raise CheckpointError(f"{d / name}: unreadable ({e.strerror or e})") from None
+        sums_file = d / _SUMS
+        if sums_file.exists():  # checkpoints written before checksums existed load unverified
+            try:
+                sums = json.loads(sums_file.read_text())["sha256"]
+            except (ValueError, KeyError, TypeError, OSError):
+                raise CheckpointError(f"{sums_file}: damaged checksum file") from None
+            for name, blob in blobs.items():
+                if hashlib.sha256(blob).hexdigest() != sums.get(name):
+                    raise CheckpointError(f"{d / name}: sha256 differs from {_SUMS} (truncated or corrupted)")
+        try:
+            meta = json.loads(blobs["state.json"])
+            world_size, state = meta["world_size"], meta["state"]
+        except (ValueError, KeyError, TypeError):
+            raise CheckpointError(f"{d / 'state.json'}: not a checkpoint state (empty, truncated or garbage)") from None
+        try:
+            tensors = load(blobs["tensors.safetensors"])
+        except Exception:  # safetensors raises its own SafetensorError (and others) on a bad header
+            raise CheckpointError(f"{d / 'tensors.safetensors'}: not a safetensors file (empty, truncated or garbage)") from None
+        if world_size != self.world_size:
+            raise ValueError(f"checkpoint {d} was written by world_size={world_size}, this run has {self.world_size}")
+        try:
+            return unflatten_state(state, tensors)
+        except (KeyError, TypeError, AttributeError):
+            raise CheckpointError(f"{d / 'state.json'}: refers to tensors that {d / 'tensors.safetensors'} lacks") from None
+
+    def good_steps(self) -> list[int]:
+        """Complete steps whose files verify for this rank, oldest first; each bad one gets a one-line warning."""
+        good = []
+        for step in self.complete_steps():
+            try:
+                self.load(step)
+            except CheckpointError as e:
+                log.warning("rank %d: skipping checkpoint step %d: %s", self.rank, step, e)
+                continue
+            good.append(step)
+        return good
+
+    def own_steps(self) -> list[int]:
+        """Steps for which this rank's own dir exists, complete or not."""
+        if not self.root.is_dir():
+            return []
+        return sorted(int(m.group(1)) for d in self.root.iterdir() if (m := _STEP.match(d.name)) and (d / f"rank_{self.rank}").is_dir())
+
+    def agree_resume_step(self, world: World) -> int | None:
+        """The newest step good on every rank (None: start afresh everywhere).
+
+        One MIN all-reduce per attempt, start-up only. A run whose ranks see different
+        checkpoints (node-local disks) stops with a clear error instead of quietly
+        restarting from step 0 on some ranks.
+        """
+        good = self.good_steps()
+        if not world.is_distributed:
+            return good[-1] if good else None
+
+        def lowest(value: int) -> int:
+            t = torch.tensor([value], dtype=torch.int64, device=world.device)
+            dist.all_reduce(t, op=dist.ReduceOp.MIN, group=world.group)
+            return int(t.item())
+
+        candidate = good[-1] if good else -1
+        while True:
+            agreed = lowest(candidate)
+            if agreed < 0:
+                break
+            mine = max((s for s in good if s <= agreed), default=-1)
+            if lowest(int(mine == agreed)) == 1:
+                return agreed
+            candidate = mine
+        seen = self.own_steps()
+        if -lowest(-(seen[-1] if seen else -1)) >= 0:  # some rank has its own files, yet no step is good on all
+            raise RuntimeError(
+                f"no checkpoint step is complete and intact on every rank, but some rank has step dirs under {self.root} "
+                f"(this rank sees {seen or 'none'}): checkpoints must live on storage that all ranks share. "
+                "Point run_dir at shared storage, or set resume=false to start afresh")
+        return None
 
     def _prune(self) -> None:
-        # each rank removes only its own dirs older than the `keep` newest complete steps
+        # every rank may remove whole steps older than the `keep` newest complete ones: no rank
+        # writes there any more, and leaving other ranks' dirs behind left incomplete steps
         complete = self.complete_steps()
         if len(complete) <= self.keep:
             return
         cutoff = complete[-self.keep]
         for d in self.root.iterdir():
             m = _STEP.match(d.name)
-            if not m or int(m.group(1)) >= cutoff:
-                continue
-            shutil.rmtree(d / f"rank_{self.rank}", ignore_errors=True)
-            for tmp in d.glob(f".tmp-rank_{self.rank}-*"):
-                shutil.rmtree(tmp, ignore_errors=True)
-            try:
-                d.rmdir()  # the last rank out removes the step dir
-            except OSError:
-                pass
+            if m and int(m.group(1)) < cutoff:
+                shutil.rmtree(d, ignore_errors=True)

@@ -3,12 +3,21 @@
 Pairing needs no messages: every rank derives the same random perfect matching for
 round t from a shared seed. The exchange then moves bucketed flat buffers between
 the members of a group with async send/recv and an optional deadline.
+
+A partner is untrusted and may die at any time: a fixed-size header (magic, round,
+layout digest, checksum) travels first, and a body receive is posted only once the
+header says the body has exactly the sizes and dtypes this rank expects (gloo aborts
+the whole process, uncatchably, when a message is larger than its receive buffer).
+Every failure -- a closed connection, a late partner, a wrong header, a bad checksum,
+non-finite values -- is counted and costs that round's averaging, never the run.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
+import zlib
 from dataclasses import dataclass, field
 from typing import Literal, Sequence
 
@@ -17,6 +26,8 @@ import torch
 import torch.distributed as dist
 
 from decentrain.core.world import World
+
+log = logging.getLogger(__name__)
 
 OddPolicy = Literal["idle", "triple", "error"]
 ODD_POLICIES = ("idle", "triple", "error")
@@ -79,10 +90,67 @@ def flatten_buckets(tensors: Sequence[torch.Tensor], bucket_bytes: int) -> list[
 @dataclass
 class ExchangeStats:
     rounds: int = 0
-    timeouts: int = 0
-    failures: int = 0
+    timeouts: int = 0  # partner missed the deadline
+    failures: int = 0  # connection closed or refused (dead partner)
+    rejected: int = 0  # header did not match: wrong magic, round, sizes or dtypes
+    corrupt: int = 0  # body checksum differs from the header's
+    nonfinite: int = 0  # body holds NaN/inf
+    skipped: int = 0  # this rank or the partner skipped the round (someone still owed an earlier one)
     bytes_sent: int = 0
     seconds: float = 0.0
+
+    @property
+    def dropped(self) -> int:
+        return self.timeouts + self.failures + self.rejected + self.corrupt + self.nonfinite + self.skipped
+
+
+MAGIC = 0x6463_7472_6E67  # "dctrng"
+VERSION = 1
+HEADER_LEN = 8  # [magic, version, round, n_buckets, layout digest, total numel, checksum, flags]
+FLAG_SKIP = 1  # the sender skips this round: no body follows
+HEADER_TAG = 1023  # the bucket slot of a round's tag reserved for the header
+_MASK = (1 << 62) - 1
+_INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def layout_digest(flats: Sequence[torch.Tensor]) -> int:
+    """CRC32 of the (numel, dtype) of every bucket: equal digests mean equal receive sizes."""
+    return zlib.crc32(";".join(f"{f.numel()}:{f.dtype}" for f in flats).encode())
+
+
+def checksum(flats: Sequence[torch.Tensor]) -> int:
+    """Sum of the raw bit patterns (as integers) of every bucket, mod 2**62: catches garbage and torn buffers."""
+    total = 0
+    for f in flats:
+        total += int(f.reshape(-1).view(_INT_VIEW[f.element_size()]).sum(dtype=torch.int64))
+    return total & _MASK
+
+
+def make_header(round_idx: int, flats: Sequence[torch.Tensor], device: torch.device) -> torch.Tensor:
+    return torch.tensor([MAGIC, VERSION, round_idx, len(flats), layout_digest(flats), sum(f.numel() for f in flats),
+                         checksum(flats), 0], dtype=torch.int64, device=device)
+
+
+def header_problem(got: torch.Tensor, expected: torch.Tensor) -> str | None:
+    """Why a received header is not the one this round expects (None if it is)."""
+    g, e = got.tolist(), expected.tolist()
+    for i, name in enumerate(("magic", "version", "round", "bucket count", "layout (sizes/dtypes)", "numel")):
+        if g[i] != e[i]:
+            return f"{name} {g[i]} != expected {e[i]}"
+    return None
+
+
+@dataclass
+class _Inbox:
+    """One partner's side of one round; its thread outlives a missed deadline and keeps the buffers alive."""
+
+    peer: int
+    received: threading.Event = field(default_factory=threading.Event)
+    holds_body: bool = True  # False for a header-only (skip) exchange: nothing model-sized is kept
+    status: str = "pending"  # ok | failed | rejected | corrupt | nonfinite | skipped
+    detail: str = ""
+    bufs: list = field(default_factory=list)
+    thread: threading.Thread | None = None
 
 
 @dataclass
@@ -90,9 +158,15 @@ class PairExchange:
     """Average tensors with the other members of this rank's group.
 
     `deadline_s`: a partner that has not delivered within it costs this round's averaging
-    (the call returns None), never the run. Late buffers are kept alive until the
-    process ends, because gloo still writes into them; a per-round tag keeps a late
-    message from matching a later round.
+    (the call returns None), never the run. Its receive keeps running in a helper thread
+    (gloo still writes into its buffers) and finishes when the partner delivers or its
+    connection closes; until then that partner is not contacted again, so late buffers
+    are bounded by one set per partner. A per-round tag keeps a late message from
+    matching a later round.
+
+    Device: gloo p2p on CUDA tensors aborts the process, so on gloo (and on NCCL with a
+    deadline, which runs over gloo lanes because NCCL's wait does not block the host)
+    buffers are staged through host memory; plain NCCL sends from `world.device`.
 
     `full_duplex()`: each ordered pair (src -> dst) then sends on a process group of its
     own, so the two directions cannot queue behind each other on one gloo pair (seen
@@ -106,8 +180,26 @@ class PairExchange:
     bucket_bytes: int = 32 << 20
     deadline_s: float | None = None
     stats: ExchangeStats = field(default_factory=ExchangeStats)
-    _orphans: list = field(default_factory=list, repr=False)
+    _pending: list = field(default_factory=list, repr=False)  # _Inbox of rounds whose thread still runs
     _lanes: dict = field(default_factory=dict, repr=False)  # (src, dst) -> process group
+
+    @property
+    def _gloo_lanes_needed(self) -> bool:
+        return self.world.backend == "nccl" and self.deadline_s is not None
+
+    @property
+    def stage_device(self) -> torch.device:
+        """Where buffers handed to the p2p backend live: host for gloo, the rank's device for NCCL."""
+        if self.world.backend == "nccl" and not self._gloo_lanes_needed:
+            return self.world.device
+        return torch.device("cpu")
+
+    def check_transport(self) -> None:
+        """Refuse a deadline that NCCL could not honour (call after full_duplex, at start-up)."""
+        if self._gloo_lanes_needed and not self._lanes and self.world.world_size > 1:
+            raise ValueError("algorithm.deadline_s on NCCL needs the gloo side lanes of algorithm.full_duplex=true "
+                             "(NCCL's wait does not block the host, so a deadline there is not honest); "
+                             "set full_duplex=true or deadline_s=null")
 
     def full_duplex(self, max_world: int = 64) -> "PairExchange":
         """Create one process group per direction of every rank pair (N·(N−1) groups)."""
@@ -118,13 +210,14 @@ class PairExchange:
             # a sub-world (replicas × shards): new_group must be entered by every rank of the
             # default group in the same order, which the other sub-worlds don't do here
             return self
+        backend = "gloo" if self._gloo_lanes_needed else None  # timed exchanges need a host-blocking wait
         ranks = list(range(n))
         for i in range(n):
             for j in range(i + 1, n):
                 a, b = ranks[i], ranks[j]
                 # every rank creates every group, in the same order (new_group is collective)
-                self._lanes[(a, b)] = dist.new_group([a, b])
-                self._lanes[(b, a)] = dist.new_group([a, b])
+                self._lanes[(a, b)] = dist.new_group([a, b], backend=backend)
+                self._lanes[(b, a)] = dist.new_group([a, b], backend=backend)
         return self
 
     def _global(self, rank: int) -> int:
@@ -134,66 +227,123 @@ class PairExchange:
     def _lane(self, src: int, dst: int):
         return self._lanes.get((src, dst), self.world.group)
 
+    def _owes(self, peer: int) -> bool:
+        """True while `peer` owes an earlier round (not delivered yet) or has left two rounds of our sends untaken."""
+        self._pending = [ib for ib in self._pending if ib.thread is not None and ib.thread.is_alive()]
+        held = [ib for ib in self._pending if ib.peer == peer and ib.holds_body]
+        return any(not ib.received.is_set() for ib in held) or len(held) >= 2
+
     def average(self, tensors: Sequence[torch.Tensor], group: tuple[int, ...], round_idx: int) -> list[torch.Tensor] | None:
-        """Return the group mean of each tensor (a new list), or None if the deadline passed."""
+        """Return the group mean of each tensor (a new list), or None if any partner's data is missing or bad."""
         peers = [p for p in group if p != self.world.rank]
         if not peers:
             return [t.clone() for t in tensors]
         start = time.perf_counter()
         self.stats.rounds += 1
+        stage = self.stage_device
+        owing = [p for p in peers if self._owes(p)]
+        if owing:
+            # a partner still owes an earlier round: tell every partner with a header alone (no body is
+            # kept or sent), so nobody waits on us and late buffers stay at one set per partner
+            self.stats.skipped += 1
+            log.warning("round %d: partner(s) %s still owe an earlier round; skipping this round's averaging", round_idx, owing)
+            header = torch.tensor([MAGIC, VERSION, round_idx, 0, 0, 0, 0, FLAG_SKIP], dtype=torch.int64, device=stage)
+            self._pending.extend(self._start(p, header, [], round_idx) for p in peers)
+            return None
         mine = [t.detach().contiguous() for t in tensors]
-        works, inbox = [], []
-        for b, idx in enumerate(flatten_buckets(mine, self.bucket_bytes)):
-            if len(idx) > 1:
-                flat = torch.cat([mine[i].reshape(-1) for i in idx])
-            else:  # no copy, unless a deadline may leave the send running after we return
-                flat = mine[idx[0]].reshape(-1)
-                flat = flat.clone() if self.deadline_s is not None else flat
-            tag = (round_idx % (1 << 20)) * 1024 + b % 1024
-            for p in peers:
-                # post the receive before the send so both directions can progress at once
-                buf = torch.empty_like(flat)
-                works.append(dist.irecv(buf, src=self._global(p), group=self._lane(p, self.world.rank), tag=tag))
-                works.append(dist.isend(flat, dst=self._global(p), group=self._lane(self.world.rank, p), tag=tag))
-                inbox.append((idx, buf))
-                self.stats.bytes_sent += flat.numel() * flat.element_size()
-        if not self._wait(works, start):
-            self._orphans.append((works, inbox, mine))
-            self.stats.seconds += time.perf_counter() - start
+        buckets = flatten_buckets(mine, self.bucket_bytes)
+        # always a copy on the staging device: a send may outlive this call when a partner is late
+        flats = [torch.cat([mine[i].reshape(-1) for i in idx]).to(stage) if len(idx) > 1 else mine[idx[0]].reshape(-1).to(stage, copy=True)
+                 for idx in buckets]
+        header = make_header(round_idx, flats, stage)
+        inboxes = [self._start(p, header, flats, round_idx) for p in peers]
+        ok = True
+        for ib in inboxes:
+            left = None if self.deadline_s is None else max(0.0, self.deadline_s - (time.perf_counter() - start))
+            if not ib.received.wait(left):
+                self.stats.timeouts += 1
+                log.warning("round %d: partner %d missed the %.3gs deadline; skipping this round's averaging",
+                            round_idx, ib.peer, self.deadline_s)
+                ok = False
+            elif ib.status != "ok":
+                counter = "failures" if ib.status == "failed" else ib.status
+                setattr(self.stats, counter, getattr(self.stats, counter) + 1)
+                log.warning("round %d: dropped partner %d's message (%s: %s); skipping this round's averaging",
+                            round_idx, ib.peer, ib.status, ib.detail)
+                ok = False
+        self._pending.extend(ib for ib in inboxes if ib.thread is not None and ib.thread.is_alive())
+        self.stats.seconds += time.perf_counter() - start
+        if not ok:
             return None
         sums = [t.float() for t in mine]  # may alias the caller's fp32 tensors: add out of place
-        for idx, buf in inbox:
-            offset = 0
-            for i in idx:
-                n = mine[i].numel()
-                sums[i] = sums[i] + buf[offset : offset + n].view_as(mine[i]).float()
-                offset += n
-        self.stats.seconds += time.perf_counter() - start
+        for ib in inboxes:
+            for idx, buf in zip(buckets, ib.bufs):
+                offset = 0
+                for i in idx:
+                    n = mine[i].numel()
+                    sums[i] = sums[i] + buf[offset : offset + n].view_as(mine[i]).to(mine[i].device).float()
+                    offset += n
         return [s.div_(len(group)).to(t.dtype) for s, t in zip(sums, mine)]
 
-    def _wait(self, works: list, start: float) -> bool:
-        # gloo's p2p works never report is_completed() and a Work.wait(timeout) that
-        # expires closes the pair's connection for good, so a helper thread does the
-        # blocking wait and we give it until the deadline.
-        failed: list[BaseException] = []
+    def _p2p(self, recvs: list, sends: list, peer: int) -> list:
+        """Post receives and sends with `peer`; NCCL on one communicator needs them batched (or it deadlocks)."""
+        src = self._global(peer)
+        rx, tx = self._lane(peer, self.world.rank), self._lane(self.world.rank, peer)
+        if self.world.backend == "nccl" and rx is tx and self.stage_device.type != "cpu":
+            ops = [dist.P2POp(dist.irecv, t, src, rx, tag) for t, tag in recvs]
+            ops += [dist.P2POp(dist.isend, t, src, tx, tag) for t, tag in sends]
+            return dist.batch_isend_irecv(ops) if ops else []
+        works = [dist.irecv(t, src=src, group=rx, tag=tag) for t, tag in recvs]
+        works += [dist.isend(t, dst=src, group=tx, tag=tag) for t, tag in sends]
+        return works
 
-        def wait_all() -> None:
-            try:
-                for w in works:
+    def _start(self, peer: int, header: torch.Tensor, flats: list[torch.Tensor], round_idx: int) -> _Inbox:
+        ib = _Inbox(peer, holds_body=bool(flats))
+        base = (round_idx % (1 << 20)) * 1024
+        tags = [base + b % HEADER_TAG for b in range(len(flats))]
+
+        def run() -> None:
+            pending: list = []
+            try:  # posting itself raises once a dead partner has closed the connection
+                hdr = torch.empty(HEADER_LEN, dtype=torch.int64, device=header.device)
+                works = self._p2p([(hdr, base + HEADER_TAG)], [(header, base + HEADER_TAG)], peer)
+                works[0].wait()
+                pending = works[1:]
+                if not flats:  # we skip this round: the partner learnt it from our header
+                    ib.status, ib.detail = "skipped", "this rank skips the round"
+                    return
+                problem = "partner skips this round" if int(hdr[7]) & FLAG_SKIP else header_problem(hdr, header)
+                if problem is not None:  # never post a body receive whose size the partner did not agree to
+                    ib.status, ib.detail = ("skipped" if int(hdr[7]) & FLAG_SKIP else "rejected"), problem
+                    return
+                bufs = [torch.empty_like(f) for f in flats]
+                works = self._p2p(list(zip(bufs, tags)), list(zip(flats, tags)), peer)
+                self.stats.bytes_sent += sum(f.numel() * f.element_size() for f in flats)
+                for w in works[: len(bufs)]:
                     w.wait()
+                pending += works[len(bufs):]
+                if checksum(bufs) != int(hdr[6]):
+                    ib.status, ib.detail = "corrupt", "body checksum differs from the header's"
+                elif not all(bool(torch.isfinite(b).all()) for b in bufs if b.is_floating_point()):
+                    ib.status, ib.detail = "nonfinite", "NaN or inf in the partner's tensors"
+                else:
+                    ib.status, ib.bufs = "ok", bufs
             except RuntimeError as e:  # a dead peer breaks its pair; the run goes on
-                failed.append(e)
+                ib.status, ib.detail = "failed", (str(e).splitlines() or [type(e).__name__])[0]
+            finally:
+                ib.received.set()
+                for w in pending:  # the send buffers stay alive (in this closure) until the partner took them
+                    try:
+                        w.wait()
+                    except RuntimeError:
+                        break
 
-        if self.deadline_s is None:
-            wait_all()
+        if self.deadline_s is None and self.world.backend == "nccl":
+            run()  # no deadline: NCCL work queues on the stream, no helper thread needed
         else:
-            waiter = threading.Thread(target=wait_all, daemon=True, name="pair-exchange-wait")
-            waiter.start()
-            waiter.join(max(0.0, self.deadline_s - (time.perf_counter() - start)))
-            if waiter.is_alive():
-                self.stats.timeouts += 1
-                return False
-        if failed:
-            self.stats.failures += 1
-            return False
-        return True
+            # gloo's p2p works never report is_completed() and a Work.wait(timeout) that
+            # expires closes the pair's connection for good, so a helper thread does the
+            # blocking waits and the caller gives it until the deadline.
+            ib.thread = threading.Thread(target=run, daemon=True, name=f"pair-exchange-{peer}")
+            ib.thread.start()
+        return ib

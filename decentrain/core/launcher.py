@@ -1,14 +1,32 @@
-"""Start local (or multi-node) workers with torch's own launcher API when not under torchrun."""
+"""Start local (or multi-node) workers with torch's own launcher API when not under torchrun.
+
+Collective algorithms (DDP, DiLoCo) use torch elastic: one failed worker stops them all,
+and `max_restarts` restarts the group, which resumes from its last checkpoint. Gossip
+algorithms (NoLoCo) must outlive a dead peer, which elastic cannot do (its agent tears
+every worker down on one failure), so `launch_survivors` runs them with its own small
+membership: this process hosts the c10d TCPStore (so any worker, rank 0 included, may
+die without taking the store with it), starts the workers with torchrun's environment,
+and waits for each alone.
+"""
 
 from __future__ import annotations
 
+import json
+import logging
+import os
+import signal
+import subprocess
 import sys
 import uuid
+from pathlib import Path
 from typing import Any, Callable
 
+from torch.distributed import TCPStore
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from decentrain.core.world import Placement, plan_placement, read_launch_env, visible_gpus
+
+log = logging.getLogger(__name__)
 
 
 def check_placement(device: str, nproc_per_node: int | None) -> Placement:
@@ -47,3 +65,47 @@ def run_on_ranks(fn: Callable[..., Any], nproc: int, *args: Any) -> dict[int, An
     config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=uuid.uuid4().hex[:12],
                           rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=0.2)
     return elastic_launch(config, fn)(*args)
+
+
+def launch_survivors(argv: list[str], nproc: int, run_dir: str | os.PathLike | None = None, module: str = "recipes.train",
+                     host: str = "127.0.0.1") -> dict[int, int]:
+    """Run `python -m <module> <argv>` on `nproc` local ranks that survive each other's death.
+
+    Returns {rank: exit code}. Raises RuntimeError when no worker finished. With `run_dir`,
+    writes `<run_dir>/workers.json` ({rank: pid}) so an operator (or a fault benchmark)
+    can find, stop or kill one worker.
+    """
+    store = TCPStore(host, 0, is_master=True, wait_for_workers=False)  # lives as long as this launcher
+    run_id = uuid.uuid4().hex[:12]
+    procs: dict[int, subprocess.Popen] = {}
+    for rank in range(nproc):
+        env = {**os.environ, "MASTER_ADDR": host, "MASTER_PORT": str(store.port), "RANK": str(rank),
+               "WORLD_SIZE": str(nproc), "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(nproc), "GROUP_RANK": "0",
+               "TORCHELASTIC_RUN_ID": run_id, "TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_RESTART_COUNT": "0"}
+        procs[rank] = subprocess.Popen([sys.executable, "-u", "-m", module, *argv], env=env)
+    if run_dir is not None:
+        Path(run_dir).mkdir(parents=True, exist_ok=True)
+        (Path(run_dir) / "workers.json").write_text(json.dumps({str(r): p.pid for r, p in procs.items()}))
+    try:
+        codes = {rank: p.wait() for rank, p in procs.items()}
+    except BaseException:  # Ctrl-C or a kill of the launcher: take the workers down with it
+        for p in procs.values():
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in procs.values():
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        raise
+    failed = {r: c for r, c in codes.items() if c != 0}
+    if len(failed) == nproc:
+        raise RuntimeError(f"every worker failed: exit codes {describe_exits(failed)}")
+    if failed:
+        log.warning("%d of %d workers finished; failed: %s", nproc - len(failed), nproc, describe_exits(failed))
+    return codes
+
+
+def describe_exits(codes: dict[int, int]) -> str:
+    """`rank 3: SIGKILL, rank 1: exit 2` (Popen gives -N for a worker killed by signal N)."""
+    return ", ".join(f"rank {r}: {signal.Signals(-c).name if c < 0 else f'exit {c}'}" for r, c in sorted(codes.items()))

@@ -22,6 +22,10 @@ class LaunchEnv:
     local_rank: int = 0
     local_world_size: int = 1
     run_id: str | None = None  # shared by every rank of one torchrun job
+    restart_count: int = 0  # torch elastic's attempt number (0 before any restart)
+    agent_store: bool = False  # the launcher hosts the c10d store (elastic agent, launch_survivors)
+    master_addr: str = "127.0.0.1"
+    master_port: int = 0
 
     @property
     def under_torchrun(self) -> bool:
@@ -36,6 +40,10 @@ def read_launch_env() -> LaunchEnv:
         local_rank=int(env.get("LOCAL_RANK", 0)),
         local_world_size=int(env.get("LOCAL_WORLD_SIZE", 1)),
         run_id=env.get("TORCHELASTIC_RUN_ID"),
+        restart_count=int(env.get("TORCHELASTIC_RESTART_COUNT", 0)),
+        agent_store=env.get("TORCHELASTIC_USE_AGENT_STORE") == "True",
+        master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
+        master_port=int(env.get("MASTER_PORT", 0)),
     )
 
 
@@ -136,8 +144,16 @@ def init_world(backend: str | None = None, timeout_s: float = 600.0, threads: in
         torch.cuda.set_device(dev)
     if not env.under_torchrun:
         return World(device=dev, run_id=env.run_id)
-    if not dist.is_initialized():
-        dist.init_process_group(backend=placement.backend, timeout=timedelta(seconds=timeout_s))
+    backend = placement.backend
+    if not dist.is_initialized() and env.agent_store:
+        # The launcher's store outlives a restart (--max-restarts), and with it the last attempt's
+        # gloo addresses: without a fresh prefix per attempt, connectFullMesh dials dead workers
+        # ("Connection refused") and every restart fails.
+        store = dist.TCPStore(env.master_addr, env.master_port, env.world_size, is_master=False, timeout=timedelta(seconds=timeout_s))
+        dist.init_process_group(backend=backend, store=dist.PrefixStore(f"decentrain/attempt{env.restart_count}", store),
+                                rank=env.rank, world_size=env.world_size, timeout=timedelta(seconds=timeout_s))
+    elif not dist.is_initialized():
+        dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s))
     return World(
         rank=dist.get_rank(),
         world_size=dist.get_world_size(),

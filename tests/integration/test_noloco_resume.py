@@ -44,13 +44,15 @@ def _three_runs(world, algo, root):
 
     weights = [load_file(d / "model" / "model.safetensors") for d in (straight, preempted)]
     same = all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
-    return losses, same, a.eval_loss == b.eval_loss
+    steps = [r["step"] for r in read_jsonl(preempted / "metrics.jsonl") if "train/loss" in r]
+    return losses, same, a.eval_loss == b.eval_loss, steps
 
 
 @pytest.mark.parametrize("algo", list(ALGO))
 def test_preempted_run_resumes_exactly(tmp_path, algo):
-    losses, same_weights, same_eval = run_ranks(_three_runs, 2, algo, str(tmp_path))[0]
+    losses, same_weights, same_eval, logged_steps = run_ranks(_three_runs, 2, algo, str(tmp_path))[0]
     straight, resumed = losses
+    assert logged_steps == list(range(1, 9))  # the resumed steps are logged once, not twice
     assert sorted(resumed) == list(range(1, 9))
     assert resumed == straight
     assert same_weights and same_eval

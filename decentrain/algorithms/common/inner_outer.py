@@ -20,6 +20,7 @@ import torch
 
 from decentrain.algorithms.base import Algorithm, AlgorithmConfig
 from decentrain.algorithms.common.replicas import broadcast_parameters, check_replicas_match
+from decentrain.core.checks import check_range
 
 
 @dataclass
@@ -35,10 +36,8 @@ class InnerOuterConfig(AlgorithmConfig):
     def __post_init__(self) -> None:
         if self.inner_steps < 1:
             raise ValueError(f"algorithm.inner_steps={self.inner_steps} (H) must be >= 1")
-        if self.outer_lr <= 0:
-            raise ValueError(f"algorithm.outer_lr={self.outer_lr} must be > 0")
-        if not 0 <= self.outer_momentum < 1:
-            raise ValueError(f"algorithm.outer_momentum={self.outer_momentum} must be in [0, 1)")
+        check_range("algorithm.outer_lr", self.outer_lr, 0, 2, low_open=True)
+        check_range("algorithm.outer_momentum", self.outer_momentum, 0, 1, high_open=True)
         if not 1 <= self.min_inner_steps <= self.inner_steps:
             raise ValueError(
                 f"algorithm.min_inner_steps={self.min_inner_steps} must be in [1, algorithm.inner_steps={self.inner_steps}]"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 from pathlib import Path
 
 import torch
@@ -16,6 +18,22 @@ from decentrain.data.blocks import build_corpus
 from decentrain.models.factory import build_model, build_tokenizer, num_params, save_model
 
 
+def drop_rows_after(path: Path, step: int) -> None:
+    """Rewrite a metrics JSONL without its rows past `step` (atomically; unparsable lines go too)."""
+    if not path.exists():
+        return
+    kept = []
+    for line in path.read_text().splitlines():
+        try:
+            if json.loads(line).get("step", 0) <= step:
+                kept.append(line)
+        except (ValueError, AttributeError):
+            continue
+    tmp = path.with_suffix(".jsonl.tmp")
+    tmp.write_text("".join(x + "\n" for x in kept))
+    os.replace(tmp, path)
+
+
 def run_pretraining(cfg: TrainConfig, world: World, run_dir: Path, config_dict: dict | None = None) -> TrainResult:
     seed_everything(cfg.train.seed)  # same seed on every rank: replicas start identical
     tokenizer = build_tokenizer(cfg.model)
@@ -28,6 +46,9 @@ def run_pretraining(cfg: TrainConfig, world: World, run_dir: Path, config_dict: 
     algorithm = ALGORITHMS.get(cfg.algorithm.name)(cfg.algorithm, layout.outer)
     trainer = Trainer(cfg, world, algorithm, model, corpus, run_dir, layout)
     resumed = trainer.maybe_resume()
+    if resumed is not None:  # the steps after the checkpoint will be logged again: drop their old rows
+        name = "metrics.jsonl" if world.rank == 0 else f"metrics.rank{world.rank}.jsonl"
+        drop_rows_after(run_dir / name, resumed)
     logger = MetricsLogger(cfg.logger, run_dir, world.rank, config_dict, total_steps=cfg.train.steps)
     if world.is_main:
         shards = f" ({layout.replicas} replicas x {layout.shards} shards, {cfg.engine.name})" if layout.shards > 1 else ""

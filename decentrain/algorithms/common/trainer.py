@@ -10,6 +10,7 @@ DeepSpeed ZeRO inside each replica), picked by `engine.name`.
 from __future__ import annotations
 
 import contextlib
+import math
 import random
 import time
 from dataclasses import dataclass
@@ -125,15 +126,25 @@ class Trainer:
         random.setstate((3, tuple(state["rng"]["python"]), state["rng"]["python_pos"]))
 
     def maybe_resume(self) -> int | None:
-        step = self.checkpointer.latest() if self.cfg.resume else None
+        # the newest step intact on every rank (damaged ones are skipped with a warning)
+        step = self.checkpointer.agree_resume_step(self.world) if self.cfg.resume else None
         if step is not None:
             self.load_state_dict(self.checkpointer.load(step))
             self.step = step
         return step
 
     def save(self) -> None:
+        bad = [n for n, p in self.model.named_parameters() if not bool(torch.isfinite(p).all())]
+        if bad:  # never let a NaN model replace the last good checkpoint
+            raise FloatingPointError(f"step {self.step}: non-finite weights in {bad[:3]}; stopping without saving, "
+                                     f"the last good checkpoint is kept ({self.checkpointer.root})")
         self.engine.save_sharded(self.step)  # first: a complete per-rank checkpoint implies the sharded one
         self.checkpointer.save(self.step, {"step": self.step, **self.state_dict()})
+
+    def check_finite_loss(self, loss: float) -> None:
+        if not math.isfinite(loss):
+            raise FloatingPointError(f"step {self.step}: train loss is {loss}; stopping without saving, the last good "
+                                     f"checkpoint is kept ({self.checkpointer.root}). Lower optim.lr or check the data")
 
     # -- the loop ---------------------------------------------------------------------
     def train_step(self, model: torch.nn.Module) -> torch.Tensor:
@@ -174,6 +185,7 @@ class Trainer:
                 log_now = self.step % self.cfg.logger.log_every == 0 or final or self.step == last
                 if log_now:
                     loss = float(loss_t)  # the one host sync of a log interval
+                    self.check_finite_loss(loss)  # a NaN in between is caught here, or by save()'s weight check
             if log_now:
                 logger.advance(1, loss=loss)
                 logger.log(self.step, {"train/loss": loss, "lr": self.engine.lr(), **metrics, **self.throughput.read()})

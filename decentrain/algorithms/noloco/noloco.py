@@ -20,6 +20,7 @@ import torch
 from decentrain.algorithms.base import register_algorithm
 from decentrain.algorithms.common.inner_outer import InnerOuterAlgorithm, InnerOuterConfig
 from decentrain.algorithms.common.outer import noloco_general_step_, noloco_step_
+from decentrain.core.checks import check_range
 from decentrain.core.gossip import ODD_POLICIES, PairExchange, gossip_groups, group_of
 
 
@@ -38,14 +39,13 @@ class NoLoCoConfig(InnerOuterConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.gamma is not None and self.gamma < 0:
-            raise ValueError(f"algorithm.gamma={self.gamma} must be >= 0 (or null for gamma = outer_lr)")
+        check_range("algorithm.gamma", self.gamma, 0, 2, none_ok=True)  # null: gamma = outer_lr
         if self.odd_world not in ODD_POLICIES:
             raise ValueError(f"algorithm.odd_world={self.odd_world!r} is unknown; allowed: {list(ODD_POLICIES)}")
-        if self.deadline_s is not None and self.deadline_s <= 0:
-            raise ValueError(f"algorithm.deadline_s={self.deadline_s} must be > 0 (or null for no deadline)")
-        if self.bucket_mb <= 0:
-            raise ValueError(f"algorithm.bucket_mb={self.bucket_mb} must be > 0")
+        check_range("algorithm.deadline_s", self.deadline_s, 0, 86400, low_open=True, none_ok=True)  # null: no deadline
+        check_range("algorithm.bucket_mb", self.bucket_mb, 0, 1 << 20, low_open=True)
+        if self.pairing_seed is not None:
+            check_range("algorithm.pairing_seed", self.pairing_seed, 0, 2**32 - 1)
 
     @property
     def effective_gamma(self) -> float:
@@ -55,6 +55,7 @@ class NoLoCoConfig(InnerOuterConfig):
 @register_algorithm("noloco", NoLoCoConfig)
 class NoLoCo(InnerOuterAlgorithm):
     cfg: NoLoCoConfig
+    survives_peer_loss = True  # a dead partner costs a round; the job is launched so that survivors go on
 
     @classmethod
     def check_world(cls, cfg: NoLoCoConfig, world_size: int) -> None:
@@ -72,12 +73,16 @@ class NoLoCo(InnerOuterAlgorithm):
         self.exchange = PairExchange(self.world, int(self.cfg.bucket_mb * (1 << 20)), self.cfg.deadline_s)
         if self.cfg.full_duplex and self.world.is_distributed:
             self.exchange.full_duplex()  # start-up only: creating groups is collective
+        self.exchange.check_transport()
 
     def outer_step(self, model: torch.nn.Module) -> dict[str, float]:
         groups = gossip_groups(self.round, self.world.world_size, self.cfg.pairing_seed, self.cfg.odd_world)
         group = group_of(self.world.rank, groups)
         general = self.cfg.effective_gamma != self.cfg.outer_lr
-        pace = torch.tensor([self.pace.step_time, min(self.pace.fastest, self.pace.step_time)], dtype=torch.float32)
+        # side data lives with the weights (cat and NCCL need one device); inf (no timing yet) would
+        # read as a non-finite message to the partner, so it travels as a large finite stand-in
+        pace_values = [min(v, 1e30) for v in (self.pace.step_time, min(self.pace.fastest, self.pace.step_time))]
+        pace = torch.tensor(pace_values, dtype=torch.float32, device=self.params[0].device)
         sent = [p.detach() for p in self.params] + (self.phi if general else []) + [pace]
         mean = self.exchange.average(sent, group, self.round)
         missed = mean is None
@@ -95,9 +100,11 @@ class NoLoCo(InnerOuterAlgorithm):
         if self.cfg.adaptive_inner_steps and len(group) > 1:
             # others' values from the group mean: sum_others = k·mean − mine
             others = (mean[-1] * len(group) - pace) / (len(group) - 1)
-            self.pace.hear(float(others[1]))
+            if float(others[1]) < 1e30:
+                self.pace.hear(float(others[1]))
+        st = self.exchange.stats
         return {"outer/round": float(self.round + 1), "outer/partner_missed": float(missed),
-                "outer/exchange_timeouts": float(self.exchange.stats.timeouts)}
+                "outer/exchange_timeouts": float(st.timeouts), "outer/exchange_dropped": float(st.dropped)}
 
     def outer_state(self) -> dict[str, Any]:
         return {"phi": [p.clone() for p in self.phi], "m": [b.clone() for b in self.m],

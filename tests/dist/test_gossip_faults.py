@@ -1,0 +1,93 @@
+"""PairExchange against dead and lying partners: each case once crashed, hung or averaged garbage."""
+
+import os
+import signal
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from dist_helpers import run_ranks
+
+from decentrain.core.gossip import HEADER_TAG, PairExchange, gossip_groups, group_of, make_header
+
+pytestmark = pytest.mark.dist
+
+
+def _liar_sends(world, round_idx, flats, edit=None):
+    """What a hostile rank 1 puts on the wire: a (possibly edited) header, then the body."""
+    flats = [torch.cat(flats)]  # one bucket, as the honest side's 32 MB buckets pack both tensors
+    header = make_header(round_idx, flats, torch.device("cpu"))
+    if edit:
+        edit(header)
+    base = (round_idx % (1 << 20)) * 1024
+    works = [dist.isend(header, dst=0, tag=base + HEADER_TAG)]
+    works += [dist.isend(f, dst=0, tag=base + b) for b, f in enumerate(flats)]
+    return works
+
+
+def _hostile(world, case):
+    ex = PairExchange(world, deadline_s=3.0)
+    honest = [torch.full((4,), 1.0), torch.arange(3.0)]
+    if world.rank == 0:
+        first = ex.average(honest, (0, 1), 0)
+        second = ex.average(honest, (0, 1), 1)  # the next round with an honest partner still works
+        st = ex.stats
+        return first, None if second is None else [t.tolist() for t in second], (st.rejected, st.corrupt, st.nonfinite, st.timeouts, st.skipped)
+    if case == "bigger":  # 1000 floats where 4 are expected: gloo used to terminate the receiver
+        works = _liar_sends(world, 0, [torch.ones(1000), torch.arange(3.0)])
+    elif case == "smaller":  # 2 floats where 4 are expected: the receiver used to average uninitialised memory
+        works = _liar_sends(world, 0, [torch.ones(2), torch.arange(3.0)])
+    elif case == "nan":
+        works = _liar_sends(world, 0, [torch.full((4,), float("nan")), torch.arange(3.0)])
+    elif case == "checksum":
+        works = _liar_sends(world, 0, [torch.full((4,), 5.0), torch.arange(3.0)], edit=lambda h: h.__setitem__(6, 12345))
+    elif case == "wrong_round":  # a replayed or lagging round
+        works = _liar_sends(world, 0, [torch.full((4,), 5.0), torch.arange(3.0)], edit=lambda h: h.__setitem__(2, 99))
+    elif case == "no_header":  # an old-protocol sender: a body with no header never reaches a receive buffer
+        works = [dist.isend(torch.ones(1000), dst=0, tag=0)]
+    else:
+        raise ValueError(case)
+    time.sleep(0.2)
+    out = ex.average([torch.full((4,), 3.0), torch.arange(3.0)], (0, 1), 1)
+    del works
+    return None if out is None else [t.tolist() for t in out]
+
+
+@pytest.mark.parametrize("case,counter", [("bigger", 0), ("smaller", 0), ("nan", 2), ("checksum", 1), ("wrong_round", 0)])
+def test_a_bad_partner_message_is_dropped_and_counted_not_crashed_or_averaged(case, counter):
+    (first, second, counts), liar_round1 = run_ranks(_hostile, 2, case, timeout=60)
+    assert first is None  # this round's mix skipped: nothing of the bad message was averaged
+    assert counts[counter] == 1 and sum(counts) == 1
+    assert second == [[2.0] * 4, [0.0, 1.0, 2.0]]  # round 1 with the partner honest again averages normally
+    assert liar_round1 == second
+
+
+def test_a_body_without_header_times_out_and_the_next_round_is_skipped_not_waited_for():
+    (first, second, counts), liar_round1 = run_ranks(_hostile, 2, "no_header", timeout=60)
+    assert first is None and counts[3] == 1  # round 0: deadline, no crash on the 1000-float body
+    assert second is None and liar_round1 is None and counts[4] == 1  # round 1: both learn of the skip at once
+
+
+def _one_dies(world, rounds, kill_after, deadline):
+    ex = PairExchange(world, deadline_s=deadline).full_duplex()
+    done = []
+    for t in range(rounds):
+        if world.rank == 3 and t == kill_after:
+            os.kill(os.getpid(), signal.SIGKILL)
+        group = group_of(world.rank, gossip_groups(t, world.world_size, seed=3))
+        out = ex.average([torch.full((8,), float(world.rank))], group, t)
+        done.append((group, out is None))
+    return done, ex.stats.failures, ex.stats.timeouts
+
+
+@pytest.mark.parametrize("deadline", [None, 5.0])
+def test_survivors_of_a_sigkilled_partner_keep_averaging_with_the_others(deadline):
+    results = run_ranks(_one_dies, 4, 8, 1, deadline, timeout=90, expect_dead=(3,))
+    for rank in (0, 1, 2):
+        done, failures, timeouts = results[rank]
+        assert len(done) == 8  # every round ran: the dead partner cost rounds, not the run
+        for t, (group, missed) in enumerate(done):
+            assert missed == (3 in group and t >= 1)  # exactly the rounds paired with the dead rank are lost
+        assert failures == sum(3 in g for g, _ in done[1:]) and timeouts == 0
