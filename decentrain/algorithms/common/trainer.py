@@ -90,7 +90,8 @@ class Trainer:
         self.model = model.to(device=world.device, dtype=weight_dtype(self.precision))
         self.train_blocks = corpus.train_blocks()
         n_eval = cfg.train.eval_batches * cfg.train.micro_batch_size
-        self.val_blocks = {d: corpus.split("val", d)[:n_eval] for d in corpus.blocks}
+        # evaluation data lives on the device for the whole run (small: eval_batches micro-batches per domain)
+        self.val_blocks = {d: corpus.split("val", d)[:n_eval].to(world.device) for d in corpus.blocks}
         self.sampler = ShardedSampler(len(self.train_blocks), cfg.train.global_batch_size, world.rank, world.world_size, cfg.train.seed)
         self.accum = cfg.train.global_batch_size // (world.world_size * cfg.train.micro_batch_size)
         layout = layout or replica_layout(world, 1)
