@@ -17,8 +17,8 @@ from omegaconf import OmegaConf
 
 from decentrain.algorithms import ALGORITHMS, AlgorithmConfig
 from decentrain.algorithms.common.engine import EngineConfig
-from decentrain.core.checks import check_range
 from decentrain.algorithms.common.speed import COMPILE_SCOPES, PRECISIONS
+from decentrain.core.checks import check_range
 from decentrain.core.metrics import LoggerConfig
 from decentrain.core.world import DEVICES
 from decentrain.data.blocks import DataConfig

@@ -24,9 +24,9 @@ from typing import Any, Callable
 from torch.distributed import TCPStore
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-log = logging.getLogger(__name__)
-
 from decentrain.core.world import Placement, plan_placement, read_launch_env, visible_gpus
+
+log = logging.getLogger(__name__)
 
 
 def check_placement(device: str, nproc_per_node: int | None) -> Placement:

@@ -186,7 +186,7 @@ class Trainer:
                 log_now = self.step % self.cfg.logger.log_every == 0 or final or self.step == last
                 if log_now:
                     loss = float(loss_t)  # the one host sync of a log interval
-                    self.check_finite_loss(loss)
+                    self.check_finite_loss(loss)  # a NaN in between is caught here, or by save()'s weight check
             if log_now:
                 logger.advance(1, loss=loss)
                 logger.log(self.step, {"train/loss": loss, "lr": self.engine.lr(), **metrics, **self.throughput.read()})
