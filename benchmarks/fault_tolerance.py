@@ -31,21 +31,14 @@ import time
 import uuid
 from pathlib import Path
 
+from benchmarks.results_io import read_live_jsonl
+
 ROOT = Path(__file__).resolve().parents[1]
 FAULTY = 2
 
 
 def rows(run_dir: Path, rank: int) -> list[dict]:
-    path = run_dir / ("metrics.jsonl" if rank == 0 else f"metrics.rank{rank}.jsonl")
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            pass
-    return out
+    return read_live_jsonl(run_dir / ("metrics.jsonl" if rank == 0 else f"metrics.rank{rank}.jsonl"))
 
 
 def worker_pid(run_dir: Path, token: str, rank: int) -> int:

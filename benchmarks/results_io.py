@@ -40,6 +40,20 @@ def environment() -> dict[str, Any]:
     }
 
 
+def read_live_jsonl(path: Path) -> list[dict]:
+    """Rows of a JSONL file another process may still be writing: no file is no rows, and a
+    half-written last line is skipped (core.metrics.read_jsonl is for finished files)."""
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            pass
+    return out
+
+
 def write_results(name: str, config: Any, figures: dict[str, Any]) -> Path:
     """Write `benchmarks/results/<name>.json` atomically and return its path."""
     RESULTS.mkdir(parents=True, exist_ok=True)

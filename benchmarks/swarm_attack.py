@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 
 from benchmarks import dht_attack_shapes as shapes
-from benchmarks.results_io import RESULTS, write_results
+from benchmarks.results_io import RESULTS, read_live_jsonl, write_results
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["model.hidden_size=32", "model.num_layers=2", "model.intermediate_size=64", "model.num_heads=4",
@@ -146,16 +146,7 @@ def _env() -> dict:
 
 
 def _rows(run_dir: Path, node: str) -> list[dict]:
-    path = run_dir / node / "metrics.jsonl"
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except ValueError:  # a line being written
-            pass
-    return out
+    return read_live_jsonl(run_dir / node / "metrics.jsonl")
 
 
 def _tree_rss_mib(pid: int) -> float:
