@@ -30,8 +30,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
-from decentrain.algorithms.base import Algorithm
-from decentrain.algorithms.common.engine import ENGINES, Engine, build_optimizer
+from decentrain.algorithms.common.engine import ENGINES, TorchEngine
 from decentrain.algorithms.common.speed import resolve_precision, transformer_blocks
 
 
@@ -61,13 +60,15 @@ class LocalShards:
 
 
 @ENGINES.register("fsdp2")
-class FSDP2Engine(Engine):
-    """fully_shard per block and at the root over the replica's shard ranks; AdamW on the shards."""
+class FSDP2Engine(TorchEngine):
+    """fully_shard per block and at the root over the replica's shard ranks; AdamW on the shards.
+
+    The step, schedule and LR are TorchEngine's: on DTensor gradients clip_grad_norm_ reduces the
+    norm over the shard group, as with whole tensors."""
 
     whole_model_state = False  # model and optimizer go to DCP (save_sharded)
 
     def __init__(self, cfg, layout, model, accum):
-        super().__init__(cfg, layout, model, accum)
         if layout.mesh is None:
             raise ValueError("engine=fsdp2 needs engine.shards_per_replica >= 2 ranks per replica")
         mesh = layout.mesh["shard"]
@@ -81,8 +82,7 @@ class FSDP2Engine(Engine):
             # the last block is gathered again at once by the backward: keep it unsharded
             fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=i < len(blocks) - 1)
         fully_shard(model, mesh=mesh, mp_policy=mp)
-        self.optimizer, self.scheduler = build_optimizer(model, cfg.optim, cfg.train.steps)
-        self.forward_model = model
+        super().__init__(cfg, layout, model, accum)  # the optimizer is built on the shards
         self.checkpoint_dir: Path | None = None  # set by the Trainer
         self.keep = cfg.train.keep_checkpoints
 
@@ -90,24 +90,10 @@ class FSDP2Engine(Engine):
     def outer_model(self) -> LocalShards:
         return LocalShards(self.model)
 
-    def prepare(self, algorithm: Algorithm) -> None:
-        self.forward_model = algorithm.wrap_model(self.model)
-
     def backward(self, loss: torch.Tensor, last: bool) -> None:
         # reduce-scatter the gradients only after the last micro-batch
         self.model.set_requires_gradient_sync(last)
         loss.backward()
-
-    def step(self) -> None:
-        if self.cfg.optim.grad_clip > 0:
-            # DTensor gradients: the norm is reduced over the shard group, as with whole tensors
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.optim.grad_clip)
-        self.optimizer.step()
-        self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
-
-    def lr(self) -> float:
-        return self.scheduler.get_last_lr()[0]
 
     # -- checkpoints ------------------------------------------------------------------
     def _dcp_dir(self, step: int) -> Path:
