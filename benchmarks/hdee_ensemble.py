@@ -35,7 +35,8 @@ from omegaconf import OmegaConf
 
 from benchmarks.harness import Harness, header, mean_std, seeds_arg
 from decentrain.algorithms.hdee.budget import plan_costs
-from decentrain.algorithms.hdee.config import check_plan, eval_domains, hdee_config_from_dict, plan_domains, register_hdee_configs
+from decentrain.algorithms.hdee.config import check_plan, eval_domains, hdee_config_from_dict, plan_domains
+from decentrain.config import register_hdee_configs
 from decentrain.algorithms.hdee.evaluate import EnsembleScorer
 from decentrain.algorithms.hdee.train import run_stage
 from decentrain.core.world import World

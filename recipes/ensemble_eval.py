@@ -17,8 +17,9 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from decentrain.algorithms.hdee.config import hdee_config_from_dict, load_saved_config, register_hdee_configs
+from decentrain.algorithms.hdee.config import hdee_config_from_dict, load_saved_config
 from decentrain.algorithms.hdee.evaluate import EnsembleScorer, check_saved_plan, expert_refs, format_table
+from decentrain.config import register_hdee_configs
 from decentrain.core.world import init_world
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"

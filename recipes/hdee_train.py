@@ -19,9 +19,10 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from decentrain.algorithms.hdee.config import check_plan, hdee_config_from_dict, register_hdee_configs, save_config
+from decentrain.algorithms.hdee.config import check_plan, hdee_config_from_dict, save_config
 from decentrain.algorithms.hdee.jobs import child_jobs, run_jobs
 from decentrain.algorithms.hdee.train import run_stage
+from decentrain.config import register_hdee_configs
 from decentrain.core.launcher import check_placement, launch_workers
 from decentrain.core.world import init_world, read_launch_env
 

@@ -1,6 +1,10 @@
-"""Algorithm families. Importing this package registers every training-loop algorithm."""
+"""Algorithm families, on the shared `base` (hooks + registry) and `common` (the loop).
 
-from decentrain.algorithms import ddp, diloco, noloco  # noqa: F401  (register "ddp", "diloco", "streaming_diloco", "noloco")
+Importing this package imports no family, so no family pulls in another through it.
+A loop algorithm registers itself when its package is imported; decentrain/config.py
+(the composition root) imports them all.
+"""
+
 from decentrain.algorithms.base import ALGORITHMS, Algorithm, AlgorithmConfig, register_algorithm
 
 __all__ = ["ALGORITHMS", "Algorithm", "AlgorithmConfig", "register_algorithm"]

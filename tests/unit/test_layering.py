@@ -1,46 +1,146 @@
-"""recipes -> algorithms -> core: core imports no algorithm, no family imports another."""
+"""recipes -> algorithms -> core: core imports no algorithm, no family imports another,
+nothing below the recipes imports decentrain/config.py (the composition root).
+
+Checked on the transitive import graph, read statically from the sources: every import
+in a module counts (also those inside functions, which run later but still tie the
+layers), and importing `a.b.c` runs the package `__init__`s of `a` and `a.b` too.
+A fresh interpreter per layer cross-checks the static graph against what Python really loads.
+"""
 
 import ast
+import json
+import os
+import subprocess
+import sys
+from functools import cache
 from pathlib import Path
 
-PKG = Path(__file__).resolve().parents[2] / "decentrain"
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PKG = ROOT / "decentrain"
 SHARED = {"base", "common"}  # what every algorithm family may use
+ROOTS = {"decentrain.config", "decentrain.cli"}  # the composition root and the console script sit above the library
 
 
-def _imports(path: Path) -> set[str]:
-    names = set()
+def _name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {_name(p): p for p in sorted(PKG.rglob("*.py"))}
+FAMILIES = sorted(d.name for d in (PKG / "algorithms").iterdir()
+                  if d.is_dir() and d.name not in SHARED and not d.name.startswith("_"))
+
+
+def _parents(mod: str) -> list[str]:
+    parts = mod.split(".")
+    return [".".join(parts[:i]) for i in range(1, len(parts))]
+
+
+def _direct(mod: str) -> set[str]:
+    """Modules that importing `mod` (and calling its functions) imports, including parent packages."""
+    path, found = MODULES[mod], set(_parents(mod))
+    package = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
-            names |= {a.name for a in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names.add(node.module)
-    return names
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            found.add(base)
+            found |= {f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" in MODULES}  # from pkg import submodule
+    return {m for f in found for m in (f, *_parents(f)) if m in MODULES or m.split(".")[0] == "recipes"}
 
 
-def _modules(sub: str):
-    return sorted((PKG / sub).rglob("*.py"))
+@cache
+def closure(mod: str) -> frozenset[str]:
+    seen, todo = set(), [mod]
+    while todo:
+        m = todo.pop()
+        for d in _direct(m) if m in MODULES else ():
+            if d not in seen:
+                seen.add(d)
+                todo.append(d)
+    return frozenset(seen - {mod})
 
 
-def test_core_models_data_import_no_algorithm_or_recipe():
-    for sub in ("core", "models", "data"):
-        for f in _modules(sub):
-            bad = {m for m in _imports(f) if m.startswith(("decentrain.algorithms", "recipes", "decentrain.config"))}
-            assert not bad, f"{f.relative_to(PKG)} imports {bad}"
+def _under(mods, prefix: str) -> set[str]:
+    return {m for m in mods if m == prefix or m.startswith(prefix + ".")}
 
 
-def test_no_algorithm_family_imports_another():
-    families = [d.name for d in (PKG / "algorithms").iterdir() if d.is_dir() and d.name not in SHARED and not d.name.startswith("_")]
-    assert "ddp" in families
-    for fam in families + sorted(SHARED - {"base"}):
-        for f in _modules(f"algorithms/{fam}"):
-            for m in _imports(f):
-                parts = m.split(".")
-                if parts[:2] == ["decentrain", "algorithms"] and len(parts) > 2:
-                    assert parts[2] in SHARED | {fam}, f"{f.relative_to(PKG)} imports {m}"
+def _family(mod: str) -> str | None:
+    parts = mod.split(".")
+    return parts[2] if len(parts) > 2 and parts[1] == "algorithms" and parts[2] in FAMILIES else None
+
+
+def test_the_static_graph_sees_the_imports():
+    # the walker itself: direct, relative, `from pkg import submodule`, parent packages, transitive
+    assert "decentrain.core.checkpoint" in closure("decentrain.algorithms.common.trainer")
+    assert "decentrain.algorithms" in closure("decentrain.algorithms.ddp.ddp")
+    assert "decentrain.algorithms.base" in closure("decentrain.algorithms.ddp")
+    assert "decentrain.core.registry" in closure("decentrain.algorithms.ddp.ddp")  # via base
+    assert set(FAMILIES) >= {"ddp", "diloco", "noloco", "sapo", "hdee"}
+
+
+@pytest.mark.parametrize("mod", sorted(set(MODULES) - ROOTS))
+def test_nothing_below_the_recipes_imports_the_composition_root(mod):
+    bad = _under(closure(mod), "decentrain.config") | _under(closure(mod), "recipes")
+    assert not bad, f"{mod} imports {sorted(bad)} (transitively)"
+
+
+@pytest.mark.parametrize("mod", sorted(m for m in MODULES if m.startswith(("decentrain.core", "decentrain.models",
+                                                                           "decentrain.data", "decentrain.tasks"))))
+def test_core_models_data_tasks_import_no_algorithm(mod):
+    bad = _under(closure(mod), "decentrain.algorithms")
+    assert not bad, f"{mod} imports {sorted(bad)} (transitively)"
+
+
+@pytest.mark.parametrize("mod", sorted(m for m in MODULES if m.startswith("decentrain.algorithms")))
+def test_no_algorithm_family_imports_another(mod):
+    own = _family(mod)
+    bad = {m for m in closure(mod) if _family(m) not in (None, own)}
+    assert not bad, f"{mod} ({own or 'shared'}) imports {sorted(bad)} (transitively)"
+
+
+_PROBE = """
+import importlib, json, sys
+for m in sys.argv[1:]:
+    importlib.import_module(m)
+print(json.dumps(sorted(k for k in sys.modules if k.startswith(("decentrain", "recipes")))))
+"""
+
+
+def _layer_modules(layer: str) -> list[str]:
+    prefix = "decentrain.core" if layer == "core" else f"decentrain.algorithms.{layer}"
+    return sorted(_under(MODULES, prefix))
+
+
+@pytest.mark.slow
+def test_what_python_loads_matches_the_static_graph():
+    """Import every module of a layer in a fresh interpreter (all layers at once) and check what came with it."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    layers = ["core", "common", *FAMILIES]
+    procs = {layer: subprocess.Popen([sys.executable, "-c", _PROBE, *_layer_modules(layer)], env=env, text=True,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE) for layer in layers}
+    for layer, proc in procs.items():
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err[-2000:]
+        loaded = set(json.loads(out.splitlines()[-1]))
+        assert not _under(loaded, "decentrain.config") | _under(loaded, "recipes"), (layer, sorted(loaded))
+        if layer == "core":
+            assert not _under(loaded, "decentrain.algorithms"), sorted(_under(loaded, "decentrain.algorithms"))
+        own = None if layer == "common" else layer
+        assert not {m for m in loaded if _family(m) not in (None, own)}, (layer, sorted(loaded))
+        mods = _layer_modules(layer)
+        static = set(mods) | {m for mod in mods for m in closure(mod)}
+        assert loaded <= static, f"the static graph missed {sorted(loaded - static)}"
 
 
 def test_library_never_imports_recipes():
-    for f in PKG.rglob("*.py"):
-        if f.name == "cli.py":  # the console script is the recipe's launcher
+    for mod, f in MODULES.items():
+        if mod == "decentrain.cli":  # the console script is the recipe's launcher
             continue
-        assert not {m for m in _imports(f) if m.startswith("recipes")}, f
+        assert not _under(_direct(mod), "recipes"), f

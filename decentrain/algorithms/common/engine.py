@@ -12,7 +12,7 @@ import importlib.util
 import math
 import os
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -20,10 +20,39 @@ import torch
 import torch.distributed as dist
 
 from decentrain.algorithms.base import Algorithm
+from decentrain.core.checks import check_range
 from decentrain.core.mesh import ReplicaLayout
 from decentrain.core.registry import Registry
 
 ZERO_STAGES = (1, 2)
+SCHEDULES = ("cosine", "constant")
+
+
+@dataclass
+class OptimConfig:
+    """The inner AdamW and its LR schedule (the `optim` section; see build_optimizer)."""
+
+    lr: float = 2e-3
+    weight_decay: float = 0.1
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
+    warmup_steps: int = 10
+    schedule: str = "cosine"
+    min_lr_ratio: float = 0.1
+    grad_clip: float = 1.0  # 0 disables clipping
+
+    def __post_init__(self) -> None:
+        check_range("optim.lr", self.lr, 0, 1, low_open=True)  # AdamW above 1 only diverges
+        check_range("optim.weight_decay", self.weight_decay, 0, 1)
+        if len(self.betas) != 2:
+            raise ValueError(f"optim.betas={list(self.betas)} must be two numbers, each in [0, 1)")
+        for i, b in enumerate(self.betas):
+            check_range(f"optim.betas[{i}]", b, 0, 1, high_open=True)
+        check_range("optim.min_lr_ratio", self.min_lr_ratio, 0, 1)
+        check_range("optim.grad_clip", self.grad_clip, 0)
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"optim.schedule={self.schedule!r} is unknown; allowed: {list(SCHEDULES)}")
+        if self.warmup_steps < 0:
+            raise ValueError(f"optim.warmup_steps={self.warmup_steps} must be >= 0")
 
 
 @dataclass
@@ -53,8 +82,8 @@ class EngineConfig:
                 raise ValueError("engine.name='deepspeed' needs the deepspeed package (pip install deepspeed)")
 
 
-def lr_factor(cfg, total_steps: int) -> Callable[[int], float]:
-    """Linear warm-up, then constant or cosine down to min_lr_ratio (cfg: OptimConfig)."""
+def lr_factor(cfg: OptimConfig, total_steps: int) -> Callable[[int], float]:
+    """Linear warm-up, then constant or cosine down to min_lr_ratio."""
 
     def factor(step: int) -> float:
         if step < cfg.warmup_steps:
@@ -67,8 +96,8 @@ def lr_factor(cfg, total_steps: int) -> Callable[[int], float]:
     return factor
 
 
-def build_optimizer(model: torch.nn.Module, cfg, total_steps: int, fused: bool | None = None):
-    """AdamW + LambdaLR (cfg: OptimConfig). `fused`: one kernel per step; None picks it when every parameter is on CUDA."""
+def build_optimizer(model: torch.nn.Module, cfg: OptimConfig, total_steps: int, fused: bool | None = None):
+    """AdamW + LambdaLR. `fused`: one kernel per step; None picks it when every parameter is on CUDA."""
     # no weight decay on norms and biases (1-D tensors), as in most LM recipes
     decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]

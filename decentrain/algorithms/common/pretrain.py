@@ -10,8 +10,8 @@ from pathlib import Path
 import torch
 
 from decentrain.algorithms.base import ALGORITHMS
+from decentrain.algorithms.common.config import TrainConfig
 from decentrain.algorithms.common.trainer import Trainer, TrainResult, seed_everything
-from decentrain.config import TrainConfig
 from decentrain.core.mesh import replica_layout
 from decentrain.core.metrics import MetricsLogger, plot_curves, read_jsonl
 from decentrain.core.world import World

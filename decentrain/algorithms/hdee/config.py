@@ -1,9 +1,11 @@
 """The typed configuration of an HDEE run (train and evaluate) and its one-time conversion from Hydra.
 
 `HdeeConfig` holds the plan plus the shared model/data/optimizer/loop settings that
-every seed and expert job uses. Recipes call `register_hdee_configs()` once, compose
-`conf/hdee.yaml`, and convert the resolved dict with `hdee_config_from_dict`; library
-code below only ever sees these dataclasses.
+every seed and expert job uses. Recipes call `register_hdee_configs()` (in
+decentrain/config.py, the composition root) once, compose `conf/hdee.yaml`, and convert
+the resolved dict with `hdee_config_from_dict`; library code below only ever sees these
+dataclasses. `job.expert_algorithm` is looked up in the algorithm registry by name
+(the composition root registers the loop algorithms), never imported from its family.
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ from decentrain.algorithms.base import ALGORITHMS
 from decentrain.algorithms.hdee.budget import check_budget, homogeneous_baseline
 from decentrain.algorithms.hdee.mixing import WEIGHTINGS
 from decentrain.algorithms.hdee.plan import EnsemblePlan, SeedConfig, validate
-from decentrain.config import LauncherConfig, LoopConfig, OptimConfig, register_configs
+from decentrain.algorithms.common.config import LoopConfig
+from decentrain.algorithms.common.engine import OptimConfig
+from decentrain.core.launch_config import LauncherConfig
 from decentrain.core.metrics import LoggerConfig
 from decentrain.data.blocks import SPLITS, DataConfig
 from decentrain.data.corpus import DOMAINS
@@ -190,10 +194,3 @@ def load_saved_config(ensemble_dir: str | Path, overrides: list[str] = ()) -> Hd
     raw = OmegaConf.merge(OmegaConf.load(path), OmegaConf.from_dotlist(list(overrides)))
     return hdee_config_from_dict(OmegaConf.to_container(raw, resolve=True))
 
-
-def register_hdee_configs() -> None:
-    """Store `hdee_schema` (and the shared group schemas) in Hydra's ConfigStore."""
-    from hydra.core.config_store import ConfigStore
-
-    register_configs()  # model_schema, data_schema, logger_schema, launcher_schema
-    ConfigStore.instance().store(name="hdee_schema", node=HdeeConfig)

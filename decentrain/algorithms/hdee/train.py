@@ -19,10 +19,10 @@ from pathlib import Path
 import torch
 
 from decentrain.algorithms.base import ALGORITHMS
+from decentrain.algorithms.common.config import TrainConfig, validate
 from decentrain.algorithms.common.trainer import Trainer, seed_everything
 from decentrain.algorithms.hdee.config import HdeeConfig
 from decentrain.algorithms.hdee.plan import ExpertRun, SeedConfig
-from decentrain.config import TrainConfig, validate
 from decentrain.core.metrics import MetricsLogger
 from decentrain.core.world import World
 from decentrain.data.blocks import build_corpus

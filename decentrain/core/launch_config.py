@@ -1,0 +1,31 @@
+"""How a run's workers are started: the `launcher` config section (see core/launcher.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+LAUNCHERS = ("local", "torchrun")
+
+
+@dataclass
+class LauncherConfig:
+    name: str = "local"
+    nproc_per_node: int | None = 2  # None: whatever torchrun started
+    nnodes: int = 1
+    rdzv_endpoint: str = "localhost:0"
+    max_restarts: int = 0
+
+    def __post_init__(self) -> None:
+        if self.name not in LAUNCHERS:
+            raise ValueError(f"launcher.name={self.name!r} is unknown; allowed: {list(LAUNCHERS)}")
+        if self.nproc_per_node is not None and self.nproc_per_node < 1:
+            raise ValueError(f"launcher.nproc_per_node={self.nproc_per_node} must be >= 1")
+        if self.nnodes < 1:
+            raise ValueError(f"launcher.nnodes={self.nnodes} must be >= 1")
+        if self.name == "local" and self.nnodes != 1:
+            raise ValueError(f"launcher.nnodes={self.nnodes}: launcher=local starts workers on this machine only; "
+                             "for several nodes use launch/multinode.sh (torchrun, launcher=torchrun)")
+
+    @property
+    def world_size(self) -> int | None:
+        return None if self.nproc_per_node is None else self.nproc_per_node * self.nnodes
