@@ -186,6 +186,11 @@ class Checkpointer:
             good.append(step)
         return good
 
+    def newest_good_step(self) -> int | None:
+        """This rank's newest step that verifies, on its own (jobs whose ranks need not agree)."""
+        good = self.good_steps()
+        return good[-1] if good else None
+
     def own_steps(self) -> list[int]:
         """Steps for which this rank's own dir exists, complete or not."""
         if not self.root.is_dir():
@@ -199,9 +204,9 @@ class Checkpointer:
         checkpoints (node-local disks) stops with a clear error instead of quietly
         restarting from step 0 on some ranks.
         """
-        good = self.good_steps()
         if not world.is_distributed:
-            return good[-1] if good else None
+            return self.newest_good_step()
+        good = self.good_steps()
 
         def lowest(value: int) -> int:
             t = torch.tensor([value], dtype=torch.int64, device=world.device)

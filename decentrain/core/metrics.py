@@ -186,6 +186,25 @@ class Throughput:
         return out
 
 
+def drop_rows_after(path: Path, step: int) -> None:
+    """Rewrite a metrics JSONL without its rows past `step` (atomically; unparsable lines go too).
+
+    A run resumed from `step` logs the steps after it again; their old rows would double.
+    """
+    if not path.exists():
+        return
+    kept = []
+    for line in path.read_text().splitlines():
+        try:
+            if json.loads(line).get("step", 0) <= step:
+                kept.append(line)
+        except (ValueError, AttributeError):
+            continue
+    tmp = path.with_suffix(".jsonl.tmp")
+    tmp.write_text("".join(x + "\n" for x in kept))
+    os.replace(tmp, path)
+
+
 def read_jsonl(path: Path) -> list[dict]:
     with open(path) as f:
         return [json.loads(line) for line in f if line.strip()]

@@ -6,8 +6,8 @@ import logging
 import pytest
 import torch
 
-from decentrain.algorithms.common.pretrain import drop_rows_after
 from decentrain.core.checkpoint import CheckpointError, Checkpointer
+from decentrain.core.metrics import drop_rows_after
 from decentrain.core.world import World
 
 

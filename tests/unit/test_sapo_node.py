@@ -1,10 +1,11 @@
-"""One SAPO node in-process: round metrics, peers' payloads (good and hostile), exact resume."""
+"""One SAPO node in-process: round metrics, peers' payloads (good and hostile), exact resume, checkpoint fallback."""
 
 import dataclasses
 import json
 import logging
 import time
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -17,6 +18,7 @@ from decentrain.algorithms.sapo.identity import NodeIdentity
 from decentrain.algorithms.sapo.node import SAPONode, group_of
 from decentrain.algorithms.sapo.payload import RolloutGroup, RolloutPayload, encode_payload
 from decentrain.algorithms.sapo.trainer import run_sapo
+from decentrain.core.metrics import read_jsonl
 from decentrain.core.world import World
 from decentrain.tasks import RewardConfig, TaskMixture
 
@@ -169,9 +171,16 @@ def _cfg(stop_at=None):
     return cfg
 
 
-def test_resume_continues_exactly(tmp_path):
-    full = []
-    run_sapo(_cfg(), World(), tmp_path / "full", on_round=lambda n, m: full.append((m["reward"], m["trained_completions"])))
+@pytest.fixture(scope="module")
+def full_run(tmp_path_factory):
+    """(reward, trained completions) per round of one uninterrupted 3-round run, and its run dir."""
+    run_dir, rows = tmp_path_factory.mktemp("full"), []
+    run_sapo(_cfg(), World(), run_dir, on_round=lambda n, m: rows.append((m["reward"], m["trained_completions"])))
+    return rows, run_dir
+
+
+def test_resume_continues_exactly(tmp_path, full_run):
+    full, full_dir = full_run
     part, ids = [], set()
 
     def record(node, m):
@@ -183,10 +192,31 @@ def test_resume_continues_exactly(tmp_path):
     assert len(part) == 3 and any(n > 0 for _, n in full)  # some round took a policy step
     assert part == full
     assert len(ids) == 1 and (tmp_path / "part" / "node0" / "node.key").exists()  # the restarted node kept its id
-    a = load_file(str(tmp_path / "full" / "node0" / "final" / "model.safetensors"))
+    a = load_file(str(full_dir / "node0" / "final" / "model.safetensors"))
     b = load_file(str(tmp_path / "part" / "node0" / "final" / "model.safetensors"))
     for k in a:
         torch.testing.assert_close(a[k], b[k])
+
+
+def test_damaged_newest_round_falls_back_to_the_previous_good_one(tmp_path, full_run, caplog):
+    full, _ = full_run
+    part = []
+
+    def record(node, m):
+        part.append((node.round, m["reward"], m["trained_completions"]))
+
+    run_sapo(_cfg(stop_at=2), World(), tmp_path, on_round=record)  # checkpoints of rounds 1 and 2
+    newest = tmp_path / "checkpoints" / "node0" / "step_00000002" / "rank_0" / "tensors.safetensors"
+    b = bytearray(newest.read_bytes())
+    b[-1] ^= 0x10  # a bit in the tensor data: the file still parses, only its checksum tells
+    newest.write_bytes(bytes(b))
+    with caplog.at_level(logging.WARNING, logger="decentrain.core.checkpoint"):
+        run_sapo(_cfg(), World(), tmp_path, on_round=record)
+    warnings = [r.getMessage() for r in caplog.records if r.name == "decentrain.core.checkpoint"]
+    assert len(warnings) == 1 and str(newest) in warnings[0] and "step 2" in warnings[0]
+    assert [r for r, *_ in part] == [1, 2, 2, 3]  # resumed from round 1: round 2 is trained again
+    assert [row[1:] for row in part[2:]] == full[1:]  # ... exactly as the uninterrupted run did
+    assert [row["step"] for row in read_jsonl(tmp_path / "node0" / "metrics.jsonl")] == [1, 2, 3]  # no doubled round
 
 
 def test_spo_node_with_prioritized_sampling_runs_rounds():

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import logging
-import json
-import os
 from pathlib import Path
 
 import torch
@@ -13,28 +11,12 @@ from decentrain.algorithms.base import ALGORITHMS
 from decentrain.algorithms.common.config import TrainConfig
 from decentrain.algorithms.common.trainer import Trainer, TrainResult, seed_everything
 from decentrain.core.mesh import replica_layout
-from decentrain.core.metrics import MetricsLogger, plot_curves, read_jsonl
+from decentrain.core.metrics import MetricsLogger, drop_rows_after, plot_curves, read_jsonl
 from decentrain.core.world import World
 from decentrain.data.blocks import build_corpus
 from decentrain.models.factory import build_model, build_tokenizer, num_params, save_model
 
 log = logging.getLogger(__name__)
-
-
-def drop_rows_after(path: Path, step: int) -> None:
-    """Rewrite a metrics JSONL without its rows past `step` (atomically; unparsable lines go too)."""
-    if not path.exists():
-        return
-    kept = []
-    for line in path.read_text().splitlines():
-        try:
-            if json.loads(line).get("step", 0) <= step:
-                kept.append(line)
-        except (ValueError, AttributeError):
-            continue
-    tmp = path.with_suffix(".jsonl.tmp")
-    tmp.write_text("".join(x + "\n" for x in kept))
-    os.replace(tmp, path)
 
 
 def run_pretraining(cfg: TrainConfig, world: World, run_dir: Path, config_dict: dict | None = None) -> TrainResult:

@@ -1,8 +1,11 @@
 """The SAPO round loop around one `SAPONode`: exchange backend, metrics, checkpoint and resume.
 
 Each node checkpoints into its own dir (`<run_dir>/checkpoints/<node_id>`) and never waits on
-another to save. Under `collective`, ranks agree once at start on the newest round that all of
-them saved, so that their per-round all_gathers stay aligned.
+another to save. Resume goes through the same checked fallback as pre-training
+(core/checkpoint.py): a round whose files fail their checksums is skipped with a one-line
+warning. Under `collective`, ranks agree once at start on the newest round good on every
+rank, so that their per-round all_gathers stay aligned; other exchanges resume each node
+from its own newest good round.
 """
 
 from __future__ import annotations
@@ -17,9 +20,8 @@ from decentrain.algorithms.sapo.config import SAPOConfig
 from decentrain.algorithms.sapo.exchange import build_exchange
 from decentrain.algorithms.sapo.identity import NodeIdentity
 from decentrain.algorithms.sapo.node import SAPONode
-from decentrain.core.bytes_comm import all_gather_bytes
 from decentrain.core.checkpoint import Checkpointer
-from decentrain.core.metrics import MetricsLogger
+from decentrain.core.metrics import MetricsLogger, drop_rows_after
 from decentrain.core.world import World
 from decentrain.models.factory import save_model
 
@@ -32,15 +34,11 @@ def node_identity(cfg: SAPOConfig, world: World) -> tuple[int, str]:
 
 
 def _resume_round(cfg: SAPOConfig, world: World, ckpt: Checkpointer) -> int | None:
-    steps = ckpt.complete_steps() if cfg.resume else []
-    if cfg.exchange.name != "collective" or not world.is_distributed:
-        return steps[-1] if steps else None
-    # The newest round that every rank has saved (None: start afresh everywhere).
-    mine = json.dumps(steps).encode()
-    common = set(steps)
-    for data in all_gather_bytes(world, mine, max_bytes=1 << 16):
-        common &= {int(s) for s in json.loads(data)}
-    return max(common) if common else None
+    if not cfg.resume:
+        return None
+    if cfg.exchange.name == "collective":  # one all-reduce at start-up (a no-op on one process)
+        return ckpt.agree_resume_step(world)
+    return ckpt.newest_good_step()  # swarm nodes are independent: no agreement, no wait
 
 
 def run_sapo(cfg: SAPOConfig, world: World, run_dir: Path, on_round=None) -> dict[str, Any]:
@@ -63,6 +61,7 @@ def run_sapo(cfg: SAPOConfig, world: World, run_dir: Path, on_round=None) -> dic
     start = _resume_round(cfg, world, ckpt)
     if start is not None:
         node.load_state_dict(ckpt.load(start))
+        drop_rows_after(node_dir / "metrics.jsonl", start)  # the rounds after it are logged again
         logger.info("%s resumed at round %d", node_id, start)
     # Every node writes its own metrics file: nodes differ (model, tasks, I/J).
     log = MetricsLogger(dataclasses.replace(cfg.logger, all_ranks=True, progress=False), node_dir, rank=0,
