@@ -16,8 +16,8 @@ equal tuning budget to hours. The emulator runs the library's own pieces: the mo
 corpus, sampler and AdamW of the recipe (`build_model`, `build_corpus`, `ShardedSampler`,
 `build_optimizer` with the same clip/schedule), the DiLoCo outer step (`OuterOptimizer`),
 the NoLoCo outer step (`noloco_step_`) and its pairing (`gossip_groups`); only the wire is
-replaced by in-memory averages. `--check-recipe` runs one setting through the real recipe
-and reports how far the two val curves are apart.
+replaced by in-memory averages. This script does not itself cross-check the emulator
+against a run of the real recipe.
 
     python -m benchmarks.noloco_convergence                      # full protocol (2x3 grid x 2 methods, 3 seeds)
     python -m benchmarks.noloco_convergence --rounds 10 --lrs 0.7 --momentums 0.5 --seeds 1 --allow-dirty  # smoke
