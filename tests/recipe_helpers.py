@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import Callable
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -25,6 +28,33 @@ def recipe(run_dir: Path, *overrides: str, ok: bool = True, timeout: float = 240
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     assert (proc.returncode == 0) == ok, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc
+
+
+def recipe_killing_a_worker(run_dir: Path, *overrides: str, ready: Callable[[], bool], victim: Callable[[], int | None],
+                            env: dict[str, str] | None = None, wait_s: float = 180, timeout: float = 300) -> subprocess.CompletedProcess:
+    """Start the recipe, SIGKILL the worker `victim()` names once `ready()` holds (or `wait_s` passed), let it end.
+
+    Returns the run (stdout and stderr together in `stdout`); the caller asserts on it. The recipe runs in its
+    own process group, so the cleanup reaches every worker whatever happens.
+    """
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", **(env or {})}
+    args = [sys.executable, "-m", "recipes.train", *TINY, f"run_dir={run_dir}", *overrides]
+    proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        deadline = time.time() + wait_s
+        while time.time() < deadline and not ready():
+            time.sleep(0.2)
+        pid = victim()
+        assert pid is not None, "found no worker to kill"
+        os.kill(pid, signal.SIGKILL)
+        out, _ = proc.communicate(timeout=timeout)
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return subprocess.CompletedProcess(args, proc.returncode, out)
 
 
 def metrics(run_dir: Path) -> list[dict]:

@@ -3,16 +3,12 @@ the whole group, which resumes from the last checkpoint and logs exactly the no-
 At the old main every restart failed at gloo's connectFullMesh ("Connection refused")."""
 
 import os
-import signal
-import subprocess
-import sys
-import time
 import uuid
 from pathlib import Path
 
 import pytest
 
-from recipe_helpers import ROOT, TINY, recipe, train_losses
+from recipe_helpers import recipe, recipe_killing_a_worker, train_losses
 
 pytestmark = [
     pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(600),
@@ -40,23 +36,9 @@ def test_max_restarts_resumes_a_killed_diloco_job_exactly(tmp_path):
     recipe(straight, *ARGS)
     run_dir = tmp_path / "killed"
     token = uuid.uuid4().hex
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "FT_TEST": token}
-    proc = subprocess.Popen([sys.executable, "-m", "recipes.train", *TINY, *ARGS, f"run_dir={run_dir}", "launcher.max_restarts=1"],
-                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)  # own process group: cleanup reaches the workers too
-    try:
-        deadline = time.time() + 180
-        while time.time() < deadline and not (run_dir / "checkpoints" / "step_00000004").exists():
-            time.sleep(0.2)
-        pid = _pid_of_rank(token, 1)
-        assert pid is not None
-        os.kill(pid, signal.SIGKILL)
-        out, _ = proc.communicate(timeout=300)
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    assert proc.returncode == 0, out[-4000:]
-    assert "resumed from step" in out
+    run = recipe_killing_a_worker(run_dir, *ARGS, "launcher.max_restarts=1", env={"FT_TEST": token},
+                                  ready=lambda: (run_dir / "checkpoints" / "step_00000004").exists(),
+                                  victim=lambda: _pid_of_rank(token, 1))
+    assert run.returncode == 0, run.stdout[-4000:]
+    assert "resumed from step" in run.stdout
     assert train_losses(run_dir) == train_losses(straight)  # bit-identical, each step logged once

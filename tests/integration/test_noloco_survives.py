@@ -1,43 +1,27 @@
 """SIGKILL one of 4 NoLoCo workers mid-run: the other 3 finish (at the old main all 4 died)."""
 
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
 
 import pytest
 
-from recipe_helpers import ROOT, TINY, metrics
+from recipe_helpers import metrics, recipe_killing_a_worker
 
 pytestmark = pytest.mark.integration
 
 
 def test_sigkill_of_one_of_four_noloco_workers_leaves_three_that_finish(tmp_path):
     steps = 24
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "recipes.train", *TINY, f"run_dir={tmp_path}", "algorithm=noloco",
-                             "algorithm.inner_steps=2", f"train.steps={steps}", "train.eval_every=100",
-                             "train.checkpoint_every=100", "launcher.nproc_per_node=4", "logger.all_ranks=true"],
-                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)  # own process group: cleanup reaches the workers too
-    try:
-        deadline = time.time() + 180
-        while time.time() < deadline:  # kill rank 2 once rank 0 has logged a few steps
-            rows = metrics(tmp_path) if (tmp_path / "metrics.jsonl").exists() else []
-            if any(r.get("step", 0) >= 5 for r in rows) and (tmp_path / "workers.json").exists():
-                break
-            time.sleep(0.2)
-        pid = json.loads((tmp_path / "workers.json").read_text())["2"]
-        os.kill(pid, signal.SIGKILL)
-        out, _ = proc.communicate(timeout=240)
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    assert proc.returncode == 0, out[-3000:]
+
+    def ready():  # rank 0 has logged a few steps and the launcher has listed its workers
+        rows = metrics(tmp_path) if (tmp_path / "metrics.jsonl").exists() else []
+        return any(r.get("step", 0) >= 5 for r in rows) and (tmp_path / "workers.json").exists()
+
+    run = recipe_killing_a_worker(
+        tmp_path, "algorithm=noloco", "algorithm.inner_steps=2", f"train.steps={steps}", "train.eval_every=100",
+        "train.checkpoint_every=100", "launcher.nproc_per_node=4", "logger.all_ranks=true",
+        ready=ready, victim=lambda: json.loads((tmp_path / "workers.json").read_text())["2"], timeout=240)
+    out = run.stdout
+    assert run.returncode == 0, out[-3000:]
     assert "3 of 4 workers finished" in out and "rank 2: SIGKILL" in out
     for rank in (0, 1, 3):  # every survivor ran every step
         name = "metrics.jsonl" if rank == 0 else f"metrics.rank{rank}.jsonl"
