@@ -125,9 +125,13 @@ def test_what_python_loads_matches_the_static_graph():
     layers = ["core", "common", *FAMILIES]
     procs = {layer: subprocess.Popen([sys.executable, "-c", _PROBE, *_layer_modules(layer)], env=env, text=True,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE) for layer in layers}
-    for layer, proc in procs.items():
-        out, err = proc.communicate(timeout=300)
-        assert proc.returncode == 0, err[-2000:]
+    try:
+        results = {layer: (proc.communicate(timeout=300), proc.returncode) for layer, proc in procs.items()}
+    finally:
+        for proc in procs.values():
+            proc.kill()  # no-op for those that ended
+    for layer, ((out, err), returncode) in results.items():
+        assert returncode == 0, err[-2000:]
         loaded = set(json.loads(out.splitlines()[-1]))
         assert not _under(loaded, "decentrain.config") | _under(loaded, "recipes"), (layer, sorted(loaded))
         if layer == "core":
