@@ -86,10 +86,15 @@ def rows() -> list[str]:
     if rec:
         f, w = rec["figures"], rec["figures"]["primary"]
         n = len(f["domains"])
+        seeds = len(rec["config"]["seeds"])
+
+        def gain(x: dict) -> str:  # one seed has no spread: no ± 0
+            return fmt(x, 2) if seeds > 1 else f"{x['mean']:+.2f}"
+
         ours = "; ".join(f"{b} steps/domain: won {len(x['het_steps'][w]['won'])}/{n} (raw {len(x['het_steps'][w]['won_raw'])}), "
-                         f"mean gain {fmt(x['het_steps'][w]['mean_over_domains_pct'], 2)} %" for b, x in f["per_budget"].items())
+                         f"mean gain {gain(x['het_steps'][w]['mean_over_domains_pct'])} %" for b, x in f["per_budget"].items())
         out.append(f"| hdee_scale_probe | (where heterogeneity starts to pay) | het_steps vs homogeneous, {ours} "
-                   f"({len(rec['config']['seeds'])} seeds, {w} weighting) | a step budget where het_steps wins: "
+                   f"({seeds} seed{'s' if seeds > 1 else ''}, {w} weighting) | a step budget where het_steps wins ≥ 80%: "
                    f"**{'found' if any(len(x['het_steps'][w]['won']) >= 0.8 * n for x in f['per_budget'].values()) else 'not found'}** | "
                    f"`python -m benchmarks.hdee_ensemble --probe-steps {' '.join(f['per_budget'])} --seeds {len(rec['config']['seeds'])}` | "
                    f"{_runtime(rec)} | {_provenance(rec)} |")
