@@ -9,6 +9,7 @@ Methods (each timed as the slowest rank's wall time of one sync):
               paper overlaps it with compute). Its rows record the bytes actually reduced.
               A real model's fragments differ in size (embeddings and head ride with two of
               them): `--fragment-model llama_125m` sizes the fragment as that model's largest.
+Every method is timed warm: one untimed pass over the same rounds first (connections up).
 Links: `loopback` (127.0.0.1) and `emulated` (one netns per worker via
 launch/wan_emulation.sh: tbf-capped uplinks plus a userspace delay line).
 Floor = bytes each node must upload / link rate: S for the pair swap, 2(N−1)/N·S for the
@@ -17,6 +18,9 @@ ring. A model t = α·messages + bytes/β is fit per method and extrapolated to 
 
     sudo python -m benchmarks.comm_sync                      # both link kinds, N = 2 4 8
     python -m benchmarks.comm_sync --links loopback --ns 2 4 # no root needed
+    sudo python -m benchmarks.comm_sync --wan-prefix nb --delay-python /opt/nfq/bin/python  # own netns names; delay line's env
+
+Writes results/<name>.json, then the TXT and PNG generated from that JSON.
 """
 
 from __future__ import annotations
@@ -35,7 +39,6 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 WAN = ROOT / "launch" / "wan_emulation.sh"
-PREFIX = "dtc"  # own namespaces, so a user's `dt*` setup is left alone
 
 
 # --------------------------------------------------------------------------- model of the wire
@@ -109,7 +112,11 @@ def worker(args: argparse.Namespace) -> None:
         if n == 2:
             methods["pair_1pg"] = (lambda t: shared.average([payload], (0, 1), t), payload)
         for name, (fn, sent) in methods.items():
-            fn(10_000)  # warm-up on a fresh tag: connections and buffers
+            # warm-up on the very rounds timed below: each pair's connection exists and its TCP window
+            # has grown, as in a long run that has met every partner (a first contact would add
+            # slow start, ~log2(bytes / 14 KB) round trips, which a fixed ring never pays again)
+            for r in range(args.repeats):
+                fn(r)
             times = [timed(lambda r=r: fn(r)) for r in range(args.repeats)]
             out.append({"method": name, "n": n, "numel": numel, "bytes": sent.numel() * sent.element_size(), "times": times})
             if rank == 0:
@@ -120,18 +127,27 @@ def worker(args: argparse.Namespace) -> None:
 
 
 # --------------------------------------------------------------------------- orchestration
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def run_world(link: str, n: int, args: argparse.Namespace) -> list[dict]:
     out = Path(tempfile.mkdtemp()) / "r.json"
-    port = 29500 + n + (100 if link == "emulated" else 0)
+    port = 29600 + n if link == "emulated" else _free_port()  # loopback is shared with other jobs on this host
     addr = "10.77.0.1" if link == "emulated" else "127.0.0.1"
     if link == "emulated":
-        subprocess.run([str(WAN), "up", str(n), args.rate, str(args.delay_ms)], check=True, env={**os.environ, "WAN_PREFIX": PREFIX, "PYTHON": sys.executable})
+        subprocess.run([str(WAN), "up", str(n), args.rate, str(args.delay_ms)], check=True,
+                       env={**os.environ, "WAN_PREFIX": args.wan_prefix, "PYTHON": args.delay_python or sys.executable})
         if not args.slow_start_after_idle:
             # Linux restarts TCP slow start on a connection idle for one RTO. Syncs come after
             # idle compute, so on a 100 ms RTT link every sync re-ramps the window (~0.6 s);
             # long-lived training links turn this off. The setting is per namespace.
             for r in range(n):
-                subprocess.run(["ip", "netns", "exec", f"{PREFIX}{r}", "sysctl", "-qw", "net.ipv4.tcp_slow_start_after_idle=0"], check=True)
+                subprocess.run(["ip", "netns", "exec", f"{args.wan_prefix}{r}", "sysctl", "-qw", "net.ipv4.tcp_slow_start_after_idle=0"], check=True)
     procs = []
     try:
         for r in range(n):
@@ -142,7 +158,7 @@ def run_world(link: str, n: int, args: argparse.Namespace) -> list[dict]:
                    "--fragments", str(args.fragments), "--fragment-share", repr(args.fragment_share),
                    "--sizes", *map(str, args.sizes)]
             if link == "emulated":
-                cmd = ["ip", "netns", "exec", f"{PREFIX}{r}", *cmd]
+                cmd = ["ip", "netns", "exec", f"{args.wan_prefix}{r}", *cmd]
             procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env))
         for p in procs:
             if p.wait(timeout=args.timeout) != 0:
@@ -152,7 +168,7 @@ def run_world(link: str, n: int, args: argparse.Namespace) -> list[dict]:
             if p.poll() is None:
                 p.kill()
         if link == "emulated":
-            subprocess.run([str(WAN), "down"], env={**os.environ, "WAN_PREFIX": PREFIX}, check=False)
+            subprocess.run([str(WAN), "down"], env={**os.environ, "WAN_PREFIX": args.wan_prefix}, check=False)
     return [{**row, "link": link} for row in json.loads(out.read_text())]
 
 
@@ -188,10 +204,14 @@ def summarise(rows: list[dict], args: argparse.Namespace) -> dict:
     return {"rows": rows, "fits": fits, "extrapolated_s": extrap}
 
 
-def table(summary: dict, args: argparse.Namespace) -> str:
-    big = max(args.sizes)
-    lines = [f"payload {big * 4 / 1e6:.1f} MB ({big / 1e6:.1f}M fp32 params); fragment = {args.fragment_share:.3f} of it; link {args.rate}, "
-             f"+{args.delay_ms} ms each way (emulated); TCP slow start after idle: {'on' if args.slow_start_after_idle else 'off'}",
+def table(record: dict) -> str:
+    """The TXT, generated from the JSON record alone."""
+    cfg, summary, env = record["config"], record["figures"], record["environment"]
+    big = max(cfg["sizes"])
+    lines = [f"{record['name']} @ {env['git_sha'][:12]}: {env['cpu']}, {env['cpu_count']} cores (shared; loopback times are CPU-bound)",
+             f"payload {big * 4 / 1e6:.1f} MB ({big / 1e6:.1f}M fp32 params); fragment = {cfg['fragment_share']:.3f} of it; link {cfg['rate']}, "
+             f"+{cfg['delay_ms']} ms each way (emulated); TCP slow start after idle: {'on' if cfg['slow_start_after_idle'] else 'off'}; "
+             f"{cfg['repeats']} timed repeats per row",
              f"{'link':9s} {'N':>2s} {'method':9s} {'MB sent':>8s} {'median s':>9s} {'floor s':>8s} {'x floor':>8s}   all runs"]
     for r in sorted(summary["rows"], key=lambda r: (r["link"], r["n"], r["method"])):
         if r["numel"] != big:
@@ -202,16 +222,20 @@ def table(summary: dict, args: argparse.Namespace) -> str:
     for key, f in summary["fits"].items():
         e100, e1000 = summary["extrapolated_s"][f"{key}/N=100"], summary["extrapolated_s"][f"{key}/N=1000"]
         lines.append(f"  {key:18s} α={f['alpha_s'] * 1e3:8.2f} ms  β={f['beta_bytes_per_s'] / 1e6:8.1f} MB/s  N=100: {e100:8.2f}s  N=1000: {e1000:8.2f}s")
+    load = summary.get("load", {})
+    lines.append(f"wall {summary['wall_s']:.0f} s; nice {load.get('nice', '?')}, 1-min load avg "
+                 f"{load.get('loadavg_start', ['?'])[0]} at start, {load.get('loadavg_end', ['?'])[0]} at end")
     return "\n".join(lines)
 
 
-def plot(summary: dict, args: argparse.Namespace, path: Path) -> None:
+def plot(record: dict, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    big = max(args.sizes)
+    summary = record["figures"]
+    big = max(record["config"]["sizes"])
     links = sorted({r["link"] for r in summary["rows"]})
     fig, axes = plt.subplots(1, len(links), figsize=(6 * len(links), 4), squeeze=False)
     for ax, link in zip(axes[0], links):
@@ -246,6 +270,9 @@ def main() -> None:
     ap.add_argument("--slow-start-after-idle", action=argparse.BooleanOptionalAction, default=False,
                     help="keep Linux's TCP slow-start restart after idle in the emulated namespaces (default: off)")
     ap.add_argument("--name", default="comm_sync", help="results file name under benchmarks/results/")
+    ap.add_argument("--wan-prefix", default="dtc", help="network namespace prefix for the emulated links (WAN_PREFIX); "
+                    "pick your own so another setup's namespaces are left alone")
+    ap.add_argument("--delay-python", default=None, help="python with NetfilterQueue for the delay line (default: this one)")
     args = ap.parse_args()
     if args.worker:
         return worker(args)
@@ -257,6 +284,7 @@ def main() -> None:
     else:
         args.fragment_share = 1.0 / args.fragments
     rows = []
+    load_start = os.getloadavg()
     t0 = time.perf_counter()
     for link in args.links:
         for n in args.ns:
@@ -264,13 +292,18 @@ def main() -> None:
             rows += run_world(link, n, args)
     summary = summarise(rows, args)
     summary["wall_s"] = time.perf_counter() - t0
+    # the pair path's checksum/copies and the userspace delay line need CPU: record what they competed with
+    summary["load"] = {"nice": os.nice(0), "loadavg_start": load_start, "loadavg_end": os.getloadavg()}
     sys.path.insert(0, str(ROOT))
     from benchmarks.results_io import RESULTS, write_results
 
     out = write_results(args.name, vars(args), summary)
-    plot(summary, args, RESULTS / f"{args.name}.png")
-    print(table(summary, args))
-    print(f"wrote {out} and {RESULTS / f'{args.name}.png'} in {summary['wall_s']:.0f}s")
+    record = json.loads(out.read_text())
+    txt = out.with_suffix(".txt")
+    txt.write_text(table(record) + "\n")
+    plot(record, out.with_suffix(".png"))
+    print(txt.read_text())
+    print(f"wrote {out}, {txt} and {out.with_suffix('.png')} in {summary['wall_s']:.0f}s")
 
 
 if __name__ == "__main__":

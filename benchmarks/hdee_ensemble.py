@@ -16,6 +16,11 @@ Every (seed) run is checkpointed in the harness cache; nothing else is reused.
 
     python -m benchmarks.hdee_ensemble                       # 3 seeds at once at the reduced scale below
     python -m benchmarks.hdee_ensemble --seed-steps 300 --steps 60 --eval-max-blocks 0   # the earlier, larger scale
+    python -m benchmarks.hdee_ensemble --probe-steps 20 80 --seeds 2   # scale probe -> results/hdee_scale_probe.*
+
+The scale probe asks at what expert step budget heterogeneity starts to pay: homogeneous vs
+het_steps (one shared M seed, no S/L seeds to train) at each `--probe-steps` budget per
+domain, the same paired per-domain differences, side by side in one record.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from benchmarks.harness import Harness, header, mean_std, seeds_arg
+from benchmarks.harness import Harness, fmt, header, mean_std, seeds_arg
 from decentrain.algorithms.hdee.budget import plan_costs
 from decentrain.algorithms.hdee.config import check_plan, eval_domains, hdee_config_from_dict, plan_domains
 from decentrain.config import register_hdee_configs
@@ -74,11 +79,11 @@ def overrides(bench: BenchConfig, variant: str, seed: int) -> list[str]:
     return out
 
 
-def share_seed(bench: BenchConfig, variant: str, seed: int) -> None:
-    """Every variant branches from the same M seed: copy het_sizes' seed-M instead of retraining it."""
+def share_seed(bench: BenchConfig, variant: str, seed: int, first: str = "het_sizes") -> None:
+    """Every variant branches from the same M seed: copy the first variant's seed-M instead of retraining it."""
     base = ROOT / bench.work_dir / f"seed{seed}"
-    src, dst = base / "het_sizes" / "seed-M", base / variant / "seed-M"
-    if variant != "het_sizes" and src.exists() and not dst.exists():
+    src, dst = base / first / "seed-M", base / variant / "seed-M"
+    if variant != first and src.exists() and not dst.exists():
         dst.parent.mkdir(parents=True, exist_ok=True)
         shutil.copytree(src / "model", dst / "model")
 
@@ -90,20 +95,22 @@ def compose_variant(bench: BenchConfig, variant: str, seed: int):
 
 
 def run_seed(job: dict) -> dict:
-    """Train the three plans from scratch for one training seed and score each ensemble."""
+    """Train the plans (default all three) from scratch for one training seed and score each ensemble."""
     bench, seed = BenchConfig(**job["bench"]), job["seed"]
+    variants = job.get("variants", VARIANTS)
     shutil.rmtree(ROOT / bench.work_dir / f"seed{seed}", ignore_errors=True)  # only the harness cache resumes
     torch.set_num_threads(bench.eval_threads)
     out: dict = {"perplexity": {}, "train_s": {}, "eval_s": {}}
-    for v in ("het_sizes", "homogeneous", "het_steps"):  # het_sizes first: it trains the shared M seed
+    order = [v for v in ("het_sizes", "homogeneous", "het_steps") if v in variants]  # the first trains the shared M seed
+    for v in order:
         cfg = compose_variant(bench, v, seed)[1]
         check_plan(cfg)  # refuse an unmatched plan before training anything
-        share_seed(bench, v, seed)
+        share_seed(bench, v, seed, first=order[0])
         t0 = time.perf_counter()
         with contextlib.redirect_stdout(io.StringIO()):
             run_stage(dataclasses.replace(cfg, job=dataclasses.replace(cfg.job, stage="all")), World())
         out["train_s"][v] = time.perf_counter() - t0
-    for v in VARIANTS:
+    for v in order:
         t0 = time.perf_counter()
         res = EnsembleScorer(compose_variant(bench, v, seed)[1], World()).evaluate()
         out["perplexity"][v] = {d: r["weightings"] for d, r in res.items()}
@@ -117,10 +124,15 @@ def main() -> None:
         p.add_argument(f"--{f.replace('_', '-')}", type=type(v), default=v)
     seeds_arg(p)
     p.add_argument("--parallel", type=int, default=3, help="training seeds run at once (processes)")
+    p.add_argument("--probe-steps", type=int, nargs="+", default=None,
+                   help="scale probe instead: homogeneous vs het_steps at each of these steps per domain")
     args = vars(p.parse_args())
     nseeds, allow_dirty, fresh, parallel = args.pop("seeds"), args.pop("allow_dirty"), args.pop("fresh"), args.pop("parallel")
+    probe = args.pop("probe_steps")
     bench = BenchConfig(**args)
     register_hdee_configs()
+    if probe:
+        return scale_probe(bench, probe, nseeds, parallel, allow_dirty, fresh)
     configs = {v: compose_variant(bench, v, 0) for v in VARIANTS}
     budgets = {}
     for v, (_, cfg) in configs.items():
@@ -140,13 +152,9 @@ def main() -> None:
     for v in HET:
         per_plan[v] = {}
         for w in weightings:
-            diffs = {d: mean_std([100 * (r["perplexity"]["homogeneous"][d][w] - r["perplexity"][v][d][w]) / r["perplexity"]["homogeneous"][d][w]
-                                  for r in runs]) for d in domains}
-            won = [d for d in domains if diffs[d]["mean"] > diffs[d]["std"] and diffs[d]["mean"] > 0]
-            raw = [d for d in domains if diffs[d]["mean"] > 0]
+            pd = paired_diffs(runs, v, w, domains)
             per_seed = [sum(r["perplexity"][v][d][w] < r["perplexity"]["homogeneous"][d][w] for d in domains) for r in runs]
-            per_plan[v][w] = {"diff_pct": diffs, "won": won, "won_raw": raw, "won_per_seed": per_seed,
-                              "target_met": len(won) >= TARGET_SHARE * len(domains)}
+            per_plan[v][w] = {**pd, "won_per_seed": per_seed, "target_met": len(pd["won"]) >= TARGET_SHARE * len(domains)}
     figures = {
         "domains": {"in_training": [d for d in domains if d in trained], "held_out": [d for d in domains if d not in trained]},
         "per_seed_perplexity": [r["perplexity"] for r in runs],
@@ -160,6 +168,96 @@ def main() -> None:
     }
     paths = hz.write(figures, text, plot)
     print(paths["txt"].read_text())
+
+
+def paired_diffs(runs: list[dict], plan: str, weighting: str, domains: list[str]) -> dict:
+    """Per domain (homogeneous − plan) / homogeneous perplexity in %, paired per seed; won: mean > std and > 0
+    (with one seed std is 0, so won is the raw count)."""
+    diffs = {d: mean_std([100 * (r["perplexity"]["homogeneous"][d][weighting] - r["perplexity"][plan][d][weighting])
+                          / r["perplexity"]["homogeneous"][d][weighting] for r in runs]) for d in domains}
+    return {"diff_pct": diffs, "won": [d for d in domains if diffs[d]["mean"] > max(diffs[d]["std"], 0.0)],
+            "won_raw": [d for d in domains if diffs[d]["mean"] > 0],
+            "mean_over_domains_pct": mean_std([sum(100 * (r["perplexity"]["homogeneous"][d][weighting] - r["perplexity"][plan][d][weighting])
+                                                   / r["perplexity"]["homogeneous"][d][weighting] for d in domains) / len(domains)
+                                               for r in runs])}
+
+
+def scale_probe(bench: BenchConfig, budgets: list[int], nseeds: int, parallel: int, allow_dirty: bool, fresh: bool) -> None:
+    """homogeneous vs het_steps at several expert step budgets (same seed model steps), side by side."""
+    variants = ["homogeneous", "het_steps"]
+    benches = {s: dataclasses.replace(bench, steps=s, work_dir=f"{bench.work_dir}_probe/steps{s}") for s in budgets}
+    for b in benches.values():
+        for v in variants:
+            check_plan(compose_variant(b, v, 0)[1])  # matched compute at every budget, before training anything
+    config = {"bench": asdict(bench), "probe_steps_per_domain": budgets, "seeds": list(range(nseeds)), "variants": variants,
+              "question": "at what expert step budget does heterogeneity (het_steps) start to beat homogeneous?"}
+    hz = Harness("hdee_scale_probe", __file__, config, allow_dirty=allow_dirty, fresh=fresh)
+    # seed-major, so a probe cut short still has every budget at the first seeds (re-run with fewer --seeds)
+    jobs = [{"bench": asdict(benches[s]), "seed": seed, "variants": variants} for seed in range(nseeds) for s in budgets]
+    res = hz.run_jobs(jobs, run_seed, desc="hdee probe", parallel=parallel)
+    cfg = compose_variant(bench, "homogeneous", 0)[1]
+    domains = eval_domains(cfg)
+    weightings = list(cfg.eval.weightings)
+    per_budget = {}
+    for s in budgets:
+        runs = [r for j, r in zip(jobs, res) if j["bench"]["steps"] == s]
+        per_budget[str(s)] = {"per_seed_perplexity": [r["perplexity"] for r in runs],
+                              "train_s": {v: mean_std([r["train_s"][v] for r in runs]) for v in variants},
+                              "het_steps": {w: paired_diffs(runs, "het_steps", w, domains) for w in weightings}}
+    figures = {"domains": domains, "held_out": [d for d in domains if d not in plan_domains(cfg)],
+               "primary": bench.primary, "per_budget": per_budget}
+    paths = hz.write(figures, probe_text, probe_plot)
+    print(paths["txt"].read_text())
+
+
+def probe_text(rec: dict) -> str:
+    f, c = rec["figures"], rec["config"]
+    w = f["primary"]
+    budgets = list(f["per_budget"])
+    lines = [header(rec), "", f"{c['question']}", f"seed model {c['bench']['seed_steps']} steps; training seeds {c['seeds']}; "
+             f"het_steps lanes get 3:4:5 shares of the homogeneous 3 x steps; weighting {w}", "",
+             "het_steps perplexity reduction vs homogeneous, % (paired per seed, mean ± std); * = won (mean > std); HO = held out",
+             f"  {'domain':<16}" + "".join(f"{'steps/domain ' + b:>24}" for b in budgets)]
+    for d in f["domains"]:
+        cells = []
+        for b in budgets:
+            r = f["per_budget"][b]["het_steps"][w]
+            x = r["diff_pct"][d]
+            cells.append(f"{x['mean']:+7.2f} ± {x['std']:5.2f}{'*' if d in r['won'] else ' '}")
+        lines.append(f"  {d:<13}{' HO' if d in f['held_out'] else '   '}" + "".join(f"{x:>24}" for x in cells))
+    lines.append("  mean over domains " + "".join(f"{fmt(f['per_budget'][b]['het_steps'][w]['mean_over_domains_pct'], 2):>22}" for b in budgets))
+    lines.append("")
+    for b in budgets:
+        r = f["per_budget"][b]["het_steps"]
+        lines.append(f"steps/domain {b}: het_steps wins {len(r[w]['won'])}/{len(f['domains'])} (raw {len(r[w]['won_raw'])}); "
+                     "other weightings: " + ", ".join(f"{k} {len(x['won'])} (raw {len(x['won_raw'])})" for k, x in r.items() if k != w)
+                     + "; train s: " + ", ".join(f"{v} {t['mean']:.0f}" for v, t in f["per_budget"][b]["train_s"].items()))
+    return "\n".join(lines)
+
+
+def probe_plot(rec: dict, png: Path) -> None:
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    f = rec["figures"]
+    w = f["primary"]
+    fig, ax = plt.subplots(figsize=(8, 4.2))
+    x = np.arange(len(f["domains"]))
+    budgets = list(f["per_budget"])
+    width = 0.8 / len(budgets)
+    for i, b in enumerate(budgets):
+        r = f["per_budget"][b]["het_steps"][w]
+        ax.bar(x + (i - (len(budgets) - 1) / 2) * width, [r["diff_pct"][d]["mean"] for d in f["domains"]],
+               yerr=[r["diff_pct"][d]["std"] for d in f["domains"]], width=width, capsize=2,
+               label=f"{b} steps/domain (won {len(r['won'])}/{len(f['domains'])})")
+    ax.axhline(0, color="k", lw=0.8)
+    ax.set_xticks(x, [d + (" (HO)" if d in f["held_out"] else "") for d in f["domains"]], rotation=45, ha="right")
+    ax.set_ylabel(f"het_steps gain vs homogeneous, % ({w})")
+    ax.legend(fontsize=7)
+    ax.set_title(f"HDEE scale probe, {len(rec['config']['seeds'])} seed(s) @ {rec['git_sha'][:10]}")
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
 
 
 def text(rec: dict) -> str:

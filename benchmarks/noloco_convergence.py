@@ -4,11 +4,13 @@ Protocol (the same for both methods):
   1. sweep outer lr x outer momentum on one grid, seed 0, and choose each method's best
      setting on the *validation* split (final loss, rank 0's replica);
   2. run the chosen settings on the *test* split with S seeds (DDP too), and report
-     best-vs-best, same-hyperparameters (both methods at each one's best) and the papers'
-     defaults (NoLoCo 0.7/0.5, DiLoCo 0.7/0.9 Nesterov) side by side, mean ± std;
+     best-vs-best, same-hyperparameters (both methods at NoLoCo's best, and at DiLoCo's
+     best) and the papers' defaults (NoLoCo 0.7/0.5, DiLoCo 0.7/0.9 Nesterov) side by
+     side, mean ± std of the per-seed paired differences;
   3. charge communication: bytes each node uploads, and seconds of sync on the emulated
      WAN from the alpha-beta fit in results/comm_sync.json (pair swap for NoLoCo, ring
-     all-reduce for DiLoCo, one gradient all-reduce per step for DDP).
+     all-reduce for DiLoCo, one gradient all-reduce per step for DDP), and the MB and
+     WAN seconds each method needs to first reach a common val loss (seed-mean curves).
 
 Why an in-process emulation of the N replicas: on 2 shared cores one `recipes.train`
 launch costs ~60 s of start-up before its first step, which would take the ~50 runs of an
@@ -19,7 +21,7 @@ the NoLoCo outer step (`noloco_step_`) and its pairing (`gossip_groups`); only t
 replaced by in-memory averages. This script does not itself cross-check the emulator
 against a run of the real recipe.
 
-    python -m benchmarks.noloco_convergence                      # full protocol (2x3 grid x 2 methods, 3 seeds)
+    python -m benchmarks.noloco_convergence                      # full protocol (4x4 grid x 2 methods, 3 seeds)
     python -m benchmarks.noloco_convergence --rounds 10 --lrs 0.7 --momentums 0.5 --seeds 1 --allow-dirty  # smoke
 """
 
@@ -145,9 +147,34 @@ def comm_per_step(algo: str, n: int, h: int, params: int, fits: dict) -> tuple[f
 
     nbytes = 4 * params
     method, every = {"noloco": ("pair", h), "diloco": ("ring", h), "ddp": ("ring", 1)}[algo]
-    messages, sent = wire(method, n, nbytes, 1)
+    messages, sent = wire(method, n, nbytes)
     fit = fits[f"emulated/{method}"]
     return sent / every, (fit["alpha_s"] * messages + sent / fit["beta_bytes_per_s"]) / every
+
+
+def first_step_at(curve: list[dict], target: float) -> float | None:
+    """The (linearly interpolated) inner step at which a val curve first reaches `target`."""
+    prev = (0, math.inf)
+    for p in curve:
+        if p["val_loss"] <= target:
+            if not math.isfinite(prev[1]):
+                return float(p["step"])
+            frac = (prev[1] - target) / (prev[1] - p["val_loss"])
+            return prev[0] + frac * (p["step"] - prev[0])
+        prev = (p["step"], p["val_loss"])
+    return None
+
+
+def comm_to_loss(noloco: dict, diloco: dict, steps: int) -> dict[str, Any]:
+    """MB uploaded and emulated-WAN sync seconds each method spends to first reach a val loss both reach
+    (the worse of the two seed-mean final curve values): loss per byte / per second of sync, as one number each."""
+    target = max(noloco["val_curve_mean"][-1]["val_loss"], diloco["val_curve_mean"][-1]["val_loss"])
+    out: dict[str, Any] = {"val_loss": target}
+    for name, r in (("noloco", noloco), ("diloco", diloco)):
+        step = first_step_at(r["val_curve_mean"], target)
+        out[name] = {"step": step, "mb": r["bytes_sent_per_node"] / steps * step / 1e6, "wan_s": r["emulated_wan_sync_s"] / steps * step}
+    out["noloco_over_diloco"] = {k: out["noloco"][k] / out["diloco"][k] for k in ("mb", "wan_s")}
+    return out
 
 
 # -- protocol ---------------------------------------------------------------------------
@@ -167,10 +194,9 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--eval-every-rounds", type=int, default=10)
     ap.add_argument("--eval-blocks", type=int, default=16, help="val blocks per domain for the curve (final evals use whole splits)")
-    # the issue's 4x4 grid shrunk to lr {0.7, 1.0} x momentum {0, 0.5, 0.9} (both paper defaults stay on it),
-    # for both methods alike: what 2 cores shared with 5 other jobs afford by the deadline
-    ap.add_argument("--lrs", type=float, nargs="+", default=[0.7, 1.0])
-    ap.add_argument("--momentums", type=float, nargs="+", default=[0.0, 0.5, 0.9])
+    # the issue's grid, the same for both methods (both paper defaults lie on it)
+    ap.add_argument("--lrs", type=float, nargs="+", default=[0.3, 0.5, 0.7, 1.0])
+    ap.add_argument("--momentums", type=float, nargs="+", default=[0.0, 0.3, 0.5, 0.9])
     ap.add_argument("--parallel", type=int, default=2, help="runs at once (processes)")
     seeds_arg(ap)
     args = ap.parse_args()
@@ -205,6 +231,8 @@ def main() -> None:
         "ddp": ("ddp", None, None),
         "noloco@best_noloco": ("noloco", *best_hp["noloco"]), "diloco@best_diloco": ("diloco", *best_hp["diloco"]),
         "noloco@paper": ("noloco", *PAPER_DEFAULTS["noloco"]), "diloco@paper": ("diloco", *PAPER_DEFAULTS["diloco"]),
+        # same hyperparameters: each method at the other's best (seed 0 of every grid point is already cached)
+        "noloco@best_diloco": ("noloco", *best_hp["diloco"]), "diloco@best_noloco": ("diloco", *best_hp["noloco"]),
     }
     test_jobs = {label: [job(a, lr, mom, s) for s in range(args.seeds)] for label, (a, lr, mom) in settings.items()}
     flat = [j for js in test_jobs.values() for j in js]
@@ -225,6 +253,8 @@ def main() -> None:
             "train_s": mean_std([r["train_s"] for r in rs]),
             "bytes_sent_per_node": per_step_bytes * steps, "emulated_wan_sync_s": per_step_s * steps,
             "val_curve_seed0": rs[0]["val_curve"],
+            "val_curve_mean": [{"step": pts[0]["step"], "val_loss": sum(p["val_loss"] for p in pts) / len(pts)}
+                               for pts in zip(*(r["val_curve"] for r in rs))],
         }
 
     def paired(x: str, y: str) -> dict[str, Any]:
@@ -235,6 +265,8 @@ def main() -> None:
     comparisons = {
         "best_vs_best": {"noloco": "noloco@best_noloco", "diloco": "diloco@best_diloco"},
         "paper_defaults": {"noloco": "noloco@paper", "diloco": "diloco@paper"},
+        "same_hp_at_best_noloco": {"noloco": "noloco@best_noloco", "diloco": "diloco@best_noloco"},
+        "same_hp_at_best_diloco": {"noloco": "noloco@best_diloco", "diloco": "diloco@best_diloco"},
     }
     for c in comparisons.values():
         c["noloco_vs_diloco_pct"] = paired(c["noloco"], c["diloco"])
@@ -246,6 +278,7 @@ def main() -> None:
     figures = {
         "params": params, "steps": steps, "tokens": tokens, "grid": grid, "best": best_hp, "runs": runs,
         "comparisons": comparisons, "same_hp_val_seed0": same_hp,
+        "comm_to_common_loss": comm_to_loss(runs["noloco@best_noloco"], runs["diloco@best_diloco"], steps),
         "vs_ddp_pct": {k: paired(k, "ddp") for k in runs if k != "ddp"},
         "target": "NoLoCo final test loss <= best-tuned DiLoCo's at equal tokens (best vs best, mean over seeds)",
         "target_met": bool(bb[0] <= bb[1]),
@@ -281,9 +314,14 @@ def text(rec: dict) -> str:
     lines.append("  same hyperparameters (grid, seed 0, val): "
                  + ", ".join(f"{r['outer_lr']:g}/{r['outer_momentum']:g}: {r['noloco_vs_diloco_pct']:+.2f}%" for r in f["same_hp_val_seed0"]))
     nb, db = f["runs"]["noloco@best_noloco"], f["runs"]["diloco@best_diloco"]
+    c2l = f["comm_to_common_loss"]
     lines += ["", f"loss per communication (best vs best): NoLoCo {nb['test_loss']['mean']:.4f} for {nb['bytes_sent_per_node'] / 1e6:.1f} MB, "
               f"{nb['emulated_wan_sync_s']:.1f} s WAN sync; DiLoCo {db['test_loss']['mean']:.4f} for {db['bytes_sent_per_node'] / 1e6:.1f} MB, "
               f"{db['emulated_wan_sync_s']:.1f} s",
+              f"to first reach val loss {c2l['val_loss']:.4f} (seed-mean curves): NoLoCo {c2l['noloco']['mb']:.1f} MB / "
+              f"{c2l['noloco']['wan_s']:.1f} s WAN sync (step {c2l['noloco']['step']:.0f}), DiLoCo {c2l['diloco']['mb']:.1f} MB / "
+              f"{c2l['diloco']['wan_s']:.1f} s (step {c2l['diloco']['step']:.0f}); NoLoCo/DiLoCo: "
+              f"{c2l['noloco_over_diloco']['mb']:.2f}x bytes, {c2l['noloco_over_diloco']['wan_s']:.2f}x WAN seconds",
               f"target: {f['target']}: {'MET' if f['target_met'] else 'NOT MET'} "
               f"(NoLoCo {fmt(nb['test_loss'])} vs DiLoCo {fmt(db['test_loss'])})",
               "train s: measured on a shared 2-core machine under load, for orientation only"]
@@ -294,7 +332,7 @@ def plot(rec: dict, png: Path) -> None:
     import matplotlib.pyplot as plt
 
     f = rec["figures"]
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    fig, axes = plt.subplots(1, 4, figsize=(20, 4.2))
     for a, ls in (("noloco", "-"), ("diloco", "--")):
         rows = f["grid"][a]
         for m in sorted({r["outer_momentum"] for r in rows}):
@@ -303,15 +341,16 @@ def plot(rec: dict, png: Path) -> None:
     axes[0].set(xlabel="outer lr", ylabel="final val loss (seed 0)", title="equal tuning grid")
     axes[0].legend(fontsize=7, ncol=2)
     for label in ("ddp", "noloco@best_noloco", "diloco@best_diloco", "noloco@paper", "diloco@paper"):
-        c = f["runs"][label]["val_curve_seed0"]
-        axes[1].plot([p["step"] for p in c], [p["val_loss"] for p in c], label=label)
         r = f["runs"][label]
-        per_step = r["bytes_sent_per_node"] / f["steps"]
-        axes[2].plot([p["step"] * per_step / 1e6 for p in c], [p["val_loss"] for p in c], label=label)
-    axes[1].set(xlabel="inner step", ylabel="val loss (rank 0, seed 0)", title="curves")
-    axes[1].legend(fontsize=7)
+        c = r.get("val_curve_mean", r["val_curve_seed0"])
+        axes[1].plot([p["step"] for p in c], [p["val_loss"] for p in c], label=label)
+        for ax, total in ((axes[2], r["bytes_sent_per_node"] / 1e6), (axes[3], r["emulated_wan_sync_s"])):
+            ax.plot([p["step"] * total / f["steps"] for p in c], [p["val_loss"] for p in c], label=label)
+    axes[1].set(xlabel="inner step", ylabel="val loss (rank 0, mean over seeds)", title="curves")
     axes[2].set(xlabel="MB uploaded per node", ylabel="val loss", xscale="symlog", title="loss per byte sent")
-    axes[2].legend(fontsize=7)
+    axes[3].set(xlabel="emulated-WAN sync s (comm_sync fit)", ylabel="val loss", xscale="symlog", title="loss per second of sync")
+    for ax in axes[1:]:
+        ax.legend(fontsize=7)
     fig.suptitle(f"{rec['name']} @ {rec['git_sha'][:10]}: target {'met' if f['target_met'] else 'NOT met'}")
     fig.tight_layout()
     fig.savefig(png, dpi=110)

@@ -25,7 +25,7 @@ def _load(name: str) -> dict | None:
 def _runtime(rec: dict) -> str:
     if "compute_s" in rec:
         return f"{rec['compute_s'] / 60:.0f} min"
-    wall = rec.get("figures", {}).get("total_wall_s")
+    wall = rec.get("figures", {}).get("total_wall_s") or rec.get("figures", {}).get("wall_s")
     return f"{wall / 60:.0f} min" if wall else "?"
 
 
@@ -43,13 +43,36 @@ def rows() -> list[str]:
         f = rec["figures"]
         c = f["comparisons"]
         nb, db = f["runs"]["noloco@best_noloco"], f["runs"]["diloco@best_diloco"]
+        grid = rec["config"]["grid"]
+        same = [c[k]["noloco_vs_diloco_pct"] for k in ("same_hp_at_best_noloco", "same_hp_at_best_diloco") if k in c]
+        c2l = f.get("comm_to_common_loss")
         ours = (f"NoLoCo vs DiLoCo test loss, best vs best: {fmt(c['best_vs_best']['noloco_vs_diloco_pct'], 2)} %; "
-                f"paper defaults: "
-                f"{fmt(c['paper_defaults']['noloco_vs_diloco_pct'], 2)} % ({len(nb['test_loss']['values'])} seeds, "
+                + (f"same hp: {' / '.join(fmt(x, 2) for x in same)} %; " if same else "")
+                + f"paper defaults: "
+                f"{fmt(c['paper_defaults']['noloco_vs_diloco_pct'], 2)} % ({len(grid['outer_lr'])}x{len(grid['outer_momentum'])} "
+                f"lr x momentum grid each, chosen on val; {len(nb['test_loss']['values'])} seeds, "
                 f"{f['steps'] // rec['config']['protocol']['inner_steps']} outer rounds; NoLoCo {nb['bytes_sent_per_node'] / 1e6:.0f} MB / "
-                f"{nb['emulated_wan_sync_s']:.0f} s WAN sync vs DiLoCo {db['bytes_sent_per_node'] / 1e6:.0f} MB / {db['emulated_wan_sync_s']:.0f} s)")
+                f"{nb['emulated_wan_sync_s']:.0f} s WAN sync vs DiLoCo {db['bytes_sent_per_node'] / 1e6:.0f} MB / {db['emulated_wan_sync_s']:.0f} s"
+                + (f"; to a common val loss NoLoCo needs {c2l['noloco_over_diloco']['mb']:.2f}x the bytes and "
+                   f"{c2l['noloco_over_diloco']['wan_s']:.2f}x the WAN seconds" if c2l else "") + ")")
         out.append(f"| noloco_convergence | NoLoCo converges up to 4% faster than DiLoCo | {ours} | NoLoCo ≤ best-tuned DiLoCo: "
                    f"**{'met' if f['target_met'] else 'not met'}** | `python -m benchmarks.noloco_convergence` | {_runtime(rec)} | {_provenance(rec)} |")
+    rec = _load("comm_sync")
+    if rec and "fits" in rec["figures"]:
+        f = rec["figures"]
+        big = max(r["numel"] for r in f["rows"])
+        at = {(r["method"], r["n"]): r for r in f["rows"] if r["link"] == "emulated" and r["numel"] == big}
+        if at:
+            ns = sorted({n for _, n in at})
+            load = f.get("load", {}).get("loadavg_start", [None])[0]
+            series = "; ".join(f"{m} " + " / ".join(f"{at[(m, n)]['median_s']:.1f}" for n in ns) + " s" for m in ("pair", "ring"))
+            ours = (f"{big * 4 / 1e6:.0f} MB over {rec['config']['rate']} + {2 * rec['config']['delay_ms']:.0f} ms RTT at N = "
+                    f"{' / '.join(map(str, ns))}: {series} (median of {rec['config']['repeats']}"
+                    + (f", load avg {load:.0f} on 2 cores: the userspace delay line and the pair path's CPU passes are starved" if load else "")
+                    + f"); α-β fit extrapolated to N=1000: pair {f['extrapolated_s']['emulated/pair/N=1000']:.0f} s, "
+                    f"ring {f['extrapolated_s']['emulated/ring/N=1000']:.0f} s")
+            out.append(f"| comm_sync | (timing; no paper number) | {ours} | — | `sudo python -m benchmarks.comm_sync` | "
+                       f"{_runtime(rec)} | {_provenance(rec)} |")
     rec = _load("hdee_ensemble")
     if rec and "per_plan" in rec["figures"]:
         f = rec["figures"]
@@ -58,6 +81,22 @@ def rows() -> list[str]:
         met = ", ".join(f"{v} {'met' if x['target_met'] else 'not met'}" for v, x in h.items())
         out.append(f"| hdee_ensemble | 20/21 domains per heterogeneous plan | {ours}, {len(rec['config']['seeds'])} seeds, "
                    f"{next(iter(h.values()))['weighting']} weighting | ≥ 80% per plan: **{met}** | `python -m benchmarks.hdee_ensemble` | "
+                   f"{_runtime(rec)} | {_provenance(rec)} |")
+    rec = _load("hdee_scale_probe")
+    if rec:
+        f, w = rec["figures"], rec["figures"]["primary"]
+        n = len(f["domains"])
+        seeds = len(rec["config"]["seeds"])
+
+        def gain(x: dict) -> str:  # one seed has no spread: no ± 0
+            return fmt(x, 2) if seeds > 1 else f"{x['mean']:+.2f}"
+
+        ours = "; ".join(f"{b} steps/domain: won {len(x['het_steps'][w]['won'])}/{n} (raw {len(x['het_steps'][w]['won_raw'])}), "
+                         f"mean gain {gain(x['het_steps'][w]['mean_over_domains_pct'])} %" for b, x in f["per_budget"].items())
+        out.append(f"| hdee_scale_probe | (where heterogeneity starts to pay) | het_steps vs homogeneous, {ours} "
+                   f"({seeds} seed{'s' if seeds > 1 else ''}, {w} weighting) | a step budget where het_steps wins ≥ 80%: "
+                   f"**{'found' if any(len(x['het_steps'][w]['won']) >= 0.8 * n for x in f['per_budget'].values()) else 'not found'}** | "
+                   f"`python -m benchmarks.hdee_ensemble --probe-steps {' '.join(f['per_budget'])} --seeds {len(rec['config']['seeds'])}` | "
                    f"{_runtime(rec)} | {_provenance(rec)} |")
     rec = _load("sapo_swarm")
     if rec:
