@@ -79,13 +79,13 @@ def _check(results, lagger, rounds):
 
 def test_a_slow_partner_costs_at_most_one_deadline_and_the_lagging_rank_rejoins():
     rounds = 40
-    results = run_ranks(_noloco_run, 4, rounds, 3, 4, 2.5, False, timeout=120)
+    results = run_ranks(_noloco_run, 4, rounds, 3, 4, 2.5, False, timeout=300)
     _check(results, 3, rounds)
 
 
 def test_a_stopped_partner_is_given_up_on_by_heartbeat_before_the_deadline():
     rounds = 40
-    results = run_ranks(_noloco_run, 4, rounds, 3, 4, 2.5, True, timeout=120)
+    results = run_ranks(_noloco_run, 4, rounds, 3, 4, 2.5, True, timeout=300)
     _check(results, 3, rounds)
     survivors = [0, 1, 2]
     assert sum(results[r][1] for r in survivors) == 0  # the stall (0.8s) was noticed before any 1.5s deadline
