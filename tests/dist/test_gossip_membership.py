@@ -69,7 +69,8 @@ def _check(results, lagger, rounds):
         rows, timeouts, _, waited, _ = results[r]
         assert timeouts <= 1, f"rank {r} waited {timeouts} deadlines on the lagging rank: one at most"
         assert [row[0] for row in rows] == list(range(rounds))  # every round ran
-        assert waited < DEADLINE + 1.0, f"rank {r} waited {waited:.1f}s on partners (one deadline is {DEADLINE}s)"
+        # one deadline on the lagging rank, plus at most about one more on a partner it held up
+        assert waited < 2 * DEADLINE + 0.5, f"rank {r} waited {waited:.1f}s on partners (one deadline is {DEADLINE}s)"
     rows = results[lagger][0]
     jumps = [i for i, row in enumerate(rows) if row[2] > 0]
     assert jumps, "the lagging rank never caught up with the live round"
