@@ -25,6 +25,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from decentrain.core.membership import Membership
+from decentrain.core.pairs import PairGroups
 from decentrain.core.world import World
 
 log = logging.getLogger(__name__)
@@ -105,12 +107,13 @@ class ExchangeStats:
     corrupt: int = 0  # body checksum differs from the header's
     nonfinite: int = 0  # body holds NaN/inf
     skipped: int = 0  # this rank or the partner skipped the round (someone still owed an earlier one)
+    partner_skipped: int = 0  # membership said the partner is stopped, lagging or gone: not waited for
     bytes_sent: int = 0
     seconds: float = 0.0
 
     @property
     def dropped(self) -> int:
-        return self.timeouts + self.failures + self.rejected + self.corrupt + self.nonfinite + self.skipped
+        return self.timeouts + self.failures + self.rejected + self.corrupt + self.nonfinite + self.skipped + self.partner_skipped
 
 
 MAGIC = 0x6463_7472_6E67  # "dctrng"
@@ -118,6 +121,8 @@ VERSION = 1
 HEADER_LEN = 8  # [magic, version, round, n_buckets, layout digest, total numel, checksum, flags]
 FLAG_SKIP = 1  # the sender skips this round: no body follows
 HEADER_TAG = 1023  # the bucket slot of a round's tag reserved for the header
+BEHIND = 3  # a partner this many rounds behind (us and the live ranks) is skipped; it jumps ahead itself
+POLL_S = 0.1  # how often a rank waiting on a partner re-reads the partner's membership keys
 _MASK = (1 << 62) - 1
 _INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
@@ -159,6 +164,7 @@ class _Inbox:
     """One partner's side of one round; its thread outlives a missed deadline and keeps the buffers alive."""
 
     peer: int
+    incarnation: int = 0  # the partner's, when the round started: a replaced partner owes nothing
     received: threading.Event = field(default_factory=threading.Event)
     holds_body: bool = True  # False for a header-only (skip) exchange: nothing model-sized is kept
     status: str = "pending"  # ok | failed | rejected | corrupt | nonfinite | skipped
@@ -194,6 +200,13 @@ class PairExchange:
     bucket_bytes: int = 32 << 20
     deadline_s: float | None = None
     stats: ExchangeStats = field(default_factory=ExchangeStats)
+    # with membership: a partner that is stopped, lagging or gone is skipped at once, or given up
+    # on while waiting, instead of costing every pairing a full deadline
+    membership: Membership | None = None
+    stall_s: float | None = None  # give up on a partner whose heartbeat has not moved for this long
+    # with pairs: every exchange runs on a 2-rank gloo group of its own (rebuilt when the partner is
+    # replaced), not on the world group, so a replacement that never joined the world can take part
+    pairs: PairGroups | None = None
     _pending: list = field(default_factory=list, repr=False)  # _Inbox of rounds whose thread still runs
     _lanes: dict = field(default_factory=dict, repr=False)  # (src, dst) -> process group
 
@@ -204,13 +217,13 @@ class PairExchange:
     @property
     def stage_device(self) -> torch.device:
         """Where buffers handed to the p2p backend live: host for gloo, the rank's device for NCCL."""
-        if self.world.backend == "nccl" and not self._gloo_lanes_needed:
+        if self.world.backend == "nccl" and not self._gloo_lanes_needed and self.pairs is None:
             return self.world.device
         return torch.device("cpu")
 
     def check_transport(self) -> None:
         """Refuse a deadline that NCCL could not honour (call after full_duplex, at start-up)."""
-        if self._gloo_lanes_needed and not self._lanes and self.world.world_size > 1:
+        if self._gloo_lanes_needed and not self._lanes and self.pairs is None and self.world.world_size > 1:
             raise ValueError("algorithm.deadline_s on NCCL needs the gloo side lanes of algorithm.full_duplex=true "
                              "(NCCL's wait does not block the host, so a deadline there is not honest); "
                              "set full_duplex=true or deadline_s=null")
@@ -241,10 +254,15 @@ class PairExchange:
     def _lane(self, src: int, dst: int):
         return self._lanes.get((src, dst), self.world.group)
 
+    def _incarnation(self, peer: int) -> int:
+        p = self.membership.progress(peer) if self.membership is not None else None
+        return 0 if p is None else p.incarnation
+
     def _owes(self, peer: int) -> bool:
         """True while `peer` owes an earlier round (not delivered yet) or has left two rounds of our sends untaken."""
         self._pending = [ib for ib in self._pending if ib.thread is not None and ib.thread.is_alive()]
-        held = [ib for ib in self._pending if ib.peer == peer and ib.holds_body]
+        inc = self._incarnation(peer)  # what a dead incarnation owed, its replacement does not
+        held = [ib for ib in self._pending if ib.peer == peer and ib.holds_body and ib.incarnation == inc]
         return any(not ib.received.is_set() for ib in held) or len(held) >= 2
 
     def average(self, tensors: Sequence[torch.Tensor], group: tuple[int, ...], round_idx: int) -> list[torch.Tensor] | None:
@@ -261,8 +279,14 @@ class PairExchange:
             # kept or sent), so nobody waits on us and late buffers stay at one set per partner
             self.stats.skipped += 1
             log.warning("round %d: partner(s) %s still owe an earlier round; skipping this round's averaging", round_idx, owing)
-            header = torch.tensor([MAGIC, VERSION, round_idx, 0, 0, 0, 0, FLAG_SKIP], dtype=torch.int64, device=stage)
-            self._pending.extend(self._start(p, header, [], round_idx) for p in peers)
+            self.skip_round(group, round_idx)
+            return None
+        absent = [(p, why) for p in peers if (why := self._absent(p, round_idx, waiting=False))]
+        if absent:
+            self.stats.partner_skipped += 1
+            log.warning("round %d: not waiting for partner(s) %s; skipping this round's averaging", round_idx,
+                        ", ".join(f"{p} ({why})" for p, why in absent))
+            self.skip_round(group, round_idx)
             return None
         mine = [t.detach().contiguous() for t in tensors]
         buckets = flatten_buckets(mine, self.bucket_bytes)
@@ -273,11 +297,15 @@ class PairExchange:
         inboxes = [self._start(p, header, flats, round_idx) for p in peers]
         ok = True
         for ib in inboxes:
-            left = None if self.deadline_s is None else max(0.0, self.deadline_s - (time.perf_counter() - start))
-            if not ib.received.wait(left):
+            outcome = self._await(ib, start, round_idx)
+            if outcome == "timeout":
                 self.stats.timeouts += 1
                 log.warning("round %d: partner %d missed the %.3gs deadline; skipping this round's averaging",
                             round_idx, ib.peer, self.deadline_s)
+                ok = False
+            elif outcome is not None:
+                self.stats.partner_skipped += 1
+                log.warning("round %d: gave up on partner %d (%s); skipping this round's averaging", round_idx, ib.peer, outcome)
                 ok = False
             elif ib.status != "ok":
                 counter = "failures" if ib.status == "failed" else ib.status
@@ -299,8 +327,81 @@ class PairExchange:
                     offset += n
         return [s.div_(len(group)).to(t.dtype) for s, t in zip(sums, mine)]
 
-    def _p2p(self, recvs: list, sends: list, peer: int) -> list:
+    def skip_round(self, group: tuple[int, ...], round_idx: int) -> None:
+        """Tell the other members of `group` with a header alone that this rank skips `round_idx`.
+
+        Every rank posts exactly one header per partner and round, skipped or not, so the
+        partner's receive for that round is always matched (and it learns of the skip at once).
+        """
+        peers = [p for p in group if p != self.world.rank]
+        header = torch.tensor([MAGIC, VERSION, round_idx, 0, 0, 0, 0, FLAG_SKIP], dtype=torch.int64, device=self.stage_device)
+        self._pending.extend(self._start(p, header, [], round_idx) for p in peers)
+
+    def _absent(self, peer: int, round_idx: int, waiting: bool) -> str | None:
+        """Why membership says `peer` will not (soon) deliver round `round_idx`; None if it may.
+
+        Before waiting: it is finished, already past this round (it gave up on us), BEHIND or
+        more rounds behind, or late (missed a deadline and published no progress since). While
+        waiting, the same minus "behind", plus a heartbeat that stopped moving (a stopped or
+        dead process) for `stall_s`.
+        """
+        m = self.membership
+        if m is None:
+            return None
+        p = m.progress(peer)
+        if p is not None:
+            if p.finished:
+                return "finished"
+            if p.done > round_idx:
+                return f"already past round {round_idx}"
+            # behind this round, and behind the live ranks too: a rank that ran ahead of the others
+            # must wait for its partner (bounded by the deadline), or it would run away alone
+            if not waiting and p.done + BEHIND <= round_idx and p.done + BEHIND <= (m.live_round() or round_idx):
+                return f"{round_idx - p.done} rounds behind"
+            if m.late(peer, p):
+                return "missed a deadline, no progress since"
+        if self.stall_s is not None and p is not None and (stalled := m.stalled_for(peer)) > self.stall_s:
+            return f"no heartbeat for {stalled:.1f}s"
+        return None
+
+    def _await(self, ib: _Inbox, start: float, round_idx: int) -> str | None:
+        """Wait for `ib` until the deadline; None once received, "timeout", or why the partner was given up on.
+
+        With membership, a partner still finishing the previous round (held up by its own late
+        partner) gets its deadline from when it publishes that round done, up to twice the
+        deadline in all: a fault's wait is then not passed on as a second lost round.
+        """
+        if self.membership is None:
+            return None if ib.received.wait(None if self.deadline_s is None else
+                                            max(0.0, self.deadline_s - (time.perf_counter() - start))) else "timeout"
+        first = self.membership.progress(ib.peer)
+        behind = first is not None and first.done < round_idx
+        while True:
+            left = None if self.deadline_s is None else max(0.0, self.deadline_s - (time.perf_counter() - start))
+            if ib.received.wait(POLL_S if left is None else min(POLL_S, left)):
+                return None
+            if behind and self.deadline_s is not None and (p := self.membership.progress(ib.peer)) is not None \
+                    and p.done >= round_idx:
+                behind = False  # it has just reached this round: its deadline starts now
+                start = min(time.perf_counter(), start + self.deadline_s)
+                continue
+            if left is not None and left <= POLL_S:
+                outcome = "timeout"
+            elif (why := self._absent(ib.peer, round_idx, waiting=True)) is None:
+                continue
+            else:
+                outcome = why
+            if outcome == "timeout" or outcome.startswith("no heartbeat"):
+                # others need not wait on it either, until it publishes progress again
+                p = self.membership.progress(ib.peer)
+                self.membership.mark_late(ib.peer, None if p is None else p.done)
+            return outcome
+
+    def _p2p(self, recvs: list, sends: list, peer: int, incarnation: int = 0) -> list:
         """Post receives and sends with `peer`; NCCL on one communicator needs them batched (or it deadlocks)."""
+        if self.pairs is not None:  # (blocks on the first use of a pair: the group's rendezvous)
+            pg, other = self.pairs.get(peer, incarnation)
+            return [pg.recv([t], other, tag) for t, tag in recvs] + [pg.send([t], other, tag) for t, tag in sends]
         src = self._global(peer)
         rx, tx = self._lane(peer, self.world.rank), self._lane(self.world.rank, peer)
         if self.world.backend == "nccl" and rx is tx and self.stage_device.type != "cpu":
@@ -312,7 +413,7 @@ class PairExchange:
         return works
 
     def _start(self, peer: int, header: torch.Tensor, flats: list[torch.Tensor], round_idx: int) -> _Inbox:
-        ib = _Inbox(peer, holds_body=bool(flats))
+        ib = _Inbox(peer, self._incarnation(peer), holds_body=bool(flats))
         base = (round_idx % (1 << 20)) * 1024
         tags = [base + b % HEADER_TAG for b in range(len(flats))]
 
@@ -320,7 +421,7 @@ class PairExchange:
             pending: list = []
             try:  # posting itself raises once a dead partner has closed the connection
                 hdr = torch.empty(HEADER_LEN, dtype=torch.int64, device=header.device)
-                works = self._p2p([(hdr, base + HEADER_TAG)], [(header, base + HEADER_TAG)], peer)
+                works = self._p2p([(hdr, base + HEADER_TAG)], [(header, base + HEADER_TAG)], peer, ib.incarnation)
                 works[0].wait()
                 pending = works[1:]
                 if not flats:  # we skip this round: the partner learnt it from our header
@@ -331,7 +432,7 @@ class PairExchange:
                     ib.status, ib.detail = ("skipped" if int(hdr[7]) & FLAG_SKIP else "rejected"), problem
                     return
                 bufs = [torch.empty_like(f) for f in flats]
-                works = self._p2p(list(zip(bufs, tags)), list(zip(flats, tags)), peer)
+                works = self._p2p(list(zip(bufs, tags)), list(zip(flats, tags)), peer, ib.incarnation)
                 self.stats.bytes_sent += sum(f.numel() * f.element_size() for f in flats)
                 for w in works[: len(bufs)]:
                     w.wait()
@@ -352,7 +453,7 @@ class PairExchange:
                     except RuntimeError:
                         break
 
-        if self.deadline_s is None and self.world.backend == "nccl":
+        if self.deadline_s is None and self.world.backend == "nccl" and self.pairs is None:
             run()  # no deadline: NCCL work queues on the stream, no helper thread needed
         else:
             # gloo's p2p works never report is_completed() and a Work.wait(timeout) that

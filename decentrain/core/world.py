@@ -9,6 +9,7 @@ import logging
 import os
 from dataclasses import dataclass, field
 from datetime import timedelta
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -27,6 +28,7 @@ class LaunchEnv:
     agent_store: bool = False  # the launcher hosts the c10d store (elastic agent, launch_survivors)
     master_addr: str = "127.0.0.1"
     master_port: int = 0
+    incarnation: int = 0  # launch_survivors: how often this rank was restarted (a replacement has > 0)
 
     @property
     def under_torchrun(self) -> bool:
@@ -45,6 +47,7 @@ def read_launch_env() -> LaunchEnv:
         agent_store=env.get("TORCHELASTIC_USE_AGENT_STORE") == "True",
         master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
         master_port=int(env.get("MASTER_PORT", 0)),
+        incarnation=int(env.get("DECENTRAIN_INCARNATION", 0)),
     )
 
 
@@ -59,6 +62,15 @@ class World:
     backend: str | None = None
     group: dist.ProcessGroup | None = None  # None means the default group
     run_id: str | None = None
+    # the job's shared c10d key-value store (gossip membership and heal rendezvous live under it);
+    # None without torch.distributed
+    store: dist.Store | None = field(default=None, repr=False, compare=False)
+    # opens another client of that store: a blocking wait on one client (a rendezvous) holds its
+    # lock, so whatever may wait long gets a connection of its own
+    store_client: Callable[[], dist.Store] | None = field(default=None, repr=False, compare=False)
+    # >0: this process replaces a dead worker of the same rank. It has the store but no world
+    # process group: it skips start-up collectives and heals from a live peer instead
+    incarnation: int = 0
 
     @property
     def is_distributed(self) -> bool:
@@ -163,22 +175,37 @@ def init_world(backend: str | None = None, timeout_s: float = 600.0, threads: in
     if not env.under_torchrun:
         return World(device=dev, run_id=env.run_id)
     backend = placement.backend
-    if not dist.is_initialized() and env.agent_store:
+    store = store_client = None
+    if not dist.is_initialized():
+        # the store is created here (not inside init_process_group) so that World can hand it on:
+        # gossip membership and per-pair groups of replacements are keyed in it
+        if env.agent_store:  # the launcher hosts it and it outlives any worker
+            raw = dist.TCPStore(env.master_addr, env.master_port, env.world_size, is_master=False, timeout=timedelta(seconds=timeout_s))
+        else:  # plain env://: rank 0 hosts it, as init_process_group would
+            raw = dist.TCPStore(env.master_addr, env.master_port, env.world_size, is_master=env.rank == 0,
+                                timeout=timedelta(seconds=timeout_s), wait_for_workers=False)
         # The launcher's store outlives a restart (--max-restarts), and with it the last attempt's
         # gloo addresses: without a fresh prefix per attempt, connectFullMesh dials dead workers
         # ("Connection refused") and every restart fails.
-        store = dist.TCPStore(env.master_addr, env.master_port, env.world_size, is_master=False, timeout=timedelta(seconds=timeout_s))
-        dist.init_process_group(backend=backend, store=dist.PrefixStore(f"decentrain/attempt{env.restart_count}", store),
-                                rank=env.rank, world_size=env.world_size, timeout=timedelta(seconds=timeout_s))
-    elif not dist.is_initialized():
-        dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s))
+        attempt = f"decentrain/attempt{env.restart_count}"
+        store = dist.PrefixStore(f"{attempt}/shared", raw)
+        if env.incarnation == 0:  # a replacement cannot join the world group (gloo's cannot take a new member)
+            dist.init_process_group(backend=backend, store=dist.PrefixStore(attempt, raw) if env.agent_store else raw,
+                                    rank=env.rank, world_size=env.world_size, timeout=timedelta(seconds=timeout_s))
+
+        def store_client() -> dist.Store:
+            client = dist.TCPStore(env.master_addr, env.master_port, is_master=False, timeout=timedelta(seconds=timeout_s))
+            return dist.PrefixStore(f"{attempt}/shared", client)
     return World(
-        rank=dist.get_rank(),
-        world_size=dist.get_world_size(),
+        rank=dist.get_rank() if dist.is_initialized() else env.rank,
+        world_size=dist.get_world_size() if dist.is_initialized() else env.world_size,
         local_rank=env.local_rank,
         device=dev,
         backend=placement.backend,
         run_id=env.run_id,
+        store=store,
+        store_client=store_client,
+        incarnation=env.incarnation,
     )
 
 

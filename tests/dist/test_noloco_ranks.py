@@ -35,6 +35,22 @@ def _count_calls(world, run_dir):
             return _orig(*a, **k)
 
         setattr(dist, name, counted)
+    from decentrain.core import pairs  # exchanges on per-pair groups call the group's send/recv directly
+
+    class CountedPair:
+        def __init__(self, pg):
+            self.pg = pg
+
+        def send(self, *a):
+            calls.append((phase[0], "isend"))
+            return self.pg.send(*a)
+
+        def recv(self, *a):
+            calls.append((phase[0], "irecv"))
+            return self.pg.recv(*a)
+
+    get = pairs.PairGroups.get
+    pairs.PairGroups.get = lambda self, *a: (CountedPair(get(self, *a)[0]), get(self, *a)[1])
     start = NoLoCo.on_train_start
 
     def mark(self, *a):
