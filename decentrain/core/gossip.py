@@ -117,14 +117,13 @@ class ExchangeStats:
 
 
 MAGIC = 0x6463_7472_6E67  # "dctrng"
-VERSION = 1
+VERSION = 2  # 2: checksum over 8-byte words
 HEADER_LEN = 8  # [magic, version, round, n_buckets, layout digest, total numel, checksum, flags]
 FLAG_SKIP = 1  # the sender skips this round: no body follows
 HEADER_TAG = 1023  # the bucket slot of a round's tag reserved for the header
 BEHIND = 3  # a partner this many rounds behind (us and the live ranks) is skipped; it jumps ahead itself
 POLL_S = 0.1  # how often a rank waiting on a partner re-reads the partner's membership keys
 _MASK = (1 << 62) - 1
-_INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 def layout_digest(flats: Sequence[torch.Tensor]) -> int:
@@ -133,15 +132,31 @@ def layout_digest(flats: Sequence[torch.Tensor]) -> int:
 
 
 def checksum(flats: Sequence[torch.Tensor]) -> torch.Tensor:
-    """Sum of the raw bit patterns (as int64, wrapping) of every bucket, mod 2**62, as a 1-element tensor.
+    """Wrapping int64 sum of every bucket's bytes read as 8-byte words (a shorter tail as bytes), mod 2**62.
 
     Computed where the buffers live, with no host sync: the sender's header stays on the
-    backend's device (NCCL) and the check costs one pass over the weights.
+    backend's device (NCCL). Native-width words keep it one cheap pass (a sum of int32
+    words widened to int64 cost 20x more on CPU: 0.55 s vs 0.02 s for 25M floats).
     """
     total = torch.zeros((), dtype=torch.int64, device=flats[0].device if flats else "cpu")
     for f in flats:
-        total = total + f.reshape(-1).view(_INT_VIEW[f.element_size()]).sum(dtype=torch.int64)
+        if f.storage_offset() * f.element_size() % 8:
+            f = f.clone()  # words are read in place, so they must start 8-byte aligned
+        raw = f.reshape(-1).view(torch.uint8)
+        whole = raw.numel() // 8 * 8
+        total = total + raw[:whole].view(torch.int64).sum() + raw[whole:].sum(dtype=torch.int64)  # int64 adds wrap
     return (total & _MASK).reshape(1)
+
+
+def all_finite(t: torch.Tensor) -> bool:
+    """True when `t` holds no NaN or inf.
+
+    One reduction decides the common case: a sum is finite only if every element is; only a
+    sum that overflowed (or a tensor that really holds NaN/inf) pays for the elementwise pass.
+    """
+    if not t.is_floating_point():
+        return True
+    return bool(torch.isfinite(t.sum(dtype=torch.float32))) or bool(torch.isfinite(t).all())
 
 
 def make_header(round_idx: int, flats: Sequence[torch.Tensor], device: torch.device) -> torch.Tensor:
@@ -439,7 +454,7 @@ class PairExchange:
                 pending += works[len(bufs):]
                 if int(checksum(bufs)) != int(hdr[6]):
                     ib.status, ib.detail = "corrupt", "body checksum differs from the header's"
-                elif not all(bool(torch.isfinite(b).all()) for b in bufs if b.is_floating_point()):
+                elif not all(all_finite(b) for b in bufs):
                     ib.status, ib.detail = "nonfinite", "NaN or inf in the partner's tensors"
                 else:
                     ib.status, ib.bufs = "ok", bufs

@@ -96,7 +96,7 @@ def decode_state(skeleton: bytes, blob: bytes, like: dict[str, Any]) -> dict[str
         return problem
     if set(tensors) != set(mine):
         return "tensor names differ"
-    for k, t in tensors.items():
+    for k, t in sorted(tensors.items()):  # a fixed order: the same state always gives the same reason
         if t.shape != mine[k].shape or t.dtype != mine[k].dtype:
             return f"{k}: {tuple(t.shape)} {t.dtype} != {tuple(mine[k].shape)} {mine[k].dtype}"
         if t.is_floating_point() and not bool(torch.isfinite(t).all()):
