@@ -63,7 +63,10 @@ def rows() -> list[str]:
     if rec:
         f = rec["figures"]
         if "ratio_4_4" in f:
-            ours = f"4/4 = {fmt(f['ratio_4_4'], 2)}x 8/0 (per seed {', '.join(f'{x:.2f}' for x in f['ratio_4_4']['values'])})"
+            b = rec["config"]["bench"]
+            ours = (f"4/4 = {fmt(f['ratio_4_4'], 2)}x 8/0 (per seed {', '.join(f'{x:.2f}' for x in f['ratio_4_4']['values'])}; "
+                    f"{f['ratio_4_4']['n']} seeds, {b['nodes']} nodes x {b['rounds']} rounds, start accuracy "
+                    f"{f['sft']['start_sampled_accuracy']:.0%})")
             met = "met" if f["target_met"] else "not met"
         else:  # the pre-harness file: one seed
             ratio = f["configs"]["4/4"]["ratio_to_8_0"]
