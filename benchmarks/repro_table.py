@@ -66,7 +66,7 @@ def rows() -> list[str]:
             b = rec["config"]["bench"]
             ours = (f"4/4 = {fmt(f['ratio_4_4'], 2)}x 8/0 (per seed {', '.join(f'{x:.2f}' for x in f['ratio_4_4']['values'])}; "
                     f"{f['ratio_4_4']['n']} seeds, {b['nodes']} nodes x {b['rounds']} rounds, start accuracy "
-                    f"{f['sft']['start_sampled_accuracy']:.0%})")
+                    f"{(f['rl_start']['accuracy'] or {}).get('mean', f['sft']['start_sampled_accuracy']):.0%})")
             met = "met" if f["target_met"] else "not met"
         else:  # the pre-harness file: one seed
             ratio = f["configs"]["4/4"]["ratio_to_8_0"]

@@ -12,7 +12,7 @@ def _node(reward, mixed, recv=0, equal=0, used=0, local=4):
     n = len(reward)
     return {"reward": reward, "local_groups": [local] * n, "local_mixed_groups": mixed, "external_received": [recv] * n,
             "external_equal_rewards": [equal] * n, "external_unscorable": [0] * n, "external_groups": [used] * n,
-            "trained_completions": [0] * n, "payloads_dropped": 0,
+            "trained_completions": [0] * n, "accuracy": [r / 2 for r in reward], "payloads_dropped": 0,
             "time_s": {"generate": 1.0, "exchange": 0.0, "train": 1.0, "round": 2.0}}
 
 
@@ -56,6 +56,7 @@ def test_signal_shares_and_paired_ratios():
     assert out["ratio_4_4"]["mean"] == pytest.approx(1.75)
     assert out["target_met"] is True
     assert four["reward_minus_8_0_per_round"] == pytest.approx([0.1, 0.1])
+    assert out["rl_start"]["accuracy"]["mean"] == pytest.approx((0.05 + 0.1 + 0.1 + 0.15) / 4)
 
 
 def test_task_overrides_keep_only_the_bench_tasks():
