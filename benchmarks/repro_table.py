@@ -102,7 +102,13 @@ def rows() -> list[str]:
     if rec:
         f = rec["figures"]
         if "ratio_4_4" in f:
-            ours = f"4/4 = {fmt(f['ratio_4_4'], 2)}x 8/0 (per seed {', '.join(f'{x:.2f}' for x in f['ratio_4_4']['values'])})"
+            b = rec["config"]["bench"]
+            ours = (f"4/4 = {fmt(f['ratio_4_4'], 2)}x 8/0 (per seed {', '.join(f'{x:.2f}' for x in f['ratio_4_4']['values'])}; "
+                    f"{f['ratio_4_4']['n']} seeds, {b['nodes']} nodes x {b['rounds']} rounds, start accuracy "
+                    f"{(f['rl_start']['accuracy'] or {}).get('mean', f['sft']['start_sampled_accuracy']):.0%}; reward first 10 rounds -> last 10%: "
+                    + ", ".join(f"{sp} {x['reward_first_10']['mean']:.2f} -> {x['reward_last_10pct']['mean']:.2f}" for sp, x in f["splits"].items())
+                    + (f"; peer groups with signal {f['splits']['4/4']['external_signal_share']['mean']:.0%}" if f["splits"]["4/4"].get("external_signal_share") else "")
+                    + ")")
             met = "met" if f["target_met"] else "not met"
         else:  # the pre-harness file: one seed
             ratio = f["configs"]["4/4"]["ratio_to_8_0"]

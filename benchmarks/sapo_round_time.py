@@ -9,6 +9,9 @@ The node runs the full round: generate, exchange (a one-node hivemind DHT: a rea
 fetch), re-tokenise and re-score, train. TRL's time is its `training_step` (generate, score, train).
 Both run in this one process, in turn, on the same threads, after warm-up steps.
 
+Each seed is one paired measurement (node, then TRL); the figures are the per-seed medians,
+mean ± std over seeds. It uses sapo_swarm's warm start and task mix (trained first if not cached).
+
     python -m benchmarks.sapo_round_time
 """
 
@@ -21,13 +24,25 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.results_io import RESULTS, write_results
-from benchmarks.sapo_swarm import ROOT, warm_start
+from benchmarks.harness import Harness, fmt, header, mean_std, seeds_arg
+from benchmarks.sapo_swarm import ROOT, BenchConfig, sft_overrides, warm_start
 
 QUESTIONS = 8
 
 
-def sapo_round_times(model_dir: Path, args: argparse.Namespace, run_dir: Path) -> list[dict]:
+def task_mix():
+    """sapo_swarm's mix: its tasks of conf/task/arith_legs.yaml, with that file's settings."""
+    import yaml
+
+    from decentrain.tasks import TaskMixConfig
+
+    conf = yaml.safe_load((ROOT / "conf" / "task" / "arith_legs.yaml").read_text())
+    tasks = BenchConfig().tasks.split(",")
+    return TaskMixConfig(tasks=tasks, size=conf["size"], seed=conf["seed"],
+                         task_kwargs={t: kw for t, kw in conf["task_kwargs"].items() if t in tasks})
+
+
+def sapo_round_times(model_dir: Path, args: argparse.Namespace, run_dir: Path, seed: int) -> list[dict]:
     from decentrain.algorithms.sapo.batching import SwarmBatchConfig
     from decentrain.algorithms.sapo.config import RLLoopConfig, RLOptimConfig, SAPOConfig
     from decentrain.algorithms.sapo.exchange import ExchangeConfig, HivemindConfig, build_exchange
@@ -37,22 +52,16 @@ def sapo_round_times(model_dir: Path, args: argparse.Namespace, run_dir: Path) -
     from decentrain.algorithms.sapo.payload import PayloadLimits
     from decentrain.core.world import World
     from decentrain.models.factory import ModelConfig
-    from decentrain.tasks import TaskMixConfig
-
-    import yaml
-
-    task = yaml.safe_load((ROOT / "conf" / "task" / "arith_legs.yaml").read_text())
-    task.pop("defaults")
     cfg = SAPOConfig(
         model=ModelConfig(pretrained=str(model_dir), tokenizer=str(model_dir)),
-        task=TaskMixConfig(**task),
+        task=task_mix(),
         sampling=SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=1.0, batch_size=QUESTIONS * args.g),
         loss=SAPOLossConfig(num_generations=args.g, beta=0.0, loss_type="dapo"),
         payload=PayloadLimits(num_generations=args.g),
         batch=SwarmBatchConfig(QUESTIONS, 0),
         exchange=ExchangeConfig(name="hivemind", hivemind=HivemindConfig(wait_s=0.0, min_peers=0)),
         optim=RLOptimConfig(lr=args.lr),
-        train=RLLoopConfig(rounds=args.steps, micro_batch_size=QUESTIONS * args.g),
+        train=RLLoopConfig(rounds=args.steps, micro_batch_size=QUESTIONS * args.g, seed=seed),
     )
     exchange = build_exchange(cfg.exchange, World(), "node0")
     node = SAPONode(cfg, 0, "node0", exchange)
@@ -62,18 +71,14 @@ def sapo_round_times(model_dir: Path, args: argparse.Namespace, run_dir: Path) -
         exchange.close()
 
 
-def trl_step_times(model_dir: Path, args: argparse.Namespace, run_dir: Path) -> list[float]:
+def trl_step_times(model_dir: Path, args: argparse.Namespace, run_dir: Path, seed: int) -> list[float]:
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from decentrain.tasks import PromptTemplate, TaskMixConfig, TaskMixture, TemplateConfig, Verifier
+    from decentrain.tasks import PromptTemplate, TaskMixture, TemplateConfig, Verifier
 
-    import yaml
-
-    task = yaml.safe_load((ROOT / "conf" / "task" / "arith_legs.yaml").read_text())
-    task.pop("defaults")
-    mixture = TaskMixture(TaskMixConfig(**task))
+    mixture = TaskMixture(task_mix())
     template = PromptTemplate(TemplateConfig())
     verifier = Verifier(template)
     n = QUESTIONS * (args.warmup + args.steps)
@@ -98,7 +103,7 @@ def trl_step_times(model_dir: Path, args: argparse.Namespace, run_dir: Path) -> 
         output_dir=str(run_dir), per_device_train_batch_size=QUESTIONS * args.g, num_generations=args.g,
         max_completion_length=args.max_new_tokens, temperature=1.0, beta=0.0, loss_type="dapo", learning_rate=args.lr,
         max_steps=args.warmup + args.steps, logging_steps=1, report_to="none", use_cpu=True, save_strategy="no",
-        shuffle_dataset=False, seed=0, dataloader_num_workers=0, disable_tqdm=True,
+        shuffle_dataset=False, seed=seed, dataloader_num_workers=0, disable_tqdm=True,
     )
     times: list[float] = []
 
@@ -115,57 +120,84 @@ def trl_step_times(model_dir: Path, args: argparse.Namespace, run_dir: Path) -> 
     return times[args.warmup:]
 
 
+def run_seed(job: dict) -> dict:
+    """One paired measurement: the node's rounds, then TRL's steps, in this process on the same threads."""
+    args = argparse.Namespace(**job["args"])
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(job["seed"])
+    model_dir = ROOT / job["model_dir"]
+    run_dir = ROOT / "runs" / "bench" / "sapo_round_time" / f"seed{job['seed']}"
+    rounds = sapo_round_times(model_dir, args, run_dir, job["seed"])
+    trl = trl_step_times(model_dir, args, run_dir / "trl", job["seed"])
+    return {"decentrain_round_s": [r["time_round"] for r in rounds],
+            "decentrain_split_s": {k: [r[f"time_{k}"] for r in rounds] for k in ("generate", "exchange", "train")},
+            "decentrain_trained_completions": [r.get("trained_completions", 0.0) for r in rounds],
+            "trl_step_s": trl}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--g", type=int, default=8)
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--max-new-tokens", type=int, default=8)
-    ap.add_argument("--lr", type=float, default=3e-4)
+    ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--sft-steps", type=int, default=600)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--cache-dir", default=str(ROOT / ".cache"))
-    ap.add_argument("--name", default="sapo_round_time")
+    seeds_arg(ap)
     args = ap.parse_args()
-    torch.set_num_threads(args.threads)
-    model_dir, _ = warm_start(args)
-    run_dir = ROOT / "runs" / "bench" / args.name
-    # Alternate which goes first is not possible within one process budget; TRL goes second so
-    # it benefits from any warmed caches (a conservative order for the ratio).
-    rounds = sapo_round_times(model_dir, args, run_dir)
-    trl = trl_step_times(model_dir, args, run_dir / "trl")
-    split = {k: statistics.median(r[f"time_{k}"] for r in rounds) for k in ("generate", "exchange", "train", "round")}
-    trl_median = statistics.median(trl)
+    nseeds, allow_dirty, fresh = args.seeds, args.allow_dirty, args.fresh
+    bench = BenchConfig()  # the sapo_swarm warm start, task mix and completion length
+    cfg = {"g": args.g, "steps": args.steps, "warmup": args.warmup, "lr": args.lr, "threads": args.threads,
+           "max_new_tokens": bench.max_new_tokens, "tasks": bench.tasks, "questions": QUESTIONS}
+    hz = Harness("sapo_round_time", __file__, {**cfg, "seeds": list(range(nseeds)), "sft_overrides": sft_overrides(bench)},
+                 allow_dirty=allow_dirty, fresh=fresh)
+    model_dir, _ = warm_start(bench)
+    model_rel = model_dir.relative_to(ROOT).as_posix()
+    runs = hz.run_jobs([{"args": cfg, "seed": s, "model_dir": model_rel} for s in range(nseeds)], run_seed, desc="sapo round time")
+    med = statistics.median
     figures = {
-        "decentrain_round_s": [r["time_round"] for r in rounds], "decentrain_median_split_s": split,
-        "decentrain_trained_completions": [r.get("trained_completions", 0.0) for r in rounds],
-        "trl_step_s": trl, "trl_median_s": trl_median, "ratio": split["round"] / trl_median,
+        "decentrain_median_round_s": mean_std([med(r["decentrain_round_s"]) for r in runs]),
+        "decentrain_median_split_s": {k: mean_std([med(r["decentrain_split_s"][k]) for r in runs]) for k in ("generate", "exchange", "train")},
+        "trl_median_step_s": mean_std([med(r["trl_step_s"]) for r in runs]),
+        "ratio": mean_std([med(r["decentrain_round_s"]) / med(r["trl_step_s"]) for r in runs]),
+        "per_seed": runs,
     }
-    out = write_results(args.name, vars(args), figures)
+    paths = hz.write(figures, text, plot)
+    print(paths["txt"].read_text())
 
-    import matplotlib
 
-    matplotlib.use("Agg")
+def text(rec: dict) -> str:
+    f, c = rec["figures"], rec["config"]
+    sp = f["decentrain_median_split_s"]
+    return "\n".join([
+        header(rec), "",
+        f"{c['questions']} questions x G={c['g']}, max {c['max_new_tokens']} new tokens, {c['threads']} threads, "
+        f"{c['steps']} timed steps after {c['warmup']} warm-up, per seed the median; mean ± std over {len(c['seeds'])} seeds", "",
+        "| | median s per round / step | generate | exchange | train (+score) |",
+        "|---|---|---|---|---|",
+        f"| decentrain node | {fmt(f['decentrain_median_round_s'], 3)} | {fmt(sp['generate'], 3)} | {fmt(sp['exchange'], 3)} | {fmt(sp['train'], 3)} |",
+        f"| TRL GRPOTrainer | {fmt(f['trl_median_step_s'], 3)} | | | |", "",
+        f"ratio decentrain / TRL = {fmt(f['ratio'], 2)}x (per seed {', '.join(f'{v:.2f}' for v in f['ratio']['values'])})",
+    ])
+
+
+def plot(rec: dict, png: Path) -> None:
     import matplotlib.pyplot as plt
 
+    f, c = rec["figures"], rec["config"]
+    sp = f["decentrain_median_split_s"]
     fig, ax = plt.subplots(figsize=(6, 4))
-    ax.bar(["decentrain"], [split["generate"]], label="generate")
-    ax.bar(["decentrain"], [split["exchange"]], bottom=[split["generate"]], label="exchange")
-    ax.bar(["decentrain"], [split["train"]], bottom=[split["generate"] + split["exchange"]], label="train (+score)")
-    ax.bar(["TRL GRPOTrainer"], [trl_median], label="TRL step")
-    ax.set(ylabel="median seconds per round / step", title=f"{QUESTIONS} questions x G={args.g}, CPU")
-    ax.legend()
+    bottom = 0.0
+    for k, label in (("generate", "generate"), ("exchange", "exchange"), ("train", "train (+score)")):
+        ax.bar(["decentrain"], [sp[k]["mean"]], bottom=[bottom], label=label)
+        bottom += sp[k]["mean"]
+    ax.errorbar(["decentrain"], [f["decentrain_median_round_s"]["mean"]], yerr=[f["decentrain_median_round_s"]["std"]], color="k", capsize=4)
+    ax.bar(["TRL GRPOTrainer"], [f["trl_median_step_s"]["mean"]], yerr=[f["trl_median_step_s"]["std"]], capsize=4, label="TRL step")
+    ax.set(ylabel="median seconds per round / step (mean ± std over seeds)",
+           title=f"{c['questions']} questions x G={c['g']}, CPU: ratio {fmt(f['ratio'], 2)}x")
+    ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(RESULTS / f"{args.name}.png", dpi=120)
+    fig.savefig(png, dpi=120)
     plt.close(fig)
-
-    print("\n| | median s | generate | exchange | train |")
-    print("|---|---|---|---|---|")
-    print(f"| decentrain node | {split['round']:.3f} | {split['generate']:.3f} | {split['exchange']:.3f} | {split['train']:.3f} |")
-    print(f"| TRL GRPOTrainer | {trl_median:.3f} | | | |")
-    print(f"\nratio decentrain / TRL = {figures['ratio']:.2f}x  (steps {args.steps}, warm-up {args.warmup})")
-    print(f"wrote {out} and {RESULTS / (args.name + '.png')}")
 
 
 if __name__ == "__main__":

@@ -1,13 +1,27 @@
-"""sapo_swarm: the SAPO paper's I/J table (8/0, 6/2, 4/4, 2/6) at tiny CPU scale.
+"""sapo_swarm: the SAPO paper's I/J comparison (4/4 vs 8/0 cumulative reward) at tiny CPU scale, over seeds.
 
-One SFT warm start (cached under .cache/, never committed), then, for each I/J split, a
-collective swarm of N nodes started by the ordinary recipe (`python -m recipes.rl`), all from
-that checkpoint, for the same number of rounds with the same seeds. A node's reward per round
+One SFT warm start (cached under .cache/ by its settings, never committed), then, for each I/J
+split and seed, a collective swarm of N nodes started by the ordinary recipe
+(`python -m recipes.rl`), all from that checkpoint, for the same number of rounds. Seeds change
+the RL run (question draws, sampling, node seeds), not the warm start. A node's reward per round
 is the mean verifier reward of its own G completions; its cumulative reward is the sum over
-rounds; a config's figure is the sum over its nodes (and the mean per node).
+rounds; a run's figure is the sum over its nodes. The headline is 4/4 over 8/0 per seed
+(paired by seed), mean ± std over seeds; target >= 1.5x (paper: 1093.31 / 561.79 = 1.95x).
 
-    python -m benchmarks.sapo_swarm                       # 4 nodes, sized for ~15 min on 2 cores
-    python -m benchmarks.sapo_swarm --rounds 3 --sft-steps 20   # smoke run
+Every knob (lr, task mix, warm start, G, rounds) is the same for every split: only I/J differ.
+Diagnostics, per split and over rounds: the share of local groups with mixed rewards (the groups
+that carry a GRPO signal), the share of received external groups that carry signal, external
+groups used per round, per-node reward curves, and the reward difference 4/4 - 8/0 with the
+drawdowns of each smoothed curve (the learning-forgetting oscillation).
+
+Each (split, seed) run is one harness job: its result is cached when it finishes, and the
+recipe checkpoints every `checkpoint_every` rounds into a run dir named by the job, so an
+interrupted benchmark resumes the unfinished run where it stopped.
+
+    python -m benchmarks.sapo_swarm                                  # 4 nodes x 150 rounds, 4/4 vs 8/0, 3 seeds (~1 h of 2 cores)
+    python -m benchmarks.sapo_swarm --nodes 8 --rounds 300           # the paper's swarm size, longer (~5x the compute)
+    python -m benchmarks.sapo_swarm --splits 8/0,6/2,4/4,2/6         # the paper's whole table
+    python -m benchmarks.sapo_swarm --nodes 2 --rounds 3 --sft-steps 20 --seeds 1 --allow-dirty   # smoke run
 """
 
 from __future__ import annotations
@@ -16,17 +30,46 @@ import argparse
 import hashlib
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from benchmarks.results_io import RESULTS, write_results
+import numpy as np
+
+from benchmarks.harness import Harness, config_key, fmt, header, mean_std, seeds_arg
 
 ROOT = Path(__file__).resolve().parents[1]
 PAPER = {"8/0": 561.79, "6/2": 854.43, "4/4": 1093.31, "2/6": 945.87}
+TARGET = 1.5
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline", "OMP_NUM_THREADS": "1"}
+SMOOTH = 20
+ARITH_LEGS = ("basic_arithmetic", "chain_sum", "leg_counting")  # conf/task/arith_legs.yaml  # rounds in the moving averages of curves and drawdowns
+
+
+@dataclass
+class BenchConfig:
+    # Sized for ~1 h on 2 shared cores: a node's round costs ~0.5-0.8 CPU-s (generate 8x8 completions,
+    # one step) and a swarm's start ~16 CPU-s per node; 4 nodes give a 4/4 node 12 peer groups to draw 4 from.
+    nodes: int = 4
+    rounds: int = 150
+    splits: str = "8/0,4/4"
+    # Both arms alike. At 1e-3 a pilot's 8/0 nodes collapsed to 0% within 12 rounds; 5e-4 is below that.
+    lr: float = 5e-4
+    # The warm start samples 11% right at T=1 (25% greedy); T=0.7 starts RL nearer 20%, both arms alike.
+    temperature: float = 0.7
+    max_new_tokens: int = 8
+    # The task mix, a subset of conf/task/arith_legs.yaml: 1-digit 2-term arithmetic (+ - * /) has the
+    # shortest prompts (~24 bytes; chain_sum's are ~75), and a round's cost grows with the prompt.
+    tasks: str = "basic_arithmetic"
+    sft_steps: int = 500
+    sft_lr: float = 2e-3
+    sft_seed: int = 0
+    eval_prompts: int = 64  # per task, for the warm start's accuracy (G completions each)
+    checkpoint_every: int = 25
+    cache_dir: str = ".cache"  # SFT warm starts (git-ignored)
+    work_dir: str = "runs/bench/sapo_swarm"  # RL run dirs (git-ignored)
 
 
 def _run(module: str, overrides: list[str]) -> float:
@@ -37,114 +80,273 @@ def _run(module: str, overrides: list[str]) -> float:
     return time.perf_counter() - t0
 
 
-def warm_start(args: argparse.Namespace) -> tuple[Path, dict]:
+def task_overrides(b: BenchConfig) -> list[str]:
+    """Hydra overrides keeping only the bench's tasks of conf/task/arith_legs.yaml (1-digit, 2-term arithmetic)."""
+    tasks = b.tasks.split(",")
+    return [f"task.tasks=[{','.join(tasks)}]", *(f"~task.task_kwargs.{t}" for t in ARITH_LEGS if t not in tasks)]
+
+
+def sft_overrides(b: BenchConfig) -> list[str]:
+    return [f"sft.steps={b.sft_steps}", "sft.batch_size=32", f"sft.lr={b.sft_lr}", f"sft.seed={b.sft_seed}",
+            f"sampling.max_new_tokens={b.max_new_tokens}", f"eval.prompts_per_task={b.eval_prompts}",
+            "eval.num_generations=8", *task_overrides(b)]
+
+
+def warm_start(b: BenchConfig) -> tuple[Path, dict]:
     """The SFT checkpoint, keyed by its settings: trained once, reused by every later run."""
-    overrides = [f"sft.steps={args.sft_steps}", "sft.batch_size=32", "sft.lr=2e-3", f"sft.seed={args.seed}"]
+    overrides = sft_overrides(b)
     key = hashlib.sha256(json.dumps(overrides).encode()).hexdigest()[:10]
-    cache = Path(args.cache_dir) / f"sapo_sft_{key}"
+    cache = ROOT / b.cache_dir / f"sapo_sft_{key}"
     if not (cache / "sft_eval.json").exists():
-        print(f"SFT warm start ({args.sft_steps} steps) -> {cache}", flush=True)
-        _run("recipes.sft", [*overrides, "sft.threads=2", "logger.progress=false", f"run_dir={cache}", f"out_dir={cache / 'model'}"])
+        print(f"SFT warm start ({b.sft_steps} steps) -> {cache.relative_to(ROOT)}", flush=True)
+        _run("recipes.sft", [*overrides, "sft.threads=1", "logger.progress=false", f"run_dir={cache}", f"out_dir={cache / 'model'}"])
     return cache / "model", json.loads((cache / "sft_eval.json").read_text())
 
 
-def run_config(split: str, model_dir: Path, args: argparse.Namespace, run_dir: Path) -> dict:
+def rl_overrides(b: BenchConfig, split: str, seed: int, model_dir: str, run_dir: Path) -> list[str]:
     i, j = split.split("/")
-    overrides = [
-        f"sapo=swarm_{i}_{j}", f"num_nodes={args.nodes}", f"train.rounds={args.rounds}", f"train.seed={args.seed}",
-        f"model.pretrained={model_dir}", f"model.tokenizer={model_dir}", f"optim.lr={args.lr}",
-        f"sampling.max_new_tokens={args.max_new_tokens}", "train.micro_batch_size=64", "train.threads=1",
-        "train.checkpoint_every=0", "logger.progress=false", f"run_dir={run_dir}", "resume=false",
-    ]
-    if args.aggregate_only:  # re-read finished runs (e.g. after a plotting change); wall time from the old JSON
-        old = json.loads((RESULTS / f"{args.name}.json").read_text())["figures"]["configs"].get(split, {})
-        wall = old.get("wall_s", float("nan"))
-    else:
-        shutil.rmtree(run_dir, ignore_errors=True)  # metrics.jsonl appends: start clean
-        wall = _run("recipes.rl", overrides)
+    return [f"sapo=swarm_{i}_{j}", f"num_nodes={b.nodes}", f"train.rounds={b.rounds}", f"train.seed={seed}",
+            f"model.pretrained={ROOT / model_dir}", f"model.tokenizer={ROOT / model_dir}", f"optim.lr={b.lr}",
+            f"sampling.max_new_tokens={b.max_new_tokens}", f"sampling.temperature={b.temperature}", "train.micro_batch_size=64", "train.threads=1",
+            f"train.checkpoint_every={b.checkpoint_every}", "train.keep_checkpoints=1", "logger.progress=false",
+            f"run_dir={run_dir}", "resume=true", *task_overrides(b)]
+
+
+def _rows(path: Path) -> list[dict]:
+    """One row per round: a resumed run re-logs rounds after its checkpoint, so the last row wins."""
+    rows: dict[int, dict] = {}
+    for line in path.read_text().splitlines():
+        try:
+            r = json.loads(line)
+            rows[int(r["step"])] = r
+        except (ValueError, KeyError, TypeError):
+            continue
+    return [rows[k] for k in sorted(rows)]
+
+
+def run_job(job: dict) -> dict:
+    """One swarm run (split, seed) through the recipe; returns per-node per-round series."""
+    b = BenchConfig(**job["bench"])
+    run_dir = ROOT / b.work_dir / f"{job['split'].replace('/', '_')}_seed{job['seed']}_{config_key(job)[:8]}"
+    wall = _run("recipes.rl", rl_overrides(b, job["split"], job["seed"], job["model_dir"], run_dir))
     nodes = {}
-    for n in range(args.nodes):
-        lines = (run_dir / f"node{n}" / "metrics.jsonl").read_text().splitlines()
-        rows = [json.loads(line) for line in lines][-args.rounds:]  # this run's rounds only
+    for n in range(b.nodes):
+        rows = _rows(run_dir / f"node{n}" / "metrics.jsonl")
+        if len(rows) != b.rounds:
+            raise RuntimeError(f"node{n} logged {len(rows)} rounds, expected {b.rounds}")
+        col = lambda k, d=0.0: [round(float(r.get(k, d)), 5) for r in rows]  # noqa: E731
         nodes[f"node{n}"] = {
-            "reward": [r["reward"] for r in rows],
-            "cumulative_reward": rows[-1]["cumulative_reward"],
-            "external_groups": sum(r["external_groups"] for r in rows),
-            "local_groups": sum(r["local_groups"] for r in rows),
-            "payloads_dropped": rows[-1]["payloads_dropped"],
-            "time": {k: sum(r[f"time_{k}"] for r in rows) / len(rows) for k in ("generate", "exchange", "train", "round")},
+            "reward": col("reward"),
+            "local_groups": col("local_groups"),
+            "local_mixed_groups": col("local_mixed_groups"),
+            "external_received": col("external_received"),
+            "external_equal_rewards": col("external_equal_rewards"),
+            "external_unscorable": col("external_unscorable"),
+            "external_groups": col("external_groups"),
+            "trained_completions": col("trained_completions"),
+            "accuracy": col(f"accuracy/{b.tasks.split(',')[0]}") if "," not in b.tasks else None,  # exact answers
+            "payloads_dropped": rows[-1].get("payloads_dropped", 0),
+            "time_s": {k: float(np.mean([r[f"time_{k}"] for r in rows])) for k in ("generate", "exchange", "train", "round")},
         }
-    per_round = [sum(v["reward"][t] for v in nodes.values()) / args.nodes for t in range(args.rounds)]
-    total = sum(v["cumulative_reward"] for v in nodes.values())
-    return {"split": split, "wall_s": wall, "swarm_cumulative_reward": total, "mean_cumulative_reward": total / args.nodes,
-            "mean_reward_per_round": per_round, "nodes": nodes}
+    return {"wall_s": wall, "nodes": nodes}
 
 
-def plot(results: dict, out_png: Path) -> None:
-    import matplotlib
+# -- analysis ------------------------------------------------------------------------------
+def _smooth(x: np.ndarray, w: int | None = None) -> np.ndarray:
+    w = max(1, min(w or SMOOTH, len(x)))
+    return np.convolve(x, np.ones(w) / w, mode="valid")
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
 
-    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
-    for split, r in results.items():
-        curve = np.array(r["mean_reward_per_round"])
-        a.plot(np.arange(1, len(curve) + 1), np.cumsum(curve) * len(r["nodes"]), label=f"I/J={split}")
-        w = min(5, len(curve))
-        b.plot(np.arange(w, len(curve) + 1), np.convolve(curve, np.ones(w) / w, mode="valid"), label=f"I/J={split}")
-    a.set(xlabel="round", ylabel="swarm cumulative reward", title="SAPO swarm: cumulative reward")
-    b.set(xlabel="round", ylabel="mean reward per node (5-round moving avg)", title="reward per round")
-    for ax in (a, b):
-        ax.grid(alpha=0.3)
-        ax.legend()
-    fig.tight_layout()
-    fig.savefig(out_png, dpi=120)
-    plt.close(fig)
+def _sx(curve) -> tuple[np.ndarray, np.ndarray]:
+    """(rounds, values) of a curve's moving average, each value at the round its window ends."""
+    s = _smooth(np.asarray(curve, dtype=float))
+    return np.arange(len(curve) - len(s) + 1, len(curve) + 1), s
+
+
+def drawdowns(curve: np.ndarray, window: int | None = None) -> dict[str, float]:
+    """Forgetting in a smoothed reward curve: the largest fall from a running peak, and the sum of all falls."""
+    s = _smooth(curve, window)
+    peak = np.maximum.accumulate(s)
+    falls = np.clip(-np.diff(s), 0, None)
+    return {"max_drawdown": float((peak - s).max()), "total_fall": float(falls.sum()), "total_rise": float(np.clip(np.diff(s), 0, None).sum())}
+
+
+def summarize_run(run: dict, num_external: int) -> dict:
+    nodes = run["nodes"]
+    reward = np.array([v["reward"] for v in nodes.values()])  # [nodes, rounds]
+    local = np.array([v["local_groups"] for v in nodes.values()])
+    mixed = np.array([v["local_mixed_groups"] for v in nodes.values()])
+    recv = np.array([v["external_received"] for v in nodes.values()])
+    equal = np.array([v["external_equal_rewards"] for v in nodes.values()])
+    unscorable = np.array([v["external_unscorable"] for v in nodes.values()])
+    used = np.array([v["external_groups"] for v in nodes.values()])
+    scorable = (recv - unscorable) if num_external else np.zeros_like(recv)  # J=0 scores no peer group
+    curve = reward.mean(0)
+    return {
+        "swarm_cumulative_reward": float(reward.sum()),
+        "per_node_cumulative_reward": reward.sum(1).tolist(),
+        "mean_reward_per_round": curve.round(5).tolist(),
+        "local_mixed_share": float(mixed.sum() / max(local.sum(), 1)),
+        "local_mixed_share_per_round": (mixed.sum(0) / np.maximum(local.sum(0), 1)).round(4).tolist(),
+        "external_signal_share": float((scorable - equal).sum() / scorable.sum()) if scorable.sum() else None,
+        "external_signal_share_per_round": ((scorable - equal).sum(0) / np.maximum(scorable.sum(0), 1)).round(4).tolist()
+        if scorable.sum() else None,
+        "external_used_per_round": float(used.mean()),
+        "signal_groups_per_round": float((mixed + used).mean()),  # groups with non-zero advantage in a node's batch
+        "accuracy_first_5": float(np.mean([v["accuracy"][:5] for v in nodes.values()])) if all(v.get("accuracy") for v in nodes.values()) else None,
+        "local_mixed_share_first_5": float(mixed[:, :5].sum() / max(local[:, :5].sum(), 1)),
+        "reward_first_10": float(reward[:, :10].mean()), "reward_last_10pct": float(reward[:, -max(1, reward.shape[1] // 10):].mean()),
+        "drawdowns": drawdowns(curve),
+        "per_node_drawdowns": [drawdowns(r)["max_drawdown"] for r in reward],
+        "mean_round_time_s": {k: float(np.mean([v["time_s"][k] for v in nodes.values()])) for k in ("generate", "exchange", "train", "round")},
+        "wall_s": run["wall_s"],
+    }
+
+
+def analyze(b: BenchConfig, seeds: list[int], runs: dict[tuple[str, int], dict]) -> dict:
+    splits = b.splits.split(",")
+    per = {sp: [summarize_run(runs[sp, s], int(sp.split("/")[1])) for s in seeds] for sp in splits}
+    out: dict = {"splits": {}}
+    for sp in splits:
+        rs = per[sp]
+        out["splits"][sp] = {
+            "swarm_cumulative_reward": mean_std([r["swarm_cumulative_reward"] for r in rs]),
+            "mean_cumulative_reward_per_node": mean_std([r["swarm_cumulative_reward"] / b.nodes for r in rs]),
+            "local_mixed_share": mean_std([r["local_mixed_share"] for r in rs]),
+            "external_signal_share": mean_std([r["external_signal_share"] for r in rs]) if rs[0]["external_signal_share"] is not None else None,
+            "external_used_per_round": mean_std([r["external_used_per_round"] for r in rs]),
+            "signal_groups_per_round": mean_std([r["signal_groups_per_round"] for r in rs]),
+            "reward_first_10": mean_std([r["reward_first_10"] for r in rs]),
+            "reward_last_10pct": mean_std([r["reward_last_10pct"] for r in rs]),
+            "max_drawdown": mean_std([r["drawdowns"]["max_drawdown"] for r in rs]),
+            "total_fall": mean_std([r["drawdowns"]["total_fall"] for r in rs]),
+            "mean_reward_per_round": np.mean([r["mean_reward_per_round"] for r in rs], 0).round(5).tolist(),
+            "per_seed": rs,
+        }
+        if "8/0" in per and sp != "8/0":
+            ratios = [r["swarm_cumulative_reward"] / base["swarm_cumulative_reward"] for r, base in zip(rs, per["8/0"])]
+            out["splits"][sp]["ratio_to_8_0"] = mean_std(ratios)
+            diff = np.mean([np.array(r["mean_reward_per_round"]) - np.array(base["mean_reward_per_round"])
+                            for r, base in zip(rs, per["8/0"])], 0)
+            out["splits"][sp]["reward_minus_8_0_per_round"] = diff.round(5).tolist()
+    firsts = [r for sp in splits for r in per[sp]]
+    out["rl_start"] = {  # the first 5 rounds of every run, at the RL sampling temperature
+        "accuracy": mean_std([r["accuracy_first_5"] for r in firsts]) if all(r["accuracy_first_5"] is not None for r in firsts) else None,
+        "local_mixed_share": mean_std([r["local_mixed_share_first_5"] for r in firsts])}
+    if "4/4" in out["splits"] and "ratio_to_8_0" in out["splits"]["4/4"]:
+        out["ratio_4_4"] = out["splits"]["4/4"]["ratio_to_8_0"]
+        out["target_met"] = out["ratio_4_4"]["mean"] >= TARGET
+    return out
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--nodes", type=int, default=4)
-    ap.add_argument("--rounds", type=int, default=40)
-    ap.add_argument("--splits", default="8/0,6/2,4/4,2/6")
-    ap.add_argument("--lr", type=float, default=3e-4)
-    ap.add_argument("--max-new-tokens", type=int, default=8)
-    ap.add_argument("--sft-steps", type=int, default=600)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--cache-dir", default=str(ROOT / ".cache"))
-    ap.add_argument("--name", default="sapo_swarm")
-    ap.add_argument("--aggregate-only", action="store_true", help="re-read the runs under runs/bench/<name>, run nothing")
-    args = ap.parse_args()
-
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    for f, v in asdict(BenchConfig()).items():
+        ap.add_argument(f"--{f.replace('_', '-')}", type=type(v), default=v)
+    seeds_arg(ap)
+    args = vars(ap.parse_args())
+    nseeds, allow_dirty, fresh = args.pop("seeds"), args.pop("allow_dirty"), args.pop("fresh")
+    b = BenchConfig(**args)
+    seeds = list(range(nseeds))
+    splits = b.splits.split(",")
+    hz = Harness("sapo_swarm", __file__, {"bench": asdict(b), "seeds": seeds, "sft_overrides": sft_overrides(b),
+                                          "rl_overrides_example": rl_overrides(b, splits[-1], 0, "<sft model>", Path("<run dir>"))},
+                 allow_dirty=allow_dirty, fresh=fresh)
     t0 = time.perf_counter()
-    model_dir, sft = warm_start(args)
-    results = {}
-    for split in args.splits.split(","):
-        print(f"I/J={split}: {args.nodes} nodes x {args.rounds} rounds", flush=True)
-        results[split] = run_config(split, model_dir, args, ROOT / "runs" / "bench" / args.name / split.replace("/", "_"))
-    base = results.get("8/0", {}).get("swarm_cumulative_reward")
-    rows = []
-    for split, r in results.items():
-        ratio = r["swarm_cumulative_reward"] / base if base else None
-        r["ratio_to_8_0"] = ratio
-        t = {k: sum(n["time"][k] for n in r["nodes"].values()) / args.nodes for k in ("generate", "exchange", "train", "round")}
-        r["mean_round_time_s"] = t
-        paper = PAPER[split] / PAPER["8/0"] if split in PAPER else None
-        rows.append((split, r["swarm_cumulative_reward"], r["mean_cumulative_reward"], ratio, paper, t, r["wall_s"]))
+    model_dir, sft = warm_start(b)
+    sft_wall = time.perf_counter() - t0
+    model_rel = model_dir.relative_to(ROOT).as_posix()
+    # Seeds outer, splits inner: an interrupted benchmark has complete paired seeds.
+    jobs = [{"bench": asdict(b), "split": sp, "seed": s, "model_dir": model_rel} for s in seeds for sp in splits]
+    results = hz.run_jobs(jobs, run_job, desc=f"sapo swarm ({b.nodes} nodes x {b.rounds} rounds)")
+    runs = {(j["split"], j["seed"]): r for j, r in zip(jobs, results)}
+    acc = sft["accuracy"]
+    prompts = sum(a["prompts"] for a in acc.values())
+    figures = {
+        "sft": {**sft, "wall_s_this_invocation": sft_wall,
+                "start_sampled_accuracy": float(np.mean([a["sampled_accuracy"] for a in acc.values()])),
+                "start_mixed_share_g8": sum(a["mixed_groups"] for a in acc.values()) / prompts},
+        **analyze(b, seeds, runs),
+        "paper_cumulative_reward": PAPER, "target": f"4/4 >= {TARGET}x 8/0 (mean over seeds)",
+        "runs_raw": {f"{sp}/seed{s}": runs[sp, s] for s in seeds for sp in splits},
+    }
+    paths = hz.write(figures, text, plot)
+    print(paths["txt"].read_text())
 
-    total_wall = sum(r["wall_s"] for r in results.values()) if args.aggregate_only else time.perf_counter() - t0
-    figures = {"sft": sft, "configs": results, "paper_cumulative_reward": PAPER, "total_wall_s": total_wall}
-    out = write_results(args.name, vars(args), figures)
-    plot(results, RESULTS / f"{args.name}.png")
-    print(f"\nSFT warm start ({sft['steps']} steps): " + ", ".join(
-        f"{t} {a['sampled_accuracy']:.1%} sampled / {a['greedy_accuracy']:.1%} greedy" for t, a in sft["accuracy"].items()))
-    print("\n| I/J | swarm cum. reward | per node | ratio to 8/0 | paper ratio | round s (gen/exch/train) | wall s |")
-    print("|---|---|---|---|---|---|---|")
-    for split, total, mean, ratio, paper, t, wall in rows:
-        print(f"| {split} | {total:.2f} | {mean:.2f} | {ratio:.2f}x | {paper:.2f}x | "
-              f"{t['round']:.2f} ({t['generate']:.2f}/{t['exchange']:.2f}/{t['train']:.2f}) | {wall:.0f} |")
-    print(f"\nwrote {out} and {out.with_suffix('.png')}")
+
+def text(rec: dict) -> str:
+    f, b = rec["figures"], rec["config"]["bench"]
+    sft = f["sft"]
+    lines = [header(rec), "",
+             f"{b['nodes']} nodes x {b['rounds']} rounds, G=8, tasks {b['tasks']} (1-digit, 2 terms), RL lr {b['lr']}, "
+             f"max_new_tokens {b['max_new_tokens']}, seeds {rec['config']['seeds']}",
+             f"warm start: {sft['steps']} SFT steps; sampled accuracy " + ", ".join(
+                 f"{t} {a['sampled_accuracy']:.1%}" for t, a in sft["accuracy"].items())
+             + f" (mean {sft['start_sampled_accuracy']:.1%}, T=1); prompts with mixed rewards at G=8: {sft['start_mixed_share_g8']:.1%}",
+             f"RL start (first 5 rounds of every run, T={b['temperature']}): exact accuracy "
+             + (fmt(f["rl_start"]["accuracy"], 3) if f["rl_start"]["accuracy"] else "-")
+             + f", share of local groups with mixed rewards {fmt(f['rl_start']['local_mixed_share'], 3)}", "",
+             "| I/J | swarm cum. reward | per node | ratio to 8/0 (per seed) | paper | local mixed | ext. signal | ext. used/round | "
+             "reward first 10 -> last 10% | max drawdown | round s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for sp, r in f["splits"].items():
+        ratio = r.get("ratio_to_8_0")
+        rtxt = f"{fmt(ratio, 2)}x ({', '.join(f'{v:.2f}' for v in ratio['values'])})" if ratio else "1"
+        paper = f"{PAPER[sp] / PAPER['8/0']:.2f}x" if sp in PAPER else "-"
+        ext = fmt(r["external_signal_share"], 2) if r["external_signal_share"] else "-"
+        t = np.mean([s["mean_round_time_s"]["round"] for s in r["per_seed"]])
+        lines.append(f"| {sp} | {fmt(r['swarm_cumulative_reward'], 1)} | {fmt(r['mean_cumulative_reward_per_node'], 1)} | {rtxt} | {paper} | "
+                     f"{fmt(r['local_mixed_share'], 2)} | {ext} | {fmt(r['external_used_per_round'], 2)} | "
+                     f"{r['reward_first_10']['mean']:.3f} -> {r['reward_last_10pct']['mean']:.3f} | {fmt(r['max_drawdown'], 3)} | {t:.2f} |")
+    if "ratio_4_4" in f:
+        lines += ["", f"4/4 / 8/0 cumulative reward: {fmt(f['ratio_4_4'], 2)}x over {f['ratio_4_4']['n']} seeds "
+                      f"(per seed {', '.join(f'{v:.2f}' for v in f['ratio_4_4']['values'])}); target {TARGET}x (paper 1.95x): "
+                      f"{'MET' if f['target_met'] else 'NOT MET'}"]
+    lines += ["local mixed = share of a node's own groups with non-equal rewards; ext. signal = share of received peer groups "
+              "with non-equal rewards (the ones J draws from); max drawdown = largest fall of the "
+              f"{SMOOTH}-round moving average of mean reward from its running peak."]
+    return "\n".join(lines)
+
+
+def plot(rec: dict, png: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    f = rec["figures"]
+    fig, axes = plt.subplots(2, 2, figsize=(12, 8))
+    (a, bx), (c, d) = axes
+    for sp, r in f["splits"].items():
+        cum = np.array([np.cumsum(s["mean_reward_per_round"]) * len(s["per_node_cumulative_reward"]) for s in r["per_seed"]])
+        x = np.arange(1, cum.shape[1] + 1)
+        line, = a.plot(x, cum.mean(0), label=f"I/J={sp}")
+        a.fill_between(x, cum.mean(0) - cum.std(0), cum.mean(0) + cum.std(0), color=line.get_color(), alpha=0.2)
+        curve = np.array(r["mean_reward_per_round"])
+        bx.plot(*_sx(curve), color=line.get_color(), label=f"I/J={sp}")
+        for node in f["runs_raw"][f"{sp}/seed{rec['config']['seeds'][0]}"]["nodes"].values():
+            rw = np.array(node["reward"])
+            c.plot(*_sx(rw), color=line.get_color(), lw=0.7, alpha=0.6)
+        d.plot(*_sx(np.mean([s["local_mixed_share_per_round"] for s in r["per_seed"]], 0)),
+               color=line.get_color(), label=f"{sp} local mixed")
+        if r["per_seed"][0]["external_signal_share_per_round"]:
+            d.plot(*_sx(np.mean([s["external_signal_share_per_round"] for s in r["per_seed"]], 0)),
+                   color=line.get_color(), ls="--", label=f"{sp} external with signal")
+        if "reward_minus_8_0_per_round" in r:
+            diff = np.array(r["reward_minus_8_0_per_round"])
+            bx.plot(*_sx(diff), color=line.get_color(), ls=":", label=f"{sp} minus 8/0")
+    bx.axhline(0, color="k", lw=0.6)
+    a.set(xlabel="round", ylabel="swarm cumulative reward (mean ± std over seeds)", title="cumulative reward")
+    bx.set(xlabel="round", ylabel=f"mean reward per node ({SMOOTH}-round avg)", title="reward per round (dotted: minus 8/0)")
+    c.set(xlabel="round", ylabel=f"reward ({SMOOTH}-round avg)", title=f"per-node reward, seed {rec['config']['seeds'][0]}")
+    d.set(xlabel="round", ylabel=f"share of groups ({SMOOTH}-round avg)", title="groups with mixed rewards (GRPO signal)")
+    for ax in axes.flat:
+        ax.grid(alpha=0.3)
+    for ax in (a, bx, d):
+        ax.legend(fontsize=7)
+    ratio = f.get("ratio_4_4")
+    fig.suptitle(f"SAPO swarm, {rec['config']['bench']['nodes']} nodes, {len(rec['config']['seeds'])} seeds"
+                 + (f": 4/4 = {fmt(ratio, 2)}x 8/0" if ratio else "") + f" @ {rec['git_sha'][:10]}")
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,64 @@
+"""benchmarks/sapo_swarm.py's bookkeeping: resumed metrics, signal shares, paired ratios, drawdowns."""
+
+import json
+
+import numpy as np
+import pytest
+
+from benchmarks import sapo_swarm as S
+
+
+def _node(reward, mixed, recv=0, equal=0, used=0, local=4):
+    n = len(reward)
+    return {"reward": reward, "local_groups": [local] * n, "local_mixed_groups": mixed, "external_received": [recv] * n,
+            "external_equal_rewards": [equal] * n, "external_unscorable": [0] * n, "external_groups": [used] * n,
+            "trained_completions": [0] * n, "accuracy": [r / 2 for r in reward], "payloads_dropped": 0,
+            "time_s": {"generate": 1.0, "exchange": 0.0, "train": 1.0, "round": 2.0}}
+
+
+def test_rows_keeps_the_last_row_of_a_round_logged_twice(tmp_path):
+    # A run resumed from its round-2 checkpoint logs round 3 again; a torn last line is skipped.
+    p = tmp_path / "metrics.jsonl"
+    rows = [{"step": 1, "reward": 0.1}, {"step": 2, "reward": 0.2}, {"step": 3, "reward": 0.0}, {"step": 3, "reward": 0.3}]
+    p.write_text("\n".join(json.dumps(r) for r in rows) + '\n{"step": 4, "rew')
+    assert [r["reward"] for r in S._rows(p)] == [0.1, 0.2, 0.3]
+
+
+def test_drawdowns_by_hand():
+    # Window 1: the curve itself. Peak 0.5 then 0.2: drawdown 0.3; falls 0.3 + 0.1, rises 0.5 + 0.1.
+    d = S.drawdowns(np.array([0.0, 0.5, 0.2, 0.3, 0.2]), window=1)
+    assert d["max_drawdown"] == pytest.approx(0.3)
+    assert d["total_fall"] == pytest.approx(0.4)
+    assert d["total_rise"] == pytest.approx(0.6)
+    # Window 2 averages pairs first: [0.25, 0.35, 0.25, 0.25] -> one fall of 0.1.
+    assert S.drawdowns(np.array([0.0, 0.5, 0.2, 0.3, 0.2]), window=2)["max_drawdown"] == pytest.approx(0.1)
+
+
+def test_signal_shares_and_paired_ratios():
+    b = S.BenchConfig(nodes=2, rounds=2, splits="8/0,4/4")
+    runs = {
+        ("8/0", 0): {"wall_s": 1.0, "nodes": {"node0": _node([0.1, 0.1], [2, 0], local=8), "node1": _node([0.1, 0.1], [0, 0], local=8)}},
+        ("8/0", 1): {"wall_s": 1.0, "nodes": {"node0": _node([0.2, 0.2], [1, 1], local=8), "node1": _node([0.2, 0.2], [1, 1], local=8)}},
+        # 4 groups received per round, 1 of them all-equal: 3/4 carry signal; 3 used per round.
+        ("4/4", 0): {"wall_s": 1.0, "nodes": {f"node{i}": _node([0.2, 0.2], [1, 1], recv=4, equal=1, used=3) for i in range(2)}},
+        ("4/4", 1): {"wall_s": 1.0, "nodes": {f"node{i}": _node([0.3, 0.3], [1, 1], recv=4, equal=1, used=3) for i in range(2)}},
+    }
+    out = S.analyze(b, [0, 1], runs)
+    eight, four = out["splits"]["8/0"], out["splits"]["4/4"]
+    assert eight["swarm_cumulative_reward"]["values"] == pytest.approx([0.4, 0.8])
+    assert eight["external_signal_share"] is None  # J=0 scores no peer group
+    assert eight["local_mixed_share"]["values"] == pytest.approx([2 / 32, 4 / 32])
+    assert four["external_signal_share"]["mean"] == pytest.approx(0.75)
+    assert four["local_mixed_share"]["mean"] == pytest.approx(0.25)
+    assert four["signal_groups_per_round"]["mean"] == pytest.approx(4.0)
+    # Ratios are paired by seed: 0.8/0.4 and 1.2/0.8.
+    assert out["ratio_4_4"]["values"] == pytest.approx([2.0, 1.5])
+    assert out["ratio_4_4"]["mean"] == pytest.approx(1.75)
+    assert out["target_met"] is True
+    assert four["reward_minus_8_0_per_round"] == pytest.approx([0.1, 0.1])
+    assert out["rl_start"]["accuracy"]["mean"] == pytest.approx((0.05 + 0.1 + 0.1 + 0.15) / 4)
+
+
+def test_task_overrides_keep_only_the_bench_tasks():
+    assert S.task_overrides(S.BenchConfig(tasks="basic_arithmetic")) == [
+        "task.tasks=[basic_arithmetic]", "~task.task_kwargs.chain_sum", "~task.task_kwargs.leg_counting"]
