@@ -57,8 +57,15 @@ def recipe_killing_a_worker(run_dir: Path, *overrides: str, ready: Callable[[], 
     return subprocess.CompletedProcess(args, proc.returncode, out)
 
 
-def metrics(run_dir: Path) -> list[dict]:
-    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+def metrics(run_dir: Path, name: str = "metrics.jsonl") -> list[dict]:
+    """The rows of a run's metrics file; a line still being written (a live run) is left out."""
+    rows = []
+    for line in (run_dir / name).read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return rows
 
 
 def train_losses(run_dir: Path) -> dict[int, float]:
