@@ -25,6 +25,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from decentrain.core.membership import Membership
 from decentrain.core.world import World
 
 log = logging.getLogger(__name__)
@@ -105,12 +106,13 @@ class ExchangeStats:
     corrupt: int = 0  # body checksum differs from the header's
     nonfinite: int = 0  # body holds NaN/inf
     skipped: int = 0  # this rank or the partner skipped the round (someone still owed an earlier one)
+    partner_skipped: int = 0  # membership said the partner is stopped, lagging or gone: not waited for
     bytes_sent: int = 0
     seconds: float = 0.0
 
     @property
     def dropped(self) -> int:
-        return self.timeouts + self.failures + self.rejected + self.corrupt + self.nonfinite + self.skipped
+        return self.timeouts + self.failures + self.rejected + self.corrupt + self.nonfinite + self.skipped + self.partner_skipped
 
 
 MAGIC = 0x6463_7472_6E67  # "dctrng"
@@ -118,6 +120,7 @@ VERSION = 1
 HEADER_LEN = 8  # [magic, version, round, n_buckets, layout digest, total numel, checksum, flags]
 FLAG_SKIP = 1  # the sender skips this round: no body follows
 HEADER_TAG = 1023  # the bucket slot of a round's tag reserved for the header
+POLL_S = 0.1  # how often a rank waiting on a partner re-reads the partner's membership keys
 _MASK = (1 << 62) - 1
 _INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
@@ -194,6 +197,10 @@ class PairExchange:
     bucket_bytes: int = 32 << 20
     deadline_s: float | None = None
     stats: ExchangeStats = field(default_factory=ExchangeStats)
+    # with membership: a partner that is stopped, lagging or gone is skipped at once, or given up
+    # on while waiting, instead of costing every pairing a full deadline
+    membership: Membership | None = None
+    stall_s: float | None = None  # give up on a partner whose heartbeat has not moved for this long
     _pending: list = field(default_factory=list, repr=False)  # _Inbox of rounds whose thread still runs
     _lanes: dict = field(default_factory=dict, repr=False)  # (src, dst) -> process group
 
@@ -261,8 +268,14 @@ class PairExchange:
             # kept or sent), so nobody waits on us and late buffers stay at one set per partner
             self.stats.skipped += 1
             log.warning("round %d: partner(s) %s still owe an earlier round; skipping this round's averaging", round_idx, owing)
-            header = torch.tensor([MAGIC, VERSION, round_idx, 0, 0, 0, 0, FLAG_SKIP], dtype=torch.int64, device=stage)
-            self._pending.extend(self._start(p, header, [], round_idx) for p in peers)
+            self.skip_round(group, round_idx)
+            return None
+        absent = [(p, why) for p in peers if (why := self._absent(p, round_idx, waiting=False))]
+        if absent:
+            self.stats.partner_skipped += 1
+            log.warning("round %d: not waiting for partner(s) %s; skipping this round's averaging", round_idx,
+                        ", ".join(f"{p} ({why})" for p, why in absent))
+            self.skip_round(group, round_idx)
             return None
         mine = [t.detach().contiguous() for t in tensors]
         buckets = flatten_buckets(mine, self.bucket_bytes)
@@ -273,11 +286,15 @@ class PairExchange:
         inboxes = [self._start(p, header, flats, round_idx) for p in peers]
         ok = True
         for ib in inboxes:
-            left = None if self.deadline_s is None else max(0.0, self.deadline_s - (time.perf_counter() - start))
-            if not ib.received.wait(left):
+            outcome = self._await(ib, start, round_idx)
+            if outcome == "timeout":
                 self.stats.timeouts += 1
                 log.warning("round %d: partner %d missed the %.3gs deadline; skipping this round's averaging",
                             round_idx, ib.peer, self.deadline_s)
+                ok = False
+            elif outcome is not None:
+                self.stats.partner_skipped += 1
+                log.warning("round %d: gave up on partner %d (%s); skipping this round's averaging", round_idx, ib.peer, outcome)
                 ok = False
             elif ib.status != "ok":
                 counter = "failures" if ib.status == "failed" else ib.status
@@ -298,6 +315,74 @@ class PairExchange:
                     sums[i] = sums[i] + buf[offset : offset + n].view_as(mine[i]).to(mine[i].device).float()
                     offset += n
         return [s.div_(len(group)).to(t.dtype) for s, t in zip(sums, mine)]
+
+    def skip_round(self, group: tuple[int, ...], round_idx: int) -> None:
+        """Tell the other members of `group` with a header alone that this rank skips `round_idx`.
+
+        Every rank posts exactly one header per partner and round, skipped or not, so the
+        partner's receive for that round is always matched (and it learns of the skip at once).
+        """
+        peers = [p for p in group if p != self.world.rank]
+        header = torch.tensor([MAGIC, VERSION, round_idx, 0, 0, 0, 0, FLAG_SKIP], dtype=torch.int64, device=self.stage_device)
+        self._pending.extend(self._start(p, header, [], round_idx) for p in peers)
+
+    def _absent(self, peer: int, round_idx: int, waiting: bool) -> str | None:
+        """Why membership says `peer` will not (soon) deliver round `round_idx`; None if it may.
+
+        Before waiting: it is finished, already past this round (it gave up on us), more than
+        one round behind, or late (missed a deadline and published no progress since). While
+        waiting, the same minus "behind", plus a heartbeat that stopped moving (a stopped or
+        dead process) for `stall_s`.
+        """
+        m = self.membership
+        if m is None:
+            return None
+        p = m.progress(peer)
+        if p is not None:
+            if p.finished:
+                return "finished"
+            if p.done > round_idx:
+                return f"already past round {round_idx}"
+            if not waiting and p.done + 1 < round_idx:
+                return f"{round_idx - p.done} rounds behind"
+            if m.late(peer, p):
+                return "missed a deadline, no progress since"
+        if self.stall_s is not None and p is not None and (stalled := m.stalled_for(peer)) > self.stall_s:
+            return f"no heartbeat for {stalled:.1f}s"
+        return None
+
+    def _await(self, ib: _Inbox, start: float, round_idx: int) -> str | None:
+        """Wait for `ib` until the deadline; None once received, "timeout", or why the partner was given up on.
+
+        With membership, a partner still finishing the previous round (held up by its own late
+        partner) gets its deadline from when it publishes that round done, up to twice the
+        deadline in all: a fault's wait is then not passed on as a second lost round.
+        """
+        if self.membership is None:
+            return None if ib.received.wait(None if self.deadline_s is None else
+                                            max(0.0, self.deadline_s - (time.perf_counter() - start))) else "timeout"
+        first = self.membership.progress(ib.peer)
+        behind = first is not None and first.done < round_idx
+        while True:
+            left = None if self.deadline_s is None else max(0.0, self.deadline_s - (time.perf_counter() - start))
+            if ib.received.wait(POLL_S if left is None else min(POLL_S, left)):
+                return None
+            if behind and self.deadline_s is not None and (p := self.membership.progress(ib.peer)) is not None \
+                    and p.done >= round_idx:
+                behind = False  # it has just reached this round: its deadline starts now
+                start = min(time.perf_counter(), start + self.deadline_s)
+                continue
+            if left is not None and left <= POLL_S:
+                outcome = "timeout"
+            elif (why := self._absent(ib.peer, round_idx, waiting=True)) is None:
+                continue
+            else:
+                outcome = why
+            if outcome == "timeout" or outcome.startswith("no heartbeat"):
+                # others need not wait on it either, until it publishes progress again
+                p = self.membership.progress(ib.peer)
+                self.membership.mark_late(ib.peer, None if p is None else p.done)
+            return outcome
 
     def _p2p(self, recvs: list, sends: list, peer: int) -> list:
         """Post receives and sends with `peer`; NCCL on one communicator needs them batched (or it deadlocks)."""

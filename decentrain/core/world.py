@@ -27,6 +27,7 @@ class LaunchEnv:
     agent_store: bool = False  # the launcher hosts the c10d store (elastic agent, launch_survivors)
     master_addr: str = "127.0.0.1"
     master_port: int = 0
+    incarnation: int = 0  # launch_survivors: how often this rank was restarted (a replacement has > 0)
 
     @property
     def under_torchrun(self) -> bool:
@@ -45,6 +46,7 @@ def read_launch_env() -> LaunchEnv:
         agent_store=env.get("TORCHELASTIC_USE_AGENT_STORE") == "True",
         master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
         master_port=int(env.get("MASTER_PORT", 0)),
+        incarnation=int(env.get("DECENTRAIN_INCARNATION", 0)),
     )
 
 
@@ -59,6 +61,10 @@ class World:
     backend: str | None = None
     group: dist.ProcessGroup | None = None  # None means the default group
     run_id: str | None = None
+    # the job's shared c10d key-value store (gossip membership and heal rendezvous live under it);
+    # None without torch.distributed
+    store: dist.Store | None = field(default=None, repr=False, compare=False)
+    incarnation: int = 0  # >0: this process replaces a dead worker of the same rank
 
     @property
     def is_distributed(self) -> bool:
@@ -163,15 +169,22 @@ def init_world(backend: str | None = None, timeout_s: float = 600.0, threads: in
     if not env.under_torchrun:
         return World(device=dev, run_id=env.run_id)
     backend = placement.backend
-    if not dist.is_initialized() and env.agent_store:
+    store = None
+    if not dist.is_initialized():
+        # the store is created here (not inside init_process_group) so that World can hand it on:
+        # gossip membership and per-pair groups of replacements are keyed in it
+        if env.agent_store:  # the launcher hosts it and it outlives any worker
+            raw = dist.TCPStore(env.master_addr, env.master_port, env.world_size, is_master=False, timeout=timedelta(seconds=timeout_s))
+        else:  # plain env://: rank 0 hosts it, as init_process_group would
+            raw = dist.TCPStore(env.master_addr, env.master_port, env.world_size, is_master=env.rank == 0,
+                                timeout=timedelta(seconds=timeout_s), wait_for_workers=False)
         # The launcher's store outlives a restart (--max-restarts), and with it the last attempt's
         # gloo addresses: without a fresh prefix per attempt, connectFullMesh dials dead workers
         # ("Connection refused") and every restart fails.
-        store = dist.TCPStore(env.master_addr, env.master_port, env.world_size, is_master=False, timeout=timedelta(seconds=timeout_s))
-        dist.init_process_group(backend=backend, store=dist.PrefixStore(f"decentrain/attempt{env.restart_count}", store),
+        attempt = f"decentrain/attempt{env.restart_count}"
+        dist.init_process_group(backend=backend, store=dist.PrefixStore(attempt, raw) if env.agent_store else raw,
                                 rank=env.rank, world_size=env.world_size, timeout=timedelta(seconds=timeout_s))
-    elif not dist.is_initialized():
-        dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s))
+        store = dist.PrefixStore(f"{attempt}/shared", raw)
     return World(
         rank=dist.get_rank(),
         world_size=dist.get_world_size(),
@@ -179,6 +192,8 @@ def init_world(backend: str | None = None, timeout_s: float = 600.0, threads: in
         device=dev,
         backend=placement.backend,
         run_id=env.run_id,
+        store=store,
+        incarnation=env.incarnation,
     )
 
 

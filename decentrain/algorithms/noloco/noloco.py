@@ -12,6 +12,7 @@ After the start-up broadcast NoLoCo issues no all-reduce and no barrier.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +23,9 @@ from decentrain.algorithms.common.inner_outer import InnerOuterAlgorithm, InnerO
 from decentrain.algorithms.common.outer import noloco_general_step_, noloco_step_
 from decentrain.core.checks import check_range
 from decentrain.core.gossip import ODD_POLICIES, PairExchange, gossip_groups, group_of
+from decentrain.core.membership import Membership
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -36,6 +40,9 @@ class NoLoCoConfig(InnerOuterConfig):
     pairing_seed: int | None = 0
     odd_world: str = "error"  # error | idle | triple
     deadline_s: float | None = None  # None waits for the partner forever
+    # give up on a partner whose membership heartbeat has not moved for this long (it is stopped or
+    # dead), before the deadline; None: only the deadline (and the progress keys) decide
+    stall_s: float | None = 2.0
     bucket_mb: float = 32.0
     full_duplex: bool = True  # one process group per direction (start-up cost O(N²) groups)
 
@@ -45,6 +52,7 @@ class NoLoCoConfig(InnerOuterConfig):
         if self.odd_world not in ODD_POLICIES:
             raise ValueError(f"algorithm.odd_world={self.odd_world!r} is unknown; allowed: {list(ODD_POLICIES)}")
         check_range("algorithm.deadline_s", self.deadline_s, 0, 86400, low_open=True, none_ok=True)  # null: no deadline
+        check_range("algorithm.stall_s", self.stall_s, 0, 86400, low_open=True, none_ok=True)
         check_range("algorithm.bucket_mb", self.bucket_mb, 0, 1 << 20, low_open=True)
         if self.pairing_seed is not None:
             check_range("algorithm.pairing_seed", self.pairing_seed, 0, 2**32 - 1)
@@ -58,6 +66,8 @@ class NoLoCoConfig(InnerOuterConfig):
 class NoLoCo(InnerOuterAlgorithm):
     cfg: NoLoCoConfig
     survives_peer_loss = True  # a dead partner costs a round; the job is launched so that survivors go on
+    membership: Membership | None = None
+    steps_skipped = 0  # inner steps of the rounds jumped over to catch up with the live ranks
 
     @classmethod
     def check_world(cls, cfg: NoLoCoConfig, world_size: int) -> None:
@@ -73,11 +83,48 @@ class NoLoCo(InnerOuterAlgorithm):
             self.phi = [p.detach().clone().float() for p in self.params]
             self.m = [torch.zeros_like(p) for p in self.phi]
         self.exchange = PairExchange(self.world, int(self.cfg.bucket_mb * (1 << 20)), self.cfg.deadline_s)
+        if self.world.store is not None and self.world.group is None and self.world.world_size > 1:
+            # progress and heartbeat over the job's store: stopped or lagging partners are not waited for
+            self.membership = Membership(self.world.store, self.world.rank, self.world.world_size, self.world.incarnation)
+            self.membership.start_heartbeat().publish(self.round)
+            self.exchange.membership, self.exchange.stall_s = self.membership, self.cfg.stall_s
         if self.cfg.full_duplex and self.world.is_distributed:
             self.exchange.full_duplex()  # start-up only: creating groups is collective
         self.exchange.check_transport()
 
+    def _groups(self, round_idx: int) -> list[tuple[int, ...]]:
+        return gossip_groups(round_idx, self.world.world_size, self.cfg.pairing_seed, self.cfg.odd_world,
+                             inner_steps=self.cfg.inner_steps)
+
+    def _catch_up(self) -> int:
+        """Jump over rounds the live ranks are done with; returns the rounds jumped (0: not behind).
+
+        A rank that was stopped or slow and is 2+ rounds behind the median of the others would
+        never pair again (everyone skips a rank that far behind), so it skips those rounds' inner
+        steps and exchanges (one header each, so no partner waits on it) and rejoins at the live
+        round. It keeps its own weights: the next mix pulls them towards its partner's.
+        """
+        live = self.membership.live_round() if self.membership is not None else None
+        if live is None or live - self.round < 2:
+            return 0
+        for r in range(self.round, live):
+            self.exchange.skip_round(group_of(self.world.rank, self._groups(r)), r)
+        jumped = live - self.round
+        log.warning("round %d: %d rounds behind the live ranks; jumping to round %d", self.round, jumped, live)
+        self.steps_skipped += (jumped - 1) * self.cfg.inner_steps  # this round's inner steps were run
+        self.round = live - 1  # after_optimizer_step counts this outer step: the next round is `live`
+        return jumped
+
+    def should_stop(self, step: int, total_steps: int) -> bool:
+        return super().should_stop(step, total_steps) or (self.steps_skipped > 0 and step + self.steps_skipped >= total_steps)
+
+    def on_train_end(self, model: torch.nn.Module) -> None:
+        if self.membership is not None:  # partners still running skip this rank at once
+            self.membership.publish(self.round, finished=True)
+            self.membership.stop()
+
     def outer_step(self, model: torch.nn.Module) -> dict[str, float]:
+        jumped = self._catch_up()
         groups = gossip_groups(self.round, self.world.world_size, self.cfg.pairing_seed, self.cfg.odd_world,
                                inner_steps=self.cfg.inner_steps)
         group = group_of(self.world.rank, groups)
@@ -87,7 +134,7 @@ class NoLoCo(InnerOuterAlgorithm):
         pace_values = [min(v, 1e30) for v in (self.pace.step_time, min(self.pace.fastest, self.pace.step_time))]
         pace = torch.tensor(pace_values, dtype=torch.float32, device=self.params[0].device)
         sent = [p.detach() for p in self.params] + (self.phi if general else []) + [pace]
-        mean = self.exchange.average(sent, group, self.round)
+        mean = None if jumped else self.exchange.average(sent, group, self.round)
         missed = mean is None
         if missed:  # partner late or gone: this round averages with nobody
             mean, group = [t.clone() for t in sent], (self.world.rank,)
@@ -105,19 +152,23 @@ class NoLoCo(InnerOuterAlgorithm):
             others = (mean[-1] * len(group) - pace) / (len(group) - 1)
             if float(others[1]) < 1e30:
                 self.pace.hear(float(others[1]))
+        if self.membership is not None:
+            self.membership.publish(self.round + 1)
         st = self.exchange.stats
         return {"outer/round": float(self.round + 1), "outer/partner_missed": float(missed),
-                "outer/exchange_timeouts": float(st.timeouts), "outer/exchange_dropped": float(st.dropped)}
+                "outer/exchange_timeouts": float(st.timeouts), "outer/exchange_dropped": float(st.dropped),
+                "outer/partner_skipped": float(st.partner_skipped), "outer/rounds_jumped": float(jumped)}
 
     def outer_state(self) -> dict[str, Any]:
         return {"phi": [p.clone() for p in self.phi], "m": [b.clone() for b in self.m],
-                "pairing_seed": self.cfg.pairing_seed}
+                "pairing_seed": self.cfg.pairing_seed, "steps_skipped": self.steps_skipped}
 
     @torch.no_grad()
     def load_outer_state(self, state: dict[str, Any]) -> None:
         if state.get("pairing_seed") != self.cfg.pairing_seed:
             raise ValueError(f"algorithm.pairing_seed={self.cfg.pairing_seed} differs from the checkpoint's "
                              f"{state.get('pairing_seed')}: resumed replicas would pick other partners")
+        self.steps_skipped = int(state.get("steps_skipped", 0))
         for dst, src in zip(self.phi + self.m, list(state["phi"]) + list(state["m"]), strict=True):
             if dst.shape != src.shape:
                 raise ValueError(f"outer state shape {tuple(src.shape)} != model shape {tuple(dst.shape)}")

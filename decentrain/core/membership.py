@@ -1,0 +1,133 @@
+"""Who is alive and how far along: gossip membership over the job's c10d store.
+
+Each rank publishes, under keys of the store every worker already shares (`World.store`):
+- `progress/<rank>`: "incarnation,rounds done,finished" after each outer round (one `set`);
+- `hb/<rank>`: a counter a daemon thread bumps every `interval_s` (one `add`). A stopped
+  (SIGSTOP) or dead process stops bumping it, a slow one does not;
+- `late/<rank>`: written by a partner that gave up waiting on <rank>: the rounds-done value
+  <rank> had then. While <rank> has published no progress since, it is still late.
+
+Partners read these before and while waiting on each other (see `PairExchange`), so that a
+stopped or lagging rank costs at most one deadline wait, and a rank that wakes far behind
+can see where the live ranks are. Everything read is untrusted: a malformed value reads as
+"unknown", never raises; the live round is a median, so one lying rank cannot move it.
+This is decentrain's own (torchft's Lighthouse needs a separate server process and a
+quorum per step; a store the launcher already hosts needs neither).
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import threading
+import time
+from dataclasses import dataclass, field
+
+import torch.distributed as dist
+
+log = logging.getLogger(__name__)
+
+_MAX_VALUE = 1 << 40  # rounds/incarnations beyond this are nonsense from a peer: read as unknown
+
+
+@dataclass(frozen=True)
+class Progress:
+    incarnation: int
+    done: int  # outer rounds completed (the round the rank works on next)
+    finished: bool = False
+
+
+def parse_progress(raw: bytes) -> Progress | None:
+    """Decode a peer's `progress` value; None for anything malformed (never raises)."""
+    try:
+        parts = raw.decode("ascii").split(",")
+        if len(parts) != 3:
+            return None
+        inc, done, fin = (int(p) for p in parts)
+    except (UnicodeDecodeError, ValueError):
+        return None
+    if not (0 <= inc < _MAX_VALUE and 0 <= done < _MAX_VALUE and fin in (0, 1)):
+        return None
+    return Progress(inc, done, bool(fin))
+
+
+@dataclass
+class Membership:
+    """This rank's view of the others, read from and written to `store` (a `dist.Store`)."""
+
+    store: dist.Store
+    rank: int
+    world_size: int
+    incarnation: int = 0
+    interval_s: float = 0.25  # heartbeat period
+    _seen: dict = field(default_factory=dict, repr=False)  # peer -> (heartbeat value, monotonic time it last changed)
+    _stop: threading.Event = field(default_factory=threading.Event, repr=False)
+    _thread: threading.Thread | None = field(default=None, repr=False)
+
+    # -- writing ----------------------------------------------------------------------
+    def publish(self, done: int, finished: bool = False) -> None:
+        self._safe(self.store.set, f"progress/{self.rank}", f"{self.incarnation},{done},{int(finished)}")
+
+    def mark_late(self, peer: int, done: int | None) -> None:
+        """Record that `peer` missed a deadline while it had completed `done` rounds."""
+        self._safe(self.store.set, f"late/{peer}", str(-1 if done is None else done))
+
+    def start_heartbeat(self) -> "Membership":
+        if self._thread is None:
+            def beat() -> None:
+                while not self._stop.wait(self.interval_s):
+                    if self._safe(self.store.add, f"hb/{self.rank}", 1) is None:
+                        return  # the store is gone: the job is over
+            self._safe(self.store.add, f"hb/{self.rank}", 1)
+            self._thread = threading.Thread(target=beat, daemon=True, name="membership-heartbeat")
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """End the heartbeat (and wait for it: a store call at interpreter exit aborts the process)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5 * self.interval_s + 5)
+
+    # -- reading ----------------------------------------------------------------------
+    def progress(self, peer: int) -> Progress | None:
+        key = f"progress/{peer}"
+        if not self._safe(self.store.check, [key]):
+            return None
+        raw = self._safe(self.store.get, key)
+        return None if raw is None else parse_progress(raw)
+
+    def late(self, peer: int, progress: Progress | None) -> bool:
+        """True while `peer` missed a deadline and has published no progress since."""
+        key = f"late/{peer}"
+        if progress is None or not self._safe(self.store.check, [key]):
+            return False
+        raw = self._safe(self.store.get, key)
+        try:
+            return raw is not None and int(raw.decode("ascii")) == progress.done
+        except (UnicodeDecodeError, ValueError):
+            return False
+
+    def stalled_for(self, peer: int) -> float:
+        """Seconds this rank has seen `peer`'s heartbeat not move (0 the first time it looks)."""
+        value = self._safe(self.store.add, f"hb/{peer}", 0)  # add 0: reads without blocking on a missing key
+        now = time.monotonic()
+        last = self._seen.get(peer)
+        if value is None or last is None or last[0] != value:
+            self._seen[peer] = (value, now)
+            return 0.0
+        return now - last[1]
+
+    def live_round(self) -> int | None:
+        """Median rounds-done of the other ranks still training (None if none published)."""
+        dones = [p.done for r in range(self.world_size)
+                 if r != self.rank and (p := self.progress(r)) is not None and not p.finished]
+        return int(statistics.median_low(dones)) if dones else None
+
+    def _safe(self, fn, *args):
+        """A store call that never raises: the store may be gone at the end of the job."""
+        try:
+            return fn(*args)
+        except (RuntimeError, OSError, ValueError) as e:  # DistStoreError is a RuntimeError
+            log.debug("membership store call %s failed: %s", getattr(fn, "__name__", fn), e)
+            return None
