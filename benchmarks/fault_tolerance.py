@@ -83,6 +83,8 @@ def rank_figures(rows: list[dict], fault_at: float | None = None) -> dict[str, A
         "final_eval_loss": evals[-1] if evals else None, "final_train_loss_tail": statistics.fmean(tail),
         "rounds": [(int(r["outer/round"]) - 1, r["time"], bool(r.get("outer/partner_missed", 0))) for r in outer],
         "heal": {k: r[k] for r in rows for k in ("heal/seconds", "heal/from_rank") if k in r},
+        "finished": bool(evals),  # the final evaluation ran (a rank that jumped rounds to catch up ends early)
+        "rounds_jumped": sum(int(r.get("outer/rounds_jumped", 0)) for r in outer),
     }
 
 
@@ -361,7 +363,7 @@ def summarise(jobs: list[dict], results: list[dict], args: argparse.Namespace) -
         if algo == "noloco":
             row["training_window_s"] = ms([statistics.fmean(v["window_s"] for v in r["survivors"].values()) for _, r, _ in runs])
             row["survivor_steps_per_min"] = ms([statistics.fmean(v["steps_per_min"] for v in r["survivors"].values()) for _, r, _ in runs])
-            row["survivors_finished"] = [sum(v["steps"] == steps for v in r["survivors"].values()) for _, r, _ in runs]
+            row["survivors_finished"] = [sum(v["finished"] for v in r["survivors"].values()) for _, r, _ in runs]
             if fault != "none":
                 row["throughput_ratio"] = ms([ratios(r, b, "steps_per_min") for _, r, b in runs])
                 row["compute_ms_ratio_after_fault"] = ms([statistics.fmean(

@@ -20,7 +20,7 @@ def test_rank_figures_window_compute_and_rounds():
     assert fig["steps_per_min"] == 60 * 8 / 4.0  # 8 step intervals over the window, start-up excluded
     assert fig["compute_ms"] == 15.0  # median of steps 1-3, 5-7, 9 (the syncs at 4 and 8 left out)
     assert fig["compute_ms_after_fault"] == 16.5  # steps 5, 6, 7, 9 (times >= 102): 15, 16, 17, 19 ms
-    assert fig["final_eval_loss"] == 3.25
+    assert fig["final_eval_loss"] == 3.25 and fig["finished"] and fig["rounds_jumped"] == 0
     assert fig["rounds"] == [(0, 102.0, False), (1, 104.0, True)]
     assert rank_figures(_rows(n_steps=1)) is None
 
