@@ -26,7 +26,7 @@ rounds lost beyond the pairings with the faulty rank while it is out; rounds and
 the faulty (or replacement) rank averages again after the fault ends; final eval loss against
 the no-fault run.
 
-    python -m benchmarks.fault_tolerance --delay-python /tmp/ftnfq/bin/python      # as root (~45 min)
+    python -m benchmarks.fault_tolerance --delay-python /tmp/ftnfq/bin/python      # as root (~45 min on 2 loaded cores)
     python -m benchmarks.fault_tolerance --links loopback --steps 200 --seeds 1 --allow-dirty   # smoke
 """
 
@@ -364,6 +364,9 @@ def summarise(jobs: list[dict], results: list[dict], args: argparse.Namespace) -
             row["training_window_s"] = ms([statistics.fmean(v["window_s"] for v in r["survivors"].values()) for _, r, _ in runs])
             row["survivor_steps_per_min"] = ms([statistics.fmean(v["steps_per_min"] for v in r["survivors"].values()) for _, r, _ in runs])
             row["survivors_finished"] = [sum(v["finished"] for v in r["survivors"].values()) for _, r, _ in runs]
+            row["survivor_rounds_jumped"] = [sum(v["rounds_jumped"] for v in r["survivors"].values()) for _, r, _ in runs]
+            if fault == "none":  # no fault, yet missed rounds: late partners on the loaded cores
+                row["rounds_missed"] = [sum(v["rounds_lost"]["beyond"] for v in r["survivors"].values()) for _, r, _ in runs]
             if fault != "none":
                 row["throughput_ratio"] = ms([ratios(r, b, "steps_per_min") for _, r, b in runs])
                 row["compute_ms_ratio_after_fault"] = ms([statistics.fmean(
@@ -412,11 +415,11 @@ def summarise(jobs: list[dict], results: list[dict], args: argparse.Namespace) -
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--links", nargs="*", default=["loopback", "wan"], choices=["loopback", "wan"])
-    ap.add_argument("--steps", type=int, default=2000, help="NoLoCo steps on loopback (>= 60 s of training without a fault)")
-    ap.add_argument("--wan-steps", type=int, default=800, help="NoLoCo steps on the emulated WAN (slower per step)")
-    ap.add_argument("--wan-fault-step", type=int, default=200)
+    ap.add_argument("--steps", type=int, default=600, help="NoLoCo steps on loopback (>= 60 s of training without a fault)")
+    ap.add_argument("--wan-steps", type=int, default=400, help="NoLoCo steps on the emulated WAN (slower per step)")
+    ap.add_argument("--wan-fault-step", type=int, default=100)
     ap.add_argument("--inner-steps", type=int, default=8)
-    ap.add_argument("--fault-step", type=int, default=500)
+    ap.add_argument("--fault-step", type=int, default=150)
     ap.add_argument("--stop-s", type=float, default=6.0)
     ap.add_argument("--partition-s", type=float, default=6.0)
     ap.add_argument("--deadline-s", type=float, default=3.0)
@@ -502,7 +505,8 @@ def text(rec: dict) -> str:
         if "/noloco/" not in n:
             continue
         if n.endswith("/none"):
-            lines.append(f"{n:26s} {_f(v['survivor_steps_per_min'], 1):>16s} (steps/min; training window {_f(v['training_window_s'], 1)} s)  finished {v['survivors_finished']}")
+            lines.append(f"{n:26s} {_f(v['survivor_steps_per_min'], 1):>16s} steps/min, training window {_f(v['training_window_s'], 1)} s; "
+                         f"no fault yet rounds missed {v['rounds_missed']}, jumped {v['survivor_rounds_jumped']}; finished {v['survivors_finished']}")
             continue
         lines.append(f"{n:26s} {_f(v['throughput_ratio']):>16s} {_f(v['compute_ms_ratio_after_fault']):>17s} {_f(v['final_eval_loss_ratio']):>16s} "
                      f"{str(v['rounds_lost_beyond']):>12s} {str(v['rounds_lost_with_faulty']):>12s} {str(v.get('rejoin_rounds', '-')):>14s} "
