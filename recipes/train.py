@@ -6,6 +6,7 @@ workers through torch's launcher API; each worker re-enters here under torchrun.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -39,14 +40,15 @@ def main(dcfg: DictConfig) -> None:
         argv = [*HydraConfig.get().overrides.task, f"run_dir={run_dir}", f"hydra.run.dir={run_dir}"]
         if ALGORITHMS.get(cfg.algorithm.name).survives_peer_loss and cfg.launcher.nnodes == 1:
             try:  # gossip: a dead worker costs its partners a round, not the job
-                launch_survivors(argv, cfg.launcher.nproc_per_node, run_dir)
+                launch_survivors(argv, cfg.launcher.nproc_per_node, run_dir, max_restarts=cfg.launcher.max_restarts)
             except RuntimeError as e:
                 sys.exit(f"[decentrain] {e}")
         else:
             launch_workers(argv, cfg.launcher.nproc_per_node, cfg.launcher.nnodes, cfg.launcher.rdzv_endpoint, cfg.launcher.max_restarts)
         return
     world = init_world(threads=cfg.train.threads, device=cfg.train.device)
-    run_dir = agree_run_dir(world, cfg.run_dir)
+    # a replacement (incarnation > 0) joins no world collective: the launcher passed it the resolved run_dir
+    run_dir = Path(cfg.run_dir) if world.incarnation else agree_run_dir(world, cfg.run_dir)
     if world.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(raw))
@@ -54,6 +56,14 @@ def main(dcfg: DictConfig) -> None:
         run_pretraining(cfg, world, run_dir, raw)
     finally:
         world.shutdown()
+    if ALGORITHMS.get(cfg.algorithm.name).survives_peer_loss and world.store is not None:
+        # Done and saved. A gossip worker may still hold a helper thread blocked in gloo on a dead
+        # partner (a receive or a pair rendezvous that never completes); the interpreter's exit
+        # would then end in std::terminate (SIGABRT) and the launcher would count a finished
+        # worker as failed. Leave without finalisation instead.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
 
 if __name__ == "__main__":

@@ -48,6 +48,11 @@ class Algorithm:
         """Context for micro-batches that must not communicate (gradient accumulation)."""
         return contextlib.nullcontext()
 
+    def attach_trainer_state(self, get: Callable[[], dict[str, Any]], load: Callable[[dict[str, Any]], None]) -> None:
+        """How to read and load the trainer's whole state (weights, optimizer, schedule, sampler, this
+        algorithm, step): what a live peer hands a replacement that heals from it."""
+        self.trainer_state, self.load_trainer_state = get, load
+
     def on_train_start(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
         pass
 

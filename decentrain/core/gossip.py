@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 from decentrain.core.membership import Membership
+from decentrain.core.pairs import PairGroups
 from decentrain.core.world import World
 
 log = logging.getLogger(__name__)
@@ -120,6 +121,7 @@ VERSION = 1
 HEADER_LEN = 8  # [magic, version, round, n_buckets, layout digest, total numel, checksum, flags]
 FLAG_SKIP = 1  # the sender skips this round: no body follows
 HEADER_TAG = 1023  # the bucket slot of a round's tag reserved for the header
+BEHIND = 3  # a partner this many rounds behind (us and the live ranks) is skipped; it jumps ahead itself
 POLL_S = 0.1  # how often a rank waiting on a partner re-reads the partner's membership keys
 _MASK = (1 << 62) - 1
 _INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -162,6 +164,7 @@ class _Inbox:
     """One partner's side of one round; its thread outlives a missed deadline and keeps the buffers alive."""
 
     peer: int
+    incarnation: int = 0  # the partner's, when the round started: a replaced partner owes nothing
     received: threading.Event = field(default_factory=threading.Event)
     holds_body: bool = True  # False for a header-only (skip) exchange: nothing model-sized is kept
     status: str = "pending"  # ok | failed | rejected | corrupt | nonfinite | skipped
@@ -201,6 +204,9 @@ class PairExchange:
     # on while waiting, instead of costing every pairing a full deadline
     membership: Membership | None = None
     stall_s: float | None = None  # give up on a partner whose heartbeat has not moved for this long
+    # with pairs: every exchange runs on a 2-rank gloo group of its own (rebuilt when the partner is
+    # replaced), not on the world group, so a replacement that never joined the world can take part
+    pairs: PairGroups | None = None
     _pending: list = field(default_factory=list, repr=False)  # _Inbox of rounds whose thread still runs
     _lanes: dict = field(default_factory=dict, repr=False)  # (src, dst) -> process group
 
@@ -211,13 +217,13 @@ class PairExchange:
     @property
     def stage_device(self) -> torch.device:
         """Where buffers handed to the p2p backend live: host for gloo, the rank's device for NCCL."""
-        if self.world.backend == "nccl" and not self._gloo_lanes_needed:
+        if self.world.backend == "nccl" and not self._gloo_lanes_needed and self.pairs is None:
             return self.world.device
         return torch.device("cpu")
 
     def check_transport(self) -> None:
         """Refuse a deadline that NCCL could not honour (call after full_duplex, at start-up)."""
-        if self._gloo_lanes_needed and not self._lanes and self.world.world_size > 1:
+        if self._gloo_lanes_needed and not self._lanes and self.pairs is None and self.world.world_size > 1:
             raise ValueError("algorithm.deadline_s on NCCL needs the gloo side lanes of algorithm.full_duplex=true "
                              "(NCCL's wait does not block the host, so a deadline there is not honest); "
                              "set full_duplex=true or deadline_s=null")
@@ -248,10 +254,15 @@ class PairExchange:
     def _lane(self, src: int, dst: int):
         return self._lanes.get((src, dst), self.world.group)
 
+    def _incarnation(self, peer: int) -> int:
+        p = self.membership.progress(peer) if self.membership is not None else None
+        return 0 if p is None else p.incarnation
+
     def _owes(self, peer: int) -> bool:
         """True while `peer` owes an earlier round (not delivered yet) or has left two rounds of our sends untaken."""
         self._pending = [ib for ib in self._pending if ib.thread is not None and ib.thread.is_alive()]
-        held = [ib for ib in self._pending if ib.peer == peer and ib.holds_body]
+        inc = self._incarnation(peer)  # what a dead incarnation owed, its replacement does not
+        held = [ib for ib in self._pending if ib.peer == peer and ib.holds_body and ib.incarnation == inc]
         return any(not ib.received.is_set() for ib in held) or len(held) >= 2
 
     def average(self, tensors: Sequence[torch.Tensor], group: tuple[int, ...], round_idx: int) -> list[torch.Tensor] | None:
@@ -329,8 +340,8 @@ class PairExchange:
     def _absent(self, peer: int, round_idx: int, waiting: bool) -> str | None:
         """Why membership says `peer` will not (soon) deliver round `round_idx`; None if it may.
 
-        Before waiting: it is finished, already past this round (it gave up on us), more than
-        one round behind, or late (missed a deadline and published no progress since). While
+        Before waiting: it is finished, already past this round (it gave up on us), BEHIND or
+        more rounds behind, or late (missed a deadline and published no progress since). While
         waiting, the same minus "behind", plus a heartbeat that stopped moving (a stopped or
         dead process) for `stall_s`.
         """
@@ -343,7 +354,9 @@ class PairExchange:
                 return "finished"
             if p.done > round_idx:
                 return f"already past round {round_idx}"
-            if not waiting and p.done + 1 < round_idx:
+            # behind this round, and behind the live ranks too: a rank that ran ahead of the others
+            # must wait for its partner (bounded by the deadline), or it would run away alone
+            if not waiting and p.done + BEHIND <= round_idx and p.done + BEHIND <= (m.live_round() or round_idx):
                 return f"{round_idx - p.done} rounds behind"
             if m.late(peer, p):
                 return "missed a deadline, no progress since"
@@ -384,8 +397,11 @@ class PairExchange:
                 self.membership.mark_late(ib.peer, None if p is None else p.done)
             return outcome
 
-    def _p2p(self, recvs: list, sends: list, peer: int) -> list:
+    def _p2p(self, recvs: list, sends: list, peer: int, incarnation: int = 0) -> list:
         """Post receives and sends with `peer`; NCCL on one communicator needs them batched (or it deadlocks)."""
+        if self.pairs is not None:  # (blocks on the first use of a pair: the group's rendezvous)
+            pg, other = self.pairs.get(peer, incarnation)
+            return [pg.recv([t], other, tag) for t, tag in recvs] + [pg.send([t], other, tag) for t, tag in sends]
         src = self._global(peer)
         rx, tx = self._lane(peer, self.world.rank), self._lane(self.world.rank, peer)
         if self.world.backend == "nccl" and rx is tx and self.stage_device.type != "cpu":
@@ -397,7 +413,7 @@ class PairExchange:
         return works
 
     def _start(self, peer: int, header: torch.Tensor, flats: list[torch.Tensor], round_idx: int) -> _Inbox:
-        ib = _Inbox(peer, holds_body=bool(flats))
+        ib = _Inbox(peer, self._incarnation(peer), holds_body=bool(flats))
         base = (round_idx % (1 << 20)) * 1024
         tags = [base + b % HEADER_TAG for b in range(len(flats))]
 
@@ -405,7 +421,7 @@ class PairExchange:
             pending: list = []
             try:  # posting itself raises once a dead partner has closed the connection
                 hdr = torch.empty(HEADER_LEN, dtype=torch.int64, device=header.device)
-                works = self._p2p([(hdr, base + HEADER_TAG)], [(header, base + HEADER_TAG)], peer)
+                works = self._p2p([(hdr, base + HEADER_TAG)], [(header, base + HEADER_TAG)], peer, ib.incarnation)
                 works[0].wait()
                 pending = works[1:]
                 if not flats:  # we skip this round: the partner learnt it from our header
@@ -416,7 +432,7 @@ class PairExchange:
                     ib.status, ib.detail = ("skipped" if int(hdr[7]) & FLAG_SKIP else "rejected"), problem
                     return
                 bufs = [torch.empty_like(f) for f in flats]
-                works = self._p2p(list(zip(bufs, tags)), list(zip(flats, tags)), peer)
+                works = self._p2p(list(zip(bufs, tags)), list(zip(flats, tags)), peer, ib.incarnation)
                 self.stats.bytes_sent += sum(f.numel() * f.element_size() for f in flats)
                 for w in works[: len(bufs)]:
                     w.wait()
@@ -437,7 +453,7 @@ class PairExchange:
                     except RuntimeError:
                         break
 
-        if self.deadline_s is None and self.world.backend == "nccl":
+        if self.deadline_s is None and self.world.backend == "nccl" and self.pairs is None:
             run()  # no deadline: NCCL work queues on the stream, no helper thread needed
         else:
             # gloo's p2p works never report is_completed() and a Work.wait(timeout) that

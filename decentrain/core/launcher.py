@@ -17,6 +17,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 from typing import Any, Callable
@@ -68,26 +69,49 @@ def run_on_ranks(fn: Callable[..., Any], nproc: int, *args: Any) -> dict[int, An
 
 
 def launch_survivors(argv: list[str], nproc: int, run_dir: str | os.PathLike | None = None, module: str = "recipes.train",
-                     host: str = "127.0.0.1") -> dict[int, int]:
+                     host: str = "127.0.0.1", max_restarts: int = 0, poll_s: float = 0.2) -> dict[int, int]:
     """Run `python -m <module> <argv>` on `nproc` local ranks that survive each other's death.
 
-    Returns {rank: exit code}. Raises RuntimeError when no worker finished. With `run_dir`,
-    writes `<run_dir>/workers.json` ({rank: pid}) so an operator (or a fault benchmark)
-    can find, stop or kill one worker.
+    A worker that fails is started again, up to `max_restarts` times per rank, as a replacement
+    with a higher incarnation (`DECENTRAIN_INCARNATION`): it joins no world-wide group and heals
+    from a live peer (see NoLoCo). It is not restarted once no other worker is left to heal from.
+    Returns {rank: last exit code}. Raises RuntimeError when no worker finished. With `run_dir`,
+    writes `<run_dir>/workers.json` ({rank: pid}, rewritten on each restart) so an operator (or
+    a fault benchmark) can find, stop or kill one worker.
     """
     store = TCPStore(host, 0, is_master=True, wait_for_workers=False)  # lives as long as this launcher
     run_id = uuid.uuid4().hex[:12]
     procs: dict[int, subprocess.Popen] = {}
-    for rank in range(nproc):
+    incarnation = {rank: 0 for rank in range(nproc)}
+
+    def start(rank: int) -> None:
         env = {**os.environ, "MASTER_ADDR": host, "MASTER_PORT": str(store.port), "RANK": str(rank),
                "WORLD_SIZE": str(nproc), "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(nproc), "GROUP_RANK": "0",
-               "TORCHELASTIC_RUN_ID": run_id, "TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_RESTART_COUNT": "0"}
+               "TORCHELASTIC_RUN_ID": run_id, "TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_RESTART_COUNT": "0",
+               "DECENTRAIN_INCARNATION": str(incarnation[rank])}
         procs[rank] = subprocess.Popen([sys.executable, "-u", "-m", module, *argv], env=env)
-    if run_dir is not None:
-        Path(run_dir).mkdir(parents=True, exist_ok=True)
-        (Path(run_dir) / "workers.json").write_text(json.dumps({str(r): p.pid for r, p in procs.items()}))
+        if run_dir is not None:
+            Path(run_dir).mkdir(parents=True, exist_ok=True)
+            (Path(run_dir) / "workers.json").write_text(json.dumps({str(r): p.pid for r, p in procs.items()}))
+
+    for rank in range(nproc):
+        start(rank)
+    codes: dict[int, int] = {}
     try:
-        codes = {rank: p.wait() for rank, p in procs.items()}
+        while len(codes) < nproc:
+            time.sleep(poll_s)
+            for rank, p in list(procs.items()):
+                code = p.poll()
+                if code is None or rank in codes:
+                    continue
+                alive = [r for r, q in procs.items() if r != rank and q.poll() is None]
+                if code != 0 and incarnation[rank] < max_restarts and alive:
+                    incarnation[rank] += 1
+                    log.warning("rank %d failed (%s); starting replacement %d of %d", rank,
+                                describe_exits({rank: code}), incarnation[rank], max_restarts)
+                    start(rank)
+                else:
+                    codes[rank] = code
     except BaseException:  # Ctrl-C or a kill of the launcher: take the workers down with it
         for p in procs.values():
             if p.poll() is None:
@@ -101,6 +125,9 @@ def launch_survivors(argv: list[str], nproc: int, run_dir: str | os.PathLike | N
     failed = {r: c for r, c in codes.items() if c != 0}
     if len(failed) == nproc:
         raise RuntimeError(f"every worker failed: exit codes {describe_exits(failed)}")
+    replaced = {r: i for r, i in incarnation.items() if i}
+    if replaced:
+        log.warning("replaced: %s", ", ".join(f"rank {r} x{i}" for r, i in sorted(replaced.items())))
     if failed:
         log.warning("%d of %d workers finished; failed: %s", nproc - len(failed), nproc, describe_exits(failed))
     return codes

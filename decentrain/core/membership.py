@@ -60,6 +60,7 @@ class Membership:
     world_size: int
     incarnation: int = 0
     interval_s: float = 0.25  # heartbeat period
+    _served: int | None = field(default=None, repr=False)  # heal requests already taken
     _seen: dict = field(default_factory=dict, repr=False)  # peer -> (heartbeat value, monotonic time it last changed)
     _stop: threading.Event = field(default_factory=threading.Event, repr=False)
     _thread: threading.Thread | None = field(default=None, repr=False)
@@ -79,6 +80,7 @@ class Membership:
                     if self._safe(self.store.add, f"hb/{self.rank}", 1) is None:
                         return  # the store is gone: the job is over
             self._safe(self.store.add, f"hb/{self.rank}", 1)
+            self.heal_requests()  # marks the requests made before this process as taken
             self._thread = threading.Thread(target=beat, daemon=True, name="membership-heartbeat")
             self._thread.start()
         return self
@@ -88,6 +90,32 @@ class Membership:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5 * self.interval_s + 5)
+
+    # -- heal requests: `heal/<donor>/n` counts them, `heal/<donor>/<i>` = "rank,incarnation" ----
+    def request_heal(self, donor: int) -> None:
+        n = self._safe(self.store.add, f"heal/{donor}/n", 1)
+        if n is not None:
+            self._safe(self.store.set, f"heal/{donor}/{n}", f"{self.rank},{self.incarnation}")
+
+    def heal_requests(self) -> list[tuple[int, int]]:
+        """(rank, incarnation) of replacements that asked this rank for its state since the last call."""
+        if self._served is None:  # requests made before this process started were for a dead incarnation
+            self._served = self._safe(self.store.add, f"heal/{self.rank}/n", 0) or 0
+        n = self._safe(self.store.add, f"heal/{self.rank}/n", 0) or 0
+        out = []
+        while self._served < n:
+            key = f"heal/{self.rank}/{self._served + 1}"
+            if not self._safe(self.store.check, [key]):
+                break  # counted but not written yet: next time
+            self._served += 1
+            raw = self._safe(self.store.get, key)
+            try:
+                rank, inc = (int(x) for x in raw.decode("ascii").split(","))
+            except (AttributeError, UnicodeDecodeError, ValueError):
+                continue
+            if 0 <= rank < self.world_size and rank != self.rank and 0 < inc < _MAX_VALUE:
+                out.append((rank, inc))
+        return out
 
     # -- reading ----------------------------------------------------------------------
     def progress(self, peer: int) -> Progress | None:

@@ -9,6 +9,7 @@ import logging
 import os
 from dataclasses import dataclass, field
 from datetime import timedelta
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -64,7 +65,12 @@ class World:
     # the job's shared c10d key-value store (gossip membership and heal rendezvous live under it);
     # None without torch.distributed
     store: dist.Store | None = field(default=None, repr=False, compare=False)
-    incarnation: int = 0  # >0: this process replaces a dead worker of the same rank
+    # opens another client of that store: a blocking wait on one client (a rendezvous) holds its
+    # lock, so whatever may wait long gets a connection of its own
+    store_client: Callable[[], dist.Store] | None = field(default=None, repr=False, compare=False)
+    # >0: this process replaces a dead worker of the same rank. It has the store but no world
+    # process group: it skips start-up collectives and heals from a live peer instead
+    incarnation: int = 0
 
     @property
     def is_distributed(self) -> bool:
@@ -169,7 +175,7 @@ def init_world(backend: str | None = None, timeout_s: float = 600.0, threads: in
     if not env.under_torchrun:
         return World(device=dev, run_id=env.run_id)
     backend = placement.backend
-    store = None
+    store = store_client = None
     if not dist.is_initialized():
         # the store is created here (not inside init_process_group) so that World can hand it on:
         # gossip membership and per-pair groups of replacements are keyed in it
@@ -182,17 +188,23 @@ def init_world(backend: str | None = None, timeout_s: float = 600.0, threads: in
         # gloo addresses: without a fresh prefix per attempt, connectFullMesh dials dead workers
         # ("Connection refused") and every restart fails.
         attempt = f"decentrain/attempt{env.restart_count}"
-        dist.init_process_group(backend=backend, store=dist.PrefixStore(attempt, raw) if env.agent_store else raw,
-                                rank=env.rank, world_size=env.world_size, timeout=timedelta(seconds=timeout_s))
         store = dist.PrefixStore(f"{attempt}/shared", raw)
+        if env.incarnation == 0:  # a replacement cannot join the world group (gloo's cannot take a new member)
+            dist.init_process_group(backend=backend, store=dist.PrefixStore(attempt, raw) if env.agent_store else raw,
+                                    rank=env.rank, world_size=env.world_size, timeout=timedelta(seconds=timeout_s))
+
+        def store_client() -> dist.Store:
+            client = dist.TCPStore(env.master_addr, env.master_port, is_master=False, timeout=timedelta(seconds=timeout_s))
+            return dist.PrefixStore(f"{attempt}/shared", client)
     return World(
-        rank=dist.get_rank(),
-        world_size=dist.get_world_size(),
+        rank=dist.get_rank() if dist.is_initialized() else env.rank,
+        world_size=dist.get_world_size() if dist.is_initialized() else env.world_size,
         local_rank=env.local_rank,
         device=dev,
         backend=placement.backend,
         run_id=env.run_id,
         store=store,
+        store_client=store_client,
         incarnation=env.incarnation,
     )
 

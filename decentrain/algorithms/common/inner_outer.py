@@ -104,11 +104,19 @@ class InnerOuterAlgorithm(Algorithm):
         raise NotImplementedError
 
     # -- Algorithm hooks --------------------------------------------------------------
+    def heal(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        """A replacement (world.incarnation > 0) pulls the training state from a live peer."""
+        raise RuntimeError(f"{type(self).__name__} cannot heal a replacement worker; restart the job to resume")
+
     def on_train_start(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
-        check_replicas_match(self.world, model)
-        if self._resume is None:  # a resumed replica keeps its own (possibly distinct) weights
-            broadcast_parameters(self.world, model)
+        healing = self.world.incarnation > 0  # a replacement: in no world group, so no start-up collective
+        if not healing:
+            check_replicas_match(self.world, model)
+            if self._resume is None:  # a resumed replica keeps its own (possibly distinct) weights
+                broadcast_parameters(self.world, model)
         self.setup(model)
+        if healing:
+            self.heal(model, optimizer)  # loads the trainer's state; the outer part lands in _resume
         if self._resume is not None:
             self.load_outer_state(self._resume["outer"])
             self._resume = None

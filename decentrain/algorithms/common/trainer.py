@@ -126,9 +126,18 @@ class Trainer:
         torch.set_rng_state(state["rng"]["torch"])
         random.setstate((3, tuple(state["rng"]["python"]), state["rng"]["python_pos"]))
 
+    def heal_state(self) -> dict:
+        """What a replacement pulls from a live peer: all of state_dict but the RNG (each rank keeps its own)."""
+        return {"step": self.step, **{k: v for k, v in self.state_dict().items() if k != "rng"}}
+
+    def load_heal_state(self, state: dict) -> None:
+        self.load_state_dict({**state, "rng": self.state_dict()["rng"]})
+        self.step = int(state["step"])
+
     def maybe_resume(self) -> int | None:
-        # the newest step intact on every rank (damaged ones are skipped with a warning)
-        step = self.checkpointer.agree_resume_step(self.world) if self.cfg.resume else None
+        # the newest step intact on every rank (damaged ones are skipped with a warning); a
+        # replacement (incarnation > 0) heals from a live peer instead: agreeing is a world collective
+        step = self.checkpointer.agree_resume_step(self.world) if self.cfg.resume and not self.world.incarnation else None
         if step is not None:
             self.load_state_dict(self.checkpointer.load(step))
             self.step = step
@@ -168,6 +177,7 @@ class Trainer:
         start_time = time.perf_counter()
         self.engine.prepare(self.algorithm)
         model = self.engine.forward_model
+        self.algorithm.attach_trainer_state(self.heal_state, self.load_heal_state)
         self.algorithm.on_train_start(self.engine.outer_model, self.engine.optimizer)
         self.engine.weights_changed()  # the start-up broadcast
         logger.advance(self.step)

@@ -13,6 +13,7 @@ After the start-up broadcast NoLoCo issues no all-reduce and no barrier.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,9 +22,11 @@ import torch
 from decentrain.algorithms.base import register_algorithm
 from decentrain.algorithms.common.inner_outer import InnerOuterAlgorithm, InnerOuterConfig
 from decentrain.algorithms.common.outer import noloco_general_step_, noloco_step_
+from decentrain.algorithms.noloco.healing import Healer, tensors_crc
 from decentrain.core.checks import check_range
-from decentrain.core.gossip import ODD_POLICIES, PairExchange, gossip_groups, group_of
+from decentrain.core.gossip import BEHIND, ODD_POLICIES, PairExchange, gossip_groups, group_of
 from decentrain.core.membership import Membership
+from decentrain.core.pairs import PairGroups
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +46,7 @@ class NoLoCoConfig(InnerOuterConfig):
     # give up on a partner whose membership heartbeat has not moved for this long (it is stopped or
     # dead), before the deadline; None: only the deadline (and the progress keys) decide
     stall_s: float | None = 2.0
+    heal_timeout_s: float = 300.0  # a replacement worker gives up (exits) if no live peer served its state by then
     bucket_mb: float = 32.0
     full_duplex: bool = True  # one process group per direction (start-up cost O(N²) groups)
 
@@ -54,6 +58,7 @@ class NoLoCoConfig(InnerOuterConfig):
         check_range("algorithm.deadline_s", self.deadline_s, 0, 86400, low_open=True, none_ok=True)  # null: no deadline
         check_range("algorithm.stall_s", self.stall_s, 0, 86400, low_open=True, none_ok=True)
         check_range("algorithm.bucket_mb", self.bucket_mb, 0, 1 << 20, low_open=True)
+        check_range("algorithm.heal_timeout_s", self.heal_timeout_s, 0, 86400, low_open=True)
         if self.pairing_seed is not None:
             check_range("algorithm.pairing_seed", self.pairing_seed, 0, 2**32 - 1)
 
@@ -67,6 +72,9 @@ class NoLoCo(InnerOuterAlgorithm):
     cfg: NoLoCoConfig
     survives_peer_loss = True  # a dead partner costs a round; the job is launched so that survivors go on
     membership: Membership | None = None
+    healer: Healer | None = None
+    trainer_state = load_trainer_state = None  # attached by the trainer
+    _heal_metrics: dict[str, float] | None = None
     steps_skipped = 0  # inner steps of the rounds jumped over to catch up with the live ranks
 
     @classmethod
@@ -86,9 +94,19 @@ class NoLoCo(InnerOuterAlgorithm):
         if self.world.store is not None and self.world.group is None and self.world.world_size > 1:
             # progress and heartbeat over the job's store: stopped or lagging partners are not waited for
             self.membership = Membership(self.world.store, self.world.rank, self.world.world_size, self.world.incarnation)
-            self.membership.start_heartbeat().publish(self.round)
+            self.membership.start_heartbeat()
             self.exchange.membership, self.exchange.stall_s = self.membership, self.cfg.stall_s
-        if self.cfg.full_duplex and self.world.is_distributed:
+            if self.world.store_client is not None and (self.world.backend != "nccl" or self.cfg.deadline_s is not None):
+                # host-staged exchanges run on per-pair groups, which a replacement can join
+                self.exchange.pairs = PairGroups(self.world.store_client, self.world.rank, self.world.incarnation)
+                if self.world.incarnation == 0:  # at start-up everyone is there: no later rendezvous with the dead
+                    self.exchange.pairs.connect_all(self.world.world_size)
+                if self.trainer_state is not None:  # replacements heal from us, or we from a live peer
+                    self.healer = Healer(self.membership, self.exchange.pairs, self.trainer_state, self.load_trainer_state,
+                                         attempt_s=max(60.0, 4 * (self.cfg.deadline_s or 0)))
+            if self.world.incarnation == 0:  # a replacement publishes once it has healed
+                self.membership.publish(self.round)
+        if self.cfg.full_duplex and self.world.is_distributed and self.exchange.pairs is None:
             self.exchange.full_duplex()  # start-up only: creating groups is collective
         self.exchange.check_transport()
 
@@ -99,13 +117,13 @@ class NoLoCo(InnerOuterAlgorithm):
     def _catch_up(self) -> int:
         """Jump over rounds the live ranks are done with; returns the rounds jumped (0: not behind).
 
-        A rank that was stopped or slow and is 2+ rounds behind the median of the others would
+        A rank that was stopped or slow and is BEHIND+ rounds behind the median of the others would
         never pair again (everyone skips a rank that far behind), so it skips those rounds' inner
         steps and exchanges (one header each, so no partner waits on it) and rejoins at the live
         round. It keeps its own weights: the next mix pulls them towards its partner's.
         """
         live = self.membership.live_round() if self.membership is not None else None
-        if live is None or live - self.round < 2:
+        if live is None or live - self.round < BEHIND:
             return 0
         for r in range(self.round, live):
             self.exchange.skip_round(group_of(self.world.rank, self._groups(r)), r)
@@ -115,6 +133,31 @@ class NoLoCo(InnerOuterAlgorithm):
         self.round = live - 1  # after_optimizer_step counts this outer step: the next round is `live`
         return jumped
 
+    def heal(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        if self.healer is None:
+            raise RuntimeError("a NoLoCo replacement heals over per-pair gloo groups and the trainer's state; "
+                               "neither is available here (NCCL without a deadline, or no trainer)")
+        # torch optimizers create their state on the first step: one zero-gradient step gives ours
+        # the structure of the donor's, so that the donor's can be checked against it (then replaced)
+        for p in model.parameters():
+            if p.requires_grad:
+                p.grad = torch.zeros_like(p)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        donor, seconds = self.healer.heal(self.cfg.heal_timeout_s)
+        log.info("healed from rank %d in %.2fs: round %d, phi crc %08x", donor, seconds, self.round,
+                 tensors_crc(self._resume["outer"]["phi"]))
+        self._heal_metrics = {"heal/seconds": seconds, "heal/from_rank": float(donor)}
+        self.membership.publish(self.round)  # back in the pairing, under the new incarnation
+
+    def after_optimizer_step(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, float]:
+        metrics = super().after_optimizer_step(step, model, optimizer)
+        if self.healer is not None and self.inner_count == 0:  # just after an outer step: θ = φ, a clean snapshot
+            self.healer.serve(self.phi)
+        if self._heal_metrics:
+            metrics, self._heal_metrics = {**metrics, **self._heal_metrics}, None
+        return metrics
+
     def should_stop(self, step: int, total_steps: int) -> bool:
         return super().should_stop(step, total_steps) or (self.steps_skipped > 0 and step + self.steps_skipped >= total_steps)
 
@@ -122,6 +165,10 @@ class NoLoCo(InnerOuterAlgorithm):
         if self.membership is not None:  # partners still running skip this rank at once
             self.membership.publish(self.round, finished=True)
             self.membership.stop()
+        if self.healer is not None:
+            self.healer.finish()
+        if self.exchange.pairs is not None:
+            self.exchange.pairs.close()
 
     def outer_step(self, model: torch.nn.Module) -> dict[str, float]:
         jumped = self._catch_up()
