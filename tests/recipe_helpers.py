@@ -57,6 +57,12 @@ def recipe_killing_a_worker(run_dir: Path, *overrides: str, ready: Callable[[], 
     return subprocess.CompletedProcess(args, proc.returncode, out)
 
 
+def worker_ready(run_dir: Path, step: int) -> bool:
+    """Rank 0 has logged `step` and the launcher has listed its workers (`workers.json`): a worker can be killed."""
+    rows = metrics(run_dir) if (run_dir / "metrics.jsonl").exists() else []
+    return any(r.get("step", 0) >= step for r in rows) and (run_dir / "workers.json").exists()
+
+
 def metrics(run_dir: Path, name: str = "metrics.jsonl") -> list[dict]:
     """The rows of a run's metrics file; a line still being written (a live run) is left out."""
     rows = []

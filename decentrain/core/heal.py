@@ -23,6 +23,7 @@ from safetensors.torch import load as load_tensors
 from safetensors.torch import save as save_tensors
 
 from decentrain.core.checkpoint import flatten_state, unflatten_state
+from decentrain.core.gossip import all_finite
 
 HEAL_MAGIC = 0x6865_616C_7374  # "healst"
 HEAL_TAG = 1 << 30  # above every gossip round's tags (round % 2**20 * 1024 + bucket)
@@ -99,6 +100,6 @@ def decode_state(skeleton: bytes, blob: bytes, like: dict[str, Any]) -> dict[str
     for k, t in sorted(tensors.items()):  # a fixed order: the same state always gives the same reason
         if t.shape != mine[k].shape or t.dtype != mine[k].dtype:
             return f"{k}: {tuple(t.shape)} {t.dtype} != {tuple(mine[k].shape)} {mine[k].dtype}"
-        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+        if not all_finite(t):
             return f"{k}: non-finite values"
     return unflatten_state(got, tensors)

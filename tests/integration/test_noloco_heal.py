@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from recipe_helpers import metrics, recipe_killing_a_worker
+from recipe_helpers import metrics, recipe_killing_a_worker, worker_ready
 
 pytestmark = [
     pytest.mark.integration,
@@ -21,14 +21,11 @@ pytestmark = [
 def test_a_killed_noloco_worker_is_replaced_and_heals_from_a_live_peer(tmp_path):
     steps = 1200
 
-    def ready():  # rank 0 has logged a few steps and the launcher has listed its workers
-        rows = metrics(tmp_path) if (tmp_path / "metrics.jsonl").exists() else []
-        return any(r.get("step", 0) >= 4 for r in rows) and (tmp_path / "workers.json").exists()
 
     run = recipe_killing_a_worker(
         tmp_path, "algorithm=noloco", "algorithm.inner_steps=8", "algorithm.deadline_s=3", f"train.steps={steps}",
         "train.eval_every=1000", "train.checkpoint_every=1000", "launcher.nproc_per_node=4", "launcher.max_restarts=1",
-        "logger.all_ranks=true", ready=ready, victim=lambda: json.loads((tmp_path / "workers.json").read_text())["2"],
+        "logger.all_ranks=true", ready=lambda: worker_ready(tmp_path, 4), victim=lambda: json.loads((tmp_path / "workers.json").read_text())["2"],
         wait_s=240, timeout=500)
     out = run.stdout
     assert run.returncode == 0, out[-4000:]

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from recipe_helpers import metrics, recipe_killing_a_worker
+from recipe_helpers import metrics, recipe_killing_a_worker, worker_ready
 
 pytestmark = pytest.mark.integration
 
@@ -12,14 +12,11 @@ pytestmark = pytest.mark.integration
 def test_sigkill_of_one_of_four_noloco_workers_leaves_three_that_finish(tmp_path):
     steps = 24
 
-    def ready():  # rank 0 has logged a few steps and the launcher has listed its workers
-        rows = metrics(tmp_path) if (tmp_path / "metrics.jsonl").exists() else []
-        return any(r.get("step", 0) >= 5 for r in rows) and (tmp_path / "workers.json").exists()
 
     run = recipe_killing_a_worker(
         tmp_path, "algorithm=noloco", "algorithm.inner_steps=2", f"train.steps={steps}", "train.eval_every=100",
         "train.checkpoint_every=100", "launcher.nproc_per_node=4", "logger.all_ranks=true",
-        ready=ready, victim=lambda: json.loads((tmp_path / "workers.json").read_text())["2"], timeout=240)
+        ready=lambda: worker_ready(tmp_path, 5), victim=lambda: json.loads((tmp_path / "workers.json").read_text())["2"], timeout=240)
     out = run.stdout
     assert run.returncode == 0, out[-3000:]
     assert "3 of 4 workers finished" in out and "rank 2: SIGKILL" in out
