@@ -67,7 +67,7 @@ def sbin(name: str) -> str:
 class LocalSlurm:
     root: Path
     cpus: int = 4  # per node, declared (SlurmdParameters=config_overrides): two 2-CPU jobs share one
-    mem_mb: int = 8000
+    mem_mb: int = 16000
     nodes: list[str] = field(default_factory=list)
     procs: list[subprocess.Popen] = field(default_factory=list)
 
