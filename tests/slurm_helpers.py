@@ -111,7 +111,7 @@ JobCompType=jobcomp/none
 ReturnToService=2
 SlurmdParameters=config_overrides
 SchedulerParameters=sched_interval=2
-MinJobAge=600
+MinJobAge=43200
 KillWait=5
 {node_lines}
 PartitionName=debug Nodes={','.join(self.nodes)} Default=YES MaxTime=INFINITE State=UP

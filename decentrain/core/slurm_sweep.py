@@ -1,20 +1,18 @@
-"""Hydra sweeps on Slurm: submitit's launcher, with the request checked before anything is queued.
+"""Hydra sweeps on Slurm: the request is checked before anything is queued.
 
 Each sweep point is one Slurm job of `nodes x tasks_per_node` tasks; every task is one rank of
 that point's world (`core/world.py` maps submitit's Slurm environment to torchrun's). Before
 submitting, `sbatch --test-only` asks the controller whether the request can ever run: a
 request no node can hold fails here with Slurm's reason instead of pending forever while the
-sweep waits silently.
+sweep waits silently. The launcher itself (a Hydra plugin must live in the `hydra_plugins`
+package) is `hydra_plugins/decentrain_slurm`.
 """
 
 from __future__ import annotations
 
 import logging
 import subprocess
-from typing import Any, Sequence
-
-from hydra.core.utils import JobReturn
-from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -51,8 +49,3 @@ def check_schedulable(params: dict[str, Any]) -> str:
                            "(set hydra.launcher.{cpus_per_task,mem_gb,gpus_per_node,tasks_per_node,partition} to what a node has)")
     return reply[-1] if reply else ""
 
-
-class CheckedSlurmLauncher(SlurmLauncher):
-    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
-        log.info("Slurm accepts the request: %s", check_schedulable(self.params))
-        return super().launch(job_overrides, initial_job_idx)
