@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from recipe_helpers import ROOT
 from slurm_helpers import LocalSlurm, missing_requirements
@@ -105,8 +106,12 @@ def site(tmp_path_factory, request):
     try:
         # Everything the selected tests need is queued at once; Slurm packs what fits (8 CPUs), the rest waits.
         wanted = {item.originalname for item in request.session.items}
+        if "test_two_jobs_share_a_node" in wanted:  # first, so that both start at once on the idle node
+            for i in (0, 1):  # two jobs pinned to one node: they must not meet in each other's rendezvous
+                s.sbatch(f"shared{i}", "sbatch", "--nodes", "1", f"--nodelist={cluster.nodes[1]}",
+                         str(ROOT / "launch/slurm.sbatch"), *DDP)
         if "test_killed_rank_and_requeue_resume" in wanted:
-            s.sbatch("kill", *SBATCH, *KILL)  # first, so it runs while its test watches it
+            s.sbatch("kill", *SBATCH, *KILL)  # early, so it runs while its test watches it
             s.decentrain("ref_kill", *KILL, "run_dir=runs/ref_kill")
         if "test_config_error_fails_once" in wanted:
             s.sbatch("bad_config", *SBATCH, "experiment=ddp_cpu", "train.global_batch_size=10")
@@ -118,14 +123,16 @@ def site(tmp_path_factory, request):
             s.sbatch("noloco", "sbatch", "--nodes", "2", str(ROOT / "launch/slurm.sbatch"), *NOLOCO)
             s.decentrain("ref_ddp4", *DDP4, "launcher.nproc_per_node=4", "run_dir=runs/ref_ddp4")
             s.decentrain("ref_noloco", *NOLOCO, "run_dir=runs/ref_noloco")
-        if "test_two_jobs_share_a_node" in wanted:
-            for i in (0, 1):  # two jobs pinned to one node: they must not meet in each other's rendezvous
-                s.sbatch(f"shared{i}", "sbatch", "--nodes", "1", f"--nodelist={cluster.nodes[1]}",
-                         str(ROOT / "launch/slurm.sbatch"), *DDP)
         if "test_sweep_runs_a_world_per_point" in wanted:
             s.decentrain("sweep", *SWEEP)
         yield s
     finally:
+        for name, job in s.jobs.items():  # one line per job for the record: state, world, run time
+            info = s.job(job)
+            run = s.dir / f"runs/slurm-{job}"
+            world = sorted(worlds(rank_logs(run))) if (run / "logs").exists() else []
+            print(f"\n{name}: job {job} {info.get('JobState')} world {world} run {info.get('RunTime')} "
+                  f"restarts {info.get('Restarts')} nodes {info.get('NodeList')}", file=sys.stderr)
         for p in s.local.values():
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
@@ -215,7 +222,7 @@ def test_sweep_runs_a_world_per_point(site):
     for p in points:
         rows = scalars(p)
         assert len({r["step"] for r in rows if "train/loss" in r}) == len([r for r in rows if "train/loss" in r]), "duplicate ranks"
-    lr2 = next(p for p in points if "2.0e-3" in (p / "config.yaml").read_text() or "0.002" in (p / "config.yaml").read_text())
+    lr2 = next(p for p in points if yaml.safe_load((p / "config.yaml").read_text())["optim"]["lr"] == 2e-3)
     assert scalars(lr2) == scalars(site.finish_local("ref_ddp"))  # lr=2e-3 is the default: the local DDP run
 
 
