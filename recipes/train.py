@@ -35,6 +35,8 @@ def main(dcfg: DictConfig) -> None:
         check_placement(cfg.train.device, cfg.launcher.nproc_per_node)
     except ValueError as e:
         sys.exit(f"config error: {e}")
+    if cfg.launcher.check_only:
+        return
     if not env.under_torchrun and (cfg.launcher.world_size or 1) > 1:
         run_dir = str(Path(cfg.run_dir).resolve())
         argv = [*HydraConfig.get().overrides.task, f"run_dir={run_dir}", f"hydra.run.dir={run_dir}"]
@@ -56,11 +58,12 @@ def main(dcfg: DictConfig) -> None:
         run_pretraining(cfg, world, run_dir, raw)
     finally:
         world.shutdown()
-    if ALGORITHMS.get(cfg.algorithm.name).survives_peer_loss and world.store is not None:
+    if ALGORITHMS.get(cfg.algorithm.name).survives_peer_loss and world.store is not None and not env.slurm_task:
         # Done and saved. A gossip worker may still hold a helper thread blocked in gloo on a dead
         # partner (a receive or a pair rendezvous that never completes); the interpreter's exit
         # would then end in std::terminate (SIGABRT) and the launcher would count a finished
-        # worker as failed. Leave without finalisation instead.
+        # worker as failed. Leave without finalisation instead. (A submitit task returns: submitit
+        # writes its result on the way out, and Slurm restarts no single rank it could wait on.)
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)

@@ -14,6 +14,9 @@ class LauncherConfig:
     nnodes: int = 1
     rdzv_endpoint: str = "localhost:0"
     max_restarts: int = 0
+    # validate the config for this layout (nproc_per_node x nnodes), then exit: launch/slurm.sbatch
+    # runs it once before torchrun, so a bad config fails once instead of once per restart and rank
+    check_only: bool = False
 
     def __post_init__(self) -> None:
         if self.name not in LAUNCHERS:

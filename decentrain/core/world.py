@@ -1,4 +1,5 @@
-"""The one place that reads torchrun's environment and starts torch.distributed.
+"""The one place that reads the launcher's environment (torchrun's, or Slurm's under submitit)
+and starts torch.distributed.
 
 Everything else receives a `World` explicitly: there are no module-level globals.
 """
@@ -29,14 +30,18 @@ class LaunchEnv:
     master_addr: str = "127.0.0.1"
     master_port: int = 0
     incarnation: int = 0  # launch_survivors: how often this rank was restarted (a replacement has > 0)
+    slurm_task: bool = False  # a task of a submitit Slurm job (returns its result to submitit on exit)
 
     @property
     def under_torchrun(self) -> bool:
+        """Started as one rank of a world (torchrun, our launchers, or a Slurm task under submitit)."""
         return self.run_id is not None or "RANK" in os.environ
 
 
 def read_launch_env() -> LaunchEnv:
     env = os.environ
+    if "RANK" not in env and is_submitit_slurm_task(env):
+        return slurm_launch_env(env)
     return LaunchEnv(
         rank=int(env.get("RANK", 0)),
         world_size=int(env.get("WORLD_SIZE", 1)),
@@ -49,6 +54,52 @@ def read_launch_env() -> LaunchEnv:
         master_port=int(env.get("MASTER_PORT", 0)),
         incarnation=int(env.get("DECENTRAIN_INCARNATION", 0)),
     )
+
+
+def is_submitit_slurm_task(env: "os._Environ[str] | dict[str, str]") -> bool:
+    """One of several tasks of a Slurm job that submitit submitted (Hydra's submitit launcher).
+
+    A one-task job is not a world: there the recipe may start local workers itself, as before.
+    Plain Slurm jobs (an sbatch script, `srun` in an allocation) go through torchrun instead.
+    """
+    return env.get("SUBMITIT_EXECUTOR") == "slurm" and "SLURM_PROCID" in env and int(env.get("SLURM_NTASKS", 1)) > 1
+
+
+def slurm_launch_env(env: "os._Environ[str] | dict[str, str]") -> LaunchEnv:
+    """Slurm's task layout as torchrun's: one task is one rank, rank 0 (on the step's first node) hosts the store."""
+    node = int(env.get("SLURM_NODEID", 0))
+    per_node = tasks_per_node(env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE", "1"))
+    job = env.get("SLURM_JOB_ID", "0")
+    return LaunchEnv(
+        rank=int(env["SLURM_PROCID"]),
+        world_size=int(env["SLURM_NTASKS"]),
+        local_rank=int(env.get("SLURM_LOCALID", 0)),
+        local_world_size=per_node[node] if node < len(per_node) else per_node[-1],
+        run_id=f"slurm-{job}",
+        restart_count=int(env.get("SLURM_RESTART_COUNT", 0)),
+        master_addr=env.get("MASTER_ADDR") or first_host(env.get("SLURM_STEP_NODELIST") or env["SLURM_JOB_NODELIST"]),
+        # one port per job, as launch/slurm.sbatch does: jobs sharing a node must not share a store
+        master_port=int(env.get("MASTER_PORT") or 20000 + int(job) % 30000),
+        slurm_task=True,
+    )
+
+
+def tasks_per_node(spec: str) -> list[int]:
+    """Slurm's compressed counts, e.g. `2(x3),1` -> [2, 2, 2, 1]."""
+    out: list[int] = []
+    for part in spec.split(","):
+        count, _, rep = part.partition("(x")
+        out += [int(count)] * (int(rep.rstrip(")")) if rep else 1)
+    return out
+
+
+def first_host(nodelist: str) -> str:
+    """The first host of a Slurm hostlist: `gpu[07-09,12],cpu1` -> `gpu07` (as `scontrol show hostnames | head -1`)."""
+    prefix, bracket, rest = nodelist.partition("[")
+    if "," in prefix or not bracket:
+        return prefix.split(",")[0]
+    ranges, _, suffix = rest.partition("]")
+    return prefix + ranges.split(",")[0].split("-")[0] + suffix.split(",")[0]
 
 
 @dataclass

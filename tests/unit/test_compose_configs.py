@@ -76,4 +76,7 @@ def test_slurm_sweep_launcher_config_composes():
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose(config_name="config", overrides=["hydra/launcher=slurm", "run_dir=/tmp/x"], return_hydra_config=True)
-    assert cfg.hydra.launcher.tasks_per_node == 1
+    # defaults a CPU cluster accepts: ranks are tasks, no GPU asked, a modest request
+    launcher = cfg.hydra.launcher
+    assert (launcher.tasks_per_node, launcher.gpus_per_node, launcher.cpus_per_task, launcher.mem_gb) == (2, None, 1, 4)
+    assert launcher._target_ == "hydra_plugins.decentrain_slurm.CheckedSlurmLauncher"
