@@ -14,7 +14,7 @@ Bytes are counted per replica and per sync, two ways:
 Variants (`--variants method:H ...`): DiLoCo at H=20 (the baseline), SparseLoCo at the
 same H, and SparseLoCo at H=5: same compute, 4x the syncs, each ~100x smaller.
 The headline ratio is bytes to first reach within 1 % of DiLoCo's final eval loss
-(seed-mean curves, evaluated every H steps, i.e. right after each sync).
+(seed-mean curves, evaluated every max(H, 20) steps, right after a sync).
 
 Departures from the SparseLoCo paper's protocol, named: a 0.15M-parameter model (not 512M),
 200 steps on three offline domains (~10-40 syncs where the paper has thousands), N replicas on one CPU, hyperparameters not tuned here (DiLoCo at its
@@ -54,7 +54,7 @@ def _config(job: dict[str, Any]) -> dict[str, Any]:
         "data": {"seq_len": job["seq_len"], "max_bytes_per_domain": job["max_bytes"], "domains": job["domains"]},
         "optim": {"lr": job["inner_lr"], "warmup_steps": job["warmup"]},
         "train": {"steps": job["steps"], "global_batch_size": job["batch"], "micro_batch_size": job["batch"] // job["ranks"],
-                  "eval_every": job["h"], "eval_batches": job["eval_batches"], "checkpoint_every": 10**6,
+                  "eval_every": max(job["h"], 20), "eval_batches": job["eval_batches"], "checkpoint_every": 10**6,
                   "threads": 1, "seed": job["seed"], "device": "cpu"},
         "logger": {"progress": False, "log_every": job["h"]},
         "launcher": {"name": "torchrun", "nproc_per_node": None},
