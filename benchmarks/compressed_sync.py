@@ -21,7 +21,8 @@ Departures from the SparseLoCo paper's protocol, named: a 0.15M-parameter model 
 paper's 0.7 / 0.9 Nesterov, SparseLoCo at its 1.0 / β = 0.95), chunks over the flat
 parameter vector (see common/compression.py).
 
-    python -m benchmarks.compressed_sync                           # 3 seeds (~25 min on 2 shared cores)
+    python -m benchmarks.compressed_sync                           # 3 seeds (~40 min on 2 idle cores)
+    python -m benchmarks.compressed_sync --seeds 1 --steps 160 --parallel 3   # what results/ holds (a loaded box)
     python -m benchmarks.compressed_sync --seeds 1 --steps 40 --allow-dirty   # smoke
 """
 
@@ -210,6 +211,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--topk", type=int, default=64)
     ap.add_argument("--chunk", type=int, default=4096)
     ap.add_argument("--bits", type=int, default=2)
+    ap.add_argument("--parallel", type=int, default=1, help="runs at once (each is --ranks processes)")
     ap.add_argument("--name", default="compressed_sync")
     args = ap.parse_args(argv)
     # a 0.15M-parameter Llama on three domains: ~20 min for all 6 runs on 2 cores shared with other jobs
@@ -223,8 +225,8 @@ def main(argv: list[str] | None = None) -> None:
     if variants[0][0] != "diloco" or any(m not in METHODS for m, _ in variants):
         raise SystemExit(f"--variants must start with diloco:H and use methods {list(METHODS)}")
     shared = {k: v for k, v in config.items() if k != "variants"}
-    jobs = [{**shared, "method": m, "h": h, "seed": s} for m, h in variants for s in range(args.seeds)]
-    runs = harness.run_jobs(jobs, train_run)
+    jobs = [{**shared, "method": m, "h": h, "seed": s} for s in range(args.seeds) for m, h in variants]  # seed-major
+    runs = harness.run_jobs(jobs, train_run, parallel=args.parallel)
     labels = ["diloco" if i == 0 else f"{m} H={h}" for i, (m, h) in enumerate(variants)]
     results = {lab: [r for j, r in zip(jobs, runs) if (j["method"], j["h"]) == v] for lab, v in zip(labels, variants)}
     paths = harness.write(figures_from(results), text, plot)
