@@ -59,6 +59,7 @@ def _straight_and_preempted(world, root):
     return losses, same, a.eval_loss == b.eval_loss
 
 
+@pytest.mark.slow
 def test_preempted_sparseloco_resumes_bit_exactly(tmp_path):
     (straight, resumed), same_weights, same_eval = run_ranks(_straight_and_preempted, 2, str(tmp_path), timeout=600)[0]
     assert sorted(resumed) == list(range(1, 9))
