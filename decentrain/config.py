@@ -15,7 +15,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from decentrain.algorithms import ddp, diloco, noloco  # noqa: F401  (register "ddp", "diloco", "streaming_diloco", "noloco")
+from decentrain.algorithms import ddp, diloco, noloco, sparseloco  # noqa: F401  (register "ddp", "diloco", "streaming_diloco", "noloco", "sparseloco")
 from decentrain.algorithms.base import ALGORITHMS
 from decentrain.algorithms.common.config import LoopConfig, TrainConfig, check_data_fits, check_run_dir, validate
 from decentrain.algorithms.common.engine import SCHEDULES, EngineConfig, OptimConfig

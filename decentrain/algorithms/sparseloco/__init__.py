@@ -1,0 +1,3 @@
+from decentrain.algorithms.sparseloco.sparseloco import SparseLoCo, SparseLoCoConfig
+
+__all__ = ["SparseLoCo", "SparseLoCoConfig"]

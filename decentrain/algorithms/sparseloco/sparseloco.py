@@ -1,0 +1,115 @@
+"""SparseLoCo (arXiv 2508.15706): DiLoCo whose pseudo-gradient is sparse, 2-bit and error-fed.
+
+Every H inner steps each replica folds its pseudo-gradient into its fp32 error buffer,
+sends the top-k entries of each chunk as b-bit codes (common/compression.py has the
+equations), all-gathers everybody's payload as bytes (core/bytes_comm.py: sizes are
+agreed first and capped at the one size an honest payload has, nothing is unpickled),
+decodes and averages them in rank order, and takes the outer step on the slow weights.
+Every replica sums the same decoded bytes in the same order, so the slow weights stay
+identical on all replicas without any further collective.
+
+A payload that fails decoding (wrong size, header, round, indices or scale) is dropped
+and counted (`outer/payload_dropped`); the mean is over the payloads kept. Logged per
+sync: `outer/payload_bytes` (this replica's message), `outer/bytes_sent` (what this rank
+transmits in gloo's ring all-gather: every other rank's block once, plus the 8-byte size
+announcements), `outer/error_norm` (‖e‖ after the send) and `outer/pseudo_grad_norm` (‖Δ̄‖).
+
+The outer step defaults to SparseLoCo's: SGD with lr α and no momentum (the decayed EF
+accumulator plays DiLoCo's outer momentum); `outer_momentum`/`nesterov` turn it back on.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+from decentrain.algorithms.base import register_algorithm
+from decentrain.algorithms.common.compression import BITS, MAX_CHUNK, CompressionSpec, ErrorFeedback, decompress
+from decentrain.algorithms.common.inner_outer import InnerOuterAlgorithm, InnerOuterConfig
+from decentrain.algorithms.common.outer import OuterOptimizer
+from decentrain.algorithms.common.sparse_payload import decode, encode, payload_bytes
+from decentrain.core.bytes_comm import all_gather_bytes
+from decentrain.core.checks import check_range
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class SparseLoCoConfig(InnerOuterConfig):
+    name: str = "sparseloco"
+    inner_steps: int = 30  # H (the paper sweeps 15–100)
+    outer_lr: float = 1.0  # α
+    outer_momentum: float = 0.0  # the EF buffer replaces outer momentum
+    nesterov: bool = False
+    ef_decay: float = 0.95  # β of e ← β·e + Δ
+    chunk_size: int = 4096  # C: entries per top-k chunk
+    topk: int = 64  # k kept per chunk (64/4096 = 1.56 % density)
+    bits: int = 2  # b: value bits (2, 4 or 8) with one fp32 scale per chunk
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.nesterov and self.outer_momentum == 0:
+            raise ValueError("algorithm.nesterov=true needs algorithm.outer_momentum > 0 (or set algorithm.nesterov=false)")
+        if self.adaptive_inner_steps:
+            raise ValueError("algorithm.adaptive_inner_steps is not supported by sparseloco; allowed: false")
+        check_range("algorithm.ef_decay", self.ef_decay, 0, 1)
+        check_range("algorithm.chunk_size", self.chunk_size, 1, MAX_CHUNK)
+        check_range("algorithm.topk", self.topk, 1, self.chunk_size)
+        if self.bits not in BITS:
+            raise ValueError(f"algorithm.bits={self.bits} is unknown; allowed: {list(BITS)}")
+        for f in ("chunk_size", "topk", "bits"):
+            if not isinstance(getattr(self, f), int) or isinstance(getattr(self, f), bool):
+                raise ValueError(f"algorithm.{f}={getattr(self, f)!r} must be an integer")
+
+
+@register_algorithm("sparseloco", SparseLoCoConfig)
+class SparseLoCo(InnerOuterAlgorithm):
+    cfg: SparseLoCoConfig
+
+    def setup(self, model: torch.nn.Module) -> None:
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.outer = OuterOptimizer(self.params, self.cfg.outer_lr, self.cfg.outer_momentum, self.cfg.nesterov)
+        numel = sum(p.numel() for p in self.params)
+        self.spec = CompressionSpec(numel, min(self.cfg.chunk_size, numel), min(self.cfg.topk, self.cfg.chunk_size, numel),
+                                    self.cfg.bits)
+        self.ef = ErrorFeedback(self.spec, self.cfg.ef_decay, self.world.device)
+        self.dropped = 0  # payloads dropped over the run
+        if self.world.is_main:
+            logger.info("sparseloco: %d parameters, %d chunks of %d, top-%d, %d-bit: %d payload bytes vs %d dense fp32 (%.1fx)",
+                        numel, self.spec.num_chunks, self.spec.chunk, self.spec.k, self.spec.bits,
+                        payload_bytes(self.spec), 4 * numel, 4 * numel / payload_bytes(self.spec))
+
+    def outer_step(self, model: torch.nn.Module) -> dict[str, float]:
+        delta = _flatten_dense_tensors(self.outer.pseudo_gradient(self.params))
+        payload = encode(self.ef.step(delta), self.spec, self.round)
+        gathered = all_gather_bytes(self.world, payload, max_bytes=payload_bytes(self.spec))
+        total = torch.zeros(self.spec.numel, dtype=torch.float32, device=self.world.device)
+        kept, dropped = 0, 0
+        for rank, data in enumerate(gathered):
+            chunks, why = decode(data, self.spec, self.round)
+            if chunks is None:
+                dropped += 1
+                logger.warning("sparseloco round %d: dropped rank %d's payload: %s", self.round, rank, why)
+                continue
+            total += decompress(chunks, self.spec).to(total.device)
+            kept += 1
+        self.dropped += dropped
+        mean = total / max(kept, 1)  # our own payload is always among them unless the wire broke it
+        self.outer.step(_unflatten_dense_tensors(mean, self.outer.slow))
+        self.outer.copy_to(self.params)
+        n = len(gathered)
+        return {"outer/pseudo_grad_norm": mean.norm().item(), "outer/error_norm": self.ef.error.norm().item(),
+                "outer/payload_bytes": float(len(payload)), "outer/bytes_sent": float((n - 1) * (len(payload) + 8)),
+                "outer/payload_dropped": float(dropped), "outer/round": float(self.round + 1)}
+
+    def outer_state(self) -> dict[str, Any]:
+        return {"outer": self.outer.state_dict(), "ef": self.ef.state_dict(), "dropped": self.dropped}
+
+    def load_outer_state(self, state: dict[str, Any]) -> None:
+        self.outer.load_state_dict(state["outer"])
+        self.ef.load_state_dict(state["ef"])
+        self.dropped = int(state["dropped"])

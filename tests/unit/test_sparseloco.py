@@ -1,0 +1,85 @@
+"""SparseLoCo's hooks on one process: the outer step by hand, config checks, and exact resume of the EF buffer."""
+
+import pytest
+import torch
+
+from decentrain.algorithms.sparseloco import SparseLoCo, SparseLoCoConfig
+from decentrain.core.world import World
+
+
+def _model(values):
+    m = torch.nn.Linear(4, 1, bias=False)
+    m.weight.data = torch.tensor([values])
+    return m
+
+
+def _set(model, values):
+    model.weight.data.copy_(torch.tensor([values]))
+
+
+@pytest.mark.parametrize("kw, msg", [
+    ({"bits": 3}, r"algorithm.bits=3 is unknown; allowed: \[2, 4, 8\]"),
+    ({"topk": 0}, r"algorithm.topk=0 must be a finite number in \[1, 4096\]"),
+    ({"chunk_size": 70000}, r"algorithm.chunk_size=70000 must be a finite number in \[1, 65536\]"),
+    ({"ef_decay": 1.5}, r"algorithm.ef_decay=1.5 must be a finite number in \[0, 1\]"),
+    ({"ef_decay": float("nan")}, r"algorithm.ef_decay=nan"),
+    ({"nesterov": True}, r"algorithm.nesterov=true needs algorithm.outer_momentum > 0"),
+    ({"adaptive_inner_steps": True}, r"algorithm.adaptive_inner_steps is not supported by sparseloco"),
+])
+def test_config_errors_name_the_field_and_range(kw, msg):
+    with pytest.raises(ValueError, match=msg):
+        SparseLoCoConfig(**kw)
+
+
+def test_outer_step_applies_the_decoded_topk_and_keeps_the_rest_as_error():
+    cfg = SparseLoCoConfig(inner_steps=2, outer_lr=0.5, chunk_size=4, topk=1, bits=2, ef_decay=0.5)
+    model = _model([1.0, 1.0, 1.0, 1.0])
+    algo = SparseLoCo(cfg, World())
+    algo.on_train_start(model, None)
+    assert algo.after_optimizer_step(1, model, None) == {}
+    _set(model, [0.0, 3.0, 1.5, 1.0])
+    m = algo.after_optimizer_step(2, model, None)
+    # Δ = φ − θ = [1, −2, −0.5, 0]; top-1 is −2 (sent exactly); φ ← φ − 0.5·[0, −2, 0, 0]
+    assert model.weight.data.tolist() == [[1.0, 2.0, 1.0, 1.0]]
+    assert algo.ef.error.tolist() == [1.0, 0.0, -0.5, 0.0]
+    assert m["outer/payload_bytes"] == 32 + 2 + 4 + 1 and m["outer/bytes_sent"] == 0.0
+    assert m["outer/payload_dropped"] == 0.0 and m["outer/pseudo_grad_norm"] == pytest.approx(2.0)
+    # next round, no local change: e = 0.5·[1, 0, −0.5, 0] = [0.5, 0, −0.25, 0] sends 0.5 at index 0
+    algo.after_optimizer_step(3, model, None)
+    algo.after_optimizer_step(4, model, None)
+    assert model.weight.data.tolist() == [[0.75, 2.0, 1.0, 1.0]]
+    assert algo.ef.error.tolist() == [0.0, 0.0, -0.25, 0.0]
+
+
+def _run(cfg, steps, state=None, drop_error=False):
+    """Drive the hooks with a fixed drift per step; optionally resume from `state`."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 8)
+    algo = SparseLoCo(cfg, World())
+    start = 0
+    if state is not None:
+        model.load_state_dict(state["model"])
+        algo.load_state_dict(state["algo"])
+        start = state["step"]
+        if drop_error:
+            algo._resume["outer"]["ef"]["error"] = torch.zeros_like(algo._resume["outer"]["ef"]["error"])
+    algo.on_train_start(model, None)
+    g = torch.Generator().manual_seed(1)
+    drifts = [torch.randn(8, 8, generator=g) * 0.1 for _ in range(steps)]
+    for step in range(start + 1, steps + 1):
+        with torch.no_grad():
+            model.weight.add_(drifts[step - 1])
+        algo.after_optimizer_step(step, model, None)
+    return model, algo
+
+
+def test_resume_continues_bit_exactly_and_needs_the_error_buffer():
+    cfg = SparseLoCoConfig(inner_steps=3, chunk_size=16, topk=2, bits=4, ef_decay=0.9)
+    straight, _ = _run(cfg, 12)
+    half, algo = _run(cfg, 7)  # stops mid-round, after two syncs: the error buffer is non-zero
+    assert algo.ef.error.abs().sum() > 0
+    state = {"model": {k: v.clone() for k, v in half.state_dict().items()}, "algo": algo.state_dict(), "step": 7}
+    resumed, _ = _run(cfg, 12, state)
+    assert torch.equal(resumed.weight, straight.weight)
+    dropped, _ = _run(cfg, 12, state, drop_error=True)
+    assert not torch.equal(dropped.weight, straight.weight)
