@@ -100,7 +100,7 @@ def bare_loop(cfg: TrainConfig, b: BenchConfig, blocks: torch.Tensor, device: to
         total = torch.zeros((), device=device)
         for micro in batch.split(b.micro_batch):
             with autocast(precision, device):
-                loss = model(input_ids=micro, labels=micro).loss / b.accum
+                loss = model(input_ids=micro, labels=micro, use_cache=False).loss / b.accum
             loss.backward()
             total += loss.detach()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip)

@@ -52,7 +52,7 @@ def evaluate(model: torch.nn.Module, blocks: dict[str, torch.Tensor], micro_batc
         for b in batches:
             b = b.to(device, non_blocking=True)
             with autocast(precision, device):
-                total += model(input_ids=b, labels=b).loss.float()
+                total += model(input_ids=b, labels=b, use_cache=False).loss.float()
         means.append(total / max(1, len(batches)))
     model.train(was_training)
     values = torch.stack(means).tolist() if means else []
@@ -166,7 +166,9 @@ class Trainer:
             last = i == len(micro_batches) - 1
             with self.algorithm.no_sync(model) if not last else contextlib.nullcontext():
                 with autocast(self.precision, self.world.device):
-                    loss = model(input_ids=micro, labels=micro).loss / self.accum
+                    # use_cache=False: a KV cache per forward would make each compiled block guard on
+                    # its own cache layer (a recompile per layer, then the recompile limit)
+                    loss = model(input_ids=micro, labels=micro, use_cache=False).loss / self.accum
                 self.engine.backward(loss, last=last)
             total += loss.detach().float()
         self.engine.step()
