@@ -144,9 +144,12 @@ class Trainer:
         return step
 
     def save(self) -> None:
-        bad = [n for n, p in self.model.named_parameters() if not bool(torch.isfinite(p).all())]
-        if bad:  # never let a NaN model replace the last good checkpoint
-            raise FloatingPointError(f"step {self.step}: non-finite weights in {bad[:3]}; stopping without saving, "
+        names, params = zip(*self.engine.outer_model.named_parameters())  # a sharded engine: this rank's shards
+        finite = torch.stack([torch.isfinite(p).all() for p in params]).tolist()  # one host read
+        bad = [n for n, ok in zip(names, finite) if not ok]
+        if not self.engine.all_ranks_agree(not bad):  # never let a NaN model replace the last good checkpoint
+            where = f"in {bad[:3]}" if bad else "on another rank of this replica"
+            raise FloatingPointError(f"step {self.step}: non-finite weights {where}; stopping without saving, "
                                      f"the last good checkpoint is kept ({self.checkpointer.root})")
         self.engine.save_sharded(self.step)  # first: a complete per-rank checkpoint implies the sharded one
         self.checkpointer.save(self.step, {"step": self.step, **self.state_dict()})
