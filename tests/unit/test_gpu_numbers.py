@@ -160,3 +160,35 @@ def test_compile_model_compiles_the_wrapped_module_not_the_bare_one(tmp_path, mo
     trainer.cfg.logger = LoggerConfig(console=False, progress=False)
     trainer.fit(MetricsLogger(trainer.cfg.logger, tmp_path, 0))
     assert compiled == [(wrapped[0], "model")]
+
+
+def test_a_resumed_run_replays_one_backward_for_ddp_and_drops_its_gradients(tmp_path, monkeypatch):
+    """DDP without find_unused_parameters rebuilds its buckets after the first backward; a resumed run
+    replays that backward (DDP.on_resume) instead of paying a graph walk every step."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    from decentrain.core.metrics import LoggerConfig, MetricsLogger
+
+    trainer = tiny_trainer(tmp_path, steps=2, eval_every=100, checkpoint_every=100)
+    trainer.step = 1  # as after maybe_resume
+    sampler_before = trainer.sampler.state_dict()
+    calls = []
+
+    def on_resume(model, backward_once):
+        backward_once()
+        calls.append([p.grad for p in trainer.model.parameters()])
+        calls.append(trainer.sampler.state_dict())
+
+    monkeypatch.setattr(trainer.algorithm, "on_resume", on_resume)
+    trainer.cfg.logger = LoggerConfig(console=False, progress=False)
+    trainer.fit(MetricsLogger(trainer.cfg.logger, tmp_path, 0))
+    assert calls and all(g is None for g in calls[0]) and calls[1] == sampler_before
+
+    from decentrain.algorithms.ddp.ddp import DDPConfig
+
+    ddp_model = DistributedDataParallel.__new__(DistributedDataParallel)  # isinstance only
+    trainer.algorithm.cfg = DDPConfig()
+    replayed = []
+    type(trainer.algorithm).on_resume(trainer.algorithm, ddp_model, lambda: replayed.append(1))
+    type(trainer.algorithm).on_resume(trainer.algorithm, trainer.model, lambda: replayed.append(2))
+    assert replayed == [1]  # unwrapped (one process): nothing to settle

@@ -200,12 +200,23 @@ class Trainer:
         self.engine.step()
         return total
 
+    def backward_once(self, model: torch.nn.Module) -> None:
+        """A forward/backward of the first training micro-batch whose gradients are dropped (no
+        optimizer step, no sampler or RNG draw): for wrappers that settle their layout on it."""
+        micro = self.train_blocks[: self.cfg.train.micro_batch_size].to(self.world.device)
+        with autocast(self.precision, self.world.device):
+            loss = model(input_ids=micro, labels=micro, use_cache=False).loss
+        loss.backward()
+        self.engine.optimizer.zero_grad(set_to_none=True)
+
     def fit(self, logger: MetricsLogger) -> TrainResult:
         cfg = self.cfg.train
         start_time = time.perf_counter()
         self.engine.prepare(self.algorithm)
         model = self.engine.forward_model
         self.compile_wrapped(model)
+        if self.step > 0 and not self.world.incarnation:  # resumed from a checkpoint (a replacement heals later)
+            self.algorithm.on_resume(model, lambda: self.backward_once(model))
         self.algorithm.attach_trainer_state(self.heal_state, self.load_heal_state)
         self.algorithm.on_train_start(self.engine.outer_model, self.engine.optimizer)
         self.engine.weights_changed()  # the start-up broadcast
