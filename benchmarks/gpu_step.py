@@ -6,7 +6,9 @@ fused AdamW. Each seed runs the bare loop, then decentrain's `Trainer.fit` (DDP 
 rank, the README's path); both read the loss on the host once per window of steps, so
 each window's wall time covers its device work. The first window (compilation) is
 not counted. Figures: ms/step, tokens/s, MFU, peak memory, and the per-seed ratio
-decentrain / bare (targets: ratio <= 1.05, MFU >= 35% on an H100 at seq 1024).
+decentrain / bare (targets: ratio <= 1.05, MFU >= 35% on an H100/H200 at seq 1024).
+Both loops call the model with use_cache=False (a KV cache per forward made compile=blocks
+recompile per layer until the recompile limit) and run fp32 matmuls on TF32 (train.tf32).
 
 MFU = (6 x non-embedding params + 12 x layers x hidden x seq) x tokens/s / peak, as
 core/metrics.py states it; peak from core.metrics.PEAK_FLOPS by GPU name (--peak-flops overrides).
@@ -33,7 +35,7 @@ import torch
 from benchmarks.results_io import RESULTS, write_results
 from decentrain.algorithms.base import ALGORITHMS
 from decentrain.algorithms.common.engine import build_optimizer
-from decentrain.algorithms.common.speed import apply_compile, autocast, resolve_precision, weight_dtype
+from decentrain.algorithms.common.speed import apply_compile, autocast, resolve_precision, set_tf32, weight_dtype
 from decentrain.algorithms.common.trainer import Trainer, model_flops_per_token, seed_everything
 from decentrain.config import TrainConfig, config_from_dict
 from decentrain.core.metrics import MetricsLogger, mfu, peak_flops, read_jsonl
@@ -85,9 +87,11 @@ def _sync(device: torch.device) -> None:
 
 
 def bare_loop(cfg: TrainConfig, b: BenchConfig, blocks: torch.Tensor, device: torch.device, seed: int) -> list[float]:
-    """The loop a user writes by hand: compiled model, fused AdamW, autocast; seconds per step of each window."""
+    """The loop a user writes by hand: compiled model (no KV cache), fused AdamW, autocast, TF32;
+    seconds per step of each window."""
     seed_everything(seed)
     precision = resolve_precision(b.precision, device)
+    set_tf32(device, cfg.train.tf32)  # as the Trainer does (process-wide: the same for both loops)
     model = build_model(cfg.model).to(device=device, dtype=weight_dtype(precision))
     opt, sched = build_optimizer(model, cfg.optim, cfg.train.steps)
     apply_compile(model, b.compile)
@@ -100,7 +104,7 @@ def bare_loop(cfg: TrainConfig, b: BenchConfig, blocks: torch.Tensor, device: to
         total = torch.zeros((), device=device)
         for micro in batch.split(b.micro_batch):
             with autocast(precision, device):
-                loss = model(input_ids=micro, labels=micro).loss / b.accum
+                loss = model(input_ids=micro, labels=micro, use_cache=False).loss / b.accum
             loss.backward()
             total += loss.detach()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip)
@@ -148,6 +152,8 @@ def measure(b: BenchConfig) -> dict:
                     torch.cuda.empty_cache()
                     torch.cuda.reset_peak_memory_stats(device)
                 _sync(device)
+                torch._dynamo.reset()  # each loop compiles its own model: count its graphs alone
+                torch._dynamo.utils.counters.clear()
                 if loop == "bare":
                     secs = bare_loop(cfg, b, blocks, device, seed)
                 else:
@@ -156,6 +162,8 @@ def measure(b: BenchConfig) -> dict:
                 row[f"{loop}_ms"] = step_s * 1e3
                 row[f"{loop}_tokens_per_s"] = tokens / step_s
                 row[f"{loop}_mfu"] = mfu(tokens / step_s, flops_tok, peak) if peak else None
+                # compile=blocks should give <= 2 graphs (train + eval); more means recompiles
+                row[f"{loop}_graphs"] = int(torch._dynamo.utils.counters["stats"]["unique_graphs"])
                 row[f"{loop}_mem_gib"] = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
             row["ratio"] = row["decentrain_ms"] / row["bare_ms"]
             rows.append(row)
@@ -178,7 +186,10 @@ def text_table(fig: dict) -> str:
         mfu_txt = f"{m['mean']:.1%} ± {m['std']:.1%}" if m else "n/a"
         lines.append(f"{loop:>11} | {ms['mean']:7.2f} ± {ms['std']:5.2f} | {mfu_txt:>15}")
     r = fig["ratio"]
-    lines.append(f"decentrain / bare = {r['mean']:.3f} ± {r['std']:.3f} (target <= 1.05); MFU target >= 35% (125M, seq 1024, H100)")
+    lines.append(f"decentrain / bare = {r['mean']:.3f} ± {r['std']:.3f} (target <= 1.05); MFU target >= 35% (125M, seq 1024, H100/H200)")
+    graphs = [(r["bare_graphs"], r["decentrain_graphs"]) for r in fig["seeds"] if "bare_graphs" in r]
+    if graphs:
+        lines.append(f"compiled graphs per seed (bare, decentrain): {graphs}")
     return "\n".join(lines)
 
 

@@ -107,7 +107,7 @@ def train_run(job: dict[str, Any]) -> dict[str, Any]:
     for step in range(1, steps + 1):
         for m, (opt, sched), s in zip(models, opts, samplers):
             batch = train[s.next_indices()]
-            m(input_ids=batch, labels=batch).loss.backward()
+            m(input_ids=batch, labels=batch, use_cache=False).loss.backward()
             if optim_cfg.grad_clip > 0:
                 torch.nn.utils.clip_grad_norm_(m.parameters(), optim_cfg.grad_clip)
             opt.step()

@@ -68,7 +68,7 @@ def bare_steps(cfg: TrainConfig, world, blocks: torch.Tensor) -> list[float]:
     for _ in range(cfg.train.steps):
         tick = time.perf_counter()
         batch = blocks[torch.randint(len(blocks), (cfg.train.micro_batch_size,), generator=gen)]
-        loss = wrapped(input_ids=batch, labels=batch).loss
+        loss = wrapped(input_ids=batch, labels=batch, use_cache=False).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip)
         opt.step()

@@ -56,6 +56,10 @@ class Algorithm:
     def on_train_start(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
         pass
 
+    def on_resume(self, model: torch.nn.Module, backward_once: Callable[[], None]) -> None:
+        """A resumed run, after wrapping and before its first step. `backward_once()` runs one
+        synchronized forward/backward of a training micro-batch through `model` and drops the gradients."""
+
     def after_optimizer_step(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, float]:
         """Runs after inner step `step` (1-based). Returns metrics to log."""
         return {}

@@ -37,7 +37,7 @@ class ExpertPlacement:
 @torch.no_grad()
 def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor) -> torch.Tensor:
     """log p(x_t | x_<t) for t = 1..T-1 of each row: shape [B, T-1]."""
-    logits = model(input_ids=input_ids).logits[:, :-1].float()
+    logits = model(input_ids=input_ids, use_cache=False).logits[:, :-1].float()
     return torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)
 
 

@@ -13,7 +13,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from tqdm.auto import tqdm
 
@@ -148,25 +148,34 @@ def mfu(tokens_per_s: float, flops_per_tok: float, peak: float) -> float:
 class Throughput:
     """Step time, tokens/s (this rank and global), MFU and peak memory between two log steps.
 
-    The clock runs only inside `measure()` (eval and checkpoints are excluded); `read()` is
-    called right after the host has synced (the loss is read at log steps), so the
-    interval covers the device work of its steps.
+    The clock runs only inside `measure()` (eval and checkpoints are excluded). The device runs
+    behind the host, so a step's work must be waited for inside the clock: at log steps the loss
+    read does it; before an evaluation or checkpoint that is not a log step, `drain()` does.
+    Ranks sharing one GPU (`device_share` of them) each get that share of its peak FLOP/s.
     """
 
     def __init__(self, tokens_per_rank_step: int, tokens_global_step: int, flops_per_tok: float,
-                 peak: float | None, device: "object"):
+                 peak: float | None, device: "object", device_share: int = 1,
+                 synchronize: Callable[[], None] | None = None, clock: Callable[[], float] = time.perf_counter):
         self.tokens_rank, self.tokens_global = tokens_per_rank_step, tokens_global_step
-        self.flops_per_tok, self.peak, self.device = flops_per_tok, peak, device
+        self.flops_per_tok, self.device = flops_per_tok, device
+        self.peak = peak / device_share if peak else peak
+        self._synchronize = synchronize or _device_synchronize(device)
+        self._clock = clock
         self.seconds, self.steps = 0.0, 0
 
     @contextlib.contextmanager
     def measure(self):
-        start = time.perf_counter()
+        start = self._clock()
         try:
             yield
         finally:
-            self.seconds += time.perf_counter() - start
+            self.seconds += self._clock() - start
             self.steps += 1
+
+    def drain(self) -> None:
+        """Wait for all device work queued so far (call inside `measure()`, before leaving the clock)."""
+        self._synchronize()
 
     def read(self) -> dict[str, float]:
         """Metrics of the steps since the last read (empty if none), then start a new interval."""
@@ -184,6 +193,14 @@ class Throughput:
             torch.cuda.reset_peak_memory_stats(self.device)
         self.seconds, self.steps = 0.0, 0
         return out
+
+
+def _device_synchronize(device: "object") -> Callable[[], None]:
+    if getattr(device, "type", None) == "cuda":
+        import torch
+
+        return lambda: torch.cuda.synchronize(device)
+    return lambda: None  # CPU work is done when the host call returns
 
 
 def drop_rows_after(path: Path, step: int) -> None:

@@ -122,6 +122,8 @@ class World:
     # >0: this process replaces a dead worker of the same rank. It has the store but no world
     # process group: it skips start-up collectives and heals from a live peer instead
     incarnation: int = 0
+    # local ranks sharing this rank's GPU (round-robin placement): each gets ~1/share of its peak FLOP/s
+    device_share: int = 1
 
     @property
     def is_distributed(self) -> bool:
@@ -159,6 +161,10 @@ class Placement:
 
     def device(self, local_rank: int) -> torch.device:
         return torch.device("cuda", local_rank % self.gpus) if self.device_type == "cuda" else torch.device("cpu")
+
+    def share(self, local_rank: int, local_ranks: int) -> int:
+        """How many of the `local_ranks` ranks run on `local_rank`'s device (1 on CPU: no shared peak)."""
+        return len(range(local_rank % self.gpus, local_ranks, self.gpus)) if self.device_type == "cuda" else 1
 
 
 def plan_placement(device: str, local_ranks: int, gpus: int, backend: str | None = None) -> Placement:
@@ -224,7 +230,7 @@ def init_world(backend: str | None = None, timeout_s: float = 600.0, threads: in
         torch.cuda.set_device(dev)
     tag_log_records(env.rank)
     if not env.under_torchrun:
-        return World(device=dev, run_id=env.run_id)
+        return World(device=dev, run_id=env.run_id, device_share=placement.share(env.local_rank, env.local_world_size))
     backend = placement.backend
     store = store_client = None
     if not dist.is_initialized():
@@ -257,6 +263,7 @@ def init_world(backend: str | None = None, timeout_s: float = 600.0, threads: in
         store=store,
         store_client=store_client,
         incarnation=env.incarnation,
+        device_share=placement.share(env.local_rank, env.local_world_size),
     )
 
 
@@ -265,8 +272,9 @@ def local_world(device: str = "auto", threads: int | None = None) -> World:
     if threads:
         torch.set_num_threads(threads)
     env = read_launch_env()
-    dev = plan_placement(device, env.local_world_size, visible_gpus()).device(env.local_rank)
+    placement = plan_placement(device, env.local_world_size, visible_gpus())
+    dev = placement.device(env.local_rank)
     tag_log_records(env.rank)
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
-    return World(device=dev, run_id=env.run_id)
+    return World(device=dev, run_id=env.run_id, device_share=placement.share(env.local_rank, env.local_world_size))

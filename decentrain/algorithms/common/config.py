@@ -39,6 +39,7 @@ class LoopConfig:
     device: str = "auto"  # auto | cpu | cuda; more local ranks than GPUs share them round-robin over gloo
     precision: str = "auto"  # auto (bf16_autocast on CUDA, fp32 on CPU) | fp32 | bf16_autocast | bf16 (pure)
     compile: str = "none"  # none | model | blocks: torch.compile of the whole model or of each layer
+    tf32: bool = True  # CUDA: fp32 matmuls on TF32 tensor cores (speed.set_tf32); false keeps IEEE fp32
 
     def __post_init__(self) -> None:
         if self.device not in DEVICES:

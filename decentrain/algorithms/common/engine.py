@@ -143,6 +143,15 @@ class Engine:
     def save_sharded(self, step: int) -> None:
         """Write the engine's own sharded checkpoint of `step` (collective); before the per-rank one."""
 
+    def all_ranks_agree(self, ok: bool) -> bool:
+        """`ok` on every rank of this replica. A sharded save is collective over them: they must all
+        save or all stop, or the one that stops leaves the others hanging inside the save."""
+        if self.layout.shards == 1 or self.layout.shard_group is None:
+            return ok
+        flag = torch.tensor(0.0 if ok else 1.0, device=self.layout.outer.device)  # nccl needs it on the GPU
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.layout.shard_group)
+        return not bool(flag)
+
     def full_state_dict(self) -> dict[str, torch.Tensor] | None:
         """Whole weights for save_pretrained (collective for sharded engines); None: use the module."""
         return None

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 import statistics
-import time
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +19,7 @@ import torch
 
 from decentrain.algorithms.base import Algorithm, AlgorithmConfig
 from decentrain.algorithms.common.replicas import broadcast_parameters, check_replicas_match
+from decentrain.algorithms.common.speed import DeviceTimer
 from decentrain.core.checks import check_range
 
 
@@ -88,7 +88,7 @@ class InnerOuterAlgorithm(Algorithm):
         self.h = cfg.inner_steps  # this round's H (differs from cfg only when adaptive)
         self.pace = StepPace()
         self._resume: dict[str, Any] | None = None
-        self._tick = 0.0
+        self.timer = DeviceTimer(world.device)  # device time, not launch time; read only when pacing
 
     # -- hooks the families fill in ---------------------------------------------------
     def setup(self, model: torch.nn.Module) -> None:
@@ -120,10 +120,11 @@ class InnerOuterAlgorithm(Algorithm):
         if self._resume is not None:
             self.load_outer_state(self._resume["outer"])
             self._resume = None
-        self._tick = time.perf_counter()
+        self.timer.start()
 
     def after_optimizer_step(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, float]:
-        self.pace.observe(time.perf_counter() - self._tick)
+        if self.cfg.adaptive_inner_steps:  # reading a CUDA timer waits for the step: only when pacing uses it
+            self.pace.observe(self.timer.stop())
         self.inner_count += 1
         metrics: dict[str, float] = {}
         if self.inner_count >= self.h:
@@ -133,7 +134,7 @@ class InnerOuterAlgorithm(Algorithm):
             if self.cfg.adaptive_inner_steps:
                 self.h = self.pace.inner_steps(self.cfg.inner_steps, self.cfg.min_inner_steps)
                 metrics["outer/inner_steps"] = float(self.h)
-        self._tick = time.perf_counter()  # the sync itself is not compute time
+        self.timer.start()  # the sync itself is not compute time
         return metrics
 
     def should_stop(self, step: int, total_steps: int) -> bool:

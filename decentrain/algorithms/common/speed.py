@@ -12,6 +12,7 @@ whatever the inner precision is.
 from __future__ import annotations
 
 import contextlib
+import time
 from typing import ContextManager
 
 import torch
@@ -67,3 +68,51 @@ def apply_compile(model: torch.nn.Module, scope: str) -> torch.nn.Module:
         for block in transformer_blocks(model):
             block.compile()
     return model
+
+
+def set_tf32(device: torch.device, enabled: bool) -> None:
+    """fp32 matmuls and convolutions on TF32 tensor cores (Ampere and later; `train.tf32`).
+
+    TF32 keeps fp32's range with a 10-bit mantissa, at several times the IEEE fp32 rate: the usual
+    choice for training (bf16 autocast leaves some matmuls, e.g. under `fp32`, in fp32). Process-wide
+    in torch; a no-op off CUDA.
+    """
+    if device.type != "cuda":
+        return
+    mode = "tf32" if enabled else "ieee"
+    if hasattr(torch.backends.cuda.matmul, "fp32_precision"):  # torch >= 2.9; mixing with the old API is refused
+        torch.backends.cuda.matmul.fp32_precision = mode
+        torch.backends.cudnn.conv.fp32_precision = mode
+    else:
+        torch.set_float32_matmul_precision("high" if enabled else "highest")
+        torch.backends.cudnn.allow_tf32 = enabled
+
+
+class DeviceTimer:
+    """Seconds of device time between `start()` and `stop()`.
+
+    On CUDA the host only launches kernels and runs ahead of the GPU, so a host clock measures launch
+    time; CUDA events on the current stream measure the work itself. `stop()` waits for it (a host
+    sync), so use it where the time is needed (adaptive pacing), not on every step.
+    """
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self._start: object = None
+
+    def start(self) -> None:
+        if self.cuda:
+            self._start = torch.cuda.Event(enable_timing=True)
+            self._start.record()
+        else:
+            self._start = time.perf_counter()
+
+    def stop(self) -> float:
+        if self._start is None:
+            raise RuntimeError("DeviceTimer.stop() before start()")
+        if self.cuda:
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            end.synchronize()
+            return self._start.elapsed_time(end) / 1e3  # ms -> s
+        return time.perf_counter() - self._start

@@ -24,7 +24,7 @@ from decentrain.algorithms.common.config import TrainConfig
 from decentrain.algorithms.common.engine import ENGINES, build_optimizer  # noqa: F401 (re-exported)
 from decentrain.core.checkpoint import Checkpointer
 from decentrain.core.mesh import ReplicaLayout, replica_layout
-from decentrain.algorithms.common.speed import apply_compile, autocast, resolve_precision, weight_dtype
+from decentrain.algorithms.common.speed import apply_compile, autocast, resolve_precision, set_tf32, weight_dtype
 from decentrain.core.metrics import MetricsLogger, Throughput, flops_per_token, peak_flops
 from decentrain.core.world import World
 from decentrain.data.blocks import Corpus, ShardedSampler
@@ -34,6 +34,21 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
+
+
+def rng_state(device: torch.device) -> dict:
+    """Every RNG a step may draw from: CPU torch, Python, and on CUDA the device's own generator."""
+    state = {"torch": torch.get_rng_state(), "python": list(random.getstate()[1]), "python_pos": random.getstate()[2]}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def set_rng_state(state: dict, device: torch.device) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate((3, tuple(state["python"]), state["python_pos"]))
+    if device.type == "cuda" and "cuda" in state:  # a checkpoint written on CPU has none: CUDA keeps its seed
+        torch.cuda.set_rng_state(state["cuda"], device)
 
 
 @torch.no_grad()
@@ -52,7 +67,7 @@ def evaluate(model: torch.nn.Module, blocks: dict[str, torch.Tensor], micro_batc
         for b in batches:
             b = b.to(device, non_blocking=True)
             with autocast(precision, device):
-                total += model(input_ids=b, labels=b).loss.float()
+                total += model(input_ids=b, labels=b, use_cache=False).loss.float()
         means.append(total / max(1, len(batches)))
     model.train(was_training)
     values = torch.stack(means).tolist() if means else []
@@ -86,6 +101,7 @@ class Trainer:
         self.cfg, self.world, self.algorithm = cfg, world, algorithm
         self.run_dir = run_dir
         self.precision = resolve_precision(cfg.train.precision, world.device)
+        set_tf32(world.device, cfg.train.tf32)
         # fp32 master weights unless pure bf16 was chosen (model.dtype only sets how it was built/loaded)
         self.model = model.to(device=world.device, dtype=weight_dtype(self.precision))
         self.train_blocks = corpus.train_blocks()
@@ -104,8 +120,16 @@ class Trainer:
         tokens_rank = cfg.train.global_batch_size // world.world_size * seq
         name = torch.cuda.get_device_name(world.device) if world.device.type == "cuda" else ""
         self.throughput = Throughput(tokens_rank, cfg.train.global_batch_size * seq, model_flops_per_token(self.model, seq),
-                                     peak_flops(name, cfg.logger.peak_flops), world.device)
-        apply_compile(self.model, cfg.train.compile)  # in place, after the optimizer saw the parameters
+                                     peak_flops(name, cfg.logger.peak_flops), world.device, device_share=world.device_share)
+        if cfg.train.compile == "blocks":  # in place, after the optimizer saw the parameters, before wrapping (torchtitan)
+            apply_compile(self.model, "blocks")
+
+    def compile_wrapped(self, model: torch.nn.Module) -> None:
+        """`compile=model` compiles the module the loop calls, after wrapping: compiling DDP itself lets
+        dynamo split the graph at its buckets, so the all-reduce overlaps the backward. Evaluation
+        then calls the bare module eagerly (compiling it too would nest one compile in the other)."""
+        if self.cfg.train.compile == "model":
+            apply_compile(model, "model")
 
     # -- checkpoint state -------------------------------------------------------------
     def state_dict(self) -> dict:
@@ -114,7 +138,7 @@ class Trainer:
             **self.engine.state_dict(),  # torch: "optimizer" and "scheduler"
             "sampler": self.sampler.state_dict(),
             "algorithm": self.algorithm.state_dict(),
-            "rng": {"torch": torch.get_rng_state(), "python": list(random.getstate()[1]), "python_pos": random.getstate()[2]},
+            "rng": rng_state(self.world.device),
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -123,8 +147,7 @@ class Trainer:
         self.engine.load_state_dict(state)
         self.sampler.load_state_dict(state["sampler"])
         self.algorithm.load_state_dict(state["algorithm"])
-        torch.set_rng_state(state["rng"]["torch"])
-        random.setstate((3, tuple(state["rng"]["python"]), state["rng"]["python_pos"]))
+        set_rng_state(state["rng"], self.world.device)
 
     def heal_state(self) -> dict:
         """What a replacement pulls from a live peer: all of state_dict but the RNG (each rank keeps its own)."""
@@ -144,9 +167,12 @@ class Trainer:
         return step
 
     def save(self) -> None:
-        bad = [n for n, p in self.model.named_parameters() if not bool(torch.isfinite(p).all())]
-        if bad:  # never let a NaN model replace the last good checkpoint
-            raise FloatingPointError(f"step {self.step}: non-finite weights in {bad[:3]}; stopping without saving, "
+        names, params = zip(*self.engine.outer_model.named_parameters())  # a sharded engine: this rank's shards
+        finite = torch.stack([torch.isfinite(p).all() for p in params]).tolist()  # one host read
+        bad = [n for n, ok in zip(names, finite) if not ok]
+        if not self.engine.all_ranks_agree(not bad):  # never let a NaN model replace the last good checkpoint
+            where = f"in {bad[:3]}" if bad else "on another rank of this replica"
+            raise FloatingPointError(f"step {self.step}: non-finite weights {where}; stopping without saving, "
                                      f"the last good checkpoint is kept ({self.checkpointer.root})")
         self.engine.save_sharded(self.step)  # first: a complete per-rank checkpoint implies the sharded one
         self.checkpointer.save(self.step, {"step": self.step, **self.state_dict()})
@@ -166,17 +192,31 @@ class Trainer:
             last = i == len(micro_batches) - 1
             with self.algorithm.no_sync(model) if not last else contextlib.nullcontext():
                 with autocast(self.precision, self.world.device):
-                    loss = model(input_ids=micro, labels=micro).loss / self.accum
+                    # use_cache=False: a KV cache per forward would make each compiled block guard on
+                    # its own cache layer (a recompile per layer, then the recompile limit)
+                    loss = model(input_ids=micro, labels=micro, use_cache=False).loss / self.accum
                 self.engine.backward(loss, last=last)
             total += loss.detach().float()
         self.engine.step()
         return total
+
+    def backward_once(self, model: torch.nn.Module) -> None:
+        """A forward/backward of the first training micro-batch whose gradients are dropped (no
+        optimizer step, no sampler or RNG draw): for wrappers that settle their layout on it."""
+        micro = self.train_blocks[: self.cfg.train.micro_batch_size].to(self.world.device)
+        with autocast(self.precision, self.world.device):
+            loss = model(input_ids=micro, labels=micro, use_cache=False).loss
+        loss.backward()
+        self.engine.optimizer.zero_grad(set_to_none=True)
 
     def fit(self, logger: MetricsLogger) -> TrainResult:
         cfg = self.cfg.train
         start_time = time.perf_counter()
         self.engine.prepare(self.algorithm)
         model = self.engine.forward_model
+        self.compile_wrapped(model)
+        if self.step > 0 and not self.world.incarnation:  # resumed from a checkpoint (a replacement heals later)
+            self.algorithm.on_resume(model, lambda: self.backward_once(model))
         self.algorithm.attach_trainer_state(self.heal_state, self.load_heal_state)
         self.algorithm.on_train_start(self.engine.outer_model, self.engine.optimizer)
         self.engine.weights_changed()  # the start-up broadcast
@@ -194,19 +234,23 @@ class Trainer:
                 stop = self.algorithm.should_stop(self.step, cfg.steps)
                 final = self.step == cfg.steps or stop
                 log_now = self.step % self.cfg.logger.log_every == 0 or final or self.step == last
+                evaluating = self.step % cfg.eval_every == 0 or final
+                saving = self.step % cfg.checkpoint_every == 0 or self.step == last or stop
                 if log_now:
                     loss = float(loss_t)  # the one host sync of a log interval
                     self.check_finite_loss(loss)  # a NaN in between is caught here, or by save()'s weight check
+                elif evaluating or saving:
+                    self.throughput.drain()  # this step's queued device work belongs to the clock, not to eval
             if log_now:
                 logger.advance(1, loss=loss)
                 logger.log(self.step, {"train/loss": loss, "lr": self.engine.lr(), **metrics, **self.throughput.read()})
             else:
                 logger.advance(1)
             self.step_times.append(time.perf_counter() - tick)  # eval and checkpoints excluded
-            if self.step % cfg.eval_every == 0 or final:
+            if evaluating:
                 eval_loss = evaluate(self.model, self.val_blocks, cfg.micro_batch_size, self.world.device, self.precision)
                 logger.log(self.step, {"eval/loss": float(np.mean(list(eval_loss.values()))), **{f"eval/{d}": v for d, v in eval_loss.items()}})
-            if self.step % cfg.checkpoint_every == 0 or self.step == last or stop:
+            if saving:
                 self.save()
         self.algorithm.on_train_end(self.engine.outer_model)
         return TrainResult(self.step, loss, eval_loss, time.perf_counter() - start_time)

@@ -16,7 +16,7 @@ class DDPConfig(AlgorithmConfig):
     name: str = "ddp"
     bucket_cap_mb: float = 25.0
     gradient_as_bucket_view: bool = True
-    exact_resume: bool = True  # bit-identical losses after a restart; off saves a fixed ~2 ms/step (see wrap_model)
+    exact_resume: bool = True  # bit-identical losses after a restart: one extra backward per resume (see on_resume)
 
     def __post_init__(self) -> None:
         if self.bucket_cap_mb <= 0:
@@ -39,15 +39,19 @@ class DDP(Algorithm):
             process_group=self.world.group,
             bucket_cap_mb=self.cfg.bucket_cap_mb,
             gradient_as_bucket_view=self.cfg.gradient_as_bucket_view,
-            # Exact resume: by default DDP rebuilds its buckets once, after the first backward, in
-            # gradient-ready order, so a restarted process reduces its first step with another flat layout
-            # than the uninterrupted run; with >2 ranks a ring all-reduce's summation order depends on an
-            # element's offset, so the losses drift (~5e-7). torch rebuilds only when
-            # `find_unused_parameters` is off; on, DDP keeps its initial layout for the whole run, at the
-            # price of one autograd-graph walk and one small all-reduce (the used-parameter map) per step,
-            # and a one-time warning per rank that no parameter was unused.
-            find_unused_parameters=self.cfg.exact_resume,
+            # no per-step autograd-graph walk and used-parameter all-reduce: every parameter gets a gradient
+            find_unused_parameters=False,
         )
+
+    def on_resume(self, model: torch.nn.Module, backward_once) -> None:
+        # Exact resume: DDP lays its buckets out again, in gradient-ready order, after its first synchronized
+        # backward. With >2 ranks a ring all-reduce's summation order per element depends on the element's
+        # offset in the flat bucket, so a restarted process that reduced its first step with the initial
+        # layout would drift from the uninterrupted run (~5e-7). The uninterrupted run rebuilt after step 1;
+        # a resumed one replays that backward (its gradients dropped) before its first step, so both reduce
+        # every later step with the same layout. Costs one forward/backward per resume, nothing per step.
+        if self.cfg.exact_resume and isinstance(model, DistributedDataParallel):
+            backward_once()
 
     def no_sync(self, model: torch.nn.Module):
         return model.no_sync() if isinstance(model, DistributedDataParallel) else contextlib.nullcontext()

@@ -22,7 +22,7 @@ import torch
 from decentrain.algorithms.sapo.batching import build_swarm_batch, tokenize_batch
 from decentrain.algorithms.sapo.config import SAPOConfig
 from decentrain.algorithms.sapo.exchange import RolloutExchange
-from decentrain.algorithms.sapo.generation import HFGenerationBackend, completion_logprobs
+from decentrain.algorithms.sapo.generation import build_generation_backend, completion_logprobs
 from decentrain.algorithms.sapo.grpo import LossNorm, build_advantage_estimator, policy_loss
 from decentrain.algorithms.sapo.identity import NodeIdentity
 from decentrain.algorithms.sapo.payload import PayloadDecoder, RolloutGroup, RolloutPayload, encode_payload
@@ -76,7 +76,7 @@ class SAPONode:
         self.mixture = TaskMixture(cfg.task)
         sampling = copy.copy(cfg.sampling)
         sampling.stop = cfg.template.stop if cfg.template.answer_format == "line" else sampling.stop
-        self.backend = HFGenerationBackend(self.model, self.tokenizer, sampling)
+        self.backend = build_generation_backend(self.model, self.tokenizer, sampling)
         self.advantage = build_advantage_estimator(cfg.loss)
         self.decoder = PayloadDecoder(cfg.payload, key=cfg.swarm_key)
         self.group_drops: Counter[str] = Counter()  # peers' groups that did not rebuild, by reason
@@ -179,6 +179,10 @@ class SAPONode:
         totals = {"loss": 0.0, "clip_ratio": 0.0, "grad_norm": 0.0, "trained_completions": float(n)}
         if n == 0:
             return totals
+        # summed on the device and read once at the end: a host read per micro-batch would stall the GPU
+        loss_sum = torch.zeros((), device=self.device)
+        clip_sum = torch.zeros((), device=self.device)
+        grad_sum = torch.zeros((), device=self.device)
         for _ in range(cfg.loss.num_iterations):
             self.optimizer.zero_grad(set_to_none=True)
             for i in range(0, n, mb):
@@ -190,11 +194,12 @@ class SAPONode:
                     ref_logps=None if ref_logps is None else ref_logps[sl],
                 )
                 loss.backward()
-                totals["loss"] += loss.item()
-                totals["clip_ratio"] += stats["clip_ratio"].item() / norm.num_micro_batches
+                loss_sum += loss.detach().float()
+                clip_sum += stats["clip_ratio"].float() / norm.num_micro_batches
             if cfg.optim.grad_clip > 0:
-                totals["grad_norm"] += float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.optim.grad_clip))
+                grad_sum += torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.optim.grad_clip).float()
             self.optimizer.step()
+        totals["loss"], totals["clip_ratio"], totals["grad_norm"] = torch.stack([loss_sum, clip_sum, grad_sum]).tolist()
         iters = cfg.loss.num_iterations
         return {k: v if k == "trained_completions" else v / iters for k, v in totals.items()}
 

@@ -41,7 +41,7 @@ def collate(examples: list[tuple[list[int], list[int]]], pad_id: int) -> dict[st
 
 
 def answer_loss(model: Any, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1].float()
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False).logits[:, :-1].float()
     labels = batch["labels"][:, 1:]
     return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), labels.reshape(-1), ignore_index=IGNORE_INDEX)
 
