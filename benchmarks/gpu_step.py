@@ -32,7 +32,7 @@ import torch
 
 from benchmarks.results_io import RESULTS, write_results
 from decentrain.algorithms.base import ALGORITHMS
-from decentrain.algorithms.common.engine import build_optimizer
+from decentrain.algorithms.common.engines import build_optimizer
 from decentrain.algorithms.common.speed import apply_compile, autocast, resolve_precision, weight_dtype
 from decentrain.algorithms.common.trainer import Trainer, model_flops_per_token, seed_everything
 from decentrain.config import TrainConfig, config_from_dict

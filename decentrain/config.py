@@ -2,7 +2,7 @@
 
 Schemas live next to what they build (ModelConfig in models/, DataConfig in data/,
 TrainConfig/LoopConfig in algorithms/common/config.py, OptimConfig and EngineConfig in
-algorithms/common/engine.py, LauncherConfig in core/, each algorithm's config in its
+algorithms/common/engines/, LauncherConfig in core/, each algorithm's config in its
 package). This module imports every loop algorithm (which registers it), converts
 Hydra's resolved dict into those dataclasses once, and registers the schemas with
 Hydra's ConfigStore. Nothing in decentrain/ imports it; recipes, tests and benchmarks do.
@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 from decentrain.algorithms import ddp, diloco, noloco  # noqa: F401  (register "ddp", "diloco", "streaming_diloco", "noloco")
 from decentrain.algorithms.base import ALGORITHMS
 from decentrain.algorithms.common.config import LoopConfig, TrainConfig, check_data_fits, check_run_dir, validate
-from decentrain.algorithms.common.engine import SCHEDULES, EngineConfig, OptimConfig
+from decentrain.algorithms.common.engines import SCHEDULES, EngineConfig, OptimConfig
 from decentrain.core.launch_config import LAUNCHERS, LauncherConfig
 from decentrain.core.metrics import LoggerConfig
 from decentrain.data.blocks import DataConfig

@@ -2,7 +2,7 @@
 
 `LoopConfig` (the `train` section) configures the `Trainer`; `TrainConfig` assembles it
 with the sections of what the run builds, each defined next to its code (ModelConfig in
-models/, DataConfig in data/, OptimConfig and EngineConfig in common/engine.py,
+models/, DataConfig in data/, OptimConfig and EngineConfig in common/engines/,
 LauncherConfig in core/, each algorithm's config in its package). decentrain/config.py,
 the composition root above, converts Hydra's dict into these and registers them.
 """
@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from decentrain.algorithms.base import ALGORITHMS, AlgorithmConfig
-from decentrain.algorithms.common.engine import EngineConfig, OptimConfig
+from decentrain.algorithms.common.engines import EngineConfig, OptimConfig
 from decentrain.algorithms.common.speed import COMPILE_SCOPES, PRECISIONS
 from decentrain.core.checks import check_range
 from decentrain.core.launch_config import LauncherConfig

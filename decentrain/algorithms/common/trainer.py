@@ -21,7 +21,7 @@ import torch
 
 from decentrain.algorithms.base import Algorithm
 from decentrain.algorithms.common.config import TrainConfig
-from decentrain.algorithms.common.engine import ENGINES, build_optimizer  # noqa: F401 (re-exported)
+from decentrain.algorithms.common.engines import ENGINES, build_optimizer  # noqa: F401 (re-exported)
 from decentrain.core.checkpoint import Checkpointer
 from decentrain.core.mesh import ReplicaLayout, replica_layout
 from decentrain.algorithms.common.speed import apply_compile, autocast, resolve_precision, weight_dtype

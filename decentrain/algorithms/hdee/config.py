@@ -23,7 +23,7 @@ from decentrain.algorithms.hdee.budget import check_budget, homogeneous_baseline
 from decentrain.algorithms.hdee.mixing import WEIGHTINGS
 from decentrain.algorithms.hdee.plan import EnsemblePlan, SeedConfig, validate
 from decentrain.algorithms.common.config import LoopConfig
-from decentrain.algorithms.common.engine import OptimConfig
+from decentrain.algorithms.common.engines import OptimConfig
 from decentrain.core.launch_config import LauncherConfig
 from decentrain.core.metrics import LoggerConfig
 from decentrain.data.blocks import SPLITS, DataConfig

@@ -300,4 +300,4 @@ class DeepSpeedEngine(Engine):
 
 
 # registers engine=fsdp2 (imported last: it subclasses Engine from this module)
-from decentrain.algorithms.common import fsdp_engine  # noqa: E402,F401
+from decentrain.algorithms.common.engines import fsdp2  # noqa: E402,F401

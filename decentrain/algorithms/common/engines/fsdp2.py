@@ -30,7 +30,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
-from decentrain.algorithms.common.engine import ENGINES, TorchEngine
+from decentrain.algorithms.common.engines.base import ENGINES, TorchEngine
 from decentrain.algorithms.common.speed import resolve_precision, transformer_blocks
 
 
