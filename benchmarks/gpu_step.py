@@ -117,7 +117,8 @@ def decentrain_loop(cfg: TrainConfig, world, corpus, run_dir: Path, seed: int) -
     """`Trainer.fit` with DDP on one rank; seconds per step of each window, from its own perf/step_ms log."""
     seed_everything(seed)
     model = build_model(cfg.model)
-    trainer = Trainer(cfg, world, ALGORITHMS.get("ddp")(cfg.algorithm, world), model, corpus, run_dir)
+    trainer = Trainer(cfg.train, world, ALGORITHMS.get("ddp")(cfg.algorithm, world), model, corpus, run_dir,
+                      engine=cfg.engine, optim=cfg.optim, logger=cfg.logger)
     logger = MetricsLogger(cfg.logger, run_dir, world.rank)
     trainer.fit(logger)
     logger.close()

@@ -28,6 +28,9 @@ class Algorithm:
     # True for gossip algorithms: the job goes on when a worker dies (launcher.launch_survivors);
     # collective ones stop together and recover by restart + exact resume
     survives_peer_loss: bool = False
+    # True when the algorithm averages every step by wrapping the model (DDP): an engine that shards
+    # inside a replica (Engine.shards_replica) does not apply that wrapper, so the two cannot combine
+    syncs_every_step: bool = False
 
     def __init__(self, cfg: AlgorithmConfig, world: World):
         self.cfg = cfg

@@ -91,7 +91,8 @@ def _trainer(tmp_path, **train):
                       train=LoopConfig(steps=2, global_batch_size=4, micro_batch_size=2, eval_batches=2, **train))
     tok = build_tokenizer(cfg.model)
     world = World()
-    return Trainer(cfg, world, DDP(cfg.algorithm, world), build_model(cfg.model, tok), build_corpus(cfg.data, tok), tmp_path)
+    return Trainer(cfg.train, world, DDP(cfg.algorithm, world), build_model(cfg.model, tok), build_corpus(cfg.data, tok), tmp_path,
+                   engine=cfg.engine, optim=cfg.optim, logger=cfg.logger)
 
 
 def test_train_step_and_eval_never_sync_the_host_per_micro_batch(tmp_path, monkeypatch):

@@ -29,7 +29,8 @@ def run_pretraining(cfg: TrainConfig, world: World, run_dir: Path, config_dict: 
     # replicas × shards: the outer algorithm sees one rank per replica (the whole world when 1 shard)
     layout = replica_layout(world, cfg.engine.shards_per_replica)
     algorithm = ALGORITHMS.get(cfg.algorithm.name)(cfg.algorithm, layout.outer)
-    trainer = Trainer(cfg, world, algorithm, model, corpus, run_dir, layout)
+    trainer = Trainer(cfg.train, world, algorithm, model, corpus, run_dir, layout, engine=cfg.engine, optim=cfg.optim,
+                      logger=cfg.logger, resume=cfg.resume)
     resumed = trainer.maybe_resume()
     if resumed is not None:  # the steps after the checkpoint will be logged again: drop their old rows
         name = "metrics.jsonl" if world.rank == 0 else f"metrics.rank{world.rank}.jsonl"
