@@ -24,9 +24,10 @@ def test_precision_auto_is_bf16_autocast_on_cuda_and_fp32_on_cpu():
 
 def test_outer_optimizers_keep_fp32_state_for_bf16_weights():
     from decentrain.algorithms.common.outer import OuterOptimizer
+    from decentrain.algorithms.common.outer_optimizers import OuterOptimizerConfig
 
     params = [torch.nn.Parameter(torch.ones(3, dtype=torch.bfloat16))]
-    outer = OuterOptimizer(params, lr=0.7, momentum=0.9)
+    outer = OuterOptimizer(params, OuterOptimizerConfig(lr=0.7, momentum=0.9))
     outer.step([torch.full((3,), 1e-3)])
     assert outer.slow[0].dtype == torch.float32
     assert outer.opt.state[outer.slow[0]]["momentum_buffer"].dtype == torch.float32
