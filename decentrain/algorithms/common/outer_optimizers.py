@@ -30,6 +30,7 @@ class OuterOptimizerConfig:
     lr: float = 0.7  # η
     momentum: float = 0.9  # μ
     nesterov: bool = True  # sgd only
+    beta2: float = 0.999  # adam only (momentum is its beta1)
 
     def __post_init__(self) -> None:
         OUTER_OPTIMIZERS.get(self.name, field=f"{FIELD}.name").check(self)
@@ -112,3 +113,19 @@ class NoLoCoRule(OuterRule):
     @classmethod
     def build(cls, params, cfg):
         return NoLoCoMomentum(params, lr=cfg.lr, momentum=cfg.momentum)
+
+
+@OUTER_OPTIMIZERS.register("adam")
+class AdamRule(OuterRule):
+    """torch.optim.Adam on the pseudo-gradient, betas (momentum, beta2): the adaptive outer step some
+    DiLoCo follow-ups use. Its step is ~lr per coordinate whatever Δ's scale, so lr is far below SGD's."""
+
+    @classmethod
+    def check(cls, cfg: OuterOptimizerConfig) -> None:
+        check_range(f"{FIELD}.lr", cfg.lr, 0, 1, low_open=True)
+        check_range(f"{FIELD}.momentum", cfg.momentum, 0, 1, high_open=True)
+        check_range(f"{FIELD}.beta2", cfg.beta2, 0, 1, high_open=True)
+
+    @classmethod
+    def build(cls, params, cfg):
+        return torch.optim.Adam(params, lr=cfg.lr, betas=(cfg.momentum, cfg.beta2))
