@@ -28,6 +28,16 @@ def test_heavy_ball_sgd_two_steps() -> None:
     torch.testing.assert_close(outer.slow[0], t(0.398, -1.076), rtol=0, atol=1e-6)
 
 
+def test_adam_first_steps_move_each_coordinate_by_lr() -> None:
+    # bias-corrected first step: m̂ = g, v̂ = g², so φ ← φ − η·g/|g| = φ − η·sign(g)  (eps 1e-8 aside)
+    outer = OuterOptimizer([t(1.0, -2.0)], OuterOptimizerConfig("adam", lr=0.01, momentum=0.9))
+    outer.step([t(0.4, -0.8)])
+    torch.testing.assert_close(outer.slow[0], t(0.99, -1.99), rtol=0, atol=1e-6)
+    # the same gradient again: m̂ = g and v̂ = g² still, so another η·sign(g)
+    outer.step([t(0.4, -0.8)])
+    torch.testing.assert_close(outer.slow[0], t(0.98, -1.98), rtol=0, atol=1e-6)
+
+
 def test_noloco_rule_is_the_papers_step_bit_for_bit() -> None:
     g = torch.Generator().manual_seed(3)
     phi0 = torch.randn(5, 7, generator=g)
@@ -44,7 +54,7 @@ def test_noloco_rule_is_the_papers_step_bit_for_bit() -> None:
 
 
 @pytest.mark.parametrize("cfg", [OuterOptimizerConfig("sgd", 0.7, 0.9, True), OuterOptimizerConfig("sgd", 0.5, 0.8, False),
-                                 OuterOptimizerConfig("noloco", 0.7, 0.5, False)],
+                                 OuterOptimizerConfig("noloco", 0.7, 0.5, False), OuterOptimizerConfig("adam", 0.01, 0.9, False)],
                          ids=lambda c: f"{c.name}-{c.nesterov}")
 def test_every_rule_resumes_exactly(cfg) -> None:
     a = OuterOptimizer([t(1.0, -2.0, 0.5)], cfg)
@@ -69,6 +79,8 @@ def test_resuming_under_another_outer_optimizer_is_refused() -> None:
     ({"momentum": 1.0}, "algorithm.outer_optimizer.momentum=1.0 must be a finite number in [0, 1)"),
     ({"momentum": 0.0}, "algorithm.outer_optimizer.nesterov=true needs algorithm.outer_optimizer.momentum > 0"),
     ({"name": "noloco", "momentum": -0.1}, "algorithm.outer_optimizer.momentum=-0.1 must be"),
+    ({"name": "adam", "lr": 1.5}, "algorithm.outer_optimizer.lr=1.5 must be a finite number in (0, 1]"),
+    ({"name": "adam", "beta2": 1.0}, "algorithm.outer_optimizer.beta2=1.0 must be a finite number in [0, 1)"),
 ])
 def test_bad_values_fail_in_one_line_naming_field_and_range(kwargs, message) -> None:
     with pytest.raises(ValueError) as e:
@@ -115,4 +127,22 @@ def test_noloco_runs_any_registered_rule_on_its_own_drift() -> None:
     model.weight.data.fill_(3.0)
     algo.after_optimizer_step(1, model, None)
     assert model.weight.item() == pytest.approx(2.0)
-    assert set(OUTER_OPTIMIZERS.names()) >= {"sgd", "noloco"}
+    assert set(OUTER_OPTIMIZERS.names()) >= {"sgd", "noloco", "adam"}
+
+
+@pytest.mark.parametrize("choice", ["nesterov", "heavy_ball", "noloco", "adam"])
+def test_every_outer_optimizer_yaml_composes_into_every_family(choice) -> None:
+    from pathlib import Path
+
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from decentrain.config import config_from_dict, register_configs
+
+    register_configs()
+    conf = Path(__file__).resolve().parents[2] / "conf"
+    with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
+        for algorithm in ("diloco", "streaming_diloco", "noloco"):
+            raw = compose("config", overrides=[f"algorithm={algorithm}", f"algorithm/outer_optimizer={choice}"])
+            cfg = config_from_dict({"algorithm": OmegaConf.to_container(raw.algorithm, resolve=True)})
+            assert cfg.algorithm.outer_optimizer == OuterOptimizerConfig(**OmegaConf.load(conf / "algorithm/outer_optimizer" / f"{choice}.yaml"))
