@@ -11,9 +11,9 @@ decentrain / bare (targets: ratio <= 1.05, MFU >= 35% on an H100 at seq 1024).
 MFU = (6 x non-embedding params + 12 x layers x hidden x seq) x tokens/s / peak, as
 core/metrics.py states it; peak from core.metrics.PEAK_FLOPS by GPU name (--peak-flops overrides).
 
-    python benchmarks/gpu_step.py                      # writes results/gpu_step.{json,png,txt}
-    python benchmarks/gpu_step.py --micro-batch 32 --compile model
-    python benchmarks/gpu_step.py --smoke              # tiny model, a few steps, any device; writes nothing
+    python -m benchmarks.gpu_step                      # writes results/gpu_step.{json,png,txt}
+    python -m benchmarks.gpu_step --micro-batch 32 --compile model
+    python -m benchmarks.gpu_step --smoke              # tiny model, a few steps, any device; writes nothing
 
 Without CUDA (and without --smoke) it prints why and exits 0.
 """

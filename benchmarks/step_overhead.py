@@ -4,7 +4,7 @@ Same model, batch, optimizer, schedule and thread count. Rounds alternate bare /
 decentrain so that machine noise hits both; the figure is the median of per-round
 ratios of median step times (target <= 1.05).
 
-    python benchmarks/step_overhead.py            # writes results/step_overhead.{json,png}
+    python -m benchmarks.step_overhead            # writes results/step_overhead.{json,png}
 """
 
 from __future__ import annotations
