@@ -16,6 +16,7 @@ import logging
 import time
 from pathlib import Path
 
+import torch.distributed as dist
 from omegaconf import OmegaConf
 
 from decentrain.algorithms.common.config import TrainConfig, validate
@@ -42,6 +43,17 @@ def run_config(cfg: HdeeConfig, name: str, model: ModelConfig, domains: list[str
                        run_dir=str(Path(cfg.ensemble_dir) / name), resume=cfg.resume)
 
 
+def run_world(world: World, name: str) -> World:
+    """`world` with its shared store under a prefix of its own for run `name`: gossip membership,
+    pair groups and heal requests of one seed or expert run never meet those of the runs before it
+    in the same process group (every rank derives the same name from the plan)."""
+    if world.store is None:
+        return world
+    prefix, client = f"hdee/{name}", world.store_client
+    return dataclasses.replace(world, store=dist.PrefixStore(prefix, world.store),
+                               store_client=None if client is None else (lambda: dist.PrefixStore(prefix, client())))
+
+
 def _train_run(cfg: HdeeConfig, world: World, name: str, model: ModelConfig, domains: list[str], steps: int,
                seed: int, poll_s: float = 0.2) -> Path:
     """One run of the shared job path (common/pretrain.py); resumes from its own checkpoints."""
@@ -52,7 +64,7 @@ def _train_run(cfg: HdeeConfig, world: World, name: str, model: ModelConfig, dom
         log.info(f"[hdee] {name}: {steps} steps on {list(domains)}, {tcfg.algorithm.name} on world {world.world_size}")
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(tcfg)))
-    run_pretraining(tcfg, world, run_dir)
+    run_pretraining(tcfg, run_world(world, name), run_dir)
     out = run_dir / MODEL_SUBDIR
     # The next run branches from `out` on every rank. Wait for the main rank's (atomic) save on the
     # file system, not in a barrier: a gossip group may have lost a worker, and a replacement is in
