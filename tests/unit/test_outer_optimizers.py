@@ -146,3 +146,25 @@ def test_every_outer_optimizer_yaml_composes_into_every_family(choice) -> None:
             raw = compose("config", overrides=[f"algorithm={algorithm}", f"algorithm/outer_optimizer={choice}"])
             cfg = config_from_dict({"algorithm": OmegaConf.to_container(raw.algorithm, resolve=True)})
             assert cfg.algorithm.outer_optimizer == OuterOptimizerConfig(**OmegaConf.load(conf / "algorithm/outer_optimizer" / f"{choice}.yaml"))
+
+
+@pytest.mark.parametrize("rule", [OuterOptimizerConfig("noloco", 0.7, 0.5, False), OuterOptimizerConfig("adam", 0.01, 0.9, False)],
+                         ids=lambda c: c.name)
+def test_noloco_outer_state_resumes_bit_for_bit(rule) -> None:
+    def replica():
+        model = torch.nn.Linear(3, 1, bias=False)
+        model.weight.data.copy_(t(1.0, -2.0, 0.5))
+        algo = NoLoCo(NoLoCoConfig(inner_steps=1, outer_optimizer=rule), World())
+        return model, algo
+
+    (a_model, a), (b_model, b) = replica(), replica()
+    a.on_train_start(a_model, None)
+    a_model.weight.data.add_(t(0.3, 0.1, -0.2))
+    a.after_optimizer_step(1, a_model, None)
+    b_model.load_state_dict(a_model.state_dict())
+    b.load_state_dict(a.state_dict())
+    b.on_train_start(b_model, None)
+    for algo, model in ((a, a_model), (b, b_model)):
+        model.weight.data.add_(t(-0.1, 0.4, 0.2))
+        algo.after_optimizer_step(2, model, None)
+    assert torch.equal(a_model.weight, b_model.weight) and torch.equal(a.phi[0], b.phi[0])
