@@ -13,9 +13,9 @@ recompile per layer until the recompile limit) and run fp32 matmuls on TF32 (tra
 MFU = (6 x non-embedding params + 12 x layers x hidden x seq) x tokens/s / peak, as
 core/metrics.py states it; peak from core.metrics.PEAK_FLOPS by GPU name (--peak-flops overrides).
 
-    python benchmarks/gpu_step.py                      # writes results/gpu_step.{json,png,txt}
-    python benchmarks/gpu_step.py --micro-batch 32 --compile model
-    python benchmarks/gpu_step.py --smoke              # tiny model, a few steps, any device; writes nothing
+    python -m benchmarks.gpu_step                      # writes results/gpu_step.{json,png,txt}
+    python -m benchmarks.gpu_step --micro-batch 32 --compile model
+    python -m benchmarks.gpu_step --smoke              # tiny model, a few steps, any device; writes nothing
 
 Without CUDA (and without --smoke) it prints why and exits 0.
 """
@@ -34,7 +34,7 @@ import torch
 
 from benchmarks.results_io import RESULTS, write_results
 from decentrain.algorithms.base import ALGORITHMS
-from decentrain.algorithms.common.engine import build_optimizer
+from decentrain.algorithms.common.engines import build_optimizer
 from decentrain.algorithms.common.speed import apply_compile, autocast, resolve_precision, set_tf32, weight_dtype
 from decentrain.algorithms.common.trainer import Trainer, model_flops_per_token, seed_everything
 from decentrain.config import TrainConfig, config_from_dict
@@ -121,7 +121,8 @@ def decentrain_loop(cfg: TrainConfig, world, corpus, run_dir: Path, seed: int) -
     """`Trainer.fit` with DDP on one rank; seconds per step of each window, from its own perf/step_ms log."""
     seed_everything(seed)
     model = build_model(cfg.model)
-    trainer = Trainer(cfg, world, ALGORITHMS.get("ddp")(cfg.algorithm, world), model, corpus, run_dir)
+    trainer = Trainer(cfg.train, world, ALGORITHMS.get("ddp")(cfg.algorithm, world), model, corpus, run_dir,
+                      engine=cfg.engine, optim=cfg.optim, logger=cfg.logger)
     logger = MetricsLogger(cfg.logger, run_dir, world.rank)
     trainer.fit(logger)
     logger.close()

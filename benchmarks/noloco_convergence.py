@@ -76,7 +76,7 @@ def _mean_loss(model, corpus, split: str, n: int | None, micro: int) -> float:
 
 def train_run(job: dict[str, Any]) -> dict[str, Any]:
     """One emulated run: N replicas (1 for DDP, with the whole global batch), H inner steps, outer step."""
-    from decentrain.algorithms.common.engine import build_optimizer
+    from decentrain.algorithms.common.engines import build_optimizer
     from decentrain.algorithms.common.outer import OuterOptimizer, noloco_step_
     from decentrain.algorithms.common.trainer import seed_everything
     from decentrain.core.gossip import gossip_groups

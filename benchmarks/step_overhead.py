@@ -4,7 +4,7 @@ Same model, batch, optimizer, schedule and thread count. Rounds alternate bare /
 decentrain so that machine noise hits both; the figure is the median of per-round
 ratios of median step times (target <= 1.05).
 
-    python benchmarks/step_overhead.py            # writes results/step_overhead.{json,png}
+    python -m benchmarks.step_overhead            # writes results/step_overhead.{json,png}
 """
 
 from __future__ import annotations
@@ -82,7 +82,8 @@ def bare_steps(cfg: TrainConfig, world, blocks: torch.Tensor) -> list[float]:
 def decentrain_steps(cfg: TrainConfig, world, corpus, run_dir: Path) -> list[float]:
     seed_everything(cfg.train.seed)
     model = build_model(cfg.model)
-    trainer = Trainer(cfg, world, ALGORITHMS.get("ddp")(cfg.algorithm, world), model, corpus, run_dir)
+    trainer = Trainer(cfg.train, world, ALGORITHMS.get("ddp")(cfg.algorithm, world), model, corpus, run_dir,
+                      engine=cfg.engine, optim=cfg.optim, logger=cfg.logger)
     logger = MetricsLogger(cfg.logger, run_dir, world.rank)
     trainer.fit(logger)
     logger.close()

@@ -2,7 +2,7 @@
 
 Schemas live next to what they build (ModelConfig in models/, DataConfig in data/,
 TrainConfig/LoopConfig in algorithms/common/config.py, OptimConfig and EngineConfig in
-algorithms/common/engine.py, LauncherConfig in core/, each algorithm's config in its
+algorithms/common/engines/, LauncherConfig in core/, each algorithm's config in its
 package). This module imports every loop algorithm (which registers it), converts
 Hydra's resolved dict into those dataclasses once, and registers the schemas with
 Hydra's ConfigStore. Nothing in decentrain/ imports it; recipes, tests and benchmarks do.
@@ -16,9 +16,9 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from decentrain.algorithms import ddp, diloco, noloco, sparseloco  # noqa: F401  (register "ddp", "diloco", "streaming_diloco", "noloco", "sparseloco")
-from decentrain.algorithms.base import ALGORITHMS
+from decentrain.algorithms.base import ALGORITHMS, algorithm_config
 from decentrain.algorithms.common.config import LoopConfig, TrainConfig, check_data_fits, check_run_dir, validate
-from decentrain.algorithms.common.engine import SCHEDULES, EngineConfig, OptimConfig
+from decentrain.algorithms.common.engines import SCHEDULES, EngineConfig, OptimConfig
 from decentrain.core.launch_config import LAUNCHERS, LauncherConfig
 from decentrain.core.metrics import LoggerConfig
 from decentrain.data.blocks import DataConfig
@@ -42,12 +42,11 @@ def config_from_dict(raw: dict[str, Any]) -> TrainConfig:
     """The recipe's one conversion: a resolved plain dict (from Hydra) to typed dataclasses."""
     raw = dict(raw)
     algo_raw = dict(raw.pop("algorithm", None) or {"name": "ddp"})
-    algo_cls = ALGORITHMS.get(algo_raw.get("name", "ddp"))
     sections = {f.name: f for f in fields(TrainConfig)}
     unknown = sorted(set(raw) - set(sections))
     if unknown:
         raise ValueError(f"unknown top-level config key(s) {unknown}; allowed: {sorted(sections)}")
-    kwargs: dict[str, Any] = {"algorithm": _typed(algo_cls.config_cls, algo_raw, "algorithm")}
+    kwargs: dict[str, Any] = {"algorithm": algorithm_config(algo_raw)}
     for name in ("model", "data", "logger", "launcher", "optim", "train", "engine"):
         cls = type(sections[name].default_factory())
         kwargs[name] = _typed(cls, dict(raw.get(name) or {}), name)

@@ -7,7 +7,11 @@
 The plan (domains, fields, compute budget) is checked before anything trains. With
 job.stage=all, outside torchrun, seeds and then lanes run as separate processes, at
 most job.max_parallel at once; each job starts launcher.nproc_per_node data-parallel
-ranks of its own if asked. Under torchrun every stage runs in this process group.
+replicas of `job.algorithm` if asked (a gossip algorithm such as NoLoCo under the survivor
+launcher). Under torchrun every stage runs in this process group.
+
+    python -m recipes.hdee_train job.stage=lane job.index=0 launcher.nproc_per_node=2 \
+        algorithm@job.algorithm=noloco job.algorithm.inner_steps=10   # a lane trained by a NoLoCo pair
 """
 
 from __future__ import annotations
@@ -19,11 +23,12 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+from decentrain.algorithms.base import ALGORITHMS
 from decentrain.algorithms.hdee.config import check_plan, hdee_config_from_dict, save_config
 from decentrain.algorithms.hdee.jobs import child_jobs, run_jobs
 from decentrain.algorithms.hdee.train import run_stage
 from decentrain.config import register_hdee_configs
-from decentrain.core.launcher import check_placement, launch_workers
+from decentrain.core.launcher import check_placement, exit_survivor, launch_job
 from decentrain.core.world import init_world, read_launch_env
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
@@ -41,6 +46,7 @@ def main(dcfg: DictConfig) -> None:
     except ValueError as e:
         sys.exit(f"config error: {e}")
     env = read_launch_env()
+    algorithm = ALGORITHMS.get(cfg.job.algorithm.name)
     root = Path(cfg.ensemble_dir).resolve()
     overrides = list(HydraConfig.get().overrides.task)
     if not env.under_torchrun:
@@ -56,14 +62,20 @@ def main(dcfg: DictConfig) -> None:
                   f"ensemble_dir={root}", flush=True)
             return
         if (cfg.launcher.world_size or 1) > 1:
-            launch_workers([*overrides, f"ensemble_dir={root}", f"hydra.run.dir={root}"], cfg.launcher.nproc_per_node,
-                           cfg.launcher.nnodes, cfg.launcher.rdzv_endpoint, cfg.launcher.max_restarts, module=MODULE)
+            job = f"{cfg.job.stage}{'' if cfg.job.index is None else cfg.job.index}"
+            try:  # a gossip job.algorithm gets the survivor launcher: a dead worker costs its partner a round
+                launch_job([*overrides, f"ensemble_dir={root}", f"hydra.run.dir={root}"], cfg.launcher, module=MODULE,
+                           run_dir=root / "jobs" / job, survivors=algorithm.survives_peer_loss)
+            except RuntimeError as e:
+                sys.exit(f"[hdee] {e}")
             return
     world = init_world(threads=cfg.train.threads, device=cfg.train.device)
     try:
         run_stage(cfg, world)
     finally:
         world.shutdown()
+    if algorithm.survives_peer_loss and world.store is not None:
+        exit_survivor()  # done and saved; a helper thread may still be blocked on a dead partner
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from decentrain.algorithms.sapo.config import SAPOConfig, register_sapo_configs
+from decentrain.algorithms.sapo.exchange import EXCHANGES
 from decentrain.algorithms.sapo.trainer import run_sapo
 from decentrain.core.bytes_comm import agree_run_dir
 from decentrain.core.launcher import check_placement, launch_workers
@@ -41,7 +42,7 @@ def main(dcfg: DictConfig) -> None:
     # SIGTERM (launch/sapo_swarm.sh, Slurm) unwinds normally, so the hivemind DHT process is shut down.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     env = read_launch_env()
-    collective = cfg.exchange.name == "collective"
+    collective = EXCHANGES.get(cfg.exchange.name).joins_process_group
     if collective and not env.under_torchrun and cfg.num_nodes > 1:
         run_dir = str(Path(cfg.run_dir).resolve())
         launch_workers([*HydraConfig.get().overrides.task, f"run_dir={run_dir}", f"hydra.run.dir={run_dir}"],

@@ -6,7 +6,6 @@ workers through torch's launcher API; each worker re-enters here under torchrun.
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -18,10 +17,11 @@ from decentrain.algorithms.base import ALGORITHMS
 from decentrain.algorithms.common.pretrain import run_pretraining
 from decentrain.config import config_from_dict, register_configs, validate
 from decentrain.core.bytes_comm import agree_run_dir
-from decentrain.core.launcher import check_placement, launch_survivors, launch_workers
+from decentrain.core.launcher import check_placement, exit_survivor, launch_job
 from decentrain.core.world import init_world, read_launch_env
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+MODULE = "recipes.train"
 register_configs()
 
 
@@ -40,13 +40,11 @@ def main(dcfg: DictConfig) -> None:
     if not env.under_torchrun and (cfg.launcher.world_size or 1) > 1:
         run_dir = str(Path(cfg.run_dir).resolve())
         argv = [*HydraConfig.get().overrides.task, f"run_dir={run_dir}", f"hydra.run.dir={run_dir}"]
-        if ALGORITHMS.get(cfg.algorithm.name).survives_peer_loss and cfg.launcher.nnodes == 1:
-            try:  # gossip: a dead worker costs its partners a round, not the job
-                launch_survivors(argv, cfg.launcher.nproc_per_node, run_dir, max_restarts=cfg.launcher.max_restarts)
-            except RuntimeError as e:
-                sys.exit(f"[decentrain] {e}")
-        else:
-            launch_workers(argv, cfg.launcher.nproc_per_node, cfg.launcher.nnodes, cfg.launcher.rdzv_endpoint, cfg.launcher.max_restarts)
+        try:  # gossip algorithms get the survivor launcher: a dead worker costs its partners a round, not the job
+            launch_job(argv, cfg.launcher, module=MODULE, run_dir=run_dir,
+                       survivors=ALGORITHMS.get(cfg.algorithm.name).survives_peer_loss)
+        except RuntimeError as e:
+            sys.exit(f"[decentrain] {e}")
         return
     world = init_world(threads=cfg.train.threads, device=cfg.train.device)
     # a replacement (incarnation > 0) joins no world collective: the launcher passed it the resolved run_dir
@@ -59,14 +57,9 @@ def main(dcfg: DictConfig) -> None:
     finally:
         world.shutdown()
     if ALGORITHMS.get(cfg.algorithm.name).survives_peer_loss and world.store is not None and not env.slurm_task:
-        # Done and saved. A gossip worker may still hold a helper thread blocked in gloo on a dead
-        # partner (a receive or a pair rendezvous that never completes); the interpreter's exit
-        # would then end in std::terminate (SIGABRT) and the launcher would count a finished
-        # worker as failed. Leave without finalisation instead. (A submitit task returns: submitit
-        # writes its result on the way out, and Slurm restarts no single rank it could wait on.)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
+        # done and saved; a helper thread may still be blocked on a dead partner. (A submitit task
+        # returns: submitit writes its result on the way out, and Slurm restarts no single rank.)
+        exit_survivor()
 
 
 if __name__ == "__main__":

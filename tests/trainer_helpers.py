@@ -20,4 +20,5 @@ def tiny_trainer(tmp_path, world=None, **train):
                       train=LoopConfig(**loop))
     tok = build_tokenizer(cfg.model)
     world = world or World()
-    return Trainer(cfg, world, DDP(cfg.algorithm, world), build_model(cfg.model, tok), build_corpus(cfg.data, tok), tmp_path)
+    return Trainer(cfg.train, world, DDP(cfg.algorithm, world), build_model(cfg.model, tok), build_corpus(cfg.data, tok), tmp_path,
+                   engine=cfg.engine, optim=cfg.optim, logger=cfg.logger)

@@ -9,10 +9,12 @@ config class and an implementation under a `name`.
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
 from typing import Any, Callable, ContextManager
 
 import torch
+from omegaconf import OmegaConf
 
 from decentrain.core.registry import Registry
 from decentrain.core.world import World
@@ -28,6 +30,9 @@ class Algorithm:
     # True for gossip algorithms: the job goes on when a worker dies (launcher.launch_survivors);
     # collective ones stop together and recover by restart + exact resume
     survives_peer_loss: bool = False
+    # True when the algorithm averages every step by wrapping the model (DDP): an engine that shards
+    # inside a replica (Engine.shards_replica) does not apply that wrapper, so the two cannot combine
+    syncs_every_step: bool = False
 
     def __init__(self, cfg: AlgorithmConfig, world: World):
         self.cfg = cfg
@@ -87,3 +92,24 @@ def register_algorithm(name: str, config_cls: type[AlgorithmConfig]) -> Callable
         return ALGORITHMS.register(name)(cls)
 
     return deco
+
+
+def algorithm_config(raw: Mapping[str, Any] | AlgorithmConfig, where: str = "algorithm") -> AlgorithmConfig:
+    """The typed section of the algorithm `raw["name"]` names (default ddp), from a plain dict.
+
+    Unknown keys and bad values fail in one line naming the field under `where` (the section's
+    place in the config: `algorithm` for a run, `job.algorithm` for HDEE's seed and expert runs).
+    """
+    if isinstance(raw, AlgorithmConfig):
+        return raw
+    raw = dict(raw)
+    cls = ALGORITHMS.get(raw.get("name", "ddp"), field=f"{where}.name").config_cls
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise ValueError(f"{where}: unknown field(s) {unknown}; allowed: {sorted(known)}")
+    try:
+        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(cls), raw))
+    except ValueError as e:  # the sections name their fields `algorithm.<field>`
+        msg = str(e)
+        raise ValueError(where + msg[len("algorithm"):] if msg.startswith("algorithm") else f"{where}: {msg}") from None

@@ -25,6 +25,7 @@ from typing import Any, Callable
 from torch.distributed import TCPStore
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
+from decentrain.core.launch_config import LauncherConfig
 from decentrain.core.world import Placement, plan_placement, read_launch_env, visible_gpus
 
 log = logging.getLogger(__name__)
@@ -40,7 +41,8 @@ def check_placement(device: str, nproc_per_node: int | None) -> Placement:
     return plan_placement(device, local_ranks, visible_gpus())
 
 
-def launch_workers(argv: list[str], nproc_per_node: int, nnodes: int = 1, rdzv_endpoint: str = "localhost:0", max_restarts: int = 0, module: str = "recipes.train") -> None:
+def launch_workers(argv: list[str], nproc_per_node: int, nnodes: int = 1, rdzv_endpoint: str = "localhost:0",
+                   max_restarts: int = 0, *, module: str) -> None:
     """Run `python -m <module> <argv>` on `nproc_per_node` ranks here, as torchrun would.
 
     Raises torch's ChildFailedError (with each failed rank's exit code) if a worker fails.
@@ -58,6 +60,32 @@ def launch_workers(argv: list[str], nproc_per_node: int, nnodes: int = 1, rdzv_e
     elastic_launch(config, entrypoint=sys.executable)("-u", "-m", module, *argv)
 
 
+def launch_job(argv: list[str], cfg: LauncherConfig, *, module: str, run_dir: str | os.PathLike,
+               survivors: bool) -> None:
+    """Start one job's `launcher.nproc_per_node` workers (`python -m <module> <argv>`) and wait for them.
+
+    `survivors` (the algorithm's `survives_peer_loss`) on one node: `launch_survivors`, so a dead
+    worker costs its partners a round, not the job; RuntimeError when no worker finished. Otherwise
+    torch elastic (`launch_workers`): one failure stops all, `max_restarts` restarts the group.
+    """
+    if survivors and cfg.nnodes == 1:
+        launch_survivors(argv, cfg.nproc_per_node, run_dir, module=module, max_restarts=cfg.max_restarts)
+    else:
+        launch_workers(argv, cfg.nproc_per_node, cfg.nnodes, cfg.rdzv_endpoint, cfg.max_restarts, module=module)
+
+
+def exit_survivor() -> None:
+    """Leave a finished, saved survivor worker without interpreter finalisation.
+
+    A gossip worker may still hold a helper thread blocked in gloo on a dead partner (a receive
+    or a pair rendezvous that never completes); the interpreter's exit would then end in
+    std::terminate (SIGABRT) and the launcher would count a finished worker as failed.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 def run_on_ranks(fn: Callable[..., Any], nproc: int, *args: Any) -> dict[int, Any]:
     """Call `fn(*args)` on `nproc` local ranks under torch's launcher; returns {rank: result}.
 
@@ -68,7 +96,7 @@ def run_on_ranks(fn: Callable[..., Any], nproc: int, *args: Any) -> dict[int, An
     return elastic_launch(config, fn)(*args)
 
 
-def launch_survivors(argv: list[str], nproc: int, run_dir: str | os.PathLike | None = None, module: str = "recipes.train",
+def launch_survivors(argv: list[str], nproc: int, run_dir: str | os.PathLike | None = None, *, module: str,
                      host: str = "127.0.0.1", max_restarts: int = 0, poll_s: float = 0.2) -> dict[int, int]:
     """Run `python -m <module> <argv>` on `nproc` local ranks that survive each other's death.
 

@@ -30,8 +30,9 @@ def _save_with_nan_on_rank1(world, root):
     tok = build_tokenizer(cfg.model)
     torch.manual_seed(0)
     layout = replica_layout(world, 2)
-    trainer = Trainer(cfg, world, ALGORITHMS.get("diloco")(cfg.algorithm, layout.outer), build_model(cfg.model, tok),
-                      build_corpus(cfg.data, tok), Path(root), layout=layout)
+    trainer = Trainer(cfg.train, world, ALGORITHMS.get("diloco")(cfg.algorithm, layout.outer), build_model(cfg.model, tok),
+                      build_corpus(cfg.data, tok), Path(root), layout=layout, engine=cfg.engine, optim=cfg.optim,
+                      logger=cfg.logger)
     if world.rank == 1:
         _, shard = next(iter(trainer.engine.outer_model.named_parameters()))
         shard.data[0] = float("nan")  # rank 1's local shard only; rank 0's shards stay finite

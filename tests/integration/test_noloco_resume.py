@@ -15,6 +15,8 @@ ALGO = {
     "streaming_diloco": {"name": "streaming_diloco", "inner_steps": 4, "num_fragments": 2, "overlap_steps": 2,
                          "quantization": "fp16"},
     "diloco": {"name": "diloco", "inner_steps": 2},
+    # another outer optimizer's state (Adam's two moments and step count) resumes bit for bit too
+    "diloco_adam": {"name": "diloco", "inner_steps": 2, "outer_optimizer": {"name": "adam", "lr": 0.01}},
 }
 
 

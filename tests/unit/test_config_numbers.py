@@ -26,11 +26,13 @@ def _raw(**sections):
     ({"optim": {"weight_decay": float("inf")}}, "optim.weight_decay"),
     ({"train": {"threads": -1}}, "train.threads"),
     ({"train": {"seed": -1}}, "train.seed"),
-    ({"algorithm": {"name": "noloco", "outer_lr": float("nan")}}, "algorithm.outer_lr"),
+    ({"algorithm": {"name": "noloco", "outer_optimizer": {"lr": float("nan")}}}, "algorithm.outer_optimizer.lr"),
+    ({"algorithm": {"name": "noloco", "outer_lr": float("nan")}}, "algorithm.outer_optimizer.lr"),  # the old flat key
     ({"algorithm": {"name": "noloco", "gamma": float("nan")}}, "algorithm.gamma"),
     ({"algorithm": {"name": "noloco", "deadline_s": float("nan")}}, "algorithm.deadline_s"),
-    ({"algorithm": {"name": "noloco", "outer_momentum": float("nan")}}, "algorithm.outer_momentum"),
-    ({"algorithm": {"name": "diloco", "outer_lr": float("inf")}}, "algorithm.outer_lr"),
+    ({"algorithm": {"name": "noloco", "outer_optimizer": {"momentum": float("nan")}}}, "algorithm.outer_optimizer.momentum"),
+    ({"algorithm": {"name": "diloco", "outer_optimizer": {"lr": float("inf")}}}, "algorithm.outer_optimizer.lr"),
+    ({"algorithm": {"name": "streaming_diloco", "outer_optimizer": {"momentum": 1.0}}}, "algorithm.outer_optimizer.momentum"),
 ])
 def test_non_finite_or_out_of_range_numbers_fail_naming_field_and_range(sections, field):
     with pytest.raises(ValueError) as e:

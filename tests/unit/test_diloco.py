@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from decentrain.algorithms.common.outer_optimizers import OuterOptimizerConfig
 from decentrain.algorithms.diloco import DiLoCo, DiLoCoConfig, StreamingDiLoCo, StreamingDiLoCoConfig
 from decentrain.algorithms.diloco.sync import check_quantization_backend, start_mean
 from decentrain.core.world import World
@@ -31,7 +32,9 @@ def test_h_below_one_is_rejected_naming_the_field():
         DiLoCoConfig(inner_steps=0)
     with pytest.raises(ValueError, match="algorithm.overlap_steps"):
         StreamingDiLoCoConfig(inner_steps=4, overlap_steps=4)
-    with pytest.raises(ValueError, match="algorithm.nesterov=true needs algorithm.outer_momentum"):
+    with pytest.raises(ValueError, match="algorithm.outer_optimizer.nesterov=true needs algorithm.outer_optimizer.momentum"):
+        DiLoCoConfig(outer_optimizer=OuterOptimizerConfig(momentum=0.0))
+    with pytest.raises(ValueError, match="algorithm.outer_optimizer.nesterov=true needs"):  # the old flat key
         DiLoCoConfig(outer_momentum=0.0)
     with pytest.raises(ValueError, match="algorithm.quantization='int8'.*allowed"):
         StreamingDiLoCoConfig(quantization="int8")
@@ -39,7 +42,7 @@ def test_h_below_one_is_rejected_naming_the_field():
 
 def test_diloco_outer_step_is_nesterov_on_the_pseudo_gradient():
     model = TwoLayer()
-    algo = DiLoCo(DiLoCoConfig(inner_steps=2, outer_lr=0.5, outer_momentum=0.9), World())
+    algo = DiLoCo(DiLoCoConfig(inner_steps=2, outer_optimizer=OuterOptimizerConfig(lr=0.5, momentum=0.9)), World())
     algo.on_train_start(model, None)
     assert step_to(algo, model, [0.0, 1.0], 1) == {}  # inner step: no sync yet
     step_to(algo, model, [0.0, 1.0], 2)  # Δ = (1, 1); b = Δ; φ = φ − 0.5·(Δ + 0.9·b) = φ − 0.95
@@ -52,7 +55,7 @@ def test_diloco_outer_step_is_nesterov_on_the_pseudo_gradient():
 def test_streaming_fragments_sync_in_turn_late_by_tau_and_mix_with_alpha():
     model = TwoLayer()
     cfg = StreamingDiLoCoConfig(inner_steps=4, num_fragments=2, overlap_steps=1, mix_alpha=0.5,
-                                outer_lr=1.0, outer_momentum=0.0, nesterov=False)
+                                outer_optimizer=OuterOptimizerConfig(lr=1.0, momentum=0.0, nesterov=False))
     algo = StreamingDiLoCo(cfg, World())
     algo.on_train_start(model, None)
     assert algo.offsets == [0, 2]  # fragment 1 (layer 1) at steps ≡ 2, fragment 0 at ≡ 0 (mod 4)
@@ -69,7 +72,7 @@ def test_streaming_fragments_sync_in_turn_late_by_tau_and_mix_with_alpha():
 
 
 def test_streaming_state_round_trips_with_a_mean_in_flight():
-    cfg = StreamingDiLoCoConfig(inner_steps=4, num_fragments=2, overlap_steps=2, outer_momentum=0.9)
+    cfg = StreamingDiLoCoConfig(inner_steps=4, num_fragments=2, overlap_steps=2)
     a_model, a = TwoLayer(), StreamingDiLoCo(cfg, World())
     a.on_train_start(a_model, None)
     step_to(a, a_model, [0.5, 0.5], 2)  # fragment 1 in flight, due at step 4

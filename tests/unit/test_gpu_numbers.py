@@ -57,10 +57,10 @@ def test_trainer_drains_the_device_before_an_evaluation_between_log_steps(tmp_pa
     from decentrain.core.metrics import LoggerConfig, MetricsLogger
 
     trainer = tiny_trainer(tmp_path, eval_every=1, checkpoint_every=100)
-    trainer.cfg.logger = LoggerConfig(log_every=100, console=False, progress=False)
+    trainer.logger_cfg = LoggerConfig(log_every=100, console=False, progress=False)
     drained = []
     monkeypatch.setattr(trainer.throughput, "drain", lambda: drained.append(trainer.step))
-    trainer.fit(MetricsLogger(trainer.cfg.logger, tmp_path, 0))
+    trainer.fit(MetricsLogger(trainer.logger_cfg, tmp_path, 0))
     assert drained == [1]  # step 1 evaluates without a log read; step 2 (final) reads the loss instead
 
 
@@ -157,8 +157,8 @@ def test_compile_model_compiles_the_wrapped_module_not_the_bare_one(tmp_path, mo
 
     wrapped = []
     monkeypatch.setattr(trainer.algorithm, "wrap_model", lambda m: wrapped.append(Wrapper(m)) or wrapped[-1])
-    trainer.cfg.logger = LoggerConfig(console=False, progress=False)
-    trainer.fit(MetricsLogger(trainer.cfg.logger, tmp_path, 0))
+    trainer.logger_cfg = LoggerConfig(console=False, progress=False)
+    trainer.fit(MetricsLogger(trainer.logger_cfg, tmp_path, 0))
     assert compiled == [(wrapped[0], "model")]
 
 
@@ -180,8 +180,8 @@ def test_a_resumed_run_replays_one_backward_for_ddp_and_drops_its_gradients(tmp_
         calls.append(trainer.sampler.state_dict())
 
     monkeypatch.setattr(trainer.algorithm, "on_resume", on_resume)
-    trainer.cfg.logger = LoggerConfig(console=False, progress=False)
-    trainer.fit(MetricsLogger(trainer.cfg.logger, tmp_path, 0))
+    trainer.logger_cfg = LoggerConfig(console=False, progress=False)
+    trainer.fit(MetricsLogger(trainer.logger_cfg, tmp_path, 0))
     assert calls and all(g is None for g in calls[0]) and calls[1] == sampler_before
 
     from decentrain.algorithms.ddp.ddp import DDPConfig

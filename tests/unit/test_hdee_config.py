@@ -88,3 +88,28 @@ def test_run_jobs_runs_in_parallel_and_names_failures(tmp_path):
     bad = Job("lane7", [sys.executable, "-c", "raise SystemExit('boom in lane7')"], tmp_path / "bad.log")
     with pytest.raises(RuntimeError, match=r"(?s)1 of 2 jobs failed: \['lane7'\].*boom in lane7"):
         run_jobs([jobs[0], bad], max_parallel=2, poll_s=0.05)
+
+
+def test_job_algorithm_and_engine_are_whole_typed_sections(tmp_path):
+    import dataclasses
+
+    from decentrain.algorithms.common.engines import EngineConfig
+    from decentrain.algorithms.noloco import NoLoCoConfig
+
+    def with_job(**job):
+        return dataclasses.replace(tiny_cfg(tmp_path), job=JobConfig(**job))
+
+    cfg = with_job(algorithm={"name": "noloco", "inner_steps": 3, "outer_optimizer": {"name": "noloco", "lr": 0.5}},
+                   engine=EngineConfig(name="torch"))
+    assert isinstance(cfg.job.algorithm, NoLoCoConfig) and cfg.job.algorithm.inner_steps == 3
+    assert cfg.job.algorithm.outer_optimizer.lr == 0.5
+    assert with_job(expert_algorithm="noloco").job.algorithm == NoLoCoConfig()  # the older key: that algorithm's defaults
+    with pytest.raises(ValueError, match=r"^job.algorithm.inner_steps=0 \(H\) must be >= 1$"):
+        with_job(algorithm={"name": "noloco", "inner_steps": 0})
+    with pytest.raises(ValueError, match=r"^job.algorithm: unknown field\(s\) \['bogus'\]"):
+        with_job(algorithm={"name": "diloco", "bogus": 1})
+    with pytest.raises(ValueError, match="job.expert_algorithm='noloco' and job.algorithm.name='diloco' disagree"):
+        with_job(algorithm={"name": "diloco"}, expert_algorithm="noloco")
+    odd = dataclasses.replace(with_job(algorithm={"name": "noloco"}), launcher=dataclasses.replace(tiny_cfg(tmp_path).launcher, nproc_per_node=3))
+    with pytest.raises(ValueError, match="world size 3 is odd"):
+        check_plan(odd)  # before any worker starts

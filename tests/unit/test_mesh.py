@@ -2,7 +2,7 @@
 
 import pytest
 
-from decentrain.algorithms.common.engine import EngineConfig
+from decentrain.algorithms.common.engines import EngineConfig
 from decentrain.core.mesh import layout_ranks, replica_layout
 from decentrain.core.world import World
 

@@ -7,6 +7,7 @@ import torch
 
 from decentrain.algorithms.common.outer import (
     OuterOptimizer,
+    OuterOptimizerConfig,
     check_fragments_cover,
     dequantize,
     fragment_param_names,
@@ -40,7 +41,7 @@ def test_diloco_outer_nesterov_two_steps() -> None:
     # θ_prev = [1, -2]; replicas end the round at a = [0.5, -1.0], b = [0.7, -1.4].
     # Δa = [0.5, -1.0], Δb = [0.3, -0.6]  ->  Δ̄ = [0.4, -0.8].
     model = [t(1.0, -2.0)]
-    outer = OuterOptimizer(model, lr=0.7, momentum=0.9)
+    outer = OuterOptimizer(model, OuterOptimizerConfig(lr=0.7, momentum=0.9))
     da = outer.pseudo_gradient([t(0.5, -1.0)])
     db = outer.pseudo_gradient([t(0.7, -1.4)])
     avg = [(x + y) / 2 for x, y in zip(da, db)]

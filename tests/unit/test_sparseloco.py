@@ -23,7 +23,7 @@ def _set(model, values):
     ({"chunk_size": 70000}, r"algorithm.chunk_size=70000 must be a finite number in \[1, 65536\]"),
     ({"ef_decay": 1.5}, r"algorithm.ef_decay=1.5 must be a finite number in \[0, 1\]"),
     ({"ef_decay": float("nan")}, r"algorithm.ef_decay=nan"),
-    ({"nesterov": True}, r"algorithm.nesterov=true needs algorithm.outer_momentum > 0"),
+    ({"nesterov": True}, r"algorithm.outer_optimizer.nesterov=true needs algorithm.outer_optimizer.momentum > 0"),
     ({"adaptive_inner_steps": True}, r"algorithm.adaptive_inner_steps is not supported by sparseloco"),
 ])
 def test_config_errors_name_the_field_and_range(kw, msg):

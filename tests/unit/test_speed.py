@@ -24,9 +24,10 @@ def test_precision_auto_is_bf16_autocast_on_cuda_and_fp32_on_cpu():
 
 def test_outer_optimizers_keep_fp32_state_for_bf16_weights():
     from decentrain.algorithms.common.outer import OuterOptimizer
+    from decentrain.algorithms.common.outer_optimizers import OuterOptimizerConfig
 
     params = [torch.nn.Parameter(torch.ones(3, dtype=torch.bfloat16))]
-    outer = OuterOptimizer(params, lr=0.7, momentum=0.9)
+    outer = OuterOptimizer(params, OuterOptimizerConfig(lr=0.7, momentum=0.9))
     outer.step([torch.full((3,), 1e-3)])
     assert outer.slow[0].dtype == torch.float32
     assert outer.opt.state[outer.slow[0]]["momentum_buffer"].dtype == torch.float32
@@ -91,7 +92,8 @@ def _trainer(tmp_path, **train):
                       train=LoopConfig(steps=2, global_batch_size=4, micro_batch_size=2, eval_batches=2, **train))
     tok = build_tokenizer(cfg.model)
     world = World()
-    return Trainer(cfg, world, DDP(cfg.algorithm, world), build_model(cfg.model, tok), build_corpus(cfg.data, tok), tmp_path)
+    return Trainer(cfg.train, world, DDP(cfg.algorithm, world), build_model(cfg.model, tok), build_corpus(cfg.data, tok), tmp_path,
+                   engine=cfg.engine, optim=cfg.optim, logger=cfg.logger)
 
 
 def test_train_step_and_eval_never_sync_the_host_per_micro_batch(tmp_path, monkeypatch):

@@ -2,7 +2,7 @@
 
 `LoopConfig` (the `train` section) configures the `Trainer`; `TrainConfig` assembles it
 with the sections of what the run builds, each defined next to its code (ModelConfig in
-models/, DataConfig in data/, OptimConfig and EngineConfig in common/engine.py,
+models/, DataConfig in data/, OptimConfig and EngineConfig in common/engines/,
 LauncherConfig in core/, each algorithm's config in its package). decentrain/config.py,
 the composition root above, converts Hydra's dict into these and registers them.
 """
@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from decentrain.algorithms.base import ALGORITHMS, AlgorithmConfig
-from decentrain.algorithms.common.engine import EngineConfig, OptimConfig
+from decentrain.algorithms.common.engines import ENGINES, EngineConfig, OptimConfig
 from decentrain.algorithms.common.speed import COMPILE_SCOPES, PRECISIONS
 from decentrain.core.checks import check_range
 from decentrain.core.launch_config import LauncherConfig
@@ -114,10 +114,11 @@ def validate(cfg: TrainConfig, world_size: int) -> None:
     shards = cfg.engine.shards_per_replica
     if world_size % shards:
         raise ValueError(f"engine.shards_per_replica={shards} does not divide world size {world_size} into replicas")
-    if cfg.engine.name != "torch" and cfg.algorithm.name == "ddp":
-        raise ValueError(f"engine.name={cfg.engine.name!r} shards inside replicas that an outer algorithm syncs; "
-                         "algorithm=ddp already averages every step: use engine=torch, or algorithm=diloco/noloco")
     # the outer algorithm sees one rank per replica
     algorithm = ALGORITHMS.get(cfg.algorithm.name)
+    if ENGINES.get(cfg.engine.name).shards_replica and algorithm.syncs_every_step:
+        raise ValueError(f"engine.name={cfg.engine.name!r} shards inside replicas that an outer algorithm syncs; "
+                         f"algorithm={cfg.algorithm.name} already averages every step: use engine=torch, "
+                         "or an outer algorithm (diloco, noloco)")
     algorithm.check_world(cfg.algorithm, world_size // shards)
     algorithm.check_steps(cfg.algorithm, cfg.train.steps)

@@ -12,32 +12,41 @@ from __future__ import annotations
 import math
 import statistics
 from collections import deque
-from dataclasses import dataclass
+import dataclasses
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from decentrain.algorithms.base import Algorithm, AlgorithmConfig
+from decentrain.algorithms.common.outer_optimizers import OuterOptimizerConfig
 from decentrain.algorithms.common.replicas import broadcast_parameters, check_replicas_match
 from decentrain.algorithms.common.speed import DeviceTimer
-from decentrain.core.checks import check_range
 
 
 @dataclass
 class InnerOuterConfig(AlgorithmConfig):
     inner_steps: int = 50  # H: inner optimizer steps between outer steps
-    outer_lr: float = 0.7  # η
-    outer_momentum: float = 0.9  # μ
+    outer_optimizer: OuterOptimizerConfig = field(default_factory=OuterOptimizerConfig)  # η, μ and the rule
     # FedCompass-like pacing: a slow worker runs fewer inner steps per round, so that
     # partners reach the sync together; every worker still runs the same number of rounds.
     adaptive_inner_steps: bool = False
     min_inner_steps: int = 1
+    # the flat keys from before algorithm.outer_optimizer, still accepted: folded into it, then null
+    outer_lr: float | None = None  # outer_optimizer.lr
+    outer_momentum: float | None = None  # outer_optimizer.momentum
+    nesterov: bool | None = None  # outer_optimizer.nesterov
 
     def __post_init__(self) -> None:
         if self.inner_steps < 1:
             raise ValueError(f"algorithm.inner_steps={self.inner_steps} (H) must be >= 1")
-        check_range("algorithm.outer_lr", self.outer_lr, 0, 2, low_open=True)
-        check_range("algorithm.outer_momentum", self.outer_momentum, 0, 1, high_open=True)
+        if isinstance(self.outer_optimizer, dict):  # built in Python with a plain dict
+            self.outer_optimizer = OuterOptimizerConfig(**self.outer_optimizer)
+        aliases = {"outer_lr": "lr", "outer_momentum": "momentum", "nesterov": "nesterov"}
+        changes = {new: getattr(self, old) for old, new in aliases.items() if getattr(self, old) is not None}
+        if changes:  # replace() checks the section again with the aliases' values
+            self.outer_optimizer = dataclasses.replace(self.outer_optimizer, **changes)
+            self.outer_lr = self.outer_momentum = self.nesterov = None
         if not 1 <= self.min_inner_steps <= self.inner_steps:
             raise ValueError(
                 f"algorithm.min_inner_steps={self.min_inner_steps} must be in [1, algorithm.inner_steps={self.inner_steps}]"

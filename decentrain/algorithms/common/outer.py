@@ -19,6 +19,8 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
+from decentrain.algorithms.common.outer_optimizers import OUTER_OPTIMIZERS, OuterOptimizerConfig
+
 Tensors = Sequence[Tensor]
 QuantKind = Literal["none", "fp16", "int4"]
 
@@ -32,19 +34,20 @@ def pseudo_gradient(prev: Tensors, local: Tensors) -> list[Tensor]:
 
 
 class OuterOptimizer:
-    """The slow weights of DiLoCo and the Nesterov SGD that moves them.
+    """The slow weights φ and the outer optimizer that moves them (`algorithm.outer_optimizer`).
 
-    Like torchft's DiLoCo, the outer step is a plain `torch.optim.SGD`: the
-    averaged pseudo-gradient is written into `.grad` of the slow copy and SGD
-    does the rest, so momentum semantics are exactly PyTorch's:
-        b ← μ·b + Δ̄ ;  θ ← θ − η·(Δ̄ + μ·b)
+    Like torchft's DiLoCo, the outer step is a plain torch optimizer: the averaged
+    pseudo-gradient is written into `.grad` of the slow copy and the optimizer does
+    the rest, so its semantics are exactly PyTorch's (default: Nesterov SGD,
+        b ← μ·b + Δ̄ ;  θ ← θ − η·(Δ̄ + μ·b) ).
     Slow weights live in fp32 whatever the model dtype. Streaming DiLoCo keeps
-    one per fragment, built from that fragment's parameters.
+    one per fragment, built from that fragment's parameters; NoLoCo one per replica.
     """
 
-    def __init__(self, params: Tensors, lr: float = 0.7, momentum: float = 0.9, nesterov: bool = True):
+    def __init__(self, params: Tensors, cfg: OuterOptimizerConfig | None = None):
+        self.cfg = cfg or OuterOptimizerConfig()
         self.slow = [p.detach().clone().float() for p in params]
-        self.opt = torch.optim.SGD(self.slow, lr=lr, momentum=momentum, nesterov=nesterov)
+        self.opt = OUTER_OPTIMIZERS.get(self.cfg.name).build(self.slow, self.cfg)
 
     def pseudo_gradient(self, local: Tensors) -> list[Tensor]:
         return pseudo_gradient(self.slow, local)
@@ -65,10 +68,13 @@ class OuterOptimizer:
 
     def state_dict(self) -> dict[str, Any]:
         # Deep copy: SGD's state_dict shares its momentum buffers with the live optimizer.
-        return {"slow": [s.clone() for s in self.slow], "opt": copy.deepcopy(self.opt.state_dict())}
+        return {"name": self.cfg.name, "slow": [s.clone() for s in self.slow], "opt": copy.deepcopy(self.opt.state_dict())}
 
     @torch.no_grad()
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("name", self.cfg.name) != self.cfg.name:  # another rule's state would load silently
+            raise ValueError(f"algorithm.outer_optimizer.name={self.cfg.name!r} differs from the checkpoint's "
+                             f"{state['name']!r}; resume with the same outer optimizer or start a fresh run_dir")
         if len(state["slow"]) != len(self.slow):
             raise ValueError(f"outer state has {len(state['slow'])} tensors, model has {len(self.slow)}")
         for s, saved in zip(self.slow, state["slow"]):

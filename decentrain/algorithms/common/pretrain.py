@@ -1,8 +1,14 @@
-"""Build and run one pre-training job (any registered loop algorithm) from a TrainConfig."""
+"""Build and run one pre-training job (any registered loop algorithm) from a TrainConfig.
+
+The one job path: `recipes/train.py` runs it once, HDEE (algorithms/hdee/train.py) once per
+seed and expert run, each with its own `algorithm`, `engine`, model and data sections.
+"""
 
 from __future__ import annotations
 
 import logging
+import os
+import shutil
 from pathlib import Path
 
 import torch
@@ -18,6 +24,18 @@ from decentrain.models.factory import build_model, build_tokenizer, num_params, 
 
 log = logging.getLogger(__name__)
 
+MODEL_SUBDIR = "model"  # <run_dir>/model: the run's save_pretrained weights
+
+
+def save_atomic(model, tokenizer, out: Path) -> None:
+    """save_pretrained into a temporary dir, then rename: a model dir that exists is complete
+    (HDEE branches later runs from it and skips runs whose model exists)."""
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    save_model(model, tokenizer, tmp)
+    shutil.rmtree(out, ignore_errors=True)  # a rerun in the same run_dir replaces the old weights
+    os.replace(tmp, out)
+
 
 def run_pretraining(cfg: TrainConfig, world: World, run_dir: Path, config_dict: dict | None = None) -> TrainResult:
     seed_everything(cfg.train.seed)  # same seed on every rank: replicas start identical
@@ -29,7 +47,8 @@ def run_pretraining(cfg: TrainConfig, world: World, run_dir: Path, config_dict: 
     # replicas × shards: the outer algorithm sees one rank per replica (the whole world when 1 shard)
     layout = replica_layout(world, cfg.engine.shards_per_replica)
     algorithm = ALGORITHMS.get(cfg.algorithm.name)(cfg.algorithm, layout.outer)
-    trainer = Trainer(cfg, world, algorithm, model, corpus, run_dir, layout)
+    trainer = Trainer(cfg.train, world, algorithm, model, corpus, run_dir, layout, engine=cfg.engine, optim=cfg.optim,
+                      logger=cfg.logger, resume=cfg.resume)
     resumed = trainer.maybe_resume()
     if resumed is not None:  # the steps after the checkpoint will be logged again: drop their old rows
         name = "metrics.jsonl" if world.rank == 0 else f"metrics.rank{world.rank}.jsonl"
@@ -49,11 +68,11 @@ def run_pretraining(cfg: TrainConfig, world: World, run_dir: Path, config_dict: 
     whole = trainer.engine.full_state_dict()  # collective for sharded engines: every rank calls it
     if world.is_main:
         if whole is None:
-            save_model(trainer.model, tokenizer, run_dir / "model")
+            save_atomic(trainer.model, tokenizer, run_dir / MODEL_SUBDIR)
         else:  # a sharded replica: its gathered weights, in a plain copy of the model
             plain = build_model(cfg.model, tokenizer)
             plain.load_state_dict(whole)
-            save_model(plain, tokenizer, run_dir / "model")
+            save_atomic(plain, tokenizer, run_dir / MODEL_SUBDIR)
         metrics = run_dir / "metrics.jsonl"
         if metrics.exists():
             plot_curves(read_jsonl(metrics), ["train/loss", "eval/loss"], run_dir / "loss.png", title=f"{cfg.algorithm.name} on {world.world_size} ranks")

@@ -20,12 +20,12 @@ import numpy as np
 import torch
 
 from decentrain.algorithms.base import Algorithm
-from decentrain.algorithms.common.config import TrainConfig
-from decentrain.algorithms.common.engine import ENGINES, build_optimizer  # noqa: F401 (re-exported)
+from decentrain.algorithms.common.config import LoopConfig
+from decentrain.algorithms.common.engines import ENGINES, EngineConfig, OptimConfig, build_optimizer  # noqa: F401 (re-exported)
 from decentrain.core.checkpoint import Checkpointer
 from decentrain.core.mesh import ReplicaLayout, replica_layout
 from decentrain.algorithms.common.speed import apply_compile, autocast, resolve_precision, set_tf32, weight_dtype
-from decentrain.core.metrics import MetricsLogger, Throughput, flops_per_token, peak_flops
+from decentrain.core.metrics import LoggerConfig, MetricsLogger, Throughput, flops_per_token, peak_flops
 from decentrain.core.world import World
 from decentrain.data.blocks import Corpus, ShardedSampler
 
@@ -96,39 +96,44 @@ class TrainResult:
 
 
 class Trainer:
-    def __init__(self, cfg: TrainConfig, world: World, algorithm: Algorithm, model: torch.nn.Module, corpus: Corpus, run_dir: Path,
-                 layout: ReplicaLayout | None = None):
-        self.cfg, self.world, self.algorithm = cfg, world, algorithm
+    """The loop over one run's steps, configured by its own sections: `train` (the loop),
+    `engine` and `optim` (handed to the engine), `logger` (log interval, peak FLOP/s)."""
+
+    def __init__(self, loop: LoopConfig, world: World, algorithm: Algorithm, model: torch.nn.Module, corpus: Corpus,
+                 run_dir: Path, layout: ReplicaLayout | None = None, *, engine: EngineConfig | None = None,
+                 optim: OptimConfig | None = None, logger: LoggerConfig | None = None, resume: bool = True):
+        engine, optim, self.logger_cfg = engine or EngineConfig(), optim or OptimConfig(), logger or LoggerConfig()
+        self.loop, self.world, self.algorithm, self.resume = loop, world, algorithm, resume
         self.run_dir = run_dir
-        self.precision = resolve_precision(cfg.train.precision, world.device)
-        set_tf32(world.device, cfg.train.tf32)
+        self.precision = resolve_precision(loop.precision, world.device)
+        set_tf32(world.device, loop.tf32)
         # fp32 master weights unless pure bf16 was chosen (model.dtype only sets how it was built/loaded)
         self.model = model.to(device=world.device, dtype=weight_dtype(self.precision))
         self.train_blocks = corpus.train_blocks()
-        n_eval = cfg.train.eval_batches * cfg.train.micro_batch_size
+        n_eval = loop.eval_batches * loop.micro_batch_size
         # evaluation data lives on the device for the whole run (small: eval_batches micro-batches per domain)
         self.val_blocks = {d: corpus.split("val", d)[:n_eval].to(world.device) for d in corpus.blocks}
-        self.sampler = ShardedSampler(len(self.train_blocks), cfg.train.global_batch_size, world.rank, world.world_size, cfg.train.seed)
-        self.accum = cfg.train.global_batch_size // (world.world_size * cfg.train.micro_batch_size)
+        self.sampler = ShardedSampler(len(self.train_blocks), loop.global_batch_size, world.rank, world.world_size, loop.seed)
+        self.accum = loop.global_batch_size // (world.world_size * loop.micro_batch_size)
         layout = layout or replica_layout(world, 1)
-        self.engine = ENGINES.get(cfg.engine.name)(cfg, layout, self.model, self.accum)
+        self.engine = ENGINES.get(engine.name)(engine, optim, loop, layout, self.model, self.accum)
         self.engine.checkpoint_dir = run_dir / "checkpoints"
-        self.checkpointer = Checkpointer(run_dir / "checkpoints", world.rank, world.world_size, keep=cfg.train.keep_checkpoints)
+        self.checkpointer = Checkpointer(run_dir / "checkpoints", world.rank, world.world_size, keep=loop.keep_checkpoints)
         self.step = 0
         self.step_times: list[float] = []
         seq = self.train_blocks.shape[1]
-        tokens_rank = cfg.train.global_batch_size // world.world_size * seq
+        tokens_rank = loop.global_batch_size // world.world_size * seq
         name = torch.cuda.get_device_name(world.device) if world.device.type == "cuda" else ""
-        self.throughput = Throughput(tokens_rank, cfg.train.global_batch_size * seq, model_flops_per_token(self.model, seq),
-                                     peak_flops(name, cfg.logger.peak_flops), world.device, device_share=world.device_share)
-        if cfg.train.compile == "blocks":  # in place, after the optimizer saw the parameters, before wrapping (torchtitan)
+        self.throughput = Throughput(tokens_rank, loop.global_batch_size * seq, model_flops_per_token(self.model, seq),
+                                     peak_flops(name, self.logger_cfg.peak_flops), world.device, device_share=world.device_share)
+        if loop.compile == "blocks":  # in place, after the optimizer saw the parameters, before wrapping (torchtitan)
             apply_compile(self.model, "blocks")
 
     def compile_wrapped(self, model: torch.nn.Module) -> None:
         """`compile=model` compiles the module the loop calls, after wrapping: compiling DDP itself lets
         dynamo split the graph at its buckets, so the all-reduce overlaps the backward. Evaluation
         then calls the bare module eagerly (compiling it too would nest one compile in the other)."""
-        if self.cfg.train.compile == "model":
+        if self.loop.compile == "model":
             apply_compile(model, "model")
 
     # -- checkpoint state -------------------------------------------------------------
@@ -160,7 +165,7 @@ class Trainer:
     def maybe_resume(self) -> int | None:
         # the newest step intact on every rank (damaged ones are skipped with a warning); a
         # replacement (incarnation > 0) heals from a live peer instead: agreeing is a world collective
-        step = self.checkpointer.agree_resume_step(self.world) if self.cfg.resume and not self.world.incarnation else None
+        step = self.checkpointer.agree_resume_step(self.world) if self.resume and not self.world.incarnation else None
         if step is not None:
             self.load_state_dict(self.checkpointer.load(step))
             self.step = step
@@ -187,7 +192,7 @@ class Trainer:
         """One optimizer step; returns the mean micro-batch loss as a device tensor (no host sync)."""
         batch = self.train_blocks[self.sampler.next_indices()].to(self.world.device, non_blocking=True)
         total = torch.zeros((), dtype=torch.float32, device=self.world.device)
-        micro_batches = batch.split(self.cfg.train.micro_batch_size)
+        micro_batches = batch.split(self.loop.micro_batch_size)
         for i, micro in enumerate(micro_batches):
             last = i == len(micro_batches) - 1
             with self.algorithm.no_sync(model) if not last else contextlib.nullcontext():
@@ -203,14 +208,14 @@ class Trainer:
     def backward_once(self, model: torch.nn.Module) -> None:
         """A forward/backward of the first training micro-batch whose gradients are dropped (no
         optimizer step, no sampler or RNG draw): for wrappers that settle their layout on it."""
-        micro = self.train_blocks[: self.cfg.train.micro_batch_size].to(self.world.device)
+        micro = self.train_blocks[: self.loop.micro_batch_size].to(self.world.device)
         with autocast(self.precision, self.world.device):
             loss = model(input_ids=micro, labels=micro, use_cache=False).loss
         loss.backward()
         self.engine.optimizer.zero_grad(set_to_none=True)
 
     def fit(self, logger: MetricsLogger) -> TrainResult:
-        cfg = self.cfg.train
+        cfg = self.loop
         start_time = time.perf_counter()
         self.engine.prepare(self.algorithm)
         model = self.engine.forward_model
@@ -233,7 +238,7 @@ class Trainer:
                 self.engine.weights_changed()
                 stop = self.algorithm.should_stop(self.step, cfg.steps)
                 final = self.step == cfg.steps or stop
-                log_now = self.step % self.cfg.logger.log_every == 0 or final or self.step == last
+                log_now = self.step % self.logger_cfg.log_every == 0 or final or self.step == last
                 evaluating = self.step % cfg.eval_every == 0 or final
                 saving = self.step % cfg.checkpoint_every == 0 or self.step == last or stop
                 if log_now:

@@ -28,6 +28,7 @@ class DDP(Algorithm):
     """The quality reference. Replicas stay identical: DDP broadcasts rank 0's weights on wrap."""
 
     cfg: DDPConfig
+    syncs_every_step = True
 
     def wrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
         if not self.world.is_distributed:

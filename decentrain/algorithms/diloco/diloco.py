@@ -2,12 +2,13 @@
 
 Like torchft's DiLoCo it is only optimizer-step hooks: the trainer's AdamW is the
 inner optimizer; every H steps `outer_step` averages Δ = θ_prev − θ_i over replicas,
-takes a Nesterov SGD step on the fp32 slow weights and copies them back.
+takes an outer step on the fp32 slow weights (`algorithm.outer_optimizer`, by default
+Nesterov SGD) and copies them back.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -16,6 +17,7 @@ import torch.distributed as dist
 from decentrain.algorithms.base import register_algorithm
 from decentrain.algorithms.common.inner_outer import InnerOuterAlgorithm, InnerOuterConfig
 from decentrain.algorithms.common.outer import OuterOptimizer
+from decentrain.algorithms.common.outer_optimizers import OuterOptimizerConfig
 from decentrain.algorithms.diloco.sync import start_mean
 
 
@@ -23,18 +25,7 @@ from decentrain.algorithms.diloco.sync import start_mean
 class DiLoCoConfig(InnerOuterConfig):
     name: str = "diloco"
     inner_steps: int = 500  # paper: H=500, η=0.7, μ=0.9 (Nesterov)
-    outer_lr: float = 0.7
-    outer_momentum: float = 0.9
-    nesterov: bool = True
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        check_nesterov(self.nesterov, self.outer_momentum)
-
-
-def check_nesterov(nesterov: bool, momentum: float) -> None:
-    if nesterov and momentum == 0:
-        raise ValueError("algorithm.nesterov=true needs algorithm.outer_momentum > 0 (or set algorithm.nesterov=false)")
+    outer_optimizer: OuterOptimizerConfig = field(default_factory=lambda: OuterOptimizerConfig("sgd", 0.7, 0.9, True))
 
 
 @register_algorithm("diloco", DiLoCoConfig)
@@ -43,7 +34,7 @@ class DiLoCo(InnerOuterAlgorithm):
 
     def setup(self, model: torch.nn.Module) -> None:
         self.params = [p for p in model.parameters() if p.requires_grad]
-        self.outer = OuterOptimizer(self.params, self.cfg.outer_lr, self.cfg.outer_momentum, self.cfg.nesterov)
+        self.outer = OuterOptimizer(self.params, self.cfg.outer_optimizer)
 
     def outer_step(self, model: torch.nn.Module) -> dict[str, float]:
         delta = self.outer.pseudo_gradient(self.params)

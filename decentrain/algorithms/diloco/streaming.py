@@ -5,7 +5,7 @@ at the inner steps t with t ≡ p·H/P (mod H), so the syncs spread over the rou
 payload holds ~1/P of the layers, but the fragments of the first and last layer also
 carry the embeddings and the final norm / head, so they are larger (the sizes are
 logged at start-up; `algorithm.fragments` sets an explicit split). The collective runs in the background for τ inner steps; then
-the fragment's outer Nesterov step lands and the local weights, which moved on during
+the fragment's outer step (`algorithm.outer_optimizer`) lands and the local weights, which moved on during
 those τ steps, are merged: θ ← α·θ + (1−α)·φ. The payload may be fp16 or int4, always
 accumulated in fp32.
 """
@@ -13,7 +13,7 @@ accumulated in fp32.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -21,7 +21,7 @@ import torch
 from decentrain.algorithms.base import register_algorithm
 from decentrain.algorithms.common.inner_outer import InnerOuterAlgorithm, InnerOuterConfig
 from decentrain.algorithms.common.outer import OuterOptimizer, check_fragments_cover, fragment_param_names, mix_
-from decentrain.algorithms.diloco.diloco import check_nesterov
+from decentrain.algorithms.common.outer_optimizers import OuterOptimizerConfig
 from decentrain.algorithms.diloco.sync import QUANTIZATIONS, check_quantization_backend, start_mean
 
 logger = logging.getLogger(__name__)
@@ -31,9 +31,7 @@ logger = logging.getLogger(__name__)
 class StreamingDiLoCoConfig(InnerOuterConfig):
     name: str = "streaming_diloco"
     inner_steps: int = 100  # H: each fragment syncs once every H inner steps
-    outer_lr: float = 0.7
-    outer_momentum: float = 0.9
-    nesterov: bool = True
+    outer_optimizer: OuterOptimizerConfig = field(default_factory=lambda: OuterOptimizerConfig("sgd", 0.7, 0.9, True))
     num_fragments: int = 4  # P, strided over layers
     overlap_steps: int = 1  # τ: inner steps between a fragment's send and its update
     mix_alpha: float = 0.5  # α: share of the local weights kept at the merge
@@ -43,7 +41,6 @@ class StreamingDiLoCoConfig(InnerOuterConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        check_nesterov(self.nesterov, self.outer_momentum)
         if self.adaptive_inner_steps:
             raise ValueError("algorithm.adaptive_inner_steps is not supported by streaming_diloco; allowed: false")
         if self.num_fragments < 1:
@@ -84,7 +81,7 @@ class StreamingDiLoCo(InnerOuterAlgorithm):
         self.frag_params = [[named[n] for n in frag] for frag in names]
         self.fragment_numels = [sum(p.numel() for p in ps) for ps in self.frag_params]
         logger.info("streaming_diloco fragments (parameters each): %s", self.fragment_numels)
-        self.outers = [OuterOptimizer(ps, self.cfg.outer_lr, self.cfg.outer_momentum, self.cfg.nesterov) for ps in self.frag_params]
+        self.outers = [OuterOptimizer(ps, self.cfg.outer_optimizer) for ps in self.frag_params]  # one per fragment
         h, p = self.cfg.inner_steps, self.cfg.num_fragments
         self.offsets = [f * h // p for f in range(p)]
         self.pending: list[dict[str, Any]] = []  # {"frag", "due", "mean": PendingMean | list[Tensor]}

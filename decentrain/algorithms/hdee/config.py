@@ -4,8 +4,8 @@
 every seed and expert job uses. Recipes call `register_hdee_configs()` (in
 decentrain/config.py, the composition root) once, compose `conf/hdee.yaml`, and convert
 the resolved dict with `hdee_config_from_dict`; library code below only ever sees these
-dataclasses. `job.expert_algorithm` is looked up in the algorithm registry by name
-(the composition root registers the loop algorithms), never imported from its family.
+dataclasses. `job.algorithm` is typed by the algorithm registry from its `name` (the
+composition root registers the loop algorithms), never imported from its family.
 """
 
 from __future__ import annotations
@@ -18,12 +18,12 @@ from typing import Any, Optional
 
 from omegaconf import OmegaConf
 
-from decentrain.algorithms.base import ALGORITHMS
+from decentrain.algorithms.base import ALGORITHMS, algorithm_config
 from decentrain.algorithms.hdee.budget import check_budget, homogeneous_baseline
 from decentrain.algorithms.hdee.mixing import WEIGHTINGS
 from decentrain.algorithms.hdee.plan import EnsemblePlan, SeedConfig, validate
 from decentrain.algorithms.common.config import LoopConfig
-from decentrain.algorithms.common.engine import OptimConfig
+from decentrain.algorithms.common.engines import EngineConfig, OptimConfig
 from decentrain.core.launch_config import LauncherConfig
 from decentrain.core.metrics import LoggerConfig
 from decentrain.data.blocks import SPLITS, DataConfig
@@ -84,12 +84,19 @@ class EvalConfig:
 
 @dataclass
 class JobConfig:
-    """Which part of the plan this process runs; `all` trains seeds, then every lane as its own job."""
+    """Which part of the plan this process runs, and how each seed or expert run trains.
+
+    `all` trains seeds, then every lane as its own job. Each run is one pre-training job
+    (common/pretrain.py) of the `algorithm` and `engine` sections: `algorithm@job.algorithm=noloco`
+    trains a lane with a NoLoCo group of `launcher.nproc_per_node` replicas.
+    """
 
     stage: str = "all"
     index: int | None = None  # the seed (stage=seed) or lane (stage=lane) to run
     max_parallel: int = 3  # lane jobs running at once under stage=all
-    expert_algorithm: str = "ddp"  # data parallel inside one expert job (no-op on one process)
+    algorithm: Any = field(default_factory=lambda: {"name": "ddp"})  # as a run's `algorithm` section (conf/algorithm/)
+    engine: EngineConfig = field(default_factory=EngineConfig)  # as a run's `engine` section (conf/engine/)
+    expert_algorithm: str | None = None  # the older key: job.algorithm.name with that algorithm's defaults
 
     def __post_init__(self) -> None:
         if self.stage not in STAGES:
@@ -98,7 +105,23 @@ class JobConfig:
             raise ValueError(f"job.index={self.index} must name a {self.stage} (>= 0) when job.stage={self.stage}")
         if self.max_parallel < 1:
             raise ValueError(f"job.max_parallel={self.max_parallel} must be >= 1")
-        ALGORITHMS.get(self.expert_algorithm, field="job.expert_algorithm")
+        if self.expert_algorithm is not None:
+            ALGORITHMS.get(self.expert_algorithm, field="job.expert_algorithm")
+        name = getattr(self.algorithm, "name", None) or dict(self.algorithm).get("name", "ddp")
+        ALGORITHMS.get(name, field="job.algorithm.name")
+        # typed in HdeeConfig (typing it here would fix the schema's node to DDPConfig for Hydra)
+
+    def typed(self) -> None:
+        """Fold the older `expert_algorithm` in and type `algorithm` by its name."""
+        if self.expert_algorithm is not None:
+            name = getattr(self.algorithm, "name", None) or dict(self.algorithm).get("name", "ddp")
+            if name not in ("ddp", self.expert_algorithm):
+                raise ValueError(f"job.expert_algorithm={self.expert_algorithm!r} and job.algorithm.name={name!r} "
+                                 "disagree; set job.algorithm only")
+            if name != self.expert_algorithm:
+                self.algorithm = {"name": self.expert_algorithm}
+            self.expert_algorithm = None
+        self.algorithm = algorithm_config(self.algorithm, where="job.algorithm")
 
 
 @dataclass
@@ -120,6 +143,7 @@ class HdeeConfig:
     def __post_init__(self) -> None:
         if self.plan is None:
             raise ValueError("plan is missing; pick one with hdee_plan=<homogeneous|het_steps|het_sizes|...>")
+        self.job.typed()
         tokens = self.train.global_batch_size * self.data.seq_len
         if self.plan.tokens_per_step != tokens:
             raise ValueError(
@@ -164,6 +188,10 @@ def check_plan(cfg: HdeeConfig) -> float:
     """
     known = DOMAINS.names() if cfg.data.source == "offline" else list(cfg.data.domains)
     validate(cfg.plan, known)
+    world, shards = cfg.launcher.world_size or 1, cfg.job.engine.shards_per_replica
+    if world % shards:
+        raise ValueError(f"job.engine.shards_per_replica={shards} does not divide world size {world} into replicas")
+    ALGORITHMS.get(cfg.job.algorithm.name).check_world(cfg.job.algorithm, world // shards)  # e.g. NoLoCo's odd world
     vocab = len(build_tokenizer(dataclasses.replace(cfg.model, tokenizer=cfg.plan.lanes[0].tokenizer)))
     config = hf_config(cfg.model, vocab)
     return check_budget(cfg.plan, baseline_plan(cfg), config, cfg.budget.tolerance, cfg.budget.include_seeds)

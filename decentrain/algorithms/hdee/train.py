@@ -1,7 +1,8 @@
 """HDEE training: seeds on general text, then each lane's experts branched from them.
 
-Every seed and every expert iteration is one ordinary run of the shared `Trainer`
-(optionally data parallel inside the run). Runs are saved with `save_pretrained` to
+Every seed and every expert iteration is one ordinary pre-training job (common/pretrain.py,
+the path recipes/train.py runs too) of `job.algorithm` and `job.engine`: one process, or a
+group of replicas (DDP, DiLoCo, a NoLoCo gossip group). Runs are saved with `save_pretrained` to
 `<ensemble_dir>/<run name>/model`, where the run name is unique per (lane, iteration,
 size), so no job ever overwrites another's weights. A lane's iteration k starts from
 iteration k-1's saved model, the first from its seed's. Lanes never communicate: each
@@ -10,25 +11,20 @@ one is its own job (a process here, a Hydra multirun job or a Slurm task elsewhe
 
 from __future__ import annotations
 
-import logging
 import dataclasses
-import os
-import shutil
+import logging
+import time
 from pathlib import Path
 
-import torch
+import torch.distributed as dist
+from omegaconf import OmegaConf
 
-from decentrain.algorithms.base import ALGORITHMS
 from decentrain.algorithms.common.config import TrainConfig, validate
-from decentrain.algorithms.common.trainer import Trainer, seed_everything
+from decentrain.algorithms.common.pretrain import MODEL_SUBDIR, run_pretraining
 from decentrain.algorithms.hdee.config import HdeeConfig
 from decentrain.algorithms.hdee.plan import ExpertRun, SeedConfig
-from decentrain.core.metrics import MetricsLogger
 from decentrain.core.world import World
-from decentrain.data.blocks import build_corpus
-from decentrain.models.factory import build_model, build_tokenizer, num_params, save_model
-
-MODEL_SUBDIR = "model"
+from decentrain.models.factory import ModelConfig
 
 log = logging.getLogger(__name__)
 
@@ -38,41 +34,43 @@ def model_dir(ensemble_dir: str | Path, run: str) -> Path:
     return Path(ensemble_dir) / run / MODEL_SUBDIR
 
 
-def _save_atomic(model, tokenizer, out: Path) -> None:
-    # A model dir that exists is complete: later jobs branch from it and skip re-training it.
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    save_model(model, tokenizer, tmp)
-    os.replace(tmp, out)
+def run_config(cfg: HdeeConfig, name: str, model: ModelConfig, domains: list[str], steps: int, seed: int) -> TrainConfig:
+    """One seed or expert run as an ordinary pre-training job: the HDEE config's shared sections,
+    `job.algorithm` and `job.engine`, this run's model, domains, steps and seed."""
+    return TrainConfig(algorithm=cfg.job.algorithm, model=model, data=dataclasses.replace(cfg.data, domains=list(domains)),
+                       logger=cfg.logger, launcher=cfg.launcher, optim=cfg.optim,
+                       train=dataclasses.replace(cfg.train, steps=steps, seed=seed), engine=cfg.job.engine,
+                       run_dir=str(Path(cfg.ensemble_dir) / name), resume=cfg.resume)
 
 
-def _train_run(cfg: HdeeConfig, world: World, name: str, model, tokenizer, domains: list[str], steps: int, seed: int) -> Path:
-    """One Trainer run on `domains` for `steps` steps; resumes from its own checkpoints."""
-    run_dir = Path(cfg.ensemble_dir) / name
-    out = run_dir / MODEL_SUBDIR
-    data = dataclasses.replace(cfg.data, domains=list(domains))
-    loop = dataclasses.replace(cfg.train, steps=steps, seed=seed)
-    algo_cls = ALGORITHMS.get(cfg.job.expert_algorithm, field="job.expert_algorithm")
-    tcfg = TrainConfig(algorithm=algo_cls.config_cls(), model=cfg.model, data=data, logger=cfg.logger,
-                       launcher=cfg.launcher, optim=cfg.optim, train=loop, run_dir=str(run_dir), resume=cfg.resume)
+def run_world(world: World, name: str) -> World:
+    """`world` with its shared store under a prefix of its own for run `name`: gossip membership,
+    pair groups and heal requests of one seed or expert run never meet those of the runs before it
+    in the same process group (every rank derives the same name from the plan)."""
+    if world.store is None:
+        return world
+    prefix, client = f"hdee/{name}", world.store_client
+    return dataclasses.replace(world, store=dist.PrefixStore(prefix, world.store),
+                               store_client=None if client is None else (lambda: dist.PrefixStore(prefix, client())))
+
+
+def _train_run(cfg: HdeeConfig, world: World, name: str, model: ModelConfig, domains: list[str], steps: int,
+               seed: int, poll_s: float = 0.2) -> Path:
+    """One run of the shared job path (common/pretrain.py); resumes from its own checkpoints."""
+    tcfg = run_config(cfg, name, model, domains, steps, seed)
     validate(tcfg, world.world_size)  # e.g. a batch that does not divide over this job's ranks
-    corpus = build_corpus(data, tokenizer)
-    torch.manual_seed(seed + 1 + world.rank)  # per-rank randomness after the shared init
-    trainer = Trainer(tcfg, world, algo_cls(tcfg.algorithm, world), model, corpus, run_dir)
-    resumed = trainer.maybe_resume()
+    run_dir = Path(tcfg.run_dir)
     if world.is_main:
-        where = f"resumed at step {resumed}" if resumed is not None else "from its init"
-        log.info(f"[hdee] {name}: {num_params(model) / 1e6:.2f}M params, {steps} steps on {domains}, "
-                 f"world {world.world_size}, {where}")
-    logger = MetricsLogger(cfg.logger, run_dir, world.rank, total_steps=steps)
-    try:
-        result = trainer.fit(logger)
-    finally:
-        logger.close()
-    if world.is_main:
-        _save_atomic(trainer.model, tokenizer, out)
-        log.info(f"[hdee] {name}: done, eval loss {result.eval_loss} in {result.seconds:.1f}s -> {out}")
-    world.barrier()
+        log.info(f"[hdee] {name}: {steps} steps on {list(domains)}, {tcfg.algorithm.name} on world {world.world_size}")
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(tcfg)))
+    run_pretraining(tcfg, run_world(world, name), run_dir)
+    out = run_dir / MODEL_SUBDIR
+    # The next run branches from `out` on every rank. Wait for the main rank's (atomic) save on the
+    # file system, not in a barrier: a gossip group may have lost a worker, and a replacement is in
+    # no world-wide group.
+    while not out.exists():
+        time.sleep(poll_s)
     return out
 
 
@@ -83,16 +81,15 @@ def train_seed(cfg: HdeeConfig, world: World, seed: SeedConfig) -> Path:
         if world.is_main:
             log.info(f"[hdee] seed {seed.name}: {out} exists, skipping")
         return out
-    model_cfg = dataclasses.replace(cfg.model, tokenizer=seed.tokenizer)
-    tokenizer = build_tokenizer(model_cfg)
-    seed_everything(cfg.train.seed)  # identical init on every rank of this job
-    model = build_model(model_cfg, tokenizer, intermediate_size=seed.intermediate_size)
-    if model.config.intermediate_size != seed.intermediate_size:
-        raise ValueError(
-            f"seed {seed.name!r}: model.pretrained={cfg.model.pretrained!r} has intermediate_size="
-            f"{model.config.intermediate_size}, the plan asks for seeds[].intermediate_size={seed.intermediate_size}"
-        )
-    return _train_run(cfg, world, seed.name, model, tokenizer, seed.domains, seed.steps, cfg.train.seed)
+    model = dataclasses.replace(cfg.model, tokenizer=seed.tokenizer, intermediate_size=seed.intermediate_size)
+    if cfg.model.pretrained:
+        from transformers import AutoConfig
+
+        width = AutoConfig.from_pretrained(cfg.model.pretrained).intermediate_size
+        if width != seed.intermediate_size:
+            raise ValueError(f"seed {seed.name!r}: model.pretrained={cfg.model.pretrained!r} has intermediate_size="
+                             f"{width}, the plan asks for seeds[].intermediate_size={seed.intermediate_size}")
+    return _train_run(cfg, world, seed.name, model, seed.domains, seed.steps, cfg.train.seed)
 
 
 def train_expert(cfg: HdeeConfig, world: World, run: ExpertRun) -> Path:
@@ -108,12 +105,10 @@ def train_expert(cfg: HdeeConfig, world: World, run: ExpertRun) -> Path:
             f"expert {run.name} (lanes[{run.lane}] iteration {run.iteration}) starts from {run.init_from!r}, "
             f"but {init} does not exist; train it first (job.stage=seeds, or the lane's earlier iterations)"
         )
-    model_cfg = dataclasses.replace(cfg.model, pretrained=str(init), tokenizer=str(init))
-    tokenizer = build_tokenizer(model_cfg)
-    model = build_model(model_cfg, tokenizer)
+    model = dataclasses.replace(cfg.model, pretrained=str(init), tokenizer=str(init))
     # Lanes draw different data orders even on a shared domain.
     seed = cfg.train.seed + 1000 * (run.lane + 1) + run.iteration
-    return _train_run(cfg, world, run.name, model, tokenizer, [run.domain], run.steps, seed)
+    return _train_run(cfg, world, run.name, model, [run.domain], run.steps, seed)
 
 
 def train_lane(cfg: HdeeConfig, world: World, lane: int) -> Path:

@@ -14,14 +14,15 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from decentrain.algorithms.base import register_algorithm
 from decentrain.algorithms.common.inner_outer import InnerOuterAlgorithm, InnerOuterConfig
-from decentrain.algorithms.common.outer import noloco_general_step_, noloco_step_
+from decentrain.algorithms.common.outer import OuterOptimizer, noloco_general_step_
+from decentrain.algorithms.common.outer_optimizers import OUTER_OPTIMIZERS, OuterOptimizerConfig
 from decentrain.algorithms.noloco.healing import Healer, tensors_crc
 from decentrain.core.checks import check_range
 from decentrain.core.gossip import BEHIND, ODD_POLICIES, PairExchange, gossip_groups, group_of
@@ -35,9 +36,10 @@ log = logging.getLogger(__name__)
 class NoLoCoConfig(InnerOuterConfig):
     name: str = "noloco"
     inner_steps: int = 50  # reference: H=50, η=0.7, μ=0.5
-    outer_lr: float = 0.7  # η = β, weight of the pair's pseudo-gradient
+    # lr: η = β, weight of the pair's pseudo-gradient; momentum: μ (the paper's α). name=noloco is the
+    # paper's own form; any other outer optimizer steps on g = φ − θ̄ (γ = β only)
+    outer_optimizer: OuterOptimizerConfig = field(default_factory=lambda: OuterOptimizerConfig("noloco", 0.7, 0.5, False))
     gamma: float | None = None  # weight of the pull towards the pair's mean φ; None: γ = β
-    outer_momentum: float = 0.5  # μ (the paper's α)
     # None: the official NoLoCo partner sequence, default_rng(k·H + 1) at the k-th sync (H = inner_steps);
     # an int: decentrain's own seeded stream default_rng([seed, round]), not the reference one
     pairing_seed: int | None = 0
@@ -52,7 +54,10 @@ class NoLoCoConfig(InnerOuterConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        check_range("algorithm.gamma", self.gamma, 0, 2, none_ok=True)  # null: gamma = outer_lr
+        check_range("algorithm.gamma", self.gamma, 0, 2, none_ok=True)  # null: gamma = outer_optimizer.lr
+        if self.general and not OUTER_OPTIMIZERS.get(self.outer_optimizer.name).noloco_momentum:
+            raise ValueError(f"algorithm.gamma={self.gamma} (!= algorithm.outer_optimizer.lr) needs NoLoCo's own momentum "
+                             f"form; allowed: algorithm.outer_optimizer.name=noloco, or gamma=null")
         if self.odd_world not in ODD_POLICIES:
             raise ValueError(f"algorithm.odd_world={self.odd_world!r} is unknown; allowed: {list(ODD_POLICIES)}")
         check_range("algorithm.deadline_s", self.deadline_s, 0, 86400, low_open=True, none_ok=True)  # null: no deadline
@@ -64,7 +69,12 @@ class NoLoCoConfig(InnerOuterConfig):
 
     @property
     def effective_gamma(self) -> float:
-        return self.outer_lr if self.gamma is None else self.gamma
+        return self.outer_optimizer.lr if self.gamma is None else self.gamma
+
+    @property
+    def general(self) -> bool:
+        """γ ≠ β: the paper's general form, which needs the pair's mean φ too."""
+        return self.effective_gamma != self.outer_optimizer.lr
 
 
 @register_algorithm("noloco", NoLoCoConfig)
@@ -87,9 +97,8 @@ class NoLoCo(InnerOuterAlgorithm):
 
     def setup(self, model: torch.nn.Module) -> None:
         self.params = [p for p in model.parameters() if p.requires_grad]
-        with torch.no_grad():
-            self.phi = [p.detach().clone().float() for p in self.params]
-            self.m = [torch.zeros_like(p) for p in self.phi]
+        self.outer = OuterOptimizer(self.params, self.cfg.outer_optimizer)
+        self.phi = self.outer.slow  # fp32 slow weights, what a healing peer is served
         self.exchange = PairExchange(self.world, int(self.cfg.bucket_mb * (1 << 20)), self.cfg.deadline_s)
         if self.world.store is not None and self.world.group is None and self.world.world_size > 1:
             # progress and heartbeat over the job's store: stopped or lagging partners are not waited for
@@ -146,7 +155,7 @@ class NoLoCo(InnerOuterAlgorithm):
         optimizer.zero_grad(set_to_none=True)
         donor, seconds = self.healer.heal(self.cfg.heal_timeout_s)
         log.info("healed from rank %d in %.2fs: round %d, phi crc %08x", donor, seconds, self.round,
-                 tensors_crc(self._resume["outer"]["phi"]))
+                 tensors_crc(self._resume["outer"]["slow"]))
         self._heal_metrics = {"heal/seconds": seconds, "heal/from_rank": float(donor)}
         self.membership.publish(self.round)  # back in the pairing, under the new incarnation
 
@@ -175,7 +184,7 @@ class NoLoCo(InnerOuterAlgorithm):
         groups = gossip_groups(self.round, self.world.world_size, self.cfg.pairing_seed, self.cfg.odd_world,
                                inner_steps=self.cfg.inner_steps)
         group = group_of(self.world.rank, groups)
-        general = self.cfg.effective_gamma != self.cfg.outer_lr
+        general = self.cfg.general
         # side data lives with the weights (cat and NCCL need one device); inf (no timing yet) would
         # read as a non-finite message to the partner, so it travels as a large finite stand-in
         pace_values = [min(v, 1e30) for v in (self.pace.step_time, min(self.pace.fastest, self.pace.step_time))]
@@ -190,10 +199,12 @@ class NoLoCo(InnerOuterAlgorithm):
         if general:
             phi_bar = mean[n : 2 * n]
             mean_pg = [pb - tb.float() for pb, tb in zip(phi_bar, theta_bar)]  # mean Δ = mean φ − θ̄
-            noloco_general_step_(self.phi, self.params, self.m, mean_pg, phi_bar,
-                                 alpha=self.cfg.outer_momentum, beta=self.cfg.outer_lr, gamma=self.cfg.effective_gamma)
-        else:
-            noloco_step_(self.phi, self.params, self.m, theta_bar, lr=self.cfg.outer_lr, momentum=self.cfg.outer_momentum)
+            opt = self.cfg.outer_optimizer
+            noloco_general_step_(self.phi, self.params, self.outer.opt.buffers(), mean_pg, phi_bar,
+                                 alpha=opt.momentum, beta=opt.lr, gamma=self.cfg.effective_gamma)
+        else:  # g = φ − θ̄_G; with outer_optimizer.name=noloco: m ← μ·m − η·g ; φ ← φ + m ; θ ← φ
+            self.outer.step(self.outer.pseudo_gradient(theta_bar))
+            self.outer.copy_to(self.params)
         if self.cfg.adaptive_inner_steps and len(group) > 1:
             # others' values from the group mean: sum_others = k·mean − mine
             others = (mean[-1] * len(group) - pace) / (len(group) - 1)
@@ -207,8 +218,7 @@ class NoLoCo(InnerOuterAlgorithm):
                 "outer/partner_skipped": float(st.partner_skipped), "outer/rounds_jumped": float(jumped)}
 
     def outer_state(self) -> dict[str, Any]:
-        return {"phi": [p.clone() for p in self.phi], "m": [b.clone() for b in self.m],
-                "pairing_seed": self.cfg.pairing_seed, "steps_skipped": self.steps_skipped}
+        return {**self.outer.state_dict(), "pairing_seed": self.cfg.pairing_seed, "steps_skipped": self.steps_skipped}
 
     @torch.no_grad()
     def load_outer_state(self, state: dict[str, Any]) -> None:
@@ -216,7 +226,4 @@ class NoLoCo(InnerOuterAlgorithm):
             raise ValueError(f"algorithm.pairing_seed={self.cfg.pairing_seed} differs from the checkpoint's "
                              f"{state.get('pairing_seed')}: resumed replicas would pick other partners")
         self.steps_skipped = int(state.get("steps_skipped", 0))
-        for dst, src in zip(self.phi + self.m, list(state["phi"]) + list(state["m"]), strict=True):
-            if dst.shape != src.shape:
-                raise ValueError(f"outer state shape {tuple(src.shape)} != model shape {tuple(dst.shape)}")
-            dst.copy_(src)
+        self.outer.load_state_dict(state)

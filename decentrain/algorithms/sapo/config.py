@@ -147,8 +147,9 @@ class SAPOConfig:
                              f"sampling.max_new_tokens={cap} (or be null to follow it)")
 
     def _check_batch(self, batch: SwarmBatchConfig, where: str) -> None:
-        if self.exchange.name == "silo" and batch.num_external > 0:
-            raise ValueError(f"{where}.num_external={batch.num_external} must be 0 with exchange.name='silo' (no peers)")
+        if not EXCHANGES.get(self.exchange.name).has_peers and batch.num_external > 0:
+            raise ValueError(f"{where}.num_external={batch.num_external} must be 0 with "
+                             f"exchange.name={self.exchange.name!r} (no peers)")
 
     def for_node(self, index: int) -> SAPOConfig:
         """This config with `nodes[index]`'s overrides applied (unchanged past the list's end)."""

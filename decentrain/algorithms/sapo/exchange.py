@@ -93,6 +93,9 @@ class PeerRecord:
 
 
 class RolloutExchange(Protocol):
+    has_peers: bool  # False: the node trains alone (no external rollouts to take)
+    joins_process_group: bool  # True: every node is a rank of one torch.distributed job (launched together)
+
     def exchange(self, round_: int, payload: bytes) -> list[PeerRecord]:
         """Publish `payload` for `round_`; return peers' records not returned before."""
         ...
@@ -105,6 +108,8 @@ EXCHANGES: Registry[type] = Registry("exchange")
 
 @EXCHANGES.register("silo")
 class SiloExchange:
+    has_peers, joins_process_group = False, False
+
     def __init__(self, cfg: ExchangeConfig, world: World, node_id: str):
         pass
 
@@ -118,6 +123,8 @@ class SiloExchange:
 @EXCHANGES.register("collective")
 class CollectiveExchange:
     """One all_gather of bytes per round; every rank of the job is a node."""
+
+    has_peers, joins_process_group = True, True
 
     def __init__(self, cfg: ExchangeConfig, world: World, node_id: str):
         self.cfg, self.world = cfg, world
@@ -161,6 +168,8 @@ class HivemindExchange:
     `exchange.max_bytes`; byte-identical payloads already taken (a replay under another key) are
     dropped too. Drops are counted in `self.drops` and logged once per round.
     """
+
+    has_peers, joins_process_group = True, False
 
     _DIGESTS = 4096  # payload digests remembered for replay detection
 

@@ -15,13 +15,13 @@ transmits in gloo's ring all-gather: every other rank's block once, plus the 8-b
 announcements), `outer/error_norm` (‖e‖ after the send) and `outer/pseudo_grad_norm` (‖Δ̄‖).
 
 The outer step defaults to SparseLoCo's: SGD with lr α and no momentum (the decayed EF
-accumulator plays DiLoCo's outer momentum); `outer_momentum`/`nesterov` turn it back on.
+accumulator plays DiLoCo's outer momentum); `algorithm.outer_optimizer` turns it back on.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -31,6 +31,7 @@ from decentrain.algorithms.base import register_algorithm
 from decentrain.algorithms.common.compression import BITS, MAX_CHUNK, CompressionSpec, ErrorFeedback, decompress
 from decentrain.algorithms.common.inner_outer import InnerOuterAlgorithm, InnerOuterConfig
 from decentrain.algorithms.common.outer import OuterOptimizer
+from decentrain.algorithms.common.outer_optimizers import OuterOptimizerConfig
 from decentrain.algorithms.common.sparse_payload import decode, encode, payload_bytes
 from decentrain.core.bytes_comm import all_gather_bytes
 from decentrain.core.checks import check_range
@@ -42,9 +43,9 @@ logger = logging.getLogger(__name__)
 class SparseLoCoConfig(InnerOuterConfig):
     name: str = "sparseloco"
     inner_steps: int = 30  # H (the paper sweeps 15–100)
-    outer_lr: float = 1.0  # α
-    outer_momentum: float = 0.0  # the EF buffer replaces outer momentum
-    nesterov: bool = False
+    # plain SGD at α = 1: the EF buffer replaces outer momentum (algorithm.outer_optimizer turns it back on)
+    outer_optimizer: OuterOptimizerConfig = field(
+        default_factory=lambda: OuterOptimizerConfig("sgd", lr=1.0, momentum=0.0, nesterov=False))
     ef_decay: float = 0.95  # β of e ← β·e + Δ
     chunk_size: int = 4096  # C: entries per top-k chunk
     topk: int = 64  # k kept per chunk (64/4096 = 1.56 % density)
@@ -52,8 +53,6 @@ class SparseLoCoConfig(InnerOuterConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.nesterov and self.outer_momentum == 0:
-            raise ValueError("algorithm.nesterov=true needs algorithm.outer_momentum > 0 (or set algorithm.nesterov=false)")
         if self.adaptive_inner_steps:
             raise ValueError("algorithm.adaptive_inner_steps is not supported by sparseloco; allowed: false")
         check_range("algorithm.ef_decay", self.ef_decay, 0, 1)
@@ -72,7 +71,7 @@ class SparseLoCo(InnerOuterAlgorithm):
 
     def setup(self, model: torch.nn.Module) -> None:
         self.params = [p for p in model.parameters() if p.requires_grad]
-        self.outer = OuterOptimizer(self.params, self.cfg.outer_lr, self.cfg.outer_momentum, self.cfg.nesterov)
+        self.outer = OuterOptimizer(self.params, self.cfg.outer_optimizer)
         numel = sum(p.numel() for p in self.params)
         self.spec = CompressionSpec(numel, min(self.cfg.chunk_size, numel), min(self.cfg.topk, self.cfg.chunk_size, numel),
                                     self.cfg.bits)

@@ -30,7 +30,8 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
-from decentrain.algorithms.common.engine import ENGINES, TorchEngine
+from decentrain.algorithms.common.engines.base import ENGINES
+from decentrain.algorithms.common.engines.torch import TorchEngine
 from decentrain.algorithms.common.speed import resolve_precision, transformer_blocks
 
 
@@ -67,8 +68,10 @@ class FSDP2Engine(TorchEngine):
     norm over the shard group, as with whole tensors."""
 
     whole_model_state = False  # model and optimizer go to DCP (save_sharded)
+    min_shards, max_shards = 2, None  # one rank per replica: use engine=torch
+    shards_replica = True
 
-    def __init__(self, cfg, layout, model, accum):
+    def __init__(self, cfg, optim, loop, layout, model, accum):
         if layout.mesh is None:
             raise ValueError("engine=fsdp2 needs engine.shards_per_replica >= 2 ranks per replica")
         mesh = layout.mesh["shard"]
@@ -76,15 +79,15 @@ class FSDP2Engine(TorchEngine):
         # bf16 autocast: FSDP's own mixed precision (bf16 gathers and compute, fp32 master
         # shards and fp32 gradient reduction), the usual FSDP2 setup
         mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-              if resolve_precision(cfg.train.precision, device) == "bf16_autocast" else MixedPrecisionPolicy())
+              if resolve_precision(loop.precision, device) == "bf16_autocast" else MixedPrecisionPolicy())
         blocks = transformer_blocks(model)
         for i, block in enumerate(blocks):
             # the last block is gathered again at once by the backward: keep it unsharded
             fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=i < len(blocks) - 1)
         fully_shard(model, mesh=mesh, mp_policy=mp)
-        super().__init__(cfg, layout, model, accum)  # the optimizer is built on the shards
+        super().__init__(cfg, optim, loop, layout, model, accum)  # the optimizer is built on the shards
         self.checkpoint_dir: Path | None = None  # set by the Trainer
-        self.keep = cfg.train.keep_checkpoints
+        self.keep = loop.keep_checkpoints
 
     @property
     def outer_model(self) -> LocalShards:

@@ -1,0 +1,131 @@
+"""Outer optimizers: the rule that moves the slow weights φ, picked by `algorithm.outer_optimizer.name`.
+
+As in torchft's DiLoCo, an outer optimizer is an ordinary `torch.optim.Optimizer` over the fp32
+slow weights: the family writes the pseudo-gradient into `.grad` (DiLoCo: the replicas' mean
+Δ̄ = φ − mean θ; NoLoCo: φ_i − θ̄ over its gossip group) and steps it (common/outer.py's
+`OuterOptimizer` does that). Each entry checks its own fields when the config is built and
+builds its optimizer. Adding one: a class registered here, plus
+conf/algorithm/outer_optimizer/<name>.yaml.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from decentrain.core.checks import check_range
+from decentrain.core.registry import Registry
+
+FIELD = "algorithm.outer_optimizer"
+
+
+@dataclass
+class OuterOptimizerConfig:
+    """The `algorithm.outer_optimizer` section; each entry says which fields it reads."""
+
+    name: str = "sgd"
+    lr: float = 0.7  # η
+    momentum: float = 0.9  # μ
+    nesterov: bool = True  # sgd only
+    beta2: float = 0.999  # adam only (momentum is its beta1)
+
+    def __post_init__(self) -> None:
+        OUTER_OPTIMIZERS.get(self.name, field=f"{FIELD}.name").check(self)
+
+
+class OuterRule:
+    """One registry entry: its config checks and the optimizer it builds over the slow weights."""
+
+    # True when `build` returns an optimizer with NoLoCo's momentum buffer m (φ ← φ + m), which
+    # NoLoCo's general form (γ ≠ β) updates itself
+    noloco_momentum: bool = False
+
+    @classmethod
+    def check(cls, cfg: OuterOptimizerConfig) -> None:
+        check_range(f"{FIELD}.lr", cfg.lr, 0, 2, low_open=True)
+        check_range(f"{FIELD}.momentum", cfg.momentum, 0, 1, high_open=True)
+
+    @classmethod
+    def build(cls, params: Sequence[Tensor], cfg: OuterOptimizerConfig) -> torch.optim.Optimizer:
+        raise NotImplementedError
+
+
+OUTER_OPTIMIZERS: Registry[type[OuterRule]] = Registry(FIELD)
+
+
+@OUTER_OPTIMIZERS.register("sgd")
+class SGDRule(OuterRule):
+    """torch.optim.SGD: Nesterov (DiLoCo's) or, with nesterov=false, heavy-ball momentum (the
+    NoLoCo paper's DiLoCo baseline, the official code's pipeline_diloco_optimizer):
+        b ← μ·b + g ;  φ ← φ − η·(g + μ·b)  (Nesterov)  or  φ ← φ − η·b  (heavy ball)
+    """
+
+    @classmethod
+    def check(cls, cfg: OuterOptimizerConfig) -> None:
+        super().check(cfg)
+        if cfg.nesterov and cfg.momentum == 0:
+            raise ValueError(f"{FIELD}.nesterov=true needs {FIELD}.momentum > 0 (or set {FIELD}.nesterov=false)")
+
+    @classmethod
+    def build(cls, params, cfg):
+        return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov)
+
+
+class NoLoCoMomentum(torch.optim.Optimizer):
+    """The NoLoCo paper's outer step on the gradient g = φ − θ̄ (β = γ = η):
+        m ← μ·m − η·g ;  φ ← φ + m
+    Heavy-ball momentum with m = −η·b, written as the paper writes it (and rounded as
+    common/outer.py's `noloco_step_`, bit for bit: −η·(φ − θ̄) is exactly η·(θ̄ − φ)).
+    """
+
+    def __init__(self, params: Sequence[Tensor], lr: float, momentum: float):
+        super().__init__(params, {"lr": lr, "momentum": momentum})
+
+    def buffers(self) -> list[Tensor]:
+        """m for every parameter, created (zero) on first use."""
+        out = []
+        for group in self.param_groups:
+            for p in group["params"]:
+                state = self.state[p]
+                if "momentum_buffer" not in state:
+                    state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                out.append(state["momentum_buffer"])
+        return out
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        ms = iter(self.buffers())
+        for group in self.param_groups:
+            for p in group["params"]:
+                m = next(ms)
+                if p.grad is not None:
+                    m.mul_(group["momentum"]).add_(p.grad, alpha=-group["lr"])
+                    p.add_(m)
+
+
+@OUTER_OPTIMIZERS.register("noloco")
+class NoLoCoRule(OuterRule):
+    noloco_momentum = True
+
+    @classmethod
+    def build(cls, params, cfg):
+        return NoLoCoMomentum(params, lr=cfg.lr, momentum=cfg.momentum)
+
+
+@OUTER_OPTIMIZERS.register("adam")
+class AdamRule(OuterRule):
+    """torch.optim.Adam on the pseudo-gradient, betas (momentum, beta2): the adaptive outer step some
+    DiLoCo follow-ups use. Its step is ~lr per coordinate whatever Δ's scale, so lr is far below SGD's."""
+
+    @classmethod
+    def check(cls, cfg: OuterOptimizerConfig) -> None:
+        check_range(f"{FIELD}.lr", cfg.lr, 0, 1, low_open=True)
+        check_range(f"{FIELD}.momentum", cfg.momentum, 0, 1, high_open=True)
+        check_range(f"{FIELD}.beta2", cfg.beta2, 0, 1, high_open=True)
+
+    @classmethod
+    def build(cls, params, cfg):
+        return torch.optim.Adam(params, lr=cfg.lr, betas=(cfg.momentum, cfg.beta2))

@@ -1,0 +1,170 @@
+"""The outer-optimizer registry: each rule against hand-computed numbers, NoLoCo's bit for bit
+against the paper's function, config refusals in one line, and exact resume."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from decentrain.algorithms.common.outer import OuterOptimizer, noloco_step_
+from decentrain.algorithms.common.outer_optimizers import OUTER_OPTIMIZERS, OuterOptimizerConfig
+from decentrain.algorithms.diloco import DiLoCoConfig, StreamingDiLoCo, StreamingDiLoCoConfig
+from decentrain.algorithms.noloco import NoLoCo, NoLoCoConfig
+from decentrain.core.world import World
+
+
+def t(*xs: float) -> torch.Tensor:
+    return torch.tensor(xs, dtype=torch.float32)
+
+
+def test_heavy_ball_sgd_two_steps() -> None:
+    # φ = [1, -2], Δ̄ = [0.4, -0.8] then [0.1, 0.2]; η = 0.7, μ = 0.9, no Nesterov:
+    # step 1: b = Δ̄ = [0.4, -0.8];  φ = [1, -2] − 0.7·b = [0.72, -1.44]
+    # step 2: b = 0.9·[0.4, -0.8] + [0.1, 0.2] = [0.46, -0.52];  φ = [0.72, -1.44] − 0.7·b = [0.398, -1.076]
+    outer = OuterOptimizer([t(1.0, -2.0)], OuterOptimizerConfig("sgd", lr=0.7, momentum=0.9, nesterov=False))
+    outer.step([t(0.4, -0.8)])
+    torch.testing.assert_close(outer.slow[0], t(0.72, -1.44), rtol=0, atol=1e-6)
+    outer.step([t(0.1, 0.2)])
+    torch.testing.assert_close(outer.slow[0], t(0.398, -1.076), rtol=0, atol=1e-6)
+
+
+def test_adam_first_steps_move_each_coordinate_by_lr() -> None:
+    # bias-corrected first step: m̂ = g, v̂ = g², so φ ← φ − η·g/|g| = φ − η·sign(g)  (eps 1e-8 aside)
+    outer = OuterOptimizer([t(1.0, -2.0)], OuterOptimizerConfig("adam", lr=0.01, momentum=0.9))
+    outer.step([t(0.4, -0.8)])
+    torch.testing.assert_close(outer.slow[0], t(0.99, -1.99), rtol=0, atol=1e-6)
+    # the same gradient again: m̂ = g and v̂ = g² still, so another η·sign(g)
+    outer.step([t(0.4, -0.8)])
+    torch.testing.assert_close(outer.slow[0], t(0.98, -1.98), rtol=0, atol=1e-6)
+
+
+def test_noloco_rule_is_the_papers_step_bit_for_bit() -> None:
+    g = torch.Generator().manual_seed(3)
+    phi0 = torch.randn(5, 7, generator=g)
+    ref_phi, ref_theta, ref_m = [phi0.clone()], [phi0.clone()], [torch.zeros_like(phi0)]
+    outer = OuterOptimizer([phi0.clone()], OuterOptimizerConfig("noloco", lr=0.7, momentum=0.5))
+    theta = [phi0.clone()]
+    for _ in range(4):
+        theta_bar = phi0 + torch.randn(5, 7, generator=g)  # the pair's mean fast weights this round
+        noloco_step_(ref_phi, ref_theta, ref_m, [theta_bar], lr=0.7, momentum=0.5)
+        outer.step(outer.pseudo_gradient([theta_bar]))  # g = φ − θ̄
+        outer.copy_to(theta)
+        assert torch.equal(outer.slow[0], ref_phi[0]) and torch.equal(theta[0], ref_theta[0])
+        assert torch.equal(outer.opt.buffers()[0], ref_m[0])
+
+
+@pytest.mark.parametrize("cfg", [OuterOptimizerConfig("sgd", 0.7, 0.9, True), OuterOptimizerConfig("sgd", 0.5, 0.8, False),
+                                 OuterOptimizerConfig("noloco", 0.7, 0.5, False), OuterOptimizerConfig("adam", 0.01, 0.9, False)],
+                         ids=lambda c: f"{c.name}-{c.nesterov}")
+def test_every_rule_resumes_exactly(cfg) -> None:
+    a = OuterOptimizer([t(1.0, -2.0, 0.5)], cfg)
+    a.step([t(0.4, -0.8, 0.1)])
+    b = OuterOptimizer([torch.zeros(3)], cfg)
+    b.load_state_dict(a.state_dict())
+    for outer in (a, b):
+        outer.step([t(0.1, 0.2, -0.3)])
+    assert torch.equal(a.slow[0], b.slow[0])  # the momentum came along
+
+
+def test_resuming_under_another_outer_optimizer_is_refused() -> None:
+    a = OuterOptimizer([t(1.0)], OuterOptimizerConfig("sgd"))
+    with pytest.raises(ValueError, match="algorithm.outer_optimizer.name='noloco' differs from the checkpoint's 'sgd'"):
+        OuterOptimizer([t(1.0)], OuterOptimizerConfig("noloco", momentum=0.5, nesterov=False)).load_state_dict(a.state_dict())
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"name": "lion"}, "algorithm.outer_optimizer.name='lion' is unknown; allowed: "),
+    ({"lr": 0.0}, "algorithm.outer_optimizer.lr=0.0 must be a finite number in (0, 2]"),
+    ({"lr": float("nan")}, "algorithm.outer_optimizer.lr=nan must be"),
+    ({"momentum": 1.0}, "algorithm.outer_optimizer.momentum=1.0 must be a finite number in [0, 1)"),
+    ({"momentum": 0.0}, "algorithm.outer_optimizer.nesterov=true needs algorithm.outer_optimizer.momentum > 0"),
+    ({"name": "noloco", "momentum": -0.1}, "algorithm.outer_optimizer.momentum=-0.1 must be"),
+    ({"name": "adam", "lr": 1.5}, "algorithm.outer_optimizer.lr=1.5 must be a finite number in (0, 1]"),
+    ({"name": "adam", "beta2": 1.0}, "algorithm.outer_optimizer.beta2=1.0 must be a finite number in [0, 1)"),
+])
+def test_bad_values_fail_in_one_line_naming_field_and_range(kwargs, message) -> None:
+    with pytest.raises(ValueError) as e:
+        OuterOptimizerConfig(**kwargs)
+    assert str(e.value).startswith(message) and "\n" not in str(e.value)
+
+
+def test_every_family_takes_the_section_and_the_old_flat_keys() -> None:
+    assert DiLoCoConfig().outer_optimizer == OuterOptimizerConfig("sgd", 0.7, 0.9, True)
+    assert NoLoCoConfig().outer_optimizer == OuterOptimizerConfig("noloco", 0.7, 0.5, False)
+    old = DiLoCoConfig(outer_lr=0.5, outer_momentum=0.8, nesterov=False)
+    assert old.outer_optimizer == OuterOptimizerConfig("sgd", 0.5, 0.8, False) and old.outer_lr is None
+    with pytest.raises(ValueError, match="algorithm.gamma=0.2 .* allowed: algorithm.outer_optimizer.name=noloco"):
+        NoLoCoConfig(gamma=0.2, outer_optimizer=OuterOptimizerConfig("sgd"))
+
+
+def test_streaming_diloco_builds_one_outer_optimizer_per_fragment() -> None:
+    class Layer(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.zeros(1))
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.config = type("C", (), {"num_hidden_layers": 2})()
+            self.model = torch.nn.Module()
+            self.model.layers = torch.nn.ModuleList([Layer(), Layer()])
+
+    cfg = StreamingDiLoCoConfig(inner_steps=2, num_fragments=2, overlap_steps=0,
+                                outer_optimizer=OuterOptimizerConfig("sgd", 0.5, 0.9, False))
+    algo = StreamingDiLoCo(cfg, World())
+    algo.on_train_start(Model(), None)
+    assert len(algo.outers) == 2
+    assert all(isinstance(o.opt, torch.optim.SGD) and o.opt.defaults["nesterov"] is False for o in algo.outers)
+
+
+def test_noloco_runs_any_registered_rule_on_its_own_drift() -> None:
+    # alone, θ̄ = θ: g = φ − θ = 1 − 3 = −2; heavy-ball SGD, η = 0.5: φ = 1 − 0.5·(−2) = 2
+    model = torch.nn.Linear(1, 1, bias=False)
+    model.weight.data.fill_(1.0)
+    algo = NoLoCo(NoLoCoConfig(inner_steps=1, outer_optimizer=OuterOptimizerConfig("sgd", 0.5, 0.5, False)), World())
+    algo.on_train_start(model, None)
+    model.weight.data.fill_(3.0)
+    algo.after_optimizer_step(1, model, None)
+    assert model.weight.item() == pytest.approx(2.0)
+    assert set(OUTER_OPTIMIZERS.names()) >= {"sgd", "noloco", "adam"}
+
+
+@pytest.mark.parametrize("choice", ["nesterov", "heavy_ball", "noloco", "adam"])
+def test_every_outer_optimizer_yaml_composes_into_every_family(choice) -> None:
+    from pathlib import Path
+
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from decentrain.config import config_from_dict, register_configs
+
+    register_configs()
+    conf = Path(__file__).resolve().parents[2] / "conf"
+    with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
+        for algorithm in ("diloco", "streaming_diloco", "noloco"):
+            raw = compose("config", overrides=[f"algorithm={algorithm}", f"algorithm/outer_optimizer={choice}"])
+            cfg = config_from_dict({"algorithm": OmegaConf.to_container(raw.algorithm, resolve=True)})
+            assert cfg.algorithm.outer_optimizer == OuterOptimizerConfig(**OmegaConf.load(conf / "algorithm/outer_optimizer" / f"{choice}.yaml"))
+
+
+@pytest.mark.parametrize("rule", [OuterOptimizerConfig("noloco", 0.7, 0.5, False), OuterOptimizerConfig("adam", 0.01, 0.9, False)],
+                         ids=lambda c: c.name)
+def test_noloco_outer_state_resumes_bit_for_bit(rule) -> None:
+    def replica():
+        model = torch.nn.Linear(3, 1, bias=False)
+        model.weight.data.copy_(t(1.0, -2.0, 0.5))
+        algo = NoLoCo(NoLoCoConfig(inner_steps=1, outer_optimizer=rule), World())
+        return model, algo
+
+    (a_model, a), (b_model, b) = replica(), replica()
+    a.on_train_start(a_model, None)
+    a_model.weight.data.add_(t(0.3, 0.1, -0.2))
+    a.after_optimizer_step(1, a_model, None)
+    b_model.load_state_dict(a_model.state_dict())
+    b.load_state_dict(a.state_dict())
+    b.on_train_start(b_model, None)
+    for algo, model in ((a, a_model), (b, b_model)):
+        model.weight.data.add_(t(-0.1, 0.4, 0.2))
+        algo.after_optimizer_step(2, model, None)
+    assert torch.equal(a_model.weight, b_model.weight) and torch.equal(a.phi[0], b.phi[0])
