@@ -127,8 +127,17 @@ class PayloadLimits:
     # the receiver's clock, so an old record replayed to a fresh node is dropped.
     max_age_s: float = 300.0
     max_peers_tracked: int = 4096  # replay high-water marks kept (least recently seen evicted)
+    # What one sender may cost this node per round (decentrain/algorithms/sapo/budget.py): the
+    # seconds spent rebuilding its entries and scoring its completions, plus these charges.
+    sender_budget_s: float = 2.0
+    mismatch_cost_s: float = 0.25  # per group that does not rebuild (wrong question, address, task)
+    malformed_cost_s: float = 0.01  # per answer that does not parse in its task's format
 
     def __post_init__(self) -> None:
+        for name in ("sender_budget_s", "mismatch_cost_s", "malformed_cost_s"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0) or (name == "sender_budget_s" and value == 0):
+                raise ValueError(f"payload.{name}={value} must be finite and {'> 0' if name == 'sender_budget_s' else '>= 0'}")
         for name in ("num_generations", "max_bytes", "max_groups", "max_string_chars", "max_dataset_size",
                      "max_peers_tracked"):
             if getattr(self, name) <= 0:
