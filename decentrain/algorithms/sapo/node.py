@@ -24,7 +24,7 @@ import torch
 from decentrain.algorithms.sapo.batching import build_swarm_batch, tokenize_batch
 from decentrain.algorithms.sapo.budget import SenderBudget
 from decentrain.algorithms.sapo.config import SAPOConfig
-from decentrain.algorithms.sapo.exchange import RolloutExchange
+from decentrain.algorithms.sapo.exchange import PeerRecord, RolloutExchange
 from decentrain.algorithms.sapo.generation import HFGenerationBackend, completion_logprobs
 from decentrain.algorithms.sapo.grpo import LossNorm, build_advantage_estimator, policy_loss
 from decentrain.algorithms.sapo.identity import NodeIdentity
@@ -130,12 +130,19 @@ class SAPONode:
     def share(self, round_: int, local: list[RolloutGroup]) -> list[RolloutGroup]:
         payload = RolloutPayload(self.identity.node_id, round_, time.time(), tuple(local), name=self.node_id)
         external, seen_groups = [], dict(self.group_drops)
-        for rec in self.exchange.exchange(round_, encode_payload(payload, self.identity, self.cfg.swarm_key)):
+
+        def when(rec: PeerRecord) -> tuple[int, float | None]:
             # A record with its own round comes from an asynchronous backend: rounds do not line
             # up across nodes there, so the signed timestamp must also be fresh.
-            now = None if rec.round is None else time.time()
-            decoded = self.decoder(rec.data, current_round=round_ if rec.round is None else rec.round,
-                                   source=rec.source, now=now)
+            return (round_, None) if rec.round is None else (rec.round, time.time())
+
+        def is_valid(rec: PeerRecord) -> bool:
+            return self.decoder.would_accept(rec.data, *when(rec))
+
+        wire = encode_payload(payload, self.identity, self.cfg.swarm_key)
+        for rec in self.exchange.exchange(round_, wire, is_valid=is_valid):
+            current, now = when(rec)
+            decoded = self.decoder(rec.data, current_round=current, source=rec.source, now=now)
             if decoded is None or decoded.node_id == self.identity.node_id:
                 continue
             datasets: dict[str, tuple[int, int]] = {}
@@ -271,6 +278,7 @@ class SAPONode:
             "drops": self.decoder.drops.as_dict(),
             "group_drops": dict(self.group_drops),
             "high_water": dict(self.decoder.high_water),  # replay marks survive a restart
+            "accepted": dict(self.decoder.accepted),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -284,3 +292,4 @@ class SAPONode:
         self.decoder.drops.counts.update(state["drops"])
         self.group_drops.update(state.get("group_drops", {}))
         self.decoder.high_water.update({k: (int(r), float(t)) for k, (r, t) in state.get("high_water", {}).items()})
+        self.decoder.accepted.update({k: int(n) for k, n in state.get("accepted", {}).items()})

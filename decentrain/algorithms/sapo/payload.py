@@ -437,19 +437,35 @@ class PayloadDecoder:
         self.key = check_swarm_key(key)
         self.drops = DropCounter()
         self.high_water: OrderedDict[str, tuple[int, float]] = OrderedDict()
+        # Payloads accepted per sender: when the table is full, the marks of senders with the
+        # fewest go first, so a burst of fresh keys evicts each other, not a long-standing peer's.
+        self.accepted: Counter[str] = Counter()
 
-    def __call__(self, data: Any, current_round: int, source: str = "?", now: float | None = None) -> RolloutPayload | None:
+    def _check(self, data: Any, current_round: int, now: float | None) -> RolloutPayload | Rejection:
         result = decode_payload(data, self.limits, current_round=current_round, key=self.key, now=now)
         if isinstance(result, RolloutPayload):
             last = self.high_water.get(result.node_id)
             if last is not None and (result.timestamp <= last[1] or result.round == last[0]):
-                result = Rejection("replayed", f"round {result.round} after {last[0]} from {result.node_id[:16]}")
-            else:
-                self.high_water[result.node_id] = (result.round, result.timestamp)
-                self.high_water.move_to_end(result.node_id)
-                while len(self.high_water) > self.limits.max_peers_tracked:
-                    self.high_water.popitem(last=False)
+                return Rejection("replayed", f"round {result.round} after {last[0]} from {result.node_id[:16]}")
+        return result
+
+    def would_accept(self, data: Any, current_round: int, now: float | None = None) -> bool:
+        """What `__call__` would say, without recording anything (for an exchange counting valid peers)."""
+        return isinstance(self._check(data, current_round, now), RolloutPayload)
+
+    def __call__(self, data: Any, current_round: int, source: str = "?", now: float | None = None) -> RolloutPayload | None:
+        result = self._check(data, current_round, now)
         if isinstance(result, Rejection):
             self.drops.record(result, source)
             return None
+        self.high_water[result.node_id] = (result.round, result.timestamp)
+        self.high_water.move_to_end(result.node_id)
+        self.accepted[result.node_id] += 1
+        if len(self.high_water) > self.limits.max_peers_tracked:
+            # Fewest accepted payloads first, least recently seen among those (OrderedDict order).
+            order = {k: i for i, k in enumerate(self.high_water)}
+            victim = min((k for k in self.high_water if k != result.node_id),
+                         key=lambda k: (self.accepted[k], order[k]))
+            del self.high_water[victim]
+            self.accepted.pop(victim, None)
         return result
