@@ -252,7 +252,7 @@ def test_rebuild_amplification_costs_the_sender_its_round_not_the_node():
     assert node.group_drops["question_mismatch"] <= 8  # 0.25 s + a rebuild each against a 2 s budget
     assert node.budget.over(attacker.node_id) and not node.budget.over(honest.node_id)
     assert node.budget.dropped_total == 1
-    assert elapsed < 4.0, elapsed
+    assert elapsed < 6.0, elapsed  # budget + one rebuild (the old code took ~9 s on an idle core)
     assert [node.rewards(g)[0] for g in external] == [1.0, 1.0]
 
 
