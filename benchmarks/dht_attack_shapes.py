@@ -122,7 +122,52 @@ async def replay(dht, node, prefix: str) -> int:
     return n
 
 
-SHAPES = {"big_records": big_records, "far_future_ttl": far_future_ttl, "whole_key": whole_key, "flood_1000": flood}
+def _signer(node):
+    return next(v for v in node.protocol.record_validator._validators if hasattr(v, "local_public_key"))
+
+
+async def registry_eclipse(dht, node, prefix: str, count: int = 40, size: int = 700_000) -> int:
+    """One key, `count` registry subkeys of ~`size` bytes each, every one carrying (and signed for) its marker."""
+    from decentrain.algorithms.sapo.dht_guard import registry_key
+
+    marker = _signer(node).local_public_key
+    for i in range(count):
+        await node.store(registry_key(prefix), 1, _now() + 100, subkey=os.urandom(size // 2).hex()[:size].encode()
+                         + b"%d" % i + marker)
+    return count
+
+
+async def sybil_crowding(dht, node, prefix: str, keys: int = 32, chunks: int = 43) -> int:
+    """`keys` fresh RSA identities, each listed in the registry with a ~`chunks` x 12 KiB record
+    (valid shape and signatures, junk payload): together over `max_peers_per_round` and `max_fetch_bytes`.
+    The attacker's one signer is re-keyed for each identity (hivemind keeps one per DHT)."""
+    from hivemind.utils.crypto import RSAPrivateKey
+
+    from decentrain.algorithms.sapo.dht_guard import CHUNK_BYTES, chunk_subkey, registry_key, rollouts_key
+
+    signer = _signer(node)
+    if not hasattr(signer, "_sybils"):
+        signer._sybils = [RSAPrivateKey() for _ in range(keys)]
+    own = (signer._private_key, signer._local_public_key)
+    n = 0
+    round_ = int(_now())
+    try:
+        for key in signer._sybils:
+            signer._private_key = key
+            signer._local_public_key = b"[owner:" + key.get_public_key().to_bytes() + b"]"
+            marker = signer._local_public_key
+            for i in reversed(range(chunks)):
+                await node.store(rollouts_key(prefix, marker), {"round": round_, "n": chunks,
+                                 "payload": os.urandom(CHUNK_BYTES)}, _now() + 60, subkey=chunk_subkey(marker, i))
+            await node.store(registry_key(prefix), 1, _now() + 60, subkey=marker)
+            n += chunks + 1
+    finally:
+        signer._private_key, signer._local_public_key = own
+    return n
+
+
+SHAPES = {"big_records": big_records, "far_future_ttl": far_future_ttl, "whole_key": whole_key, "flood_1000": flood,
+          "registry_eclipse": registry_eclipse, "sybil_crowding": sybil_crowding}
 
 
 def attacker_dht(initial_peers: list[str]):

@@ -10,13 +10,16 @@ external rate, 0 crashes, 0 files.
 Attackers (one per scenario):
   payload level, published by a member with a valid DHT identity through a HivemindExchange:
     rce (5 eval-verifier tasks), timestamp (400 digits), spoofing (wrong answers + matching
-    completions), metadata_bomb (~1 MiB), id_spoofing (honest names, RTL/zero-width/NUL ids)
+    completions), metadata_bomb (~1 MiB), id_spoofing (honest names, RTL/zero-width/NUL ids),
+    sandbox_forgery (the old verifier-sandbox escapes on questions the nodes rebuild),
+    rebuild_amplification (64 fresh entries per payload, each with a wrong question)
   DHT level (benchmarks/dht_attack_shapes.py, re-run every `--reattack-s`):
     big_records (> 4 MiB under the swarm keys), far_future_ttl (under the honest nodes'
     subkeys), whole_key (one value over each key), flood_1000, stale_replay (captured honest
-    records replayed as round 0)
+    records replayed as round 0), registry_eclipse (one key, 40 registry subkeys of ~700 KB),
+    sybil_crowding (32 fresh keys, each listed with a ~0.5 MiB record of valid shape)
 
-    python -m benchmarks.swarm_attack            # all 10 attacks + baseline, ~15 min on 2 cores
+    python -m benchmarks.swarm_attack            # all 14 attacks + baseline, ~20 min on 2 cores
     python -m benchmarks.swarm_attack --quick    # smoke: baseline + 2 attacks, short windows
     python -m benchmarks.swarm_attack --attacks flood_1000 --seconds 600 --baseline-seconds 60 \
         --reattack-s 5 --name swarm_attack_flood10   # memory under a 10-minute flood
@@ -47,9 +50,15 @@ TINY = ["model.hidden_size=32", "model.num_layers=2", "model.intermediate_size=6
         "train.rounds=100000", "train.checkpoint_every=0", "exchange.hivemind.wait_s=0.5", "resume=false"]
 G = 4  # loss.num_generations above
 EVAL_TASKS = ["string_insertion", "number_sorting", "polynomial_multiplication", "spiral_matrix", "binary_matrix"]
-PAYLOAD_ATTACKS = ["rce", "timestamp", "spoofing", "metadata_bomb", "id_spoofing"]
+PAYLOAD_ATTACKS = ["rce", "timestamp", "spoofing", "metadata_bomb", "id_spoofing", "sandbox_forgery",
+                   "rebuild_amplification"]
 DEFAULT_TASK = "chain_sum"  # in the default task mix: its questions are real to honest nodes
-DHT_ATTACKS = ["big_records", "far_future_ttl", "whole_key", "flood_1000", "stale_replay"]
+DHT_ATTACKS = ["big_records", "far_future_ttl", "whole_key", "flood_1000", "stale_replay", "registry_eclipse",
+               "sybil_crowding"]
+# The escapes of the old verifier sandbox (issue 16): reach `sys`, switch the audit hook off, score 1.0 for anything.
+_FORGE = ".modules['__main__'].__dict__.update({'_DENIED': (), '_DENIED_PREFIXES': ('~',), 'float': id})"
+FORGERIES = ["[c for c in ().__class__.__base__.__subclasses__() if c.__name__=='catch_warnings'][0]"
+             ".__init__.__globals__['sys']" + _FORGE, "ilcm.__globals__['sys']" + _FORGE]
 
 
 # -- hostile payloads --------------------------------------------------------------------------
@@ -82,6 +91,13 @@ class Framer:
         return {"question": question, "answer": answer, "task": task, "metadata": metadata or {},
                 "completions": completions}
 
+    def real_group(self, item, completions: list[str], question: str | None = None, index: int | None = None) -> dict:
+        """A group addressing a real entry of the honest nodes' mix (so it is rebuilt and scored)."""
+        ref = item.ref
+        return {"task": ref.task, "config": ref.config, "seed": ref.seed, "size": ref.size,
+                "index": ref.index if index is None else index, "question": item.question if question is None else question,
+                "completions": completions}
+
     def body(self, round_: int, groups: list[dict], timestamp=None, node_id=None, name="attacker") -> bytes:
         obj = {"version": 1, "node_id": node_id or self.node_id, "round": round_,
                "timestamp": time.time() if timestamp is None else timestamp, "groups": groups}
@@ -99,7 +115,7 @@ def _rce_markers(path: Path) -> list[str]:
 def _questions(task: str, n: int = 1):
     from decentrain.tasks import TaskMixConfig, TaskMixture
 
-    mix = TaskMixture(TaskMixConfig(tasks=[task], size=max(n, 10)))
+    mix = TaskMixture(TaskMixConfig(tasks=[task], size=100))  # task.size=100 as in TINY
     return [mix[i] for i in range(n)]
 
 
@@ -135,6 +151,14 @@ def hostile_payloads(kind: str, fr: Framer, round_: int, marker_dir: Path) -> li
             other = type(fr.identity).generate().node_id
             return out + [fr.frame(fr.body(round_, g, node_id=other))]
         return [fr.frame(fr.body(round_, g, node_id=n)) for n in names]
+    if kind == "sandbox_forgery":  # the old sandbox escape, on questions the honest nodes rebuild and score
+        groups = [fr.real_group(it, [FORGERIES[i % 2]] * G) for i, it in enumerate(_questions(DEFAULT_TASK, 4))]
+        return [fr.frame(fr.body(round_, groups))]
+    if kind == "rebuild_amplification":  # 64 fresh entries, each with a wrong question: rebuilt, then refused
+        item = _questions(DEFAULT_TASK)[0]
+        groups = [fr.real_group(item, ["1"] * G, question=f"q{round_}-{i}", index=(round_ * 64 + i) % item.ref.size)
+                  for i in range(64)]
+        return [fr.frame(fr.body(round_, groups))]
     raise ValueError(kind)
 
 

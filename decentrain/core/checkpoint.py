@@ -150,14 +150,18 @@ class Checkpointer:
             except OSError as e:
                 raise CheckpointError(f"{d / name}: unreadable ({e.strerror or e})") from None
         sums_file = d / _SUMS
-        if sums_file.exists():  # checkpoints written before checksums existed load unverified
-            try:
-                sums = json.loads(sums_file.read_text())["sha256"]
-            except (ValueError, KeyError, TypeError, OSError):
-                raise CheckpointError(f"{sums_file}: damaged checksum file") from None
-            for name, blob in blobs.items():
-                if hashlib.sha256(blob).hexdigest() != sums.get(name):
-                    raise CheckpointError(f"{d / name}: sha256 differs from {_SUMS} (truncated or corrupted)")
+        # A missing checksum file is damage too: deleting it must not turn verification off.
+        try:
+            sums = json.loads(sums_file.read_text())["sha256"]
+        except FileNotFoundError:
+            raise CheckpointError(f"{sums_file}: missing (every step is written with one)") from None
+        except (ValueError, KeyError, TypeError, OSError):
+            raise CheckpointError(f"{sums_file}: damaged checksum file") from None
+        if not isinstance(sums, dict):
+            raise CheckpointError(f"{sums_file}: damaged checksum file")
+        for name, blob in blobs.items():
+            if hashlib.sha256(blob).hexdigest() != sums.get(name):
+                raise CheckpointError(f"{d / name}: sha256 differs from {_SUMS} (truncated or corrupted)")
         try:
             meta = json.loads(blobs["state.json"])
             world_size, state = meta["world_size"], meta["state"]

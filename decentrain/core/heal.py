@@ -14,6 +14,8 @@ payload stays pickle-free (a peer is untrusted).
 from __future__ import annotations
 
 import json
+import math
+import re
 import zlib
 from typing import Any
 
@@ -64,8 +66,35 @@ def recv_state(pg: dist.ProcessGroupGloo, src: int, limit_bytes: int) -> tuple[b
     return skeleton, blob
 
 
+_MAX_INT = 1 << 53
+# Scalars that count or schedule: negative values are nonsense from a peer (e.g. a -inf or
+# negative learning rate, a negative step). Matched on the last key of the path.
+_NON_NEGATIVE = re.compile(r"(^|_)(step|steps|round|rounds|count|done|lr|epoch|position|offset|tokens)s?$|^initial_lr$")
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _scalar_problem(got: Any, want: Any, path: str) -> str | None:
+    """Exact scalar types (an int stays an int, a bool a bool), finite floats, ints in range."""
+    if want is None or got is None:
+        # An unset value (e.g. no loss yet) on one side; the other may hold a number.
+        ok = got is None or (type(got) in (int, float) and type(want) in (int, float, type(None)))
+        return None if ok or type(got) is type(want) else f"{path}: type differs"
+    if type(got) is not type(want):
+        return f"{path}: type differs ({type(got).__name__}, want {type(want).__name__})"
+    if type(got) is float and not math.isfinite(got):
+        return f"{path}: non-finite"
+    if type(got) is int and not -_MAX_INT <= got <= _MAX_INT:
+        return f"{path}: out of range"
+    if type(got) in (int, float) and got < 0 and _NON_NEGATIVE.search(path.rsplit(".", 1)[-1]):
+        return f"{path}: negative"
+    return None
+
+
 def _structure_problem(got: Any, want: Any, path: str = "") -> str | None:
-    """Where `got` (a peer's JSON skeleton) differs in shape from `want` (ours); values may differ."""
+    """Where `got` (a peer's JSON skeleton) differs from `want` (ours) in shape, type or range."""
     if isinstance(want, dict):
         if not isinstance(got, dict) or set(got) != set(want):
             return f"{path or 'state'}: keys differ"
@@ -74,18 +103,15 @@ def _structure_problem(got: Any, want: Any, path: str = "") -> str | None:
         if not isinstance(got, list) or len(got) != len(want):
             return f"{path}: length differs"
         return next((p for i, (g, w) in enumerate(zip(got, want)) if (p := _structure_problem(g, w, f"{path}.{i}"))), None)
-    number = (int, float)
-    if isinstance(want, bool) or isinstance(got, bool):
-        return None if type(got) is type(want) else f"{path}: type differs"
-    if isinstance(want, number) and isinstance(got, number) or want is None or got is None or type(got) is type(want):
-        return None
-    return f"{path}: type differs"
+    if isinstance(got, (dict, list)):
+        return f"{path}: type differs"
+    return _scalar_problem(got, want, path)
 
 
 def decode_state(skeleton: bytes, blob: bytes, like: dict[str, Any]) -> dict[str, Any] | str:
     """The peer's state if it has exactly `like`'s structure, tensor names, shapes and dtypes, all finite."""
     try:
-        got = json.loads(skeleton.decode("utf-8"))
+        got = json.loads(skeleton.decode("utf-8"), parse_constant=_refuse_constant)  # no NaN/Infinity
         tensors = load_tensors(blob)
     except (ValueError, UnicodeDecodeError, RuntimeError) as e:  # safetensors raises SafetensorError(Exception)
         return f"unparsable: {type(e).__name__}"

@@ -22,11 +22,12 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable
 
-from torch.distributed import TCPStore
+from torch.distributed import PrefixStore, TCPStore
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from decentrain.core.launch_config import LauncherConfig
-from decentrain.core.world import Placement, plan_placement, read_launch_env, visible_gpus
+from decentrain.core.membership import INCARNATION_KEY
+from decentrain.core.world import Placement, plan_placement, read_launch_env, shared_store_prefix, visible_gpus
 
 log = logging.getLogger(__name__)
 
@@ -109,10 +110,13 @@ def launch_survivors(argv: list[str], nproc: int, run_dir: str | os.PathLike | N
     """
     store = TCPStore(host, 0, is_master=True, wait_for_workers=False)  # lives as long as this launcher
     run_id = uuid.uuid4().hex[:12]
+    shared = PrefixStore(shared_store_prefix(0), store)  # workers' World.store (TORCHELASTIC_RESTART_COUNT=0)
     procs: dict[int, subprocess.Popen] = {}
     incarnation = {rank: 0 for rank in range(nproc)}
 
     def start(rank: int) -> None:
+        # The launcher's record of who it restarted: donors serve heal requests only from these.
+        shared.set(f"{INCARNATION_KEY}/{rank}", str(incarnation[rank]))
         env = {**os.environ, "MASTER_ADDR": host, "MASTER_PORT": str(store.port), "RANK": str(rank),
                "WORLD_SIZE": str(nproc), "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(nproc), "GROUP_RANK": "0",
                "TORCHELASTIC_RUN_ID": run_id, "TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_RESTART_COUNT": "0",

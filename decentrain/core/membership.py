@@ -28,6 +28,10 @@ import torch.distributed as dist
 log = logging.getLogger(__name__)
 
 _MAX_VALUE = 1 << 40  # rounds/incarnations beyond this are nonsense from a peer: read as unknown
+# `<INCARNATION_KEY>/<rank>`: the incarnation `launch_survivors` last started for that rank. A heal
+# request is honoured only from a rank whose incarnation there matches: anyone who can write the
+# store can post a request, only the launcher restarts ranks.
+INCARNATION_KEY = "launcher/incarnation"
 
 
 @dataclass(frozen=True)
@@ -113,9 +117,21 @@ class Membership:
                 rank, inc = (int(x) for x in raw.decode("ascii").split(","))
             except (AttributeError, UnicodeDecodeError, ValueError):
                 continue
-            if 0 <= rank < self.world_size and rank != self.rank and 0 < inc < _MAX_VALUE:
-                out.append((rank, inc))
+            if not (0 <= rank < self.world_size and rank != self.rank and 0 < inc < _MAX_VALUE):
+                continue
+            if (rank, inc) in out or not self._launched(rank, inc):
+                log.warning("rank %d: ignoring a heal request from rank %d incarnation %d, which the launcher did "
+                            "not start", self.rank, rank, inc)
+                continue
+            out.append((rank, inc))
         return out
+
+    def _launched(self, rank: int, inc: int) -> bool:
+        key = f"{INCARNATION_KEY}/{rank}"
+        if not self._safe(self.store.check, [key]):
+            return False
+        raw = self._safe(self.store.get, key)
+        return isinstance(raw, bytes) and raw.decode("ascii", "replace") == str(inc)
 
     # -- reading ----------------------------------------------------------------------
     def progress(self, peer: int) -> Progress | None:

@@ -38,6 +38,11 @@ class LaunchEnv:
         return self.run_id is not None or "RANK" in os.environ
 
 
+def shared_store_prefix(restart_count: int) -> str:
+    """Where `World.store` lives in the job's c10d store (the launcher writes its records there too)."""
+    return f"decentrain/attempt{restart_count}/shared"
+
+
 def read_launch_env() -> LaunchEnv:
     env = os.environ
     if "RANK" not in env and is_submitit_slurm_task(env):
@@ -245,14 +250,14 @@ def init_world(backend: str | None = None, timeout_s: float = 600.0, threads: in
         # gloo addresses: without a fresh prefix per attempt, connectFullMesh dials dead workers
         # ("Connection refused") and every restart fails.
         attempt = f"decentrain/attempt{env.restart_count}"
-        store = dist.PrefixStore(f"{attempt}/shared", raw)
+        store = dist.PrefixStore(shared_store_prefix(env.restart_count), raw)
         if env.incarnation == 0:  # a replacement cannot join the world group (gloo's cannot take a new member)
             dist.init_process_group(backend=backend, store=dist.PrefixStore(attempt, raw) if env.agent_store else raw,
                                     rank=env.rank, world_size=env.world_size, timeout=timedelta(seconds=timeout_s))
 
         def store_client() -> dist.Store:
             client = dist.TCPStore(env.master_addr, env.master_port, is_master=False, timeout=timedelta(seconds=timeout_s))
-            return dist.PrefixStore(f"{attempt}/shared", client)
+            return dist.PrefixStore(shared_store_prefix(env.restart_count), client)
     return World(
         rank=dist.get_rank() if dist.is_initialized() else env.rank,
         world_size=dist.get_world_size() if dist.is_initialized() else env.world_size,

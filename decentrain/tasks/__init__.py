@@ -12,17 +12,18 @@ from decentrain.tasks.mixture import (
     task_config_id,
 )
 from decentrain.tasks.rewards import PromptTemplate, RewardConfig, TemplateConfig, Verifier
-from decentrain.tasks.sandbox import SandboxScorer
+from decentrain.tasks.answers import MAX_ANSWER_CHARS, Malformed
 from decentrain.tasks.vetted import VETTED_TASKS, vetted_tasks
 
 __all__ = [
+    "MAX_ANSWER_CHARS",
     "REBUILD_DROP_REASONS",
     "VETTED_TASKS",
     "EntryMismatch",
     "EntryRef",
+    "Malformed",
     "PromptTemplate",
     "RewardConfig",
-    "SandboxScorer",
     "TaskItem",
     "TaskMixConfig",
     "TaskMixture",

@@ -1,17 +1,14 @@
-"""Prompt template, answer extraction and the verifier reward (reasoning-gym's `score_answer`)."""
+"""Prompt template, answer extraction and the verifier reward (pure parsers, `answers.py`)."""
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Sequence
 
-from reasoning_gym.factory import DATASETS
-
+from decentrain.tasks.answers import Malformed, score
 from decentrain.tasks.mixture import TaskItem, check_task_name
-from decentrain.tasks.sandbox import SandboxScorer
-from decentrain.tasks.vetted import SANDBOX, check_vetted
+from decentrain.tasks.vetted import check_vetted
 
 ANSWER_FORMATS = ("line", "tag")
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
@@ -67,52 +64,30 @@ class RewardConfig:
 
 
 class Verifier:
-    """Scores completions for vetted reasoning-gym tasks (decentrain/tasks/vetted.py).
+    """Scores completions for vetted reasoning-gym tasks with the pure parsers of `answers.py`.
 
     The item must be trusted: built by this node's mixture, or rebuilt by it from a peer's entry
-    address (`TaskMixture.rebuild`); only completions come from peers. Verifiers that evaluate
-    text run in a `SandboxScorer` subprocess, started on first use.
+    address (`TaskMixture.rebuild`); only completions come from peers, and they are parsed as
+    data, never evaluated. `malformed` counts answers that did not parse in their task's format.
     """
 
-    def __init__(self, template: PromptTemplate, cfg: RewardConfig | None = None, sandbox: SandboxScorer | None = None):
+    def __init__(self, template: PromptTemplate, cfg: RewardConfig | None = None):
         self.template = template
         self.cfg = cfg or RewardConfig()
-        self._sandbox = sandbox
-        self._score_fns: dict[str, Callable[[str | None, dict[str, Any]], float]] = {}
-
-    @property
-    def sandbox_failures(self) -> int:
-        """Requests the sandbox scored 0 because the worker hung, crashed or misbehaved."""
-        return 0 if self._sandbox is None else self._sandbox.failures
-
-    @property
-    def sandbox(self) -> SandboxScorer:
-        if self._sandbox is None:
-            self._sandbox = SandboxScorer()
-        return self._sandbox
-
-    def _score_fn(self, task: str) -> Callable[[str | None, dict[str, Any]], float]:
-        if task not in self._score_fns:
-            dataset_cls, config_cls = DATASETS[task]
-            self._score_fns[task] = dataset_cls(config=config_cls(size=1)).score_answer
-        return self._score_fns[task]
+        self.malformed = 0
 
     def scores(self, item: TaskItem, completions: Sequence[str]) -> list[float]:
         """Correctness in [0, 1] of each completion (format reward not included)."""
         check_task_name(item.task, "task")
-        mode = check_vetted(item.task, "task")
-        answers = [self.template.extract_answer(c) for c in completions]
+        check_vetted(item.task, "task")
         entry = {"question": item.question, "answer": item.answer, "metadata": item.metadata}
-        if mode == SANDBOX:
-            return self.sandbox.score(item.task, entry, answers)
-        score_answer = self._score_fn(item.task)
         out = []
-        for answer in answers:
+        for completion in completions:
             try:
-                score = float(score_answer(answer, entry))
-            except Exception:  # a verifier that chokes on an answer scores it 0
-                score = 0.0
-            out.append(min(max(score, 0.0), 1.0) if math.isfinite(score) else 0.0)
+                out.append(score(item.task, self.template.extract_answer(completion), entry))
+            except Malformed:
+                self.malformed += 1
+                out.append(0.0)
         return out
 
     def correctness(self, item: TaskItem, completion: str) -> float:
@@ -129,5 +104,4 @@ class Verifier:
         return self.rewards(item, [completion])[0]
 
     def close(self) -> None:
-        if self._sandbox is not None:
-            self._sandbox.close()
+        """Nothing to release (kept so callers can treat verifiers uniformly)."""

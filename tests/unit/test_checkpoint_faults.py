@@ -31,6 +31,9 @@ DAMAGE = {
     "empty json": ("state.json", lambda p: p.write_text("")),
     "json without state": ("state.json", lambda p: p.write_text("{}")),
     "deleted safetensors": ("tensors.safetensors", lambda p: p.unlink()),
+    # Deleting the checksums used to turn verification off, so this bit flip loaded.
+    "flipped bit, checksums deleted": ("checksums.json",
+                                       lambda p: (_flip_last_byte(p.parent / "tensors.safetensors"), p.unlink())),
 }
 
 

@@ -33,3 +33,84 @@ def test_a_state_of_another_shape_structure_or_garbage_is_refused_with_a_reason(
     nan = _state()
     nan["model"]["weight"][0, 0] = float("nan")
     assert "non-finite" in decode_state(*encode_state(nan), mine)
+
+
+def _tamper(state, path, value):
+    import json
+
+    skeleton, blob = encode_state(state)
+    doc = json.loads(skeleton)
+    node = doc
+    for k in path[:-1]:
+        node = node[k]
+    node[path[-1]] = value
+    return json.dumps(doc, allow_nan=True).encode(), blob
+
+
+def test_scalars_must_keep_their_exact_type_be_finite_and_in_range():
+    mine = _state()
+    assert isinstance(decode_state(*_tamper(mine, ["step"], 8), mine), dict)
+    cases = {
+        "type differs": (["step"], 7.0),  # a float step
+        "negative": (["optimizer", "param_groups", 0, "lr"], -0.1),
+        "out of range": (["step"], 1 << 60),
+    }
+    for why, (path, value) in cases.items():
+        assert why in decode_state(*_tamper(mine, path, value), mine), why
+    # NaN / Infinity are not JSON numbers: refused at parse time.
+    for bad in (float("nan"), float("inf"), float("-inf")):
+        assert decode_state(*_tamper(mine, ["optimizer", "param_groups", 0, "lr"], bad), mine).startswith("unparsable")
+    skeleton, blob = encode_state(mine)
+    assert "non-finite" in decode_state(skeleton.replace(b'"step": 7', b'"step": 1e400'), blob, {**mine, "step": 0.5})
+
+
+def test_heal_requests_are_honoured_only_from_ranks_the_launcher_restarted():
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from decentrain.core.membership import INCARNATION_KEY, Membership
+
+    store = dist.HashStore()
+    store.set_timeout(timedelta(seconds=5))
+    donor = Membership(store, rank=0, world_size=4)
+    donor.heal_requests()  # requests before this process are stale
+    store.set(f"{INCARNATION_KEY}/2", "1")  # the launcher restarted rank 2 once
+    for rank, inc in ((2, 1), (2, 1), (3, 1), (2, 2), (1, 5)):  # 1 real request, 1 duplicate, 3 forged
+        Membership(store, rank=rank, world_size=4, incarnation=inc).request_heal(0)
+    assert donor.heal_requests() == [(2, 1)]
+
+
+def test_a_donor_holds_one_snapshot_at_a_time(monkeypatch):
+    import threading
+
+    from decentrain.algorithms.noloco.healing import Healer
+
+    release = threading.Event()
+    sent, snapshots = [], []
+
+    class Requests:
+        def __init__(self):
+            self.batches = [[(1, 1), (2, 1), (3, 1)], [], [], []]
+
+        def heal_requests(self):
+            return self.batches.pop(0) if self.batches else []
+
+    class Pairs:
+        def get(self, rank, inc):
+            release.wait(10)
+            return None, 1
+
+    monkeypatch.setattr("decentrain.algorithms.noloco.healing.send_state", lambda pg, o, s, b: sent.append(o))
+    state = {"step": 1, "algorithm": {"round": 0}, "w": torch.zeros(2)}
+    h = Healer(Requests(), Pairs(), get_state=lambda: snapshots.append(1) or state, load_state=lambda s: None)
+    h.serve([torch.zeros(1)])
+    h.serve([torch.zeros(1)])  # the first snapshot is still being sent: nothing new is taken
+    assert len(snapshots) == 1 and len(h._pending) == 2
+    release.set()
+    h.finish()
+    h.serve([torch.zeros(1)])
+    h.finish()
+    h.serve([torch.zeros(1)])
+    h.finish()
+    assert len(snapshots) == 3 and h._pending == []

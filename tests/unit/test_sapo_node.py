@@ -20,7 +20,7 @@ from decentrain.algorithms.sapo.payload import RolloutGroup, RolloutPayload, enc
 from decentrain.algorithms.sapo.trainer import run_sapo
 from decentrain.core.metrics import read_jsonl
 from decentrain.core.world import World
-from decentrain.tasks import RewardConfig, TaskMixture
+from decentrain.tasks import RewardConfig, TaskMixConfig, TaskMixture
 
 
 class FakeExchange:
@@ -29,7 +29,7 @@ class FakeExchange:
     def __init__(self, records=()):
         self.records, self.published = list(records), []
 
-    def exchange(self, round_, payload):
+    def exchange(self, round_, payload, is_valid=None):
         self.published.append((round_, payload))
         return [PeerRecord(source, data) for source, data in self.records]
 
@@ -140,7 +140,7 @@ def test_asynchronous_records_must_be_fresh():
     old = encode_payload(RolloutPayload(PEER.node_id, 0, time.time() - 3600, (group,), name="peer"), PEER)
 
     class AsyncExchange(FakeExchange):
-        def exchange(self, round_, payload):
+        def exchange(self, round_, payload, is_valid=None):
             return [PeerRecord("dht", old, 0)]  # a record replayed from the DHT, an hour old
 
     node = SAPONode(cfg, 0, "node0", AsyncExchange())
@@ -229,24 +229,45 @@ def test_spo_node_with_prioritized_sampling_runs_rounds():
     assert m["local_groups"] == 2 and node.advantage.alpha  # the tracker has seen prompts
 
 
-def test_a_peer_that_hangs_the_sandbox_costs_one_timeout_per_round():
-    from decentrain.algorithms.sapo.batching import build_swarm_batch
-    from decentrain.tasks import TaskMixConfig
+def test_rebuild_amplification_costs_the_sender_its_round_not_the_node():
+    """64 groups with fresh indices and wrong questions forced 64 polynomial rebuilds (~9 s) for free."""
+    cfg = tiny_sapo_config(exchange="collective", num_local=0, num_external=2)
+    cfg.task = TaskMixConfig(tasks=["polynomial_multiplication"], size=1000)
+    cfg.payload = dataclasses.replace(cfg.payload, max_groups=64)
+    mix = TaskMixture(cfg.task)
+    attacker, honest = NodeIdentity.generate(), NodeIdentity.generate()
+    completions = ("x\n",) * cfg.loss.num_generations
+    bad = tuple(dataclasses.replace(group_of(mix[i], completions), question=f"q{i}") for i in range(64))
+    good = tuple(group_of(mix[i], (mix[i].answer + "\n",) + completions[1:]) for i in range(2))
+    node = SAPONode(cfg, 0, "node0", FakeExchange([
+        ("attacker", encode_payload(RolloutPayload(attacker.node_id, 0, time.time(), bad, name="a"), attacker)),
+        ("honest", encode_payload(RolloutPayload(honest.node_id, 0, time.time(), good, name="h"), honest)),
+    ]))
+    node.budget.start_round()
+    t = time.perf_counter()
+    external = node.share(0, [])
+    elapsed = time.perf_counter() - t
+    assert external == list(good)  # the honest peer's groups all rebuilt and kept
+    assert node.group_drops["question_mismatch"] + node.group_drops["sender_over_budget"] == 64
+    assert node.group_drops["question_mismatch"] <= 8  # 0.25 s + a rebuild each against a 2 s budget
+    assert node.budget.over(attacker.node_id) and not node.budget.over(honest.node_id)
+    assert node.budget.dropped_total == 1
+    assert elapsed < 6.0, elapsed  # budget + one rebuild (the old code took ~9 s on an idle core)
+    assert [node.rewards(g)[0] for g in external] == [1.0, 1.0]
 
+
+def test_malformed_answers_count_against_their_sender():
     cfg = tiny_sapo_config(exchange="collective", num_local=0, num_external=2)
     cfg.task = TaskMixConfig(tasks=["spiral_matrix"], size=50)
+    cfg.payload = dataclasses.replace(cfg.payload, malformed_cost_s=1.0, sender_budget_s=2.5)
     mix = TaskMixture(cfg.task)
-    hang = "[x for x in iter(int, 1)]\n"
-    groups = tuple(group_of(mix[i], (hang, mix[i].answer + "\n", "1\n", "2\n")) for i in range(4))
-    wire = encode_payload(RolloutPayload(PEER.node_id, 0, time.time(), groups, name="peer"), PEER)
-    node = SAPONode(cfg, 0, "node0", FakeExchange([("hang", wire)]))
-    try:
-        external = node.share(0, [])
-        assert len(external) == 4
-        t = time.monotonic()
-        batch = build_swarm_batch([], external, node.rewards, cfg.batch, node.rng)
-        assert batch.num_external == 0 and batch.stats["external_unscorable"] == 4
-        assert node.verifier.sandbox_failures == 1  # one timeout, then the sender's groups are skipped
-        assert time.monotonic() - t < 2 * node.verifier.sandbox.timeout_s + 30  # + one worker start
-    finally:
-        node.close()
+    groups = tuple(group_of(mix[i], ("[1, 2\n",) * cfg.loss.num_generations) for i in range(4))
+    node = SAPONode(cfg, 0, "node0", FakeExchange([("p", encode_payload(
+        RolloutPayload(PEER.node_id, 0, time.time(), groups, name="p"), PEER))]))
+    node.budget.start_round()
+    external = node.share(0, [])
+    assert len(external) == 4
+    assert node.rewards(external[0]) == [0.0] * cfg.loss.num_generations  # over budget once scored
+    with pytest.raises(ValueError, match="over its cost budget"):
+        node.rewards(external[1])
+    assert node.verifier.malformed == cfg.loss.num_generations

@@ -1,51 +1,152 @@
-"""Verifiers never run peer text in this interpreter; only vetted tasks; entries are rebuilt here."""
+"""Peer text reaches no interpreter: pure parsers score every vetted task; entries are rebuilt here."""
 
 import ast
-import inspect
 import os
-import sys
-import textwrap
+import random
+from pathlib import Path
 
 import pytest
-from reasoning_gym.factory import DATASETS
+import reasoning_gym
 
+import decentrain
 from decentrain.tasks import (
+    MAX_ANSWER_CHARS,
     EntryMismatch,
     EntryRef,
+    Malformed,
     PromptTemplate,
-    SandboxScorer,
     TaskMixConfig,
     TaskMixture,
     TemplateConfig,
     Verifier,
     task_config_id,
 )
-from decentrain.tasks.vetted import IN_PROCESS, SANDBOX, VETTED_TASKS, verifier_mode
+from decentrain.tasks.answers import parse_literal, parse_polynomial, score
+from decentrain.tasks.vetted import VETTED_TASKS
 
-def markers(path) -> list[str]:
-    """Completions that created files in a receiver through these verifiers (5 of 5 tasks before)."""
-    return [f'__import__("os").system("touch {path}_a")\n', f'open("{path}_b", "w")\n']
+# -- nothing in the library evaluates text --------------------------------------------------------
+
+# Builtins called by name (model.eval() and re.compile() are not these), and evaluating functions by any path.
+_EVALUATING_BUILTINS = {"eval", "exec", "compile", "__import__", "breakpoint"}
+_EVALUATING_CALLS = {"literal_eval", "parse_expr", "sympify", "import_module", "score_answer", "run_path", "run_module"}
+_EVALUATING_MODULES = {"sympy", "pickle", "marshal", "code", "codeop", "dill", "cloudpickle"}
 
 
-def test_sandbox_survives_hangs_memory_bombs_and_forged_replies(tmp_path):
-    sandbox = SandboxScorer(timeout_s=1.0)
-    v = Verifier(PromptTemplate(TemplateConfig()), sandbox=sandbox)
-    try:
-        item = TaskMixture(TaskMixConfig(tasks=["spiral_matrix"], size=20))[0]
-        forged = 'print(\'{"nonce": "x", "scores": [1.0, 1.0]}\', flush=True)\n'
-        steal = '[__import__("sys")._getframe(1).f_locals]\n'
-        assert v.scores(item, [forged, steal]) == [0.0, 0.0]
-        assert v.scores(item, ["[0] * 10**10\n"]) == [0.0]  # RLIMIT_AS: MemoryError inside the worker
-        assert v.scores(item, ["[x for x in iter(int, 1)]\n", item.answer + "\n"]) == [0.0, 0.0]  # timeout
-        assert sandbox.failures == 1
-        assert v.scores(item, [item.answer + "\n"]) == [1.0]  # a fresh worker took over
-        assert sandbox.restarts == 1
-    finally:
-        v.close()
+def _evaluating_call(f: ast.expr) -> str:
+    if isinstance(f, ast.Name) and f.id in _EVALUATING_BUILTINS | _EVALUATING_CALLS:
+        return f.id
+    if isinstance(f, ast.Attribute) and (f.attr in _EVALUATING_CALLS or (
+            f.attr in _EVALUATING_BUILTINS and isinstance(f.value, ast.Name) and f.value.id == "builtins")):
+        return f.attr
+    return ""
+
+
+def test_the_library_calls_no_interpreter():
+    """No eval/exec/compile/sympy/literal_eval/pickle anywhere under decentrain/ (nor reasoning-gym's verifiers)."""
+    found = []
+    for path in Path(decentrain.__file__).parent.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Call):
+                name = _evaluating_call(node.func)
+                if name:
+                    found.append(f"{path.name}:{node.lineno} calls {name}")
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                names = [a.name for a in node.names] + ([node.module] if isinstance(node, ast.ImportFrom) else [])
+                for n in names:
+                    if n and n.split(".")[0] in _EVALUATING_MODULES:
+                        found.append(f"{path.name}:{node.lineno} imports {n}")
+    assert found == []
+
+
+def test_the_grep_catches_what_it_looks_for():
+    tree = ast.parse("x = eval(s)\nds.score_answer(a, e)\nbuiltins.exec(s)\nast.literal_eval(s)\nm.eval()\nre.compile(p)\n")
+    calls = [_evaluating_call(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)]
+    assert sorted(filter(None, calls)) == ["eval", "exec", "literal_eval", "score_answer"]
+    assert "sympy" in _EVALUATING_MODULES
+
+
+# -- the pure scorers agree with reasoning-gym on well-formed answers ----------------------------
+
+
+def _variants(entry: dict, task: str, rng: random.Random) -> list[str]:
+    a = str(entry["answer"])
+    out = [a, a + " ", " " + a, a[:-1], "", "x", a + a]
+    md = entry["metadata"]
+    if task == "string_insertion":
+        out += [repr(list(a)), str(tuple(a)), repr(a), repr(list(a[:-1]))]
+    elif task == "spiral_matrix":
+        out += [str([int(x) for x in a.split()]), str(a.split()), "[1, [2]]"]
+    elif task == "binary_matrix":
+        out += [str(md["solution"]), str([[str(x) for x in r] for r in md["solution"]]), a.replace("\n", " ")]
+    elif task == "polynomial_multiplication":
+        terms = a.replace(" - ", " + -").split(" + ")
+        rng.shuffle(terms)
+        out += [" + ".join(terms), a.replace("*", "*1*", 1), a + " + 0", a + " + 1"]
+    elif task == "number_sorting":
+        out += [a.replace("'", ""), str(md["sorted_numbers"][::-1]), a.replace("'", '"')]
+    elif task == "word_sorting":
+        out += [", ".join(reversed(a.split(", "))), a.replace(", ", ",")]
+    elif task == "chain_sum":
+        out += ["+0" + a.lstrip("-"), a + ".00", "1," + a]
+    return out
+
+
+@pytest.mark.parametrize("task", VETTED_TASKS)
+def test_pure_scorer_matches_reasoning_gym_on_well_formed_answers(task):
+    # reasoning-gym's verifier runs here only on text this test wrote.
+    ds = reasoning_gym.create_dataset(task, size=25, seed=5)
+    rng = random.Random(0)
+    checked = 0
+    for i in range(len(ds)):
+        entry = ds[i]
+        for answer in _variants(entry, task, rng):
+            try:
+                mine = score(task, answer, entry)
+            except Malformed:
+                mine = 0.0
+            assert mine == pytest.approx(float(ds.score_answer(answer, entry))), (task, answer)
+            checked += 1
+    assert checked >= 25 * 7
+
+
+def test_number_sorting_refuses_nan_that_reasoning_gym_scores_1():
+    ds = reasoning_gym.create_dataset("number_sorting", size=1, seed=0)
+    entry = ds[0]
+    nans = str(["nan"] * len(entry["metadata"]["sorted_numbers"]))
+    assert ds.score_answer(nans, entry) == 1.0  # reasoning-gym's own verifier
+    with pytest.raises(Malformed):
+        score("number_sorting", nans, entry)
+    with pytest.raises(Malformed):
+        score("number_sorting", "[NaN, Infinity]", entry)
+
+
+def test_parsers_are_strict_and_capped():
+    assert parse_literal("[['a', 1], ('b',)]") == [["a", 1], ["b"]]
+    for bad in ("[[[1]]]", "[1, 2", "['a\\'']", "[x]", "__import__('os')", "[1] + [2]", "{1: 2}", "[1,, 2]"):
+        with pytest.raises(Malformed):
+            parse_literal(bad)
+    xs = frozenset({"x", "y"})
+    assert parse_polynomial("2*x**2 - x*x + 3 - 3 + y*2*-1", xs) == {(("x", 2),): 1, (("y", 1),): -2}
+    for bad in ("x^2", "(x + 1)**2", "x/2", "2.0*x", "z", "x**9999", "x ** y", "x +", "2 3", "9**9**9",
+                "__import__('os')", "ilcm.__globals__", "9" * 70):
+        with pytest.raises(Malformed):
+            parse_polynomial(bad, xs)
+    entry = {"answer": "a", "metadata": {}}
+    with pytest.raises(Malformed):
+        score("basic_arithmetic", "1" * (MAX_ANSWER_CHARS + 1), entry)
+    deep = "[" * 2000 + "]" * 2000
+    for task in VETTED_TASKS:
+        item = TaskMixture(TaskMixConfig(tasks=[task], size=3))[0]
+        e = {"question": item.question, "answer": item.answer, "metadata": item.metadata}
+        for junk in (deep, "\x00" * 100, "'" * 3000, "1e999999999", "-" * 4000 + "x"):
+            try:
+                assert 0.0 <= score(task, junk, e) <= 1.0
+            except Malformed:
+                pass
 
 
 def test_unvetted_tasks_are_refused_at_config_time():
-    with pytest.raises(ValueError, match=r"tasks='composite' is not a vetted task; allowed: \[.*'chain_sum'"):
+    with pytest.raises(ValueError, match=r"tasks='composite' is not a vetted task \(no pure answer parser\); allowed: \[.*'chain_sum'"):
         TaskMixConfig(tasks=["composite"])
     with pytest.raises(ValueError, match="twice"):
         TaskMixConfig(tasks=["chain_sum", "chain_sum"])
@@ -58,54 +159,11 @@ def test_unvetted_tasks_are_refused_at_config_time():
     assert set(TaskMixConfig().tasks) <= set(VETTED_TASKS)
 
 
-# -- in-process verifiers evaluate nothing ------------------------------------------------------
-
-_EVALUATING = {"eval", "exec", "compile", "__import__", "parse_expr", "sympify", "literal_eval", "import_module"}
-
-
-def _called_functions(fn, seen: set) -> None:
-    """Every Python function reachable from `fn`'s calls inside reasoning_gym, checked recursively."""
-    if fn in seen:
-        return
-    seen.add(fn)
-    tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Call):
-            name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
-            assert name not in _EVALUATING, f"{fn.__qualname__} calls {name}"
-            target = None
-            if isinstance(node.func, ast.Name):
-                target = fn.__globals__.get(name)
-            elif isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Name):
-                target = getattr(fn.__globals__.get(node.func.value.id), name, None)
-            if inspect.isfunction(target) and target.__module__.startswith("reasoning_gym"):
-                _called_functions(target, seen)
-
-
-@pytest.mark.parametrize("task", [t for t, (mode, _) in VETTED_TASKS.items() if mode == IN_PROCESS])
-def test_in_process_verifiers_evaluate_nothing(task):
-    assert verifier_mode(task) == IN_PROCESS
-    seen: set = set()
-    _called_functions(DATASETS[task][0].score_answer, seen)
-    assert seen
-    # And at run time: no compile/exec audit events while scoring hostile text here.
-    item = TaskMixture(TaskMixConfig(tasks=[task], size=5))[0]
+def test_malformed_answers_are_counted():
     v = Verifier(PromptTemplate(TemplateConfig()))
-    assert v.scores(item, [item.answer + "\n"]) == [1.0]  # builds the verifier (dataclasses exec)
-    events = []
-    hook_on = [True]
-    sys.addaudithook(lambda e, a: events.append(e) if hook_on[0] and e in ("exec", "compile", "import", "os.system") else None)
-    try:
-        v.scores(item, markers("/nonexistent/x") + [item.answer + "\n"])
-    finally:
-        hook_on[0] = False
-    assert events == []
-
-
-def test_changed_verifier_falls_back_to_the_sandbox(monkeypatch):
-    cls = DATASETS["chain_sum"][0]
-    monkeypatch.setattr(cls, "score_answer", lambda self, answer, entry: 1.0)
-    assert verifier_mode("chain_sum") == SANDBOX
+    item = TaskMixture(TaskMixConfig(tasks=["spiral_matrix"], size=5))[0]
+    assert v.scores(item, ["[1, 2\n", item.answer + "\n", "garbage(\n"]) == [0.0, 1.0, 0.0]
+    assert v.malformed == 2
 
 
 # -- entries are rebuilt here ------------------------------------------------------------------

@@ -1,52 +1,93 @@
-"""Verifiers that evaluate model text run it in the sandbox: hostile completions create no file.
+"""Hostile completions are data: scoring one changes no later score, file, socket or process.
 
-Uses only the API the old code had too (Verifier(template)(item, completion)), so this test
-fails on it: there, each of these tasks created files (5 of 5).
+Uses only the API the old code had too (`Verifier(template).scores`), so it fails there: one
+completion escaped the old verifier sandbox (through `catch_warnings.__init__.__globals__['sys']`,
+or sympy's `ilcm.__globals__` for polynomial_multiplication), switched its audit hook off and made
+every later score 1.0; as an ordinary user the same foothold created, truncated and deleted
+files through ctypes, opened sockets and killed processes. Runs as root and, re-run by
+`test_as_an_ordinary_user`, as uid nobody.
 """
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
 
 import pytest
 
 from decentrain.tasks import PromptTemplate, TaskMixConfig, TaskMixture, TemplateConfig, Verifier
+from decentrain.tasks.vetted import VETTED_TASKS
+from tests.privilege import rerun_unprivileged
 
-EVAL_TASKS = ["string_insertion", "number_sorting", "polynomial_multiplication", "spiral_matrix", "binary_matrix"]
+_CATCH_WARNINGS_SYS = ("[c for c in ().__class__.__base__.__subclasses__() if c.__name__=='catch_warnings']"
+                       "[0].__init__.__globals__['sys']")
+_ILCM_SYS = "ilcm.__globals__['sys']"  # names sympy's parser leaves alone
+# Switch the old worker's audit hook off and make its `_score` return 1.0 for anything.
+_FORGE = ".modules['__main__'].__dict__.update({'_DENIED': (), '_DENIED_PREFIXES': ('~',), 'float': id})"
 
 
-@pytest.fixture(scope="module")
-def verifier():
-    # Tag answers: binary_matrix's answer spans several lines.
+def hostile(task: str, tmp, port: int, pid: int) -> list[str]:
+    sys_ = _ILCM_SYS if task == "polynomial_multiplication" else _CATCH_WARNINGS_SYS
+    forge = sys_ + _FORGE
+    libc = "__import__('ctypes').CDLL(None)"
+    free_fd = f"{_CATCH_WARNINGS_SYS}.stderr.close()"  # RLIMIT_NOFILE=3 left no descriptor free
+    attacks = [
+        forge,
+        f"[{forge}, {free_fd}, {libc}.unlink(b'{tmp}/delete_me')]",
+        f"[{forge}, {free_fd}, {libc}.truncate(b'{tmp}/keep', 0)]",
+        f"[{forge}, {free_fd}, {libc}.creat(b'{tmp}/created', 420)]",
+        f"[{forge}, {free_fd}, __import__('socket').create_connection(('127.0.0.1', {port})).sendall(b'x')]",
+        f"[{forge}, {free_fd}, {libc}.kill({pid}, 9)]",
+        f"[{forge}, {free_fd}, __import__('os').kill({pid}, 9)]",
+        f'__import__("os").system("touch {tmp}/system")',
+        f'open("{tmp}/opened", "w")',
+        f'exec("open(\'{tmp}/exec\', \'w\')")',
+    ]
+    return [f"<answer>{a}</answer>" for a in attacks]
+
+
+_WATCHED = ("exec", "compile", "import", "open", "os.", "socket.", "ctypes.", "subprocess.")
+
+
+@pytest.mark.parametrize("task", VETTED_TASKS)
+def test_hostile_completions_change_nothing(task, tmp_path):
+    (tmp_path / "keep").write_text("precious")
+    (tmp_path / "delete_me").write_text("x")
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(4)
+    server.setblocking(False)
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
     v = Verifier(PromptTemplate(TemplateConfig(prompt="{question}", answer_format="tag")))
-    yield v
-    if hasattr(v, "close"):
+    mix = TaskMixture(TaskMixConfig(tasks=[task], size=20))
+    items = [mix[i] for i in range(3)]
+    wrong = ["<answer>wrong</answer>", "<answer>1 2</answer>", "<answer>[0]</answer>"]
+    try:
+        before = [v.scores(it, wrong + [f"<answer>{it.answer}</answer>"]) for it in items]
+        assert all(s == [0.0, 0.0, 0.0, 1.0] for s in before), before
+        events: list[str] = []
+        on = [True]
+        sys.addaudithook(lambda e, a: events.append(e) if on[0] and e.startswith(_WATCHED) else None)
+        try:
+            scores = v.scores(items[0], hostile(task, tmp_path, server.getsockname()[1], bystander.pid))
+        finally:
+            on[0] = False
+        assert events == [], f"scoring peer text raised audit events {sorted(set(events))}"
+        assert scores == [0.0] * len(scores)
+        after = [v.scores(it, wrong + [f"<answer>{it.answer}</answer>"]) for it in items]
+        assert after == before, "a completion changed later scores"
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["delete_me", "keep"]
+        assert (tmp_path / "keep").read_text() == "precious"
+        with pytest.raises(BlockingIOError):
+            server.accept()  # nobody connected
+        assert bystander.poll() is None, "a completion killed a process"
+    finally:
         v.close()
+        server.close()
+        bystander.kill()
+        bystander.wait()
 
 
-_OS = '[c for c in ().__class__.__base__.__subclasses__() if c.__name__ == "_wrap_close"][0].__init__.__globals__'
-
-
-def markers(path) -> list[str]:
-    return [f'__import__("os").system("touch {path}_a")', f'open("{path}_b", "w")',
-            f'[open("{path}_c", "w").close()]', f'[__import__("pathlib").Path("{path}_d").touch()]',
-            '[open("rel_marker", "w")]', f'exec("open(\'{path}_e\', \'w\')")',
-            # os reached without an import, and its functions that raise no audit event:
-            f'[{_OS}["mkfifo"]("{path}_f")]', f'[{_OS}["system"]("touch {path}_g")]',
-            f'[{_OS}["close"](2), {_OS}["open"]("{path}_h", 65)]']
-
-
-@pytest.mark.parametrize("task", EVAL_TASKS)
-def test_rce_markers_create_no_file(task, verifier, tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    item = TaskMixture(TaskMixConfig(tasks=[task], size=20))[0]
-    scores = [verifier(item, f"<answer>{c}</answer>") for c in markers(tmp_path / task)]
-    assert sorted(p.name for p in tmp_path.iterdir()) == []
-    assert scores == [0.0] * len(scores)
-    assert verifier(item, f"<answer>{item.answer}</answer>") == 1.0  # honest answers still score
-
-
-def test_number_sorting_answer_field_runs_nowhere_here(verifier, tmp_path):
-    # number_sorting evals its *answer* when that is not JSON; peers used to send the answer.
-    # Now answers are rebuilt locally (peers cannot send one), and the verifier is sandboxed anyway.
-    item = TaskMixture(TaskMixConfig(tasks=["number_sorting"], size=20))[0]
-    hostile = type(item)("number_sorting", item.question, f'__import__("os").system("touch {tmp_path}/ns")',
-                         item.metadata)
-    assert verifier(hostile, "<answer>[1, 2]</answer>") == 0.0
-    assert list(tmp_path.iterdir()) == []
+def test_as_an_ordinary_user():
+    rerun_unprivileged(__file__, "test_hostile_completions_change_nothing")

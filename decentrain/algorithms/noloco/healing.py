@@ -43,11 +43,22 @@ class Healer:
     load_state: Callable[[dict[str, Any]], None]
     attempt_s: float = 60.0  # per donor: it serves after its next outer step
     _serving: list = field(default_factory=list, repr=False)
+    _pending: list = field(default_factory=list, repr=False)  # requests waiting for the snapshot in flight
 
     # -- donor side ---------------------------------------------------------------------
     def serve(self, phi: list[torch.Tensor]) -> None:
-        """Answer every pending heal request with a snapshot taken now (call right after an outer step)."""
-        for rank, inc in self.membership.heal_requests():
+        """Answer the oldest pending heal request with a snapshot taken now (call right after an outer step).
+
+        At most one snapshot is in flight: each holds a copy of the whole state, so a burst of
+        requests (forged ones included) waits for the one being sent instead of piling up.
+        """
+        for req in self.membership.heal_requests():
+            if req not in self._pending:
+                self._pending.append(req)
+        self._serving = [t for t in self._serving if t.is_alive()]
+        if self._serving or not self._pending:
+            return
+        for rank, inc in [self._pending.pop(0)]:
             state = self.get_state()
             skeleton, blob = encode_state(state)
             crc = tensors_crc(phi)

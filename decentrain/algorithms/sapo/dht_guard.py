@@ -21,7 +21,10 @@ after it, on every record this node stores for others or receives from them, and
     marker (so one node's key holds one node's record: nobody can crowd or block another's);
   - an expiration beyond now + max_ttl_s (a far-future TTL pinned a record for good);
   - a value over its size cap (registry: tiny; rollouts: below the 2 MiB unary message limit
-    of hivemind's p2p daemon, whose overflow made peers drop each other from routing tables).
+    of hivemind's p2p daemon, whose overflow made peers drop each other from routing tables);
+  - a subkey longer than its marker (+ `#<chunk>` for rollouts) or a marker over
+    `MAX_MARKER_BYTES` (hivemind's RSA-2048 marker is 388 bytes): 40 registry subkeys of
+    ~700 KB each from one key once kept an honest sender's records from every receiver.
 
 Hand-written because hivemind ships only the signature check and a pydantic schema validator,
 and neither can tie a key to its owner or cap sizes and TTLs.
@@ -43,6 +46,8 @@ TTL_SLACK_S = 5.0  # clock skew between honest peers
 REGISTRY_VALUE_BYTES = 64  # the registry value is the integer 1; anything more is junk
 CHUNK_BYTES = 12 << 10  # one pipe message stays below 16 KiB (see above)
 CHUNK_OVERHEAD = 256  # msgpack of {"round", "n", "payload"} around a chunk
+MAX_MARKER_BYTES = 1024  # an RSA public key as hivemind writes it, with room for 4096-bit keys
+_MSGPACK_BIN_HEADER = 5  # the most msgpack adds in front of a serialized bytes subkey
 
 
 def chunk_subkey(marker: bytes, index: int) -> bytes:
@@ -78,17 +83,22 @@ class SwarmRecordValidator(RecordValidatorBase):
         self.registry_id = DHTID.generate(source=registry_key(prefix)).to_bytes()
 
     def validate(self, record: DHTRecord) -> bool:
+        if len(record.subkey) > MAX_MARKER_BYTES + _MSGPACK_BIN_HEADER + 6:  # before any regex
+            return False
         marker = owner_of(record.subkey)
-        if marker is None:
+        if marker is None or len(marker) > MAX_MARKER_BYTES:
             return False
         if record.expiration_time > get_dht_time() + self.max_ttl_s + TTL_SLACK_S:
             return False
         if record.key == self.registry_id:
-            return len(record.value) <= REGISTRY_VALUE_BYTES and record.subkey.endswith(b"]")
+            return (len(record.value) <= REGISTRY_VALUE_BYTES and record.subkey.endswith(marker)
+                    and len(record.subkey) <= len(marker) + _MSGPACK_BIN_HEADER)
         if record.key != DHTID.generate(source=rollouts_key(self.prefix, marker)).to_bytes():
             return False
         index = _CHUNK_RE.search(record.subkey)
         return (index is not None and int(index.group(1)) < max_chunks(self.max_record_bytes)
+                and record.subkey.endswith(chunk_subkey(marker, int(index.group(1))))
+                and len(record.subkey) <= len(marker) + _MSGPACK_BIN_HEADER + 6
                 and len(record.value) <= CHUNK_BYTES + CHUNK_OVERHEAD)
 
     @property

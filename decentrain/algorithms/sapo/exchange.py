@@ -19,8 +19,9 @@ import time
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Callable, Protocol
 
+from decentrain.algorithms.sapo.peer_selection import PeerSelector
 from decentrain.core.bytes_comm import all_gather_bytes
 from decentrain.core.registry import Registry
 from decentrain.core.world import World
@@ -52,7 +53,7 @@ class HivemindConfig:
     max_ttl_s: float = 300.0  # records expiring later than now + this are refused (stored or fetched)
     max_record_bytes: int = 1 << 20  # one node's compressed record; below p2pd's 2 MiB unary limit
     max_fetch_bytes: int = 16 << 20  # compressed bytes fetched per round, over all peers
-    max_peers_per_round: int = 32  # peers' keys read per round (those that delivered lately first)
+    max_peers_per_round: int = 32  # peers' keys read per round (half by recent valid payloads, half oldest-read)
     max_known_peers: int = 1024  # registry entries remembered; the stalest are forgotten first
     starved_warn_rounds: int = 5  # WARNING once per this many rounds without records while peers are known
 
@@ -96,8 +97,13 @@ class RolloutExchange(Protocol):
     has_peers: bool  # False: the node trains alone (no external rollouts to take)
     joins_process_group: bool  # True: every node is a rank of one torch.distributed job (launched together)
 
-    def exchange(self, round_: int, payload: bytes) -> list[PeerRecord]:
-        """Publish `payload` for `round_`; return peers' records not returned before."""
+    def exchange(self, round_: int, payload: bytes,
+                 is_valid: Callable[[PeerRecord], bool] | None = None) -> list[PeerRecord]:
+        """Publish `payload` for `round_`; return peers' records not returned before.
+
+        `is_valid` (the caller's decoder, without side effects): backends that wait for peers
+        count only records that pass it, so a rejected record cannot stand in for a peer.
+        """
         ...
 
     def close(self) -> None: ...
@@ -113,7 +119,7 @@ class SiloExchange:
     def __init__(self, cfg: ExchangeConfig, world: World, node_id: str):
         pass
 
-    def exchange(self, round_: int, payload: bytes) -> list[PeerRecord]:
+    def exchange(self, round_: int, payload: bytes, is_valid=None) -> list[PeerRecord]:
         return []
 
     def close(self) -> None:
@@ -129,7 +135,7 @@ class CollectiveExchange:
     def __init__(self, cfg: ExchangeConfig, world: World, node_id: str):
         self.cfg, self.world = cfg, world
 
-    def exchange(self, round_: int, payload: bytes) -> list[PeerRecord]:
+    def exchange(self, round_: int, payload: bytes, is_valid=None) -> list[PeerRecord]:
         if len(payload) > self.cfg.max_bytes:  # publish nothing this round, keep training
             logger.warning("round %d: own payload of %d bytes exceeds exchange.max_bytes=%d; not published",
                         round_, len(payload), self.cfg.max_bytes)
@@ -186,8 +192,8 @@ class HivemindExchange:
         self.marker = signer.local_public_key
         self.registry = registry_key(self.hcfg.prefix)
         self.own_key = rollouts_key(self.hcfg.prefix, self.marker)
-        self.known: OrderedDict[bytes, float] = OrderedDict()  # peer marker -> when last listed
-        self.delivered: dict[bytes, float] = {}  # peer marker -> when it last gave us a record
+        self.peers = PeerSelector(self.hcfg.max_peers_per_round, self.hcfg.max_known_peers,
+                                  seed=int.from_bytes(hashlib.sha256(self.marker).digest()[:4], "little"))
         self.high_water: dict[bytes, int] = {}  # peer marker -> highest round taken from it
         self.digests: OrderedDict[bytes, None] = OrderedDict()
         self.drops: Counter[str] = Counter()
@@ -227,22 +233,13 @@ class HivemindExchange:
                     self.drops["bad_registry_entry"] += 1
                     continue
                 if marker != self.marker:
-                    self.known[marker] = now
-                    self.known.move_to_end(marker)
-        while self.known and (len(self.known) > self.hcfg.max_known_peers  # forget the stalest first
-                              or next(iter(self.known.values())) < now - self.hcfg.max_ttl_s):
-            old, _ = self.known.popitem(last=False)
-            self.delivered.pop(old, None)
+                    self.peers.listed(marker, now)
+        for old in self.peers.forget(now, self.hcfg.max_ttl_s):
             self.high_water.pop(old, None)
 
-    def _candidates(self, taken: set[bytes]) -> list[bytes]:
-        """Peers to read this poll: those that delivered most recently first, then the rest."""
-        rest = [m for m in self.known if m not in taken]
-        rest.sort(key=lambda m: self.delivered.get(m, 0.0), reverse=True)
-        room = self.hcfg.max_peers_per_round - len(taken)
-        if len(rest) > room:
-            self.drops["peer_budget"] += len(rest) - room
-        return rest[:max(room, 0)]
+    @property
+    def known(self) -> OrderedDict[bytes, float]:
+        return self.peers.known
 
     # -- records ---------------------------------------------------------------------------------
 
@@ -270,7 +267,8 @@ class HivemindExchange:
             parts.append(chunk["payload"])
         return round_, b"".join(parts)
 
-    def _take(self, marker: bytes, found, budget: list[int]) -> PeerRecord | None:
+    def _take(self, marker: bytes, found, budget: list[int], is_valid: Callable[[PeerRecord], bool] | None
+              ) -> PeerRecord | None:
         """One peer's record if it passes every receive-side rule; else counts why and returns None."""
         from decentrain.algorithms.sapo.dht_guard import inflate, owner_digest
 
@@ -297,8 +295,12 @@ class HivemindExchange:
         if not self._remember(payload):
             self.drops["replay"] += 1
             return None
-        self.delivered[marker] = time.monotonic()
-        return PeerRecord(f"{owner_digest(marker)[:12]}@{round_}", payload, round_)
+        record = PeerRecord(f"{owner_digest(marker)[:12]}@{round_}", payload, round_)
+        if is_valid is not None and not is_valid(record):
+            self.drops["invalid_payload"] += 1
+            return None  # neither merit nor a place towards min_peers
+        self.peers.contributed(marker)
+        return record
 
     def _remember(self, payload: bytes) -> bool:
         """False if these exact bytes were seen before (taken from a peer, or our own)."""
@@ -310,26 +312,41 @@ class HivemindExchange:
             self.digests.popitem(last=False)
         return True
 
-    def _collect(self, taken: set[bytes], budget: list[int]) -> list[PeerRecord]:
+    def _collect(self, round_: int, taken: set[bytes], budgets: tuple[list[int], list[int]],
+                 is_valid: Callable[[PeerRecord], bool] | None) -> list[PeerRecord]:
         from decentrain.algorithms.sapo.dht_guard import rollouts_key
 
-        peers = self._candidates(taken)
+        trusted, explore = self.peers.choose(round_, taken)
+        if (left := len(self.known) - len(taken) - len(trusted) - len(explore)) > 0:
+            self.drops["peer_budget"] += left
+        peers = trusted + explore
         futures = [self.dht.get(rollouts_key(self.hcfg.prefix, m), latest=True, return_future=True) for m in peers]
         out = []
-        for marker, future in zip(peers, futures):
+        for k, (marker, future) in enumerate(zip(peers, futures)):
+            # Peers with merit spend the shared byte budget first; the explored ones at most half of it.
+            budget = budgets[0] if k < len(trusted) else budgets[1]
+            left_before = budget[0]
             try:
                 found = future.result()
             except Exception as e:  # a DHT lookup error costs this peer's record, not the round
                 self.drops["lookup_error"] += 1
                 logger.debug("DHT get for %s failed: %s", marker[:24], e)
                 continue
-            record = self._take(marker, found, budget)
+            record = self._take(marker, found, budget, is_valid)
+            if budget is budgets[1]:  # explored bytes count against the shared budget too
+                budgets[0][0] = max(budgets[0][0] - (left_before - budget[0]), 0)
             if record is not None:
                 taken.add(marker)
                 out.append(record)
         return out
 
-    def exchange(self, round_: int, payload: bytes) -> list[PeerRecord]:
+    @property
+    def _explore_cap(self) -> int:
+        return self.hcfg.max_fetch_bytes // 2
+
+    def exchange(self, round_: int, payload: bytes,
+                 is_valid: Callable[[PeerRecord], bool] | None = None) -> list[PeerRecord]:
+        """Publish, then poll for records until `min_peers` of them pass `is_valid` (or `wait_s` ends)."""
         from decentrain.algorithms.sapo.dht_guard import compress
 
         before = sum(self.drops.values()), dict(self.drops)
@@ -343,14 +360,15 @@ class HivemindExchange:
             self._publish(round_, data)
         # No barrier: poll briefly for new records, then go on with whatever arrived.
         taken: set[bytes] = set()
-        budget = [self.hcfg.max_fetch_bytes]
+        budgets = ([self.hcfg.max_fetch_bytes], [self._explore_cap])
         deadline = time.monotonic() + self.hcfg.wait_s
         self._refresh_peers()
-        out = self._collect(taken, budget)
+        out = self._collect(round_, taken, budgets, is_valid)
         while len(out) < self.hcfg.min_peers and time.monotonic() < deadline:
             time.sleep(self.hcfg.poll_s)
             self._refresh_peers()  # peers that joined meanwhile
-            out += self._collect(taken, budget)
+            out += self._collect(round_, taken, budgets, is_valid)
+        self.peers.end_round()
         self._report(round_, out, before)
         return out
 

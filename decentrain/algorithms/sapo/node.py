@@ -5,7 +5,9 @@
 
 Peers' groups are scored only for tasks in this node's own mixture, against entries rebuilt here
 from the address the peer sends (`TaskMixture.rebuild`); a group that does not rebuild to its
-question is dropped and counted. Payloads are signed with this node's Ed25519 key.
+question is dropped and counted. Every second of rebuild and scoring a peer causes is charged
+to it (`SenderBudget`); a peer over budget is dropped for the round. Payloads are signed with
+this node's Ed25519 key.
 """
 
 from __future__ import annotations
@@ -20,8 +22,9 @@ import numpy as np
 import torch
 
 from decentrain.algorithms.sapo.batching import build_swarm_batch, tokenize_batch
+from decentrain.algorithms.sapo.budget import SenderBudget
 from decentrain.algorithms.sapo.config import SAPOConfig
-from decentrain.algorithms.sapo.exchange import RolloutExchange
+from decentrain.algorithms.sapo.exchange import PeerRecord, RolloutExchange
 from decentrain.algorithms.sapo.generation import build_generation_backend, completion_logprobs
 from decentrain.algorithms.sapo.grpo import LossNorm, build_advantage_estimator, policy_loss
 from decentrain.algorithms.sapo.identity import NodeIdentity
@@ -82,7 +85,7 @@ class SAPONode:
         self.group_drops: Counter[str] = Counter()  # peers' groups that did not rebuild, by reason
         self._items: dict[RolloutGroup, TaskItem] = {}  # this round's trusted item per group
         self._origin: dict[RolloutGroup, str] = {}  # this round's external groups -> sender key
-        self._faulty: set[str] = set()  # senders whose text broke the verifier sandbox this round
+        self.budget = SenderBudget(cfg.payload.sender_budget_s)
         self.rng = np.random.default_rng(self.seed)
         self.round = 0  # rounds completed
         self.cumulative_reward = 0.0
@@ -96,14 +99,13 @@ class SAPONode:
         if item is None:  # never happens for groups that came through generate() or share()
             raise ValueError("group was not rebuilt by this node")
         sender = self._origin.get(group)
-        if sender in self._faulty:
-            raise ValueError("sender already hung or crashed the verifier sandbox this round")
-        failures = self.verifier.sandbox_failures
-        rewards = self.verifier.rewards(item, group.completions)
-        if sender is not None and self.verifier.sandbox_failures > failures:
-            # A timeout costs seconds; one per sender per round, then its groups are unscorable.
-            self._faulty.add(sender)
-            raise ValueError("completions hung or crashed the verifier sandbox")
+        if sender is not None and self.budget.over(sender):
+            raise ValueError("sender is over its cost budget this round")
+        malformed = self.verifier.malformed
+        with self.budget.timed(sender):
+            rewards = self.verifier.rewards(item, group.completions)
+        if sender is not None:
+            self.budget.charge(sender, (self.verifier.malformed - malformed) * self.cfg.payload.malformed_cost_s)
         return rewards
 
     # -- the round -------------------------------------------------------------------------------
@@ -128,27 +130,42 @@ class SAPONode:
     def share(self, round_: int, local: list[RolloutGroup]) -> list[RolloutGroup]:
         payload = RolloutPayload(self.identity.node_id, round_, time.time(), tuple(local), name=self.node_id)
         external, seen_groups = [], dict(self.group_drops)
-        for rec in self.exchange.exchange(round_, encode_payload(payload, self.identity, self.cfg.swarm_key)):
+
+        def when(rec: PeerRecord) -> tuple[int, float | None]:
             # A record with its own round comes from an asynchronous backend: rounds do not line
             # up across nodes there, so the signed timestamp must also be fresh.
-            now = None if rec.round is None else time.time()
-            decoded = self.decoder(rec.data, current_round=round_ if rec.round is None else rec.round,
-                                   source=rec.source, now=now)
+            return (round_, None) if rec.round is None else (rec.round, time.time())
+
+        def is_valid(rec: PeerRecord) -> bool:
+            return self.decoder.would_accept(rec.data, *when(rec))
+
+        wire = encode_payload(payload, self.identity, self.cfg.swarm_key)
+        for rec in self.exchange.exchange(round_, wire, is_valid=is_valid):
+            current, now = when(rec)
+            decoded = self.decoder(rec.data, current_round=current, source=rec.source, now=now)
             if decoded is None or decoded.node_id == self.identity.node_id:
                 continue
             datasets: dict[str, tuple[int, int]] = {}
+            sender = decoded.node_id
             for g in decoded.groups:
+                if self.budget.over(sender):
+                    self.group_drops["sender_over_budget"] += 1
+                    continue
                 # An honest peer draws each task from one dataset; more would make this node build
                 # a dataset per group (word_sorting: ~15 ms each).
                 if datasets.setdefault(g.task, (g.seed, g.size)) != (g.seed, g.size):
                     self.group_drops["mixed_datasets"] += 1
+                    self.budget.charge(sender, self.cfg.payload.mismatch_cost_s)
                     continue
+                t = time.perf_counter()
                 try:
                     self._items[g] = self.mixture.rebuild(entry_ref(g), g.question, self.cfg.payload.max_dataset_size)
-                    self._origin.setdefault(g, decoded.node_id)
+                    self._origin.setdefault(g, sender)
                 except EntryMismatch as e:
                     self.group_drops[e.reason] += 1
+                    self.budget.charge(sender, time.perf_counter() - t + self.cfg.payload.mismatch_cost_s)
                     continue
+                self.budget.charge(sender, time.perf_counter() - t)
                 external.append(g)
         self.decoder.drops.flush_log(f"{self.node_id} round {round_}: ")
         if dropped := {k: v - seen_groups.get(k, 0) for k, v in self.group_drops.items() if v != seen_groups.get(k, 0)}:
@@ -208,7 +225,7 @@ class SAPONode:
         round_ = self.round
         self._items.clear()
         self._origin.clear()
-        self._faulty.clear()
+        self.budget.start_round()
         t0 = time.perf_counter()
         local = self.generate(round_)
         t1 = time.perf_counter()
@@ -241,7 +258,8 @@ class SAPONode:
             **train,
         }
         metrics["local_mixed_groups"] = sum(1 for s in own if max(s.rewards) != min(s.rewards))
-        metrics["sandbox_failures"] = self.verifier.sandbox_failures
+        metrics["malformed_answers"] = self.verifier.malformed
+        metrics["senders_over_budget"] = self.budget.dropped_total
         for task in sorted({g.task for g in local}):
             # Exact answers only: reasoning-gym gives partial credit (e.g. 0.01) to some wrong ones.
             scores = [s >= 1.0 for g in local if g.task == task for s in self.verifier.scores(self._items[g], g.completions)]
@@ -265,6 +283,7 @@ class SAPONode:
             "drops": self.decoder.drops.as_dict(),
             "group_drops": dict(self.group_drops),
             "high_water": dict(self.decoder.high_water),  # replay marks survive a restart
+            "accepted": dict(self.decoder.accepted),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -278,3 +297,4 @@ class SAPONode:
         self.decoder.drops.counts.update(state["drops"])
         self.group_drops.update(state.get("group_drops", {}))
         self.decoder.high_water.update({k: (int(r), float(t)) for k, (r, t) in state.get("high_water", {}).items()})
+        self.decoder.accepted.update({k: int(n) for k, n in state.get("accepted", {}).items()})

@@ -127,8 +127,17 @@ class PayloadLimits:
     # the receiver's clock, so an old record replayed to a fresh node is dropped.
     max_age_s: float = 300.0
     max_peers_tracked: int = 4096  # replay high-water marks kept (least recently seen evicted)
+    # What one sender may cost this node per round (decentrain/algorithms/sapo/budget.py): the
+    # seconds spent rebuilding its entries and scoring its completions, plus these charges.
+    sender_budget_s: float = 2.0
+    mismatch_cost_s: float = 0.25  # per group that does not rebuild (wrong question, address, task)
+    malformed_cost_s: float = 0.01  # per answer that does not parse in its task's format
 
     def __post_init__(self) -> None:
+        for name in ("sender_budget_s", "mismatch_cost_s", "malformed_cost_s"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0) or (name == "sender_budget_s" and value == 0):
+                raise ValueError(f"payload.{name}={value} must be finite and {'> 0' if name == 'sender_budget_s' else '>= 0'}")
         for name in ("num_generations", "max_bytes", "max_groups", "max_string_chars", "max_dataset_size",
                      "max_peers_tracked"):
             if getattr(self, name) <= 0:
@@ -428,19 +437,35 @@ class PayloadDecoder:
         self.key = check_swarm_key(key)
         self.drops = DropCounter()
         self.high_water: OrderedDict[str, tuple[int, float]] = OrderedDict()
+        # Payloads accepted per sender: when the table is full, the marks of senders with the
+        # fewest go first, so a burst of fresh keys evicts each other, not a long-standing peer's.
+        self.accepted: Counter[str] = Counter()
 
-    def __call__(self, data: Any, current_round: int, source: str = "?", now: float | None = None) -> RolloutPayload | None:
+    def _check(self, data: Any, current_round: int, now: float | None) -> RolloutPayload | Rejection:
         result = decode_payload(data, self.limits, current_round=current_round, key=self.key, now=now)
         if isinstance(result, RolloutPayload):
             last = self.high_water.get(result.node_id)
             if last is not None and (result.timestamp <= last[1] or result.round == last[0]):
-                result = Rejection("replayed", f"round {result.round} after {last[0]} from {result.node_id[:16]}")
-            else:
-                self.high_water[result.node_id] = (result.round, result.timestamp)
-                self.high_water.move_to_end(result.node_id)
-                while len(self.high_water) > self.limits.max_peers_tracked:
-                    self.high_water.popitem(last=False)
+                return Rejection("replayed", f"round {result.round} after {last[0]} from {result.node_id[:16]}")
+        return result
+
+    def would_accept(self, data: Any, current_round: int, now: float | None = None) -> bool:
+        """What `__call__` would say, without recording anything (for an exchange counting valid peers)."""
+        return isinstance(self._check(data, current_round, now), RolloutPayload)
+
+    def __call__(self, data: Any, current_round: int, source: str = "?", now: float | None = None) -> RolloutPayload | None:
+        result = self._check(data, current_round, now)
         if isinstance(result, Rejection):
             self.drops.record(result, source)
             return None
+        self.high_water[result.node_id] = (result.round, result.timestamp)
+        self.high_water.move_to_end(result.node_id)
+        self.accepted[result.node_id] += 1
+        if len(self.high_water) > self.limits.max_peers_tracked:
+            # Fewest accepted payloads first, least recently seen among those (OrderedDict order).
+            order = {k: i for i, k in enumerate(self.high_water)}
+            victim = min((k for k in self.high_water if k != result.node_id),
+                         key=lambda k: (self.accepted[k], order[k]))
+            del self.high_water[victim]
+            self.accepted.pop(victim, None)
         return result

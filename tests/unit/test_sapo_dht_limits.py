@@ -1,0 +1,132 @@
+"""DHT-side limits without a network: subkey caps, Sybil-proof peer selection, valid-only min_peers,
+replay marks that fresh keys cannot evict."""
+
+import time
+import zlib
+from collections import Counter
+from types import SimpleNamespace
+
+import pytest
+
+from decentrain.algorithms.sapo.identity import NodeIdentity
+from decentrain.algorithms.sapo.payload import PayloadDecoder, PayloadLimits, RolloutPayload, encode_payload
+from decentrain.algorithms.sapo.peer_selection import PeerSelector
+
+
+def test_registry_and_chunk_subkeys_are_capped():
+    pytest.importorskip("hivemind")
+    from hivemind.dht.validation import DHTRecord
+    from hivemind.utils import get_dht_time
+    from hivemind.utils.serializer import MSGPackSerializer
+
+    from hivemind.dht.routing import DHTID
+
+    from decentrain.algorithms.sapo.dht_guard import SwarmRecordValidator, chunk_subkey, registry_key, rollouts_key
+
+    v = SwarmRecordValidator("p", max_ttl_s=60, max_record_bytes=1 << 20)
+    marker = b"[owner:ssh-rsa " + b"A" * 372 + b"]"
+    exp = get_dht_time() + 30
+    reg = DHTID.generate(source=registry_key("p")).to_bytes()
+    own = DHTID.generate(source=rollouts_key("p", marker)).to_bytes()
+    one = MSGPackSerializer.dumps(1)
+
+    def ok(key, subkey, value=one):
+        return v.validate(DHTRecord(key, MSGPackSerializer.dumps(subkey), value, exp))
+
+    assert ok(reg, marker)
+    assert ok(own, chunk_subkey(marker, 3), b"x" * 1000)
+    # ~700 KB of junk around one valid marker: what eclipsed an honest sender before.
+    assert not ok(reg, b"J" * 700_000 + marker)
+    assert not ok(reg, b"J" * 100 + marker)
+    assert not ok(own, b"J" * 100 + chunk_subkey(marker, 3))
+    assert not ok(own, chunk_subkey(marker, 3) + b"x")
+    assert not ok(own, marker + b"#0003")
+    huge = b"[owner:ssh-rsa " + b"A" * 5000 + b"]"
+    assert not ok(DHTID.generate(source=registry_key("p")).to_bytes(), huge)
+
+
+def test_a_few_sybils_cannot_crowd_out_peers_with_valid_payloads():
+    sel = PeerSelector(max_peers_per_round=32, max_known=1024, seed=0)
+    honest = [f"h{i}" for i in range(4)]
+    sybils = [f"s{i}" for i in range(32)]
+    for p in honest:
+        sel.listed(p, 0.0)
+    for r in range(3):  # honest peers deliver valid payloads before the Sybils arrive
+        trusted, explore = sel.choose(r, set())
+        for p in trusted + explore:
+            sel.contributed(p)
+        sel.end_round()
+    for p in sybils:
+        sel.listed(p, 1.0)  # listed after, and more recently than, the honest peers
+    reads = Counter()
+    for r in range(3, 23):
+        trusted, explore = sel.choose(r, set())
+        assert len(trusted) + len(explore) == 32
+        reads.update(trusted + explore)
+        for p in honest:
+            if p in trusted + explore:
+                sel.contributed(p)
+        sel.end_round()
+    assert all(reads[p] == 20 for p in honest)  # every round, despite 32 fresh keys
+    assert all(reads[p] >= 1 for p in sybils)  # and every listed peer gets its floor
+
+
+def test_new_peers_get_a_read_within_a_window():
+    sel = PeerSelector(max_peers_per_round=4, max_known=1024, seed=1)
+    for i in range(40):
+        sel.listed(f"p{i}", 0.0)
+    seen = set()
+    for r in range(20):  # 4 slots, 40 peers, no merit yet: all read within 10 rounds
+        trusted, explore = sel.choose(r, set())
+        seen.update(trusted + explore)
+    assert len(seen) == 40
+
+
+def test_a_full_table_forgets_peers_without_merit_first():
+    sel = PeerSelector(max_peers_per_round=8, max_known=4, seed=0)
+    sel.listed("honest", 0.0)
+    sel.contributed("honest")
+    for i in range(10):
+        sel.listed(f"s{i}", 1.0 + i)
+    gone = sel.forget(now=11.0, max_age_s=100.0)
+    assert "honest" in sel.known and len(sel.known) == 4 and len(gone) == 7
+
+
+def _signed(ident, round_, t):
+    return encode_payload(RolloutPayload(ident.node_id, round_, t, (), name="n"), ident)
+
+
+def test_fresh_keys_do_not_evict_a_standing_peers_replay_mark():
+    dec = PayloadDecoder(PayloadLimits(max_peers_tracked=16))
+    peer = NodeIdentity.generate()
+    t = time.time()
+    old = _signed(peer, 0, t)
+    for r in range(3):
+        assert dec(_signed(peer, r, t + r) if r else old, current_round=r) is not None
+    for _ in range(40):  # fresh ids, one payload each
+        assert dec(_signed(NodeIdentity.generate(), 2, t + 5), current_round=2) is not None
+    assert peer.node_id in dec.high_water
+    assert dec(old, current_round=0) is None  # its round-0 payload replayed: still refused
+    assert dec.would_accept(_signed(peer, 3, t + 9), current_round=3)
+    assert not dec.would_accept(old, current_round=0) and dec.drops.counts["replayed"] == 1
+
+
+def test_min_peers_counts_only_valid_records(monkeypatch):
+    pytest.importorskip("hivemind")
+    from decentrain.algorithms.sapo import exchange as ex
+
+    # A HivemindExchange without a DHT: one attacker record that fails validation, polled until wait_s.
+    x = object.__new__(ex.HivemindExchange)
+    x.cfg = ex.ExchangeConfig(name="hivemind", hivemind=ex.HivemindConfig(wait_s=0.3, poll_s=0.05, min_peers=1))
+    x.hcfg = x.cfg.hivemind
+    x.peers = PeerSelector(32, 1024)
+    x.high_water, x.digests, x.drops, x.starved_rounds = {}, ex.OrderedDict(), Counter(), 0
+    x.marker = b"me"
+    monkeypatch.setattr(x, "_publish", lambda r, d: None, raising=False)
+    monkeypatch.setattr(x, "_refresh_peers", lambda: x.peers.listed(b"attacker", time.monotonic()), raising=False)
+    monkeypatch.setattr(x, "_assemble", lambda m, found: (7, zlib.compress(b"junk")), raising=False)
+    x.dht = SimpleNamespace(get=lambda *a, **k: SimpleNamespace(result=lambda: None))
+    t = time.monotonic()
+    assert x.exchange(7, b"mine", is_valid=lambda rec: False) == []
+    assert time.monotonic() - t >= 0.3  # kept waiting for a valid peer instead of returning at once
+    assert x.drops["invalid_payload"] == 1 and not x.peers.merit
