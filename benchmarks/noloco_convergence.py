@@ -79,7 +79,7 @@ def train_run(job: dict[str, Any]) -> dict[str, Any]:
     from decentrain.algorithms.common.engine import build_optimizer
     from decentrain.algorithms.common.outer import OuterOptimizer, noloco_step_
     from decentrain.algorithms.common.trainer import seed_everything
-    from decentrain.core.gossip import gossip_groups
+    from decentrain.core.pairing import gossip_groups
     from decentrain.data.blocks import ShardedSampler
     from decentrain.models.factory import build_model, build_tokenizer, num_params
 

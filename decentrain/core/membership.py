@@ -1,6 +1,7 @@
 """Who is alive and how far along: gossip membership over the job's c10d store.
 
-Each rank publishes, under keys of the store every worker already shares (`World.store`):
+Each rank publishes, under keys of this job's namespace (`job_prefix`) of the store every worker
+already shares (`World.store`):
 - `progress/<rank>`: "incarnation,rounds done,finished" after each outer round (one `set`);
 - `hb/<rank>`: a counter a daemon thread bumps every `interval_s` (one `add`). A stopped
   (SIGSTOP) or dead process stops bumping it, a slow one does not;
@@ -28,6 +29,18 @@ import torch.distributed as dist
 log = logging.getLogger(__name__)
 
 _MAX_VALUE = 1 << 40  # rounds/incarnations beyond this are nonsense from a peer: read as unknown
+
+
+def job_prefix(store: dist.Store, rank: int, incarnation: int) -> str:
+    """This gossip job's own namespace of the shared store (a `dist.PrefixStore` prefix), so that two jobs run one after the other
+    in one process group (a resume in place, a sweep, HDEE lanes) never read each other's keys.
+
+    Agreed without a message: every rank counts the gossip jobs it started (`jobs/<rank>`), and
+    every rank of a process group starts the same jobs in the same order. A replacement
+    (incarnation > 0) joins the job its dead predecessor counted.
+    """
+    n = store.add(f"jobs/{rank}", 0 if incarnation else 1)
+    return f"job{max(n, 1)}"
 
 
 @dataclass(frozen=True)
