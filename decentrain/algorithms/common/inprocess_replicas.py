@@ -32,6 +32,12 @@ from decentrain.models.factory import build_model, build_tokenizer
 log = logging.getLogger(__name__)
 
 
+def _stats(algorithm) -> dict[str, float]:
+    if not hasattr(algorithm, "comm"):
+        return {}
+    return {k: float(v) for k, v in vars(algorithm.comm().stats).items()}
+
+
 @dataclass
 class ReplicaRun:
     result: TrainResult
@@ -54,9 +60,10 @@ def run_replicas_in_process(cfg: TrainConfig, world_size: int, run_dir: Path, de
         seed_everything(cfg.train.seed)  # same seed on every replica: they start identical
         world = World(rank=rank, world_size=world_size, device=placement.device(rank))
         algorithm = algo_cls(cfg.algorithm, world)
-        if not hasattr(algorithm, "comm"):
+        if hasattr(algorithm, "comm"):
+            algorithm.transport = hub.transport(rank)
+        elif world_size > 1:
             raise ValueError(f"algorithm.name={cfg.algorithm.name} has no transport; in-process replicas need one")
-        algorithm.transport = hub.transport(rank)
         trainers.append(Trainer(cfg, world, algorithm, build_model(cfg.model, tokenizer), corpus, run_dir))
         loggers.append(MetricsLogger(cfg.logger, run_dir, rank, None, total_steps=cfg.train.steps))
     results: dict[int, TrainResult] = {}
@@ -80,5 +87,5 @@ def run_replicas_in_process(cfg: TrainConfig, world_size: int, run_dir: Path, de
         rank, error = min(errors.items())
         raise RuntimeError(f"in-process replica {rank} failed: {error!r}") from error
     return [ReplicaRun(results[r], {k: v.detach().clone() for k, v in trainers[r].model.state_dict().items()},
-                       {k: float(v) for k, v in trainers[r].algorithm.comm().stats.__dict__.items()})
+                       _stats(trainers[r].algorithm))
             for r in range(world_size)]
