@@ -83,7 +83,8 @@ def worker(args: argparse.Namespace) -> None:
     import torch
     import torch.distributed as dist
 
-    from decentrain.core.gossip import PairExchange, gossip_groups, group_of
+    from decentrain.core.exchange import PairExchange
+    from decentrain.core.pairing import gossip_groups, group_of
     from decentrain.core.world import init_world
 
     torch.set_num_threads(1)
@@ -105,12 +106,12 @@ def worker(args: argparse.Namespace) -> None:
         payload = torch.randn(numel, generator=torch.Generator().manual_seed(rank))
         frag = payload[: max(1, int(numel * args.fragment_share))].clone()
         methods = {  # name -> (sync, the tensor it moves)
-            "pair": (lambda t: duplex.average([payload], group_of(rank, gossip_groups(t, n, seed=0)), t), payload),
+            "pair": (lambda t: duplex.exchange([payload], group_of(rank, gossip_groups(t, n, seed=0)), t), payload),
             "ring": (lambda t: dist.all_reduce(payload), payload),
             "fragment": (lambda t: dist.all_reduce(frag), frag),
         }
         if n == 2:
-            methods["pair_1pg"] = (lambda t: shared.average([payload], (0, 1), t), payload)
+            methods["pair_1pg"] = (lambda t: shared.exchange([payload], (0, 1), t), payload)
         for name, (fn, sent) in methods.items():
             # warm-up on the very rounds timed below: each pair's connection exists and its TCP window
             # has grown, as in a long run that has met every partner (a first contact would add

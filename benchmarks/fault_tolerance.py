@@ -60,7 +60,7 @@ THROUGHPUT_FAULTS = ("kill", "stop", "partition", "replace")  # kill_raw is conf
 
 # -- pure figures from metrics rows -------------------------------------------------------
 def pairings_with(rank: int, faulty: int, rounds: int, seed: int = 0) -> set[int]:
-    from decentrain.core.gossip import gossip_groups, group_of
+    from decentrain.core.pairing import gossip_groups, group_of
 
     return {t for t in range(rounds) if faulty in group_of(rank, gossip_groups(t, WORLD, seed))}
 

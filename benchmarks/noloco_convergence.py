@@ -12,14 +12,15 @@ Protocol (the same for both methods):
      all-reduce for DiLoCo, one gradient all-reduce per step for DDP), and the MB and
      WAN seconds each method needs to first reach a common val loss (seed-mean curves).
 
-Why an in-process emulation of the N replicas: on 2 shared cores one `recipes.train`
-launch costs ~60 s of start-up before its first step, which would take the ~50 runs of an
-equal tuning budget to hours. The emulator runs the library's own pieces: the model,
-corpus, sampler and AdamW of the recipe (`build_model`, `build_corpus`, `ShardedSampler`,
-`build_optimizer` with the same clip/schedule), the DiLoCo outer step (`OuterOptimizer`),
-the NoLoCo outer step (`noloco_step_`) and its pairing (`gossip_groups`); only the wire is
-replaced by in-memory averages. This script does not itself cross-check the emulator
-against a run of the real recipe.
+Why in-process replicas: on 2 shared cores one `recipes.train` launch costs ~60 s of
+start-up before its first step, which would take the ~50 runs of an equal tuning budget to
+hours. Each run is the library's own training (`Trainer` and the algorithm's hooks, the
+recipe's model, corpus, sampler, AdamW, clip and schedule) with N replicas as threads of
+one process talking over `core/inprocess.py` instead of torch.distributed
+(`algorithms/common/inprocess_replicas.py`). tests/integration/test_transports_agree.py
+checks that NoLoCo and DiLoCo give bit-identical weights that way and in a multi-process
+gloo run of `run_pretraining`. Evaluation during the run (the curve) is the Trainer's own
+(`train.eval_batches` micro-batches per domain of the val split, rank 0's replica).
 
     python -m benchmarks.noloco_convergence                      # full protocol (4x4 grid x 2 methods, 3 seeds)
     python -m benchmarks.noloco_convergence --rounds 10 --lrs 0.7 --momentums 0.5 --seeds 1 --allow-dirty  # smoke
@@ -28,7 +29,6 @@ against a run of the real recipe.
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import math
 import time
@@ -74,70 +74,64 @@ def _mean_loss(model, corpus, split: str, n: int | None, micro: int) -> float:
     return float(sum(evaluate(model, blocks, micro, torch.device("cpu")).values()) / len(blocks))
 
 
+def _train_config(job: dict[str, Any]):
+    """The recipe's TrainConfig for one benchmark run (validated as a recipe run is)."""
+    from decentrain.config import config_from_dict
+
+    algo, n = job["algorithm"], job["workers"]
+    algorithm: dict[str, Any] = {"name": algo}
+    if algo == "diloco":
+        algorithm |= {"inner_steps": job["inner_steps"], "outer_lr": job["outer_lr"],
+                      "outer_momentum": job["outer_momentum"], "nesterov": job["outer_momentum"] > 0}
+    elif algo == "noloco":
+        algorithm |= {"inner_steps": job["inner_steps"], "outer_lr": job["outer_lr"],
+                      "outer_momentum": job["outer_momentum"], "pairing_seed": job["pairing_seed"]}
+    steps = job["rounds"] * job["inner_steps"]
+    micro = job["local_batch"] * (n if algo == "ddp" else 1)  # DDP: one replica with the whole global batch
+    return config_from_dict({
+        "algorithm": algorithm,
+        "model": {"name": "llama_bench", "hidden_size": job["hidden"], "num_layers": job["layers"], "num_heads": job["heads"],
+                  "intermediate_size": job["intermediate"], "max_seq_len": job["seq_len"]},
+        "data": {"seq_len": job["seq_len"], "max_bytes_per_domain": job["max_bytes"]},
+        "optim": {"lr": job["inner_lr"], "warmup_steps": job["warmup"]},
+        "train": {"steps": steps, "global_batch_size": n * job["local_batch"], "micro_batch_size": micro,
+                  "eval_every": job["eval_every_rounds"] * job["inner_steps"],
+                  "eval_batches": max(1, job["eval_blocks"] // micro), "checkpoint_every": steps, "keep_checkpoints": 1,
+                  "threads": 1, "seed": job["seed"], "device": "cpu", "compile": "none"},
+        "logger": {"progress": False, "log_every": steps},
+        "launcher": {"name": "torchrun", "nproc_per_node": None},
+    })
+
+
 def train_run(job: dict[str, Any]) -> dict[str, Any]:
-    """One emulated run: N replicas (1 for DDP, with the whole global batch), H inner steps, outer step."""
-    from decentrain.algorithms.common.engines import build_optimizer
-    from decentrain.algorithms.common.outer import OuterOptimizer, noloco_step_
-    from decentrain.algorithms.common.trainer import seed_everything
-    from decentrain.core.gossip import gossip_groups
-    from decentrain.data.blocks import ShardedSampler
+    """One run of the library's own training: `Trainer` + the algorithm's hooks, N replicas as threads
+    over the in-process transport (1 replica with the whole global batch for DDP)."""
+    import tempfile
+
+    from decentrain.algorithms.common.inprocess_replicas import run_replicas_in_process
+    from decentrain.core.metrics import read_jsonl
     from decentrain.models.factory import build_model, build_tokenizer, num_params
 
     torch.set_num_threads(1)
-    algo, n, h, steps = job["algorithm"], job["workers"], job["inner_steps"], job["rounds"] * job["inner_steps"]
-    model_cfg, data_cfg, optim_cfg = _configs(job)
-    seed_everything(job["seed"])  # as run_pretraining: same seed on every rank, replicas start identical
-    tok = build_tokenizer(model_cfg)
-    base = build_model(model_cfg, tok)
-    corpus = _corpus(data_cfg, tok)
-    train = corpus.train_blocks()
-    global_batch = n * job["local_batch"]
-    reps = 1 if algo == "ddp" else n
-    models = [copy.deepcopy(base) for _ in range(reps)]
-    opts = [build_optimizer(m, optim_cfg, steps) for m in models]
-    samplers = [ShardedSampler(len(train), global_batch, r, reps, job["seed"]) for r in range(reps)]
-    params = [[p for p in m.parameters() if p.requires_grad] for m in models]
-    if algo == "diloco":
-        outer = OuterOptimizer(params[0], job["outer_lr"], job["outer_momentum"], nesterov=job["outer_momentum"] > 0)
-    if algo == "noloco":
-        phi = [[p.detach().clone().float() for p in ps] for ps in params]
-        mom = [[torch.zeros_like(p) for p in ph] for ph in phi]
-    curve, rnd = [], 0
-    t0 = time.perf_counter()
-    for step in range(1, steps + 1):
-        for m, (opt, sched), s in zip(models, opts, samplers):
-            batch = train[s.next_indices()]
-            m(input_ids=batch, labels=batch, use_cache=False).loss.backward()
-            if optim_cfg.grad_clip > 0:
-                torch.nn.utils.clip_grad_norm_(m.parameters(), optim_cfg.grad_clip)
-            opt.step()
-            sched.step()
-            opt.zero_grad(set_to_none=True)
-        if algo != "ddp" and step % h == 0:
-            with torch.no_grad():
-                if algo == "diloco":
-                    deltas = [outer.pseudo_gradient(ps) for ps in params]
-                    outer.step([torch.stack(ds).mean(0) for ds in zip(*deltas)])
-                    for ps in params:
-                        outer.copy_to(ps)
-                else:
-                    snap = [[p.detach().clone() for p in ps] for ps in params]
-                    for group in gossip_groups(rnd, n, job["pairing_seed"], "error"):
-                        theta_bar = [torch.stack(ts).mean(0) for ts in zip(*(snap[r] for r in group))]
-                        for r in group:
-                            noloco_step_(phi[r], params[r], mom[r], theta_bar, lr=job["outer_lr"], momentum=job["outer_momentum"])
-            rnd += 1
-        if step % (job["eval_every_rounds"] * h) == 0:
-            curve.append({"step": step, "val_loss": _mean_loss(models[0], corpus, "val", job["eval_blocks"], 8)})
-    train_s = time.perf_counter() - t0
-    out = {
+    cfg = _train_config(job)
+    replicas = 1 if job["algorithm"] == "ddp" else job["workers"]
+    with tempfile.TemporaryDirectory(prefix="noloco_convergence_") as run_dir:
+        t0 = time.perf_counter()
+        runs = run_replicas_in_process(cfg, replicas, Path(run_dir))
+        train_s = time.perf_counter() - t0
+        rows = read_jsonl(Path(run_dir) / "metrics.jsonl")  # rank 0's replica
+    curve = [{"step": r["step"], "val_loss": r["eval/loss"]} for r in rows if "eval/loss" in r]
+    tok = build_tokenizer(cfg.model)
+    model = build_model(cfg.model, tok)
+    model.load_state_dict(runs[0].weights)
+    corpus = _corpus(cfg.data, tok)
+    return {
         "val_curve": curve,
-        "final_val_loss": _mean_loss(models[0], corpus, "val", None, 8),  # rank 0's replica, whole val split
-        "final_test_loss": _mean_loss(models[0], corpus, "test", None, 8),
-        "params": num_params(base),
+        "final_val_loss": _mean_loss(model, corpus, "val", None, 8),  # rank 0's replica, whole val split
+        "final_test_loss": _mean_loss(model, corpus, "test", None, 8),
+        "params": num_params(model),
         "train_s": train_s,
     }
-    return out
 
 
 # -- communication model ----------------------------------------------------------------

@@ -35,12 +35,28 @@ def _entry(rank: int, world_size: int, port: int, fn: Callable, args: tuple, res
             dist.destroy_process_group()
 
 
+class _PortTaken(Exception):
+    pass
+
+
 def run_ranks(fn: Callable, world_size: int, *args: Any, timeout: float = 120.0, backend: str = "gloo",
-              expect_dead: tuple[int, ...] = ()) -> list[Any]:
+              expect_dead: tuple[int, ...] = (), attempts: int = 3) -> list[Any]:
     """`fn(world, *args)` on every rank; returns the results in rank order, re-raising any rank's error.
 
     Ranks in `expect_dead` are meant to kill themselves: they return no result (None in the list).
+    The free port is free when picked, not when rank 0 binds it: under pytest-xdist another worker
+    may take it in between, so a launch whose store could not bind is retried on a new port.
     """
+    for attempt in range(attempts):
+        try:
+            return _launch(fn, world_size, args, timeout, backend, expect_dead)
+        except _PortTaken:
+            if attempt == attempts - 1:
+                raise AssertionError(f"no free port for the store after {attempts} attempts") from None
+    raise AssertionError("unreachable")
+
+
+def _launch(fn: Callable, world_size: int, args: tuple, timeout: float, backend: str, expect_dead: tuple[int, ...]) -> list[Any]:
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     port = free_port()
@@ -52,6 +68,8 @@ def run_ranks(fn: Callable, world_size: int, *args: Any, timeout: float = 120.0,
         for _ in range(world_size - len(expect_dead)):
             rank, status, value = results.get(timeout=timeout)
             if status == "error":
+                if "EADDRINUSE" in value or "address already in use" in value.lower():
+                    raise _PortTaken()
                 raise AssertionError(f"rank {rank} failed:\n{value}")
             out[rank] = value
     finally:
@@ -60,3 +78,10 @@ def run_ranks(fn: Callable, world_size: int, *args: Any, timeout: float = 120.0,
             if p.is_alive():
                 p.kill()
     return [out.get(r) for r in range(world_size)]
+
+def average(exchange, tensors, group, round_idx):
+    """The group mean of `tensors` over a PairExchange (None when the exchange failed): what NoLoCo forms."""
+    from decentrain.algorithms.noloco.noloco import group_mean
+
+    partners = exchange.exchange(tensors, group, round_idx)
+    return None if partners is None else group_mean(list(tensors), partners)

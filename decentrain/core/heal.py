@@ -25,10 +25,9 @@ from safetensors.torch import load as load_tensors
 from safetensors.torch import save as save_tensors
 
 from decentrain.core.checkpoint import flatten_state, unflatten_state
-from decentrain.core.gossip import all_finite
+from decentrain.core.wire import Tags, all_finite
 
 HEAL_MAGIC = 0x6865_616C_7374  # "healst"
-HEAL_TAG = 1 << 30  # above every gossip round's tags (round % 2**20 * 1024 + bucket)
 
 
 def encode_state(state: dict[str, Any]) -> tuple[bytes, bytes]:
@@ -41,8 +40,8 @@ def send_state(pg: dist.ProcessGroupGloo, dst: int, skeleton: bytes, blob: bytes
     """Send an encoded state to `dst` of the pair group (blocks until it was taken)."""
     crc = zlib.crc32(blob, zlib.crc32(skeleton))
     header = torch.tensor([HEAL_MAGIC, len(skeleton), len(blob), crc], dtype=torch.int64)
-    works = [pg.send([header], dst, HEAL_TAG)]
-    works += [pg.send([torch.frombuffer(bytearray(b), dtype=torch.uint8)], dst, HEAL_TAG + 1 + i)
+    works = [pg.send([header], dst, Tags.heal(0))]
+    works += [pg.send([torch.frombuffer(bytearray(b), dtype=torch.uint8)], dst, Tags.heal(1 + i))
               for i, b in enumerate((skeleton, blob)) if b]
     for w in works:
         w.wait()
@@ -51,7 +50,7 @@ def send_state(pg: dist.ProcessGroupGloo, dst: int, skeleton: bytes, blob: bytes
 def recv_state(pg: dist.ProcessGroupGloo, src: int, limit_bytes: int) -> tuple[bytes, bytes] | str:
     """Receive an encoded state from `src`; returns (skeleton, blob) or why it was refused."""
     header = torch.zeros(4, dtype=torch.int64)
-    pg.recv([header], src, HEAL_TAG).wait()
+    pg.recv([header], src, Tags.heal(0)).wait()
     magic, n_skel, n_blob, crc = header.tolist()
     if magic != HEAL_MAGIC:
         return "bad magic"
@@ -59,7 +58,7 @@ def recv_state(pg: dist.ProcessGroupGloo, src: int, limit_bytes: int) -> tuple[b
         return f"sizes {n_skel}/{n_blob} beyond the limit {limit_bytes}"
     bufs = [torch.empty(n, dtype=torch.uint8) for n in (n_skel, n_blob)]
     for i, b in enumerate(bufs):
-        pg.recv([b], src, HEAL_TAG + 1 + i).wait()
+        pg.recv([b], src, Tags.heal(1 + i)).wait()
     skeleton, blob = (b.numpy().tobytes() for b in bufs)
     if zlib.crc32(blob, zlib.crc32(skeleton)) != crc:
         return "checksum differs from the header's"

@@ -1,6 +1,7 @@
 """Who is alive and how far along: gossip membership over the job's c10d store.
 
-Each rank publishes, under keys of the store every worker already shares (`World.store`):
+Each rank publishes, under keys of this job's namespace (`job_prefix`) of the store every worker
+already shares (`World.store`):
 - `progress/<rank>`: "incarnation,rounds done,finished" after each outer round (one `set`);
 - `hb/<rank>`: a counter a daemon thread bumps every `interval_s` (one `add`). A stopped
   (SIGSTOP) or dead process stops bumping it, a slow one does not;
@@ -34,6 +35,18 @@ _MAX_VALUE = 1 << 40  # rounds/incarnations beyond this are nonsense from a peer
 INCARNATION_KEY = "launcher/incarnation"
 
 
+def job_prefix(store: dist.Store, rank: int, incarnation: int) -> str:
+    """This gossip job's own namespace of the shared store (a `dist.PrefixStore` prefix), so that two jobs run one after the other
+    in one process group (a resume in place, a sweep, HDEE lanes) never read each other's keys.
+
+    Agreed without a message: every rank counts the gossip jobs it started (`jobs/<rank>`), and
+    every rank of a process group starts the same jobs in the same order. A replacement
+    (incarnation > 0) joins the job its dead predecessor counted.
+    """
+    n = store.add(f"jobs/{rank}", 0 if incarnation else 1)
+    return f"job{max(n, 1)}"
+
+
 @dataclass(frozen=True)
 class Progress:
     incarnation: int
@@ -64,6 +77,9 @@ class Membership:
     world_size: int
     incarnation: int = 0
     interval_s: float = 0.25  # heartbeat period
+    # where the launcher records incarnations: the job's whole store, above this job's namespace
+    # (None: `store` itself)
+    launcher_store: dist.Store | None = None
     _served: int | None = field(default=None, repr=False)  # heal requests already taken
     _seen: dict = field(default_factory=dict, repr=False)  # peer -> (heartbeat value, monotonic time it last changed)
     _stop: threading.Event = field(default_factory=threading.Event, repr=False)
@@ -127,10 +143,10 @@ class Membership:
         return out
 
     def _launched(self, rank: int, inc: int) -> bool:
-        key = f"{INCARNATION_KEY}/{rank}"
-        if not self._safe(self.store.check, [key]):
+        key, store = f"{INCARNATION_KEY}/{rank}", self.launcher_store or self.store
+        if not self._safe(store.check, [key]):
             return False
-        raw = self._safe(self.store.get, key)
+        raw = self._safe(store.get, key)
         return isinstance(raw, bytes) and raw.decode("ascii", "replace") == str(inc)
 
     # -- reading ----------------------------------------------------------------------

@@ -3,11 +3,12 @@ import time
 import pytest
 import torch
 
-from dist_helpers import run_ranks
+from dist_helpers import run_ranks, average
 
 from decentrain.core.bytes_comm import all_gather_bytes, broadcast_bytes
 from decentrain.core.ensemble import ExpertPlacement, gather_expert_logprobs
-from decentrain.core.gossip import PairExchange, gossip_groups, group_of
+from decentrain.core.exchange import PairExchange
+from decentrain.core.pairing import gossip_groups, group_of
 
 pytestmark = pytest.mark.dist
 
@@ -18,7 +19,7 @@ def _pair_average(world, rounds):
     for t in range(rounds):
         mine = [torch.full((5,), float(world.rank + 10 * t)), torch.arange(30, dtype=torch.float32) * world.rank]
         group = group_of(world.rank, gossip_groups(t, world.world_size, seed=7))
-        out.append((group, [x.tolist() for x in ex.average(mine, group, t)]))
+        out.append((group, [x.tolist() for x in average(ex, mine, group, t)]))
     return out
 
 
@@ -36,10 +37,10 @@ def _late_partner(world):
     group = (0, 1)
     if world.rank == 1:
         time.sleep(1.5)  # misses round 0's deadline
-    r0 = ex.average([torch.full((4,), float(world.rank))], group, round_idx=0)
+    r0 = average(ex, [torch.full((4,), float(world.rank))], group, round_idx=0)
     if world.rank == 0:
         time.sleep(1.5)  # let the late message land in round 0's orphaned buffer
-    r1 = ex.average([torch.full((4,), float(world.rank) + 2)], group, round_idx=1)
+    r1 = average(ex, [torch.full((4,), float(world.rank) + 2)], group, round_idx=1)
     return (None if r0 is None else r0[0].tolist()), r1[0].tolist(), ex.stats.timeouts
 
 

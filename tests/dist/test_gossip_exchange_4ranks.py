@@ -5,9 +5,10 @@ import time
 import pytest
 import torch
 
-from dist_helpers import run_ranks
+from dist_helpers import run_ranks, average
 
-from decentrain.core.gossip import PairExchange, gossip_groups, group_of
+from decentrain.core.exchange import PairExchange
+from decentrain.core.pairing import gossip_groups, group_of
 
 pytestmark = pytest.mark.dist
 
@@ -18,7 +19,7 @@ def _duplex_rounds(world, rounds):
     for t in range(rounds):
         group = group_of(world.rank, gossip_groups(t, world.world_size, seed=11))
         mine = [torch.full((3, 7), float(world.rank) + t), torch.arange(100.0) * (world.rank + 1)]
-        a, b = ex.average(mine, group, t)
+        a, b = average(ex, mine, group, t)
         out.append((group, a.unique().tolist(), b[:3].tolist()))
     return len(ex._lanes), out
 
@@ -40,7 +41,7 @@ def _triple(world):
     ex = PairExchange(world).full_duplex()
     groups = gossip_groups(0, world.world_size, seed=2, odd="triple")
     group = group_of(world.rank, groups)
-    return group, ex.average([torch.tensor([float(world.rank)])], group, 0)[0].item()
+    return group, average(ex, [torch.tensor([float(world.rank)])], group, 0)[0].item()
 
 
 def test_odd_world_triple_averages_three_ranks():
@@ -53,10 +54,10 @@ def _duplex_deadline(world):
     ex = PairExchange(world, deadline_s=0.5).full_duplex()
     if world.rank == 1:
         time.sleep(1.5)
-    r0 = ex.average([torch.ones(4) * world.rank], (0, 1), 0)
+    r0 = average(ex, [torch.ones(4) * world.rank], (0, 1), 0)
     if world.rank == 0:
         time.sleep(1.5)
-    r1 = ex.average([torch.ones(4) * (world.rank + 2)], (0, 1), 1)
+    r1 = average(ex, [torch.ones(4) * (world.rank + 2)], (0, 1), 1)
     return r0 is None, r1[0].tolist()
 
 

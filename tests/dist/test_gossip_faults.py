@@ -8,9 +8,11 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from dist_helpers import run_ranks
+from dist_helpers import run_ranks, average
 
-from decentrain.core.gossip import HEADER_TAG, PairExchange, gossip_groups, group_of, make_header
+from decentrain.core.wire import Tags, make_header
+from decentrain.core.exchange import PairExchange
+from decentrain.core.pairing import gossip_groups, group_of
 
 pytestmark = pytest.mark.dist
 
@@ -21,9 +23,8 @@ def _liar_sends(world, round_idx, flats, edit=None):
     header = make_header(round_idx, flats, torch.device("cpu"))
     if edit:
         edit(header)
-    base = (round_idx % (1 << 20)) * 1024
-    works = [dist.isend(header, dst=0, tag=base + HEADER_TAG)]
-    works += [dist.isend(f, dst=0, tag=base + b) for b, f in enumerate(flats)]
+    works = [dist.isend(header, dst=0, tag=Tags.header(round_idx))]
+    works += [dist.isend(f, dst=0, tag=tag) for tag, f in zip(Tags.buckets(round_idx, len(flats)), flats)]
     return works
 
 
@@ -31,8 +32,8 @@ def _hostile(world, case):
     ex = PairExchange(world, deadline_s=3.0)
     honest = [torch.full((4,), 1.0), torch.arange(3.0)]
     if world.rank == 0:
-        first = ex.average(honest, (0, 1), 0)
-        second = ex.average(honest, (0, 1), 1)  # the next round with an honest partner still works
+        first = average(ex, honest, (0, 1), 0)
+        second = average(ex, honest, (0, 1), 1)  # the next round with an honest partner still works
         st = ex.stats
         return first, None if second is None else [t.tolist() for t in second], (st.rejected, st.corrupt, st.nonfinite, st.timeouts, st.skipped)
     if case == "bigger":  # 1000 floats where 4 are expected: gloo used to terminate the receiver
@@ -50,7 +51,7 @@ def _hostile(world, case):
     else:
         raise ValueError(case)
     time.sleep(0.2)
-    out = ex.average([torch.full((4,), 3.0), torch.arange(3.0)], (0, 1), 1)
+    out = average(ex, [torch.full((4,), 3.0), torch.arange(3.0)], (0, 1), 1)
     del works
     return None if out is None else [t.tolist() for t in out]
 
@@ -77,7 +78,7 @@ def _one_dies(world, rounds, kill_after, deadline):
         if world.rank == 3 and t == kill_after:
             os.kill(os.getpid(), signal.SIGKILL)
         group = group_of(world.rank, gossip_groups(t, world.world_size, seed=3))
-        out = ex.average([torch.full((8,), float(world.rank))], group, t)
+        out = average(ex, [torch.full((8,), float(world.rank))], group, t)
         done.append((group, out is None))
     return done, ex.stats.failures, ex.stats.timeouts
 

@@ -56,7 +56,7 @@ def _noloco_run(world, rounds, lagger, lag_round, lag_s, stop):
         r = algo.round
         m = algo.after_optimizer_step(step, model, opt)
         rows.append((r, m["outer/partner_missed"], m.get("outer/rounds_jumped", 0)))
-    st = algo.exchange.stats
+    st = algo.comm().stats
     algo.on_train_end(model)
     return rows, st.timeouts, getattr(st, "partner_skipped", 0), st.seconds, time.perf_counter() - start
 

@@ -11,7 +11,7 @@ from dist_helpers import run_ranks
 
 from decentrain.algorithms.diloco import DiLoCo, DiLoCoConfig
 from decentrain.algorithms.noloco import NoLoCo, NoLoCoConfig
-from decentrain.core.gossip import gossip_groups, group_of
+from decentrain.core.pairing import gossip_groups, group_of
 
 pytestmark = pytest.mark.dist
 

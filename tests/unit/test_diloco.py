@@ -5,7 +5,8 @@ import torch
 
 from decentrain.algorithms.common.outer_optimizers import OuterOptimizerConfig
 from decentrain.algorithms.diloco import DiLoCo, DiLoCoConfig, StreamingDiLoCo, StreamingDiLoCoConfig
-from decentrain.algorithms.diloco.sync import check_quantization_backend, start_mean
+from decentrain.algorithms.common.quantized_mean import check_quantization_backend, codec_for
+from decentrain.core.dist_transport import TorchTransport
 from decentrain.core.world import World
 
 
@@ -105,7 +106,7 @@ def test_quantisation_needs_a_backend_that_can_gather_packed_buffers():
 @pytest.mark.parametrize("kind,tol", [("none", 0.0), ("fp16", 1e-3), ("int4", 0.05)])
 def test_single_replica_mean_is_the_payload_up_to_quantisation(kind, tol):
     ts = [torch.linspace(-1, 1, 300).view(3, 100), torch.tensor([0.25])]
-    out = start_mean(World(), ts, kind).result()
+    out = TorchTransport(World()).start_mean(ts, codec_for(kind)).result()
     assert [o.dtype for o in out] == [torch.float32] * 2
     for o, t in zip(out, ts):
         assert o.shape == t.shape and torch.allclose(o, t, atol=tol)

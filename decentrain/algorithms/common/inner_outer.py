@@ -22,6 +22,8 @@ from decentrain.algorithms.base import Algorithm, AlgorithmConfig
 from decentrain.algorithms.common.outer_optimizers import OuterOptimizerConfig
 from decentrain.algorithms.common.replicas import broadcast_parameters, check_replicas_match
 from decentrain.algorithms.common.speed import DeviceTimer
+from decentrain.core.dist_transport import TorchTransport
+from decentrain.core.transport import Transport
 
 
 @dataclass
@@ -81,6 +83,14 @@ class InnerOuterAlgorithm(Algorithm):
     """Subclasses implement `setup(model)`, `outer_step(model) -> metrics` and the outer state."""
 
     cfg: InnerOuterConfig
+    # how this replica talks to the others; set before on_train_start to run over another one
+    # (core/inprocess.py: replicas as threads of one process), else torch.distributed
+    transport: Transport | None = None
+
+    def comm(self) -> Transport:
+        if self.transport is None:
+            self.transport = TorchTransport(self.world)
+        return self.transport
 
     @classmethod
     def check_steps(cls, cfg: InnerOuterConfig, steps: int) -> None:

@@ -12,13 +12,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from decentrain.algorithms.base import register_algorithm
 from decentrain.algorithms.common.inner_outer import InnerOuterAlgorithm, InnerOuterConfig
 from decentrain.algorithms.common.outer import OuterOptimizer
 from decentrain.algorithms.common.outer_optimizers import OuterOptimizerConfig
-from decentrain.algorithms.diloco.sync import start_mean
 
 
 @dataclass
@@ -38,7 +36,7 @@ class DiLoCo(InnerOuterAlgorithm):
 
     def outer_step(self, model: torch.nn.Module) -> dict[str, float]:
         delta = self.outer.pseudo_gradient(self.params)
-        mean = start_mean(self.world, delta).result()
+        mean = self.comm().start_mean(delta).result()
         if self.cfg.adaptive_inner_steps:
             self._share_pace()
         self.outer.step(mean)
@@ -48,10 +46,7 @@ class DiLoCo(InnerOuterAlgorithm):
 
     def _share_pace(self) -> None:
         # DiLoCo syncs everybody anyway: one tiny MIN all-reduce tells all replicas the fastest step time.
-        t = torch.tensor([self.pace.step_time], dtype=torch.float64, device=self.world.device)
-        if self.world.is_distributed:
-            dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.world.group)
-        self.pace.hear(float(t.item()))
+        self.pace.hear(self.comm().all_reduce_min(self.pace.step_time))
 
     def outer_state(self) -> dict[str, Any]:
         return self.outer.state_dict()

@@ -22,7 +22,7 @@ from decentrain.algorithms.base import register_algorithm
 from decentrain.algorithms.common.inner_outer import InnerOuterAlgorithm, InnerOuterConfig
 from decentrain.algorithms.common.outer import OuterOptimizer, check_fragments_cover, fragment_param_names, mix_
 from decentrain.algorithms.common.outer_optimizers import OuterOptimizerConfig
-from decentrain.algorithms.diloco.sync import QUANTIZATIONS, check_quantization_backend, start_mean
+from decentrain.algorithms.common.quantized_mean import QUANTIZATIONS, check_quantization_backend, codec_for
 
 logger = logging.getLogger(__name__)
 
@@ -91,7 +91,7 @@ class StreamingDiLoCo(InnerOuterAlgorithm):
         for f, off in enumerate(self.offsets):
             if step % self.cfg.inner_steps == off:
                 delta = self.outers[f].pseudo_gradient(self.frag_params[f])
-                mean = start_mean(self.world, delta, self.cfg.quantization, self.cfg.quant_chunk)
+                mean = self.comm().start_mean(delta, codec_for(self.cfg.quantization, self.cfg.quant_chunk))
                 self.pending.append({"frag": f, "due": step + self.cfg.overlap_steps, "mean": mean})
                 self.round += 1
         for item in [it for it in self.pending if it["due"] <= step]:

@@ -13,7 +13,6 @@ After the start-up broadcast NoLoCo issues no all-reduce and no barrier.
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,9 +24,9 @@ from decentrain.algorithms.common.outer import OuterOptimizer, noloco_general_st
 from decentrain.algorithms.common.outer_optimizers import OUTER_OPTIMIZERS, OuterOptimizerConfig
 from decentrain.algorithms.noloco.healing import Healer, tensors_crc
 from decentrain.core.checks import check_range
-from decentrain.core.gossip import BEHIND, ODD_POLICIES, PairExchange, gossip_groups, group_of
-from decentrain.core.membership import Membership
-from decentrain.core.pairs import PairGroups
+from decentrain.core.dist_transport import GossipOptions, TorchTransport
+from decentrain.core.pairing import ODD_POLICIES, gossip_groups, group_of
+from decentrain.core.wait_policy import BEHIND
 
 log = logging.getLogger(__name__)
 
@@ -77,11 +76,26 @@ class NoLoCoConfig(InnerOuterConfig):
         return self.effective_gamma != self.outer_optimizer.lr
 
 
+def group_mean(mine: list[torch.Tensor], partners: list[list[torch.Tensor]]) -> list[torch.Tensor]:
+    """θ̄_G in fp32: this replica's tensors plus its partners', over the group size.
+
+    Summed and kept in fp32 also for bf16 weights (the outer step is fp32): rounding θ̄ to
+    bf16 first would cost up to η·½ ulp per round. Summed in group order (self first), as
+    the reference code does.
+    """
+    out = []
+    for i, t in enumerate(mine):
+        total = t.float()  # may alias an fp32 caller tensor: add out of place
+        for theirs in partners:
+            total = total + theirs[i].to(t.device).float()
+        out.append(total / (len(partners) + 1))
+    return out
+
+
 @register_algorithm("noloco", NoLoCoConfig)
 class NoLoCo(InnerOuterAlgorithm):
     cfg: NoLoCoConfig
     survives_peer_loss = True  # a dead partner costs a round; the job is launched so that survivors go on
-    membership: Membership | None = None
     healer: Healer | None = None
     trainer_state = load_trainer_state = None  # attached by the trainer
     _heal_metrics: dict[str, float] | None = None
@@ -99,25 +113,15 @@ class NoLoCo(InnerOuterAlgorithm):
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.outer = OuterOptimizer(self.params, self.cfg.outer_optimizer)
         self.phi = self.outer.slow  # fp32 slow weights, what a healing peer is served
-        self.exchange = PairExchange(self.world, int(self.cfg.bucket_mb * (1 << 20)), self.cfg.deadline_s)
-        if self.world.store is not None and self.world.group is None and self.world.world_size > 1:
-            # progress and heartbeat over the job's store: stopped or lagging partners are not waited for
-            self.membership = Membership(self.world.store, self.world.rank, self.world.world_size, self.world.incarnation)
-            self.membership.start_heartbeat()
-            self.exchange.membership, self.exchange.stall_s = self.membership, self.cfg.stall_s
-            if self.world.store_client is not None and (self.world.backend != "nccl" or self.cfg.deadline_s is not None):
-                # host-staged exchanges run on per-pair groups, which a replacement can join
-                self.exchange.pairs = PairGroups(self.world.store_client, self.world.rank, self.world.incarnation)
-                if self.world.incarnation == 0:  # at start-up everyone is there: no later rendezvous with the dead
-                    self.exchange.pairs.connect_all(self.world.world_size)
-                if self.trainer_state is not None:  # replacements heal from us, or we from a live peer
-                    self.healer = Healer(self.membership, self.exchange.pairs, self.trainer_state, self.load_trainer_state,
-                                         attempt_s=max(60.0, 4 * (self.cfg.deadline_s or 0)))
-            if self.world.incarnation == 0:  # a replacement publishes once it has healed
-                self.membership.publish(self.round)
-        if self.cfg.full_duplex and self.world.is_distributed and self.exchange.pairs is None:
-            self.exchange.full_duplex()  # start-up only: creating groups is collective
-        self.exchange.check_transport()
+        transport = self.comm()
+        if isinstance(transport, TorchTransport):  # membership, pair groups and lanes: start-up, every rank
+            transport.start_gossip(GossipOptions(int(self.cfg.bucket_mb * (1 << 20)), self.cfg.deadline_s,
+                                                 self.cfg.stall_s, self.cfg.full_duplex))
+            if transport.pairs is not None and self.trainer_state is not None:  # replacements heal from us, or we from a live peer
+                self.healer = Healer(transport.membership, transport.pairs, self.trainer_state, self.load_trainer_state,
+                                     attempt_s=max(60.0, 4 * (self.cfg.deadline_s or 0)))
+        if self.world.incarnation == 0:  # a replacement publishes once it has healed
+            transport.publish(self.round)
 
     def _groups(self, round_idx: int) -> list[tuple[int, ...]]:
         return gossip_groups(round_idx, self.world.world_size, self.cfg.pairing_seed, self.cfg.odd_world,
@@ -131,11 +135,11 @@ class NoLoCo(InnerOuterAlgorithm):
         steps and exchanges (one header each, so no partner waits on it) and rejoins at the live
         round. It keeps its own weights: the next mix pulls them towards its partner's.
         """
-        live = self.membership.live_round() if self.membership is not None else None
+        live = self.comm().live_round()
         if live is None or live - self.round < BEHIND:
             return 0
         for r in range(self.round, live):
-            self.exchange.skip_round(group_of(self.world.rank, self._groups(r)), r)
+            self.comm().skip_round(group_of(self.world.rank, self._groups(r)), r)
         jumped = live - self.round
         log.warning("round %d: %d rounds behind the live ranks; jumping to round %d", self.round, jumped, live)
         self.steps_skipped += (jumped - 1) * self.cfg.inner_steps  # this round's inner steps were run
@@ -157,7 +161,7 @@ class NoLoCo(InnerOuterAlgorithm):
         log.info("healed from rank %d in %.2fs: round %d, phi crc %08x", donor, seconds, self.round,
                  tensors_crc(self._resume["outer"]["slow"]))
         self._heal_metrics = {"heal/seconds": seconds, "heal/from_rank": float(donor)}
-        self.membership.publish(self.round)  # back in the pairing, under the new incarnation
+        self.comm().publish(self.round)  # back in the pairing, under the new incarnation
 
     def after_optimizer_step(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, float]:
         metrics = super().after_optimizer_step(step, model, optimizer)
@@ -171,13 +175,10 @@ class NoLoCo(InnerOuterAlgorithm):
         return super().should_stop(step, total_steps) or (self.steps_skipped > 0 and step + self.steps_skipped >= total_steps)
 
     def on_train_end(self, model: torch.nn.Module) -> None:
-        if self.membership is not None:  # partners still running skip this rank at once
-            self.membership.publish(self.round, finished=True)
-            self.membership.stop()
+        self.comm().finish(self.round)  # partners still running skip this rank at once
         if self.healer is not None:
             self.healer.finish()
-        if self.exchange.pairs is not None:
-            self.exchange.pairs.close()
+        self.comm().close()
 
     def outer_step(self, model: torch.nn.Module) -> dict[str, float]:
         jumped = self._catch_up()
@@ -190,10 +191,11 @@ class NoLoCo(InnerOuterAlgorithm):
         pace_values = [min(v, 1e30) for v in (self.pace.step_time, min(self.pace.fastest, self.pace.step_time))]
         pace = torch.tensor(pace_values, dtype=torch.float32, device=self.params[0].device)
         sent = [p.detach() for p in self.params] + (self.phi if general else []) + [pace]
-        mean = None if jumped else self.exchange.average(sent, group, self.round)
-        missed = mean is None
+        partners = None if jumped else self.comm().exchange(sent, group, self.round)
+        missed = partners is None
         if missed:  # partner late or gone: this round averages with nobody
-            mean, group = [t.clone() for t in sent], (self.world.rank,)
+            partners, group = [], (self.world.rank,)
+        mean = group_mean(sent, partners)
         n = len(self.params)
         theta_bar = mean[:n]
         if general:
@@ -210,9 +212,8 @@ class NoLoCo(InnerOuterAlgorithm):
             others = (mean[-1] * len(group) - pace) / (len(group) - 1)
             if float(others[1]) < 1e30:
                 self.pace.hear(float(others[1]))
-        if self.membership is not None:
-            self.membership.publish(self.round + 1)
-        st = self.exchange.stats
+        self.comm().publish(self.round + 1)
+        st = self.comm().stats
         return {"outer/round": float(self.round + 1), "outer/partner_missed": float(missed),
                 "outer/exchange_timeouts": float(st.timeouts), "outer/exchange_dropped": float(st.dropped),
                 "outer/partner_skipped": float(st.partner_skipped), "outer/rounds_jumped": float(jumped)}

@@ -1,15 +1,12 @@
-"""Gossip pairing and the pairwise exchange of flat buffers.
+"""The pairwise exchange of flat buffers between the members of a gossip group.
 
-Pairing needs no messages: every rank derives the same random perfect matching for
-round t from a shared seed. The exchange then moves bucketed flat buffers between
-the members of a group with async send/recv and an optional deadline.
-
-A partner is untrusted and may die at any time: a fixed-size header (magic, round,
-layout digest, checksum) travels first, and a body receive is posted only once the
-header says the body has exactly the sizes and dtypes this rank expects (gloo aborts
-the whole process, uncatchably, when a message is larger than its receive buffer).
-Every failure -- a closed connection, a late partner, a wrong header, a bad checksum,
-non-finite values -- is counted and costs that round's averaging, never the run.
+`PairExchange.exchange` sends this rank's tensors to every partner of its group and
+returns the partners' tensors (the mean, or any other use, is the caller's business).
+Buffers are bucketed and framed by `core/wire.py`: a fixed-size header first, a body only
+of the agreed sizes. A partner is untrusted and may die at any time: every failure -- a
+closed connection, a late partner, a wrong header, a bad checksum, non-finite values --
+is counted and costs that round's exchange (None), never the run. When to give up on a
+partner is `core/wait_policy.py`'s decision.
 """
 
 from __future__ import annotations
@@ -17,85 +14,20 @@ from __future__ import annotations
 import logging
 import threading
 import time
-import zlib
 from dataclasses import dataclass, field
-from typing import Literal, Sequence
+from typing import Sequence
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
 from decentrain.core.membership import Membership
 from decentrain.core.pairs import PairGroups
+from decentrain.core.wait_policy import WaitPolicy
+from decentrain.core.wire import (FLAG_SKIP, HEADER_LEN, Tags, body_problem, flatten_buckets, header_problem, make_header, pack,
+                                  skip_header, unpack)
 from decentrain.core.world import World
 
 log = logging.getLogger(__name__)
-
-OddPolicy = Literal["idle", "triple", "error"]
-ODD_POLICIES = ("idle", "triple", "error")
-
-
-def gossip_groups(
-    round_idx: int, world_size: int, seed: int | None = None, odd: OddPolicy = "error", *, inner_steps: int | None = None
-) -> list[tuple[int, ...]]:
-    """The random matching of round `round_idx` (0-based): disjoint groups covering 0..world_size-1.
-
-    Two streams, both `rng.permutation(N)` with pairs {perm[j], perm[j + N/2]}:
-    - `seed=None`: the official NoLoCo code's sequence. It keys the permutation by the
-      inner-step counter at the sync, `default_rng(k·H + 1)` at the k-th sync (k = round_idx + 1),
-      so it needs `inner_steps=H`. Every rank must pass the same H (the configured one, also
-      when adaptive pacing runs fewer steps on a slow rank).
-    - an int seed: `default_rng([seed, round_idx])`, decentrain's own stream, independent per
-      seed (not the reference sequence).
-
-    Odd worlds: `idle` leaves the last rank of the permutation alone for the round
-    (a singleton group that keeps its own weights); `triple` adds it to the first pair;
-    `error` refuses.
-    """
-    if seed is None and (inner_steps is None or inner_steps < 1):
-        raise ValueError(f"inner_steps={inner_steps}: the reference pairing (seed=None) is keyed by k*H and needs H >= 1")
-    if world_size < 1:
-        raise ValueError(f"world_size={world_size} must be >= 1")
-    if odd not in ODD_POLICIES:
-        raise ValueError(f"odd={odd!r} is unknown; allowed: {list(ODD_POLICIES)}")
-    if world_size % 2 and odd == "error" and world_size > 1:
-        raise ValueError(f"world_size={world_size} is odd and cannot be paired; set the odd-world policy to 'idle' or 'triple'")
-    rng = np.random.default_rng((round_idx + 1) * inner_steps + 1 if seed is None else [seed, round_idx])
-    perm = [int(p) for p in rng.permutation(world_size)]
-    half = world_size // 2
-    groups: list[tuple[int, ...]] = [(perm[j], perm[j + half]) for j in range(half)]
-    if world_size % 2:
-        last = perm[-1]
-        if odd == "triple" and groups:
-            groups[0] = groups[0] + (last,)
-        else:
-            groups.append((last,))
-    return groups
-
-
-def group_of(rank: int, groups: Sequence[tuple[int, ...]]) -> tuple[int, ...]:
-    for g in groups:
-        if rank in g:
-            return g
-    raise ValueError(f"rank {rank} is in no group of {groups}")
-
-
-def flatten_buckets(tensors: Sequence[torch.Tensor], bucket_bytes: int) -> list[list[int]]:
-    """Split tensor indices into consecutive buckets of at most `bucket_bytes` (one tensor may exceed it).
-
-    A bucket holds one dtype: concatenating bf16 weights with an fp32 tensor would
-    promote, and so double, the whole bucket on the wire.
-    """
-    buckets: list[list[int]] = [[]]
-    size = 0
-    for i, t in enumerate(tensors):
-        nbytes = t.numel() * t.element_size()
-        if buckets[-1] and (size + nbytes > bucket_bytes or tensors[buckets[-1][0]].dtype != t.dtype):
-            buckets.append([])
-            size = 0
-        buckets[-1].append(i)
-        size += nbytes
-    return [b for b in buckets if b]
 
 
 @dataclass
@@ -116,64 +48,6 @@ class ExchangeStats:
         return self.timeouts + self.failures + self.rejected + self.corrupt + self.nonfinite + self.skipped + self.partner_skipped
 
 
-MAGIC = 0x6463_7472_6E67  # "dctrng"
-VERSION = 2  # 2: checksum over 8-byte words
-HEADER_LEN = 8  # [magic, version, round, n_buckets, layout digest, total numel, checksum, flags]
-FLAG_SKIP = 1  # the sender skips this round: no body follows
-HEADER_TAG = 1023  # the bucket slot of a round's tag reserved for the header
-BEHIND = 3  # a partner this many rounds behind (us and the live ranks) is skipped; it jumps ahead itself
-POLL_S = 0.1  # how often a rank waiting on a partner re-reads the partner's membership keys
-_MASK = (1 << 62) - 1
-
-
-def layout_digest(flats: Sequence[torch.Tensor]) -> int:
-    """CRC32 of the (numel, dtype) of every bucket: equal digests mean equal receive sizes."""
-    return zlib.crc32(";".join(f"{f.numel()}:{f.dtype}" for f in flats).encode())
-
-
-def checksum(flats: Sequence[torch.Tensor]) -> torch.Tensor:
-    """Wrapping int64 sum of every bucket's bytes read as 8-byte words (a shorter tail as bytes), mod 2**62.
-
-    Computed where the buffers live, with no host sync: the sender's header stays on the
-    backend's device (NCCL). Native-width words keep it one cheap pass (a sum of int32
-    words widened to int64 cost 20x more on CPU: 0.55 s vs 0.02 s for 25M floats).
-    """
-    total = torch.zeros((), dtype=torch.int64, device=flats[0].device if flats else "cpu")
-    for f in flats:
-        if f.storage_offset() * f.element_size() % 8:
-            f = f.clone()  # words are read in place, so they must start 8-byte aligned
-        raw = f.reshape(-1).view(torch.uint8)
-        whole = raw.numel() // 8 * 8
-        total = total + raw[:whole].view(torch.int64).sum() + raw[whole:].sum(dtype=torch.int64)  # int64 adds wrap
-    return (total & _MASK).reshape(1)
-
-
-def all_finite(t: torch.Tensor) -> bool:
-    """True when `t` holds no NaN or inf.
-
-    One reduction decides the common case: a sum is finite only if every element is; only a
-    sum that overflowed (or a tensor that really holds NaN/inf) pays for the elementwise pass.
-    """
-    if not t.is_floating_point():
-        return True
-    return bool(torch.isfinite(t.sum(dtype=torch.float32))) or bool(torch.isfinite(t).all())
-
-
-def make_header(round_idx: int, flats: Sequence[torch.Tensor], device: torch.device) -> torch.Tensor:
-    fixed = torch.tensor([MAGIC, VERSION, round_idx, len(flats), layout_digest(flats), sum(f.numel() for f in flats)],
-                         dtype=torch.int64, device=device)
-    return torch.cat([fixed, checksum(flats).to(device), torch.zeros(1, dtype=torch.int64, device=device)])
-
-
-def header_problem(got: torch.Tensor, expected: torch.Tensor) -> str | None:
-    """Why a received header is not the one this round expects (None if it is)."""
-    g, e = got.tolist(), expected.tolist()
-    for i, name in enumerate(("magic", "version", "round", "bucket count", "layout (sizes/dtypes)", "numel")):
-        if g[i] != e[i]:
-            return f"{name} {g[i]} != expected {e[i]}"
-    return None
-
-
 @dataclass
 class _Inbox:
     """One partner's side of one round; its thread outlives a missed deadline and keeps the buffers alive."""
@@ -190,9 +64,9 @@ class _Inbox:
 
 @dataclass
 class PairExchange:
-    """Average tensors with the other members of this rank's group.
+    """Exchange tensors with the other members of this rank's group.
 
-    `deadline_s`: a partner that has not delivered within it costs this round's averaging
+    `deadline_s`: a partner that has not delivered within it costs this round's exchange
     (the call returns None), never the run. Its receive keeps running in a helper thread
     (gloo still writes into its buffers) and finishes when the partner delivers or its
     connection closes; until then that partner is not contacted again, so late buffers
@@ -280,14 +154,20 @@ class PairExchange:
         held = [ib for ib in self._pending if ib.peer == peer and ib.holds_body and ib.incarnation == inc]
         return any(not ib.received.is_set() for ib in held) or len(held) >= 2
 
-    def average(self, tensors: Sequence[torch.Tensor], group: tuple[int, ...], round_idx: int) -> list[torch.Tensor] | None:
-        """Return the group mean of each tensor (a new list), or None if any partner's data is missing or bad."""
+    @property
+    def policy(self) -> WaitPolicy:
+        return WaitPolicy(self.deadline_s, self.membership, self.stall_s)
+
+    def exchange(self, tensors: Sequence[torch.Tensor], group: tuple[int, ...], round_idx: int
+                 ) -> list[list[torch.Tensor]] | None:
+        """Send `tensors` to every other member of `group`; return each partner's tensors (in `group`
+        order, shaped and typed like `tensors`), [] alone, or None if any partner's data is missing or bad."""
         peers = [p for p in group if p != self.world.rank]
         if not peers:
-            return [t.clone() for t in tensors]
+            return []
         start = time.perf_counter()
         self.stats.rounds += 1
-        stage = self.stage_device
+        policy = self.policy
         owing = [p for p in peers if self._owes(p)]
         if owing:
             # a partner still owes an earlier round: tell every partner with a header alone (no body is
@@ -296,7 +176,7 @@ class PairExchange:
             log.warning("round %d: partner(s) %s still owe an earlier round; skipping this round's averaging", round_idx, owing)
             self.skip_round(group, round_idx)
             return None
-        absent = [(p, why) for p in peers if (why := self._absent(p, round_idx, waiting=False))]
+        absent = [(p, why) for p in peers if (why := policy.absent(p, round_idx, waiting=False))]
         if absent:
             self.stats.partner_skipped += 1
             log.warning("round %d: not waiting for partner(s) %s; skipping this round's averaging", round_idx,
@@ -305,14 +185,12 @@ class PairExchange:
             return None
         mine = [t.detach().contiguous() for t in tensors]
         buckets = flatten_buckets(mine, self.bucket_bytes)
-        # always a copy on the staging device: a send may outlive this call when a partner is late
-        flats = [torch.cat([mine[i].reshape(-1) for i in idx]).to(stage) if len(idx) > 1 else mine[idx[0]].reshape(-1).to(stage, copy=True)
-                 for idx in buckets]
-        header = make_header(round_idx, flats, stage)
+        flats = pack(mine, buckets, self.stage_device)
+        header = make_header(round_idx, flats, self.stage_device)
         inboxes = [self._start(p, header, flats, round_idx) for p in peers]
         ok = True
         for ib in inboxes:
-            outcome = self._await(ib, start, round_idx)
+            outcome = policy.wait(ib.received, ib.peer, start, round_idx)
             if outcome == "timeout":
                 self.stats.timeouts += 1
                 log.warning("round %d: partner %d missed the %.3gs deadline; skipping this round's averaging",
@@ -332,15 +210,7 @@ class PairExchange:
         self.stats.seconds += time.perf_counter() - start
         if not ok:
             return None
-        sums = [t.float() for t in mine]  # may alias the caller's fp32 tensors: add out of place
-        for ib in inboxes:
-            for idx, buf in zip(buckets, ib.bufs):
-                offset = 0
-                for i in idx:
-                    n = mine[i].numel()
-                    sums[i] = sums[i] + buf[offset : offset + n].view_as(mine[i]).to(mine[i].device).float()
-                    offset += n
-        return [s.div_(len(group)).to(t.dtype) for s, t in zip(sums, mine)]
+        return [unpack(ib.bufs, buckets, mine) for ib in inboxes]
 
     def skip_round(self, group: tuple[int, ...], round_idx: int) -> None:
         """Tell the other members of `group` with a header alone that this rank skips `round_idx`.
@@ -349,71 +219,18 @@ class PairExchange:
         partner's receive for that round is always matched (and it learns of the skip at once).
         """
         peers = [p for p in group if p != self.world.rank]
-        header = torch.tensor([MAGIC, VERSION, round_idx, 0, 0, 0, 0, FLAG_SKIP], dtype=torch.int64, device=self.stage_device)
+        header = skip_header(round_idx, self.stage_device)
         self._pending.extend(self._start(p, header, [], round_idx) for p in peers)
 
-    def _absent(self, peer: int, round_idx: int, waiting: bool) -> str | None:
-        """Why membership says `peer` will not (soon) deliver round `round_idx`; None if it may.
-
-        Before waiting: it is finished, already past this round (it gave up on us), BEHIND or
-        more rounds behind, or late (missed a deadline and published no progress since). While
-        waiting, the same minus "behind", plus a heartbeat that stopped moving (a stopped or
-        dead process) for `stall_s`.
-        """
-        m = self.membership
-        if m is None:
-            return None
-        p = m.progress(peer)
-        if p is not None:
-            if p.finished:
-                return "finished"
-            if p.done > round_idx:
-                return f"already past round {round_idx}"
-            # behind this round, and behind the live ranks too: a rank that ran ahead of the others
-            # must wait for its partner (bounded by the deadline), or it would run away alone
-            if not waiting and p.done + BEHIND <= round_idx and p.done + BEHIND <= (m.live_round() or round_idx):
-                return f"{round_idx - p.done} rounds behind"
-            if m.late(peer, p):
-                return "missed a deadline, no progress since"
-        if self.stall_s is not None and p is not None and (stalled := m.stalled_for(peer)) > self.stall_s:
-            return f"no heartbeat for {stalled:.1f}s"
-        return None
-
-    def _await(self, ib: _Inbox, start: float, round_idx: int) -> str | None:
-        """Wait for `ib` until the deadline; None once received, "timeout", or why the partner was given up on.
-
-        With membership, a partner still finishing the previous round (held up by its own late
-        partner) gets its deadline from when it publishes that round done, up to twice the
-        deadline in all: a fault's wait is then not passed on as a second lost round.
-        """
-        if self.membership is None:
-            return None if ib.received.wait(None if self.deadline_s is None else
-                                            max(0.0, self.deadline_s - (time.perf_counter() - start))) else "timeout"
-        first = self.membership.progress(ib.peer)
-        behind = first is not None and first.done < round_idx
-        while True:
-            left = None if self.deadline_s is None else max(0.0, self.deadline_s - (time.perf_counter() - start))
-            if ib.received.wait(POLL_S if left is None else min(POLL_S, left)):
-                return None
-            if behind and self.deadline_s is not None and (p := self.membership.progress(ib.peer)) is not None \
-                    and p.done >= round_idx:
-                behind = False  # it has just reached this round: its deadline starts now
-                start = min(time.perf_counter(), start + self.deadline_s)
-                continue
-            if left is not None and left <= POLL_S:
-                outcome = "timeout"
-            elif (why := self._absent(ib.peer, round_idx, waiting=True)) is None:
-                continue
-            else:
-                outcome = why
-            if outcome == "timeout" or outcome.startswith("no heartbeat"):
-                # others need not wait on it either, until it publishes progress again
-                p = self.membership.progress(ib.peer)
-                self.membership.mark_late(ib.peer, None if p is None else p.done)
-            return outcome
-
     def _p2p(self, recvs: list, sends: list, peer: int, incarnation: int = 0) -> list:
-        """Post receives and sends with `peer`; NCCL on one communicator needs them batched (or it deadlocks)."""
+        """Post receives and sends with `peer`; returns their works, receives first.
+
+        NCCL builds a group's communicator on the first p2p call with a blocking two-rank
+        rendezvous. With one lane per direction, "receives first" would have rank a start on
+        lane (b, a) while b starts on (a, b), each waiting for the other: so ops are posted in
+        lane order, and both ranks of a pair reach their shared lanes in the same order. On one
+        shared communicator NCCL needs them batched (or it deadlocks).
+        """
         if self.pairs is not None:  # (blocks on the first use of a pair: the group's rendezvous)
             pg, other = self.pairs.get(peer, incarnation)
             return [pg.recv([t], other, tag) for t, tag in recvs] + [pg.send([t], other, tag) for t, tag in sends]
@@ -423,20 +240,26 @@ class PairExchange:
             ops = [dist.P2POp(dist.irecv, t, src, rx, tag) for t, tag in recvs]
             ops += [dist.P2POp(dist.isend, t, src, tx, tag) for t, tag in sends]
             return dist.batch_isend_irecv(ops) if ops else []
-        works = [dist.irecv(t, src=src, group=rx, tag=tag) for t, tag in recvs]
-        works += [dist.isend(t, dst=src, group=tx, tag=tag) for t, tag in sends]
+        me = self.world.rank
+        posts = [((peer, me), i, lambda t=t, tag=tag: dist.irecv(t, src=src, group=rx, tag=tag)) for i, (t, tag) in enumerate(recvs)]
+        posts += [((me, peer), len(recvs) + i, lambda t=t, tag=tag: dist.isend(t, dst=src, group=tx, tag=tag))
+                  for i, (t, tag) in enumerate(sends)]
+        if rx is not tx:  # by lane, (low, high) first; stable, so receives stay first on a shared group
+            posts.sort(key=lambda post: post[0])
+        works: list = [None] * len(posts)
+        for _, i, post in posts:
+            works[i] = post()
         return works
 
     def _start(self, peer: int, header: torch.Tensor, flats: list[torch.Tensor], round_idx: int) -> _Inbox:
         ib = _Inbox(peer, self._incarnation(peer), holds_body=bool(flats))
-        base = (round_idx % (1 << 20)) * 1024
-        tags = [base + b % HEADER_TAG for b in range(len(flats))]
+        header_tag, tags = Tags.header(round_idx), Tags.buckets(round_idx, len(flats))
 
         def run() -> None:
             pending: list = []
             try:  # posting itself raises once a dead partner has closed the connection
                 hdr = torch.empty(HEADER_LEN, dtype=torch.int64, device=header.device)
-                works = self._p2p([(hdr, base + HEADER_TAG)], [(header, base + HEADER_TAG)], peer, ib.incarnation)
+                works = self._p2p([(hdr, header_tag)], [(header, header_tag)], peer, ib.incarnation)
                 works[0].wait()
                 pending = works[1:]
                 if not flats:  # we skip this round: the partner learnt it from our header
@@ -452,10 +275,8 @@ class PairExchange:
                 for w in works[: len(bufs)]:
                     w.wait()
                 pending += works[len(bufs):]
-                if int(checksum(bufs)) != int(hdr[6]):
-                    ib.status, ib.detail = "corrupt", "body checksum differs from the header's"
-                elif not all(all_finite(b) for b in bufs):
-                    ib.status, ib.detail = "nonfinite", "NaN or inf in the partner's tensors"
+                if (problem := body_problem(bufs, hdr)) is not None:
+                    ib.status, ib.detail = problem
                 else:
                     ib.status, ib.bufs = "ok", bufs
             except RuntimeError as e:  # a dead peer breaks its pair; the run goes on
