@@ -12,7 +12,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 
-TIERS = ("unit", "dist", "integration", "gpu")  # tests/<tier>/: each test carries its folder's marker
+TIERS = ("unit", "dist", "integration", "gpu", "slurm")  # tests/<tier>/: each test carries its folder's marker
 
 
 def tier_of(path: Path) -> str | None:
