@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from decentrain.core.ft_config import TorchFTConfig, check_fault_tolerance
 
 LAUNCHERS = ("local", "torchrun")
 
@@ -14,6 +16,9 @@ class LauncherConfig:
     nnodes: int = 1
     rdzv_endpoint: str = "localhost:0"
     max_restarts: int = 0
+    fault_tolerance: str = "none"  # none | torchft (core/ft_config.py)
+    replicas: int = 1  # torchft: replica groups, each its own torchrun job of nproc_per_node ranks
+    torchft: TorchFTConfig = field(default_factory=TorchFTConfig)
 
     def __post_init__(self) -> None:
         if self.name not in LAUNCHERS:
@@ -25,6 +30,7 @@ class LauncherConfig:
         if self.name == "local" and self.nnodes != 1:
             raise ValueError(f"launcher.nnodes={self.nnodes}: launcher=local starts workers on this machine only; "
                              "for several nodes use launch/multinode.sh (torchrun, launcher=torchrun)")
+        check_fault_tolerance(self.fault_tolerance, self.replicas, self.torchft)
 
     @property
     def world_size(self) -> int | None:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from decentrain.algorithms.base import ALGORITHMS, AlgorithmConfig
+from decentrain.algorithms.common.ft.checks import check_fault_tolerant_run
 from decentrain.algorithms.common.engine import EngineConfig, OptimConfig
 from decentrain.algorithms.common.speed import COMPILE_SCOPES, PRECISIONS
 from decentrain.core.checks import check_range
@@ -120,3 +121,4 @@ def validate(cfg: TrainConfig, world_size: int) -> None:
     algorithm = ALGORITHMS.get(cfg.algorithm.name)
     algorithm.check_world(cfg.algorithm, world_size // shards)
     algorithm.check_steps(cfg.algorithm, cfg.train.steps)
+    check_fault_tolerant_run(cfg, world_size)
