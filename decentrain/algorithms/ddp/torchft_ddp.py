@@ -1,4 +1,4 @@
-"""DDP across replica groups that may die and come back: torchft's Manager and its DDP wrapper.
+"""DDP across replica groups that may die and come back: torchft's Manager, DDP as torchft builds it.
 
 Each step starts with a (synchronous) quorum of the live replica groups, taken after the
 previous optimizer step and before the next batch is drawn. A group that is behind heals
@@ -26,16 +26,25 @@ log = logging.getLogger(__name__)
 
 
 def group_then_replicas_hook(intra_group: dist.ProcessGroup | None, size: int):
-    """DDP comm hook: mean over this group's ranks (torch.distributed), then over the replica groups (torchft)."""
+    """DDP comm hook: mean over this group's ranks (torch.distributed), then over the replica groups (torchft).
 
-    def hook(manager, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    As torchft.ddp's hook, but a failed collective (a peer died mid-step: torchft then hands back a
+    dummy work with no inner future, which torchft 0.2's hook asserts on) completes with the buffer
+    as it is; the step is dropped by should_commit anyway.
+    """
+
+    def hook(manager, bucket):  # no annotations: DDP checks them, and this module has string annotations
         buf = bucket.buffer()
         if intra_group is not None:
-            dist.all_reduce(buf, group=intra_group)
+            intra_group.allreduce([buf]).wait()  # the group object itself: registered with torch.distributed or not
             buf.div_(size)
         work = manager.allreduce(buf)  # mean over participants; a non-participant contributes zeros
         work.wait()
-        return work.get_future()._fut  # the torch future under torchft's managed one (as torchft's DDP does)
+        inner = getattr(work.get_future(), "_fut", None)  # the torch future under torchft's managed one
+        if inner is None:
+            inner = torch.futures.Future()
+            inner.set_result(buf)
+        return inner
 
     return hook
 
@@ -53,20 +62,19 @@ class TorchFTDDP(Algorithm):
 
     def wrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
         from torch.nn.parallel import DistributedDataParallel
-        from torchft.ddp import DistributedDataParallel as TorchFTDistributedDataParallel
         from torchft.process_group import ProcessGroupDummy
 
         self.manager = build_manager(self.world, self.group, lambda: self.trainer_state(), lambda s: self.load_trainer_state(s))
         if self._manager_state is not None:
             self.manager.load_state_dict(self._manager_state)
-        kwargs = {"bucket_cap_mb": self.cfg.bucket_cap_mb, "gradient_as_bucket_view": self.cfg.gradient_as_bucket_view}
-        if not (self.world.is_distributed and self.world.world_size > 1):
-            return TorchFTDistributedDataParallel(self.manager, model, **kwargs)
-        # several ranks per group: torchft's DDP averages over replica groups only; this hook averages over
-        # the group first. Same construction as torchft's: a dummy group soaks up DDP's init broadcast (the
-        # Manager syncs the start instead), and fixed buckets (never rebuilt, so a healed group matches).
-        ddp = DistributedDataParallel(model, process_group=ProcessGroupDummy(0, 1), find_unused_parameters=True, **kwargs)
-        ddp.register_comm_hook(self.manager, group_then_replicas_hook(self.world.group, self.world.world_size))
+        # torchft.ddp.DistributedDataParallel's construction: a dummy group soaks up DDP's init broadcast
+        # (the Manager syncs the start instead) and buckets are never rebuilt (a healed group must match);
+        # our hook adds the intra-group mean for groups of several ranks and survives a failed collective.
+        ddp = DistributedDataParallel(model, process_group=ProcessGroupDummy(0, 1), find_unused_parameters=True,
+                                      bucket_cap_mb=self.cfg.bucket_cap_mb, gradient_as_bucket_view=self.cfg.gradient_as_bucket_view)
+        several = self.world.is_distributed and self.world.world_size > 1
+        intra = (self.world.group or dist.group.WORLD) if several else None
+        ddp.register_comm_hook(self.manager, group_then_replicas_hook(intra, self.world.world_size))
         return ddp
 
     def no_sync(self, model: torch.nn.Module):

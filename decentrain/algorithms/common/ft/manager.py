@@ -38,6 +38,9 @@ class ReplicaGroup:
     replica_id: int
     replicas: int
     ft: TorchFTConfig
+    # the group's own key-value store; None: torchrun's (MASTER_ADDR/MASTER_PORT, read by torchft)
+    store_addr: str | None = None
+    store_port: int | None = None
 
     @classmethod
     def from_config(cls, replicas: int, ft: TorchFTConfig) -> "ReplicaGroup":
@@ -63,7 +66,7 @@ def build_manager(world: World, group: ReplicaGroup, state_dict: Callable[[], An
                   use_async_quorum: bool = False):
     """torchft.Manager for this rank; its gloo group spans the same rank of every live replica group.
 
-    The intra-group store is torchrun's (MASTER_ADDR/MASTER_PORT, read by torchft). The heal state
+    The intra-group store is torchrun's unless the group names one. The heal state
     travels through SafeHTTPTransport (JSON + safetensors), not torchft's pickle-based default.
     """
     from torchft import Manager, ProcessGroupGloo
@@ -80,6 +83,8 @@ def build_manager(world: World, group: ReplicaGroup, state_dict: Callable[[], An
         replica_id=f"replica_{group.replica_id}",
         rank=world.rank,
         world_size=world.world_size,
+        store_addr=group.store_addr,
+        store_port=group.store_port,
         lighthouse_addr=ft.lighthouse,
         use_async_quorum=use_async_quorum,
         timeout=timeout,
