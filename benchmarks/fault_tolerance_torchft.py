@@ -118,6 +118,10 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _ms(values: list[float]) -> dict[str, Any] | None:
+    return mean_std(values) if values else None
+
+
 def summarise(jobs: list[dict], results: list[dict]) -> dict[str, Any]:
     figures: dict[str, Any] = {}
     for algorithm in dict.fromkeys(j["algorithm"] for j in jobs):
@@ -127,8 +131,8 @@ def summarise(jobs: list[dict], results: list[dict]) -> dict[str, Any]:
                  if k.get("survivor_steps_per_min") and b.get("survivor_steps_per_min")]
         figures[algorithm] = {
             "runs": {"none": base, "kill": kill},
-            "survivor_rate_vs_no_fault": mean_std(ratio),
-            "kill_to_contributing_s": mean_std([k["kill_to_contributing_s"] for k in kill if k.get("kill_to_contributing_s") is not None]),
+            "survivor_rate_vs_no_fault": _ms(ratio),
+            "kill_to_contributing_s": _ms([k["kill_to_contributing_s"] for k in kill if k.get("kill_to_contributing_s") is not None]),
             "rolled_back_steps": sum(k.get("survivor_rolled_back_steps") or 0 for k in kill),
             "work_lost": [k.get("survivor_work_lost") for k in kill],
             "bit_equal_after_heal": all(k.get("bit_equal_final_weights") for k in kill) if kill else None,
@@ -141,11 +145,12 @@ def summarise(jobs: list[dict], results: list[dict]) -> dict[str, Any]:
 def text(rec: dict) -> str:
     lines = [f"{rec['name']} @ {rec['git_sha']}: torchft replica groups (2 x 1 rank, loopback), SIGKILL group 1"]
     for algorithm, f in rec["figures"].items():
-        lines.append(f"{algorithm}: survivor steps/min vs no fault {fmt(f['survivor_rate_vs_no_fault'], 3)}; "
-                     f"kill -> healed group contributing {fmt(f['kill_to_contributing_s'], 3)} s; "
+        rate, back = f["survivor_rate_vs_no_fault"], f["kill_to_contributing_s"]
+        lines.append(f"{algorithm}: survivor steps/min vs no fault {fmt(rate, 3) if rate else 'n/a'}; "
+                     f"kill -> healed group contributing {fmt(back, 3) if back else 'never (came back after the survivor finished)'} s; "
                      f"rolled back {f['rolled_back_steps']}; work lost {f['work_lost']}; bit-equal after heal {f['bit_equal_after_heal']}")
-        for k in f["runs"]["kill"]:
-            lines.append(f"  kill run: {json.dumps(k)}")
+        for k in f["runs"]["none"] + f["runs"]["kill"]:
+            lines.append(f"  run: {json.dumps(k)}")
     return "\n".join(lines) + "\n"
 
 
@@ -156,6 +161,7 @@ def main() -> None:
     ap.add_argument("--fault-step", type=int, default=12)
     ap.add_argument("--inner-steps", type=int, default=5)
     ap.add_argument("--seeds", type=int, default=1)
+    ap.add_argument("--faults", nargs="+", default=["none", "kill"], choices=["none", "kill"])
     ap.add_argument("--timeout-s", type=float, default=1200)
     ap.add_argument("--runs-dir", default=str(ROOT / "runs" / "fault_tolerance_torchft"))
     ap.add_argument("--name", default="fault_tolerance_torchft")
@@ -164,7 +170,7 @@ def main() -> None:
     Path(args.runs_dir).mkdir(parents=True, exist_ok=True)
     jobs = [{"algorithm": a, "fault": f, "seed": s, "steps": args.steps, "fault_step": args.fault_step,
              "inner_steps": args.inner_steps, "timeout_s": args.timeout_s, "runs_dir": args.runs_dir}
-            for a in args.algorithms for s in range(args.seeds) for f in ("none", "kill")]
+            for a in args.algorithms for s in range(args.seeds) for f in args.faults]
     h = Harness(args.name, __file__, vars(args), allow_dirty=args.allow_dirty)
     results = h.run_jobs(jobs, run_job)
     paths = h.write(summarise(jobs, results), text)
