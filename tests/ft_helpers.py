@@ -180,14 +180,15 @@ class Replica:
         raise RuntimeError("ran out of attempts")
 
 
-def run_replicas(replicas: list[Replica], delays: list[float] | None = None) -> list[list[dict[str, Any]]]:
-    import time
+def run_replicas(replicas: list[Replica], gates: list[threading.Event | None] | None = None) -> list[list[dict[str, Any]]]:
+    """Run the groups to the end; a group with a gate starts once the gate is set (a late joiner)."""
 
-    def start(r: Replica, delay: float):
-        time.sleep(delay)
+    def start(r: Replica, gate: threading.Event | None):
+        if gate is not None:
+            assert gate.wait(120), "the gate was never opened"
         return r.run()
 
-    delays = delays or [0.0] * len(replicas)
+    gates = gates or [None] * len(replicas)
     with ThreadPoolExecutor(max_workers=len(replicas)) as pool:
-        futures = [pool.submit(start, r, d) for r, d in zip(replicas, delays)]
+        futures = [pool.submit(start, r, g) for r, g in zip(replicas, gates)]
         return [f.result() for f in futures]

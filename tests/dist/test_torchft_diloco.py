@@ -106,12 +106,24 @@ def test_streaming_diloco_recovery_mid_fragment():
 def test_streaming_diloco_upscale():
     """Mirrors torchft local_sgd_integ_test.test_streaming_diloco_upscale: a third group starts after the
     first two synced; it joins the next quorum, heals, and all three hold equal global state from then on."""
+    import threading
+
     lh = lighthouse(min_replicas=2)
     seen: dict = {}
+    go, joined_in = threading.Event(), threading.Event()
+
+    def record(replica, rank, step, trainer):
+        record_syncs(seen)(replica, rank, step, trainer)
+        if replica == 2:
+            joined_in.set()  # heartbeating and training: the next quorum waits for it
+        elif step == 4:  # after two fragment syncs the third group starts; the first two wait until it runs
+            go.set()
+            assert joined_in.wait(120)
+
     cfg = streaming(tau=0, alpha=0.0)
     try:
-        results = run_replicas([Replica(i, lh.address(), cfg, steps=12, record=record_syncs(seen)) for i in range(3)],
-                               delays=[0.0, 0.0, 4.0])
+        results = run_replicas([Replica(i, lh.address(), cfg, steps=12, record=record) for i in range(3)],
+                               gates=[None, None, go])
     finally:
         lh.shutdown()
     assert_equal_global(results)
