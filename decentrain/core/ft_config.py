@@ -24,7 +24,7 @@ class TorchFTConfig:
     # the lighthouse waits this long for live (heartbeating) groups to join a quorum
     join_timeout_ms: int = 60_000
     # a group silent this long is dead: the next quorum goes on without it
-    heartbeat_timeout_ms: int = 1_000
+    heartbeat_timeout_ms: int = 5_000  # torchft's default; 1 s split quorums on 2 loaded cores (stale heartbeats)
     quorum_tick_ms: int = 20
     timeout_s: float = 60.0  # one collective or state transfer
     quorum_timeout_s: float = 60.0  # waiting for a quorum
