@@ -17,6 +17,7 @@ from decentrain.algorithms.base import ALGORITHMS
 from decentrain.algorithms.common.pretrain import run_pretraining
 from decentrain.config import config_from_dict, register_configs, validate
 from decentrain.core.bytes_comm import agree_run_dir
+from decentrain.core.ft_launch import launch_replica_groups
 from decentrain.core.launcher import check_placement, exit_survivor, launch_job
 from decentrain.core.world import init_world, read_launch_env
 
@@ -36,6 +37,13 @@ def main(dcfg: DictConfig) -> None:
     except ValueError as e:
         sys.exit(f"config error: {e}")
     if cfg.launcher.check_only:
+        return
+    if not env.under_torchrun and cfg.launcher.fault_tolerance == "torchft":
+        try:  # replica groups, each its own torchrun job, joined by torchft's lighthouse
+            launch_replica_groups(list(HydraConfig.get().overrides.task), cfg.launcher.replicas, cfg.launcher.nproc_per_node or 1,
+                                  str(Path(cfg.run_dir).resolve()), cfg.launcher.torchft, cfg.launcher.max_restarts)
+        except RuntimeError as e:
+            sys.exit(f"[decentrain] {e}")
         return
     if not env.under_torchrun and (cfg.launcher.world_size or 1) > 1:
         run_dir = str(Path(cfg.run_dir).resolve())

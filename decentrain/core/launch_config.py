@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from decentrain.core.ft_config import TorchFTConfig, check_fault_tolerance
 
 LAUNCHERS = ("local", "torchrun")
 
@@ -17,6 +19,9 @@ class LauncherConfig:
     # validate the config for this layout (nproc_per_node x nnodes), then exit: launch/slurm.sbatch
     # runs it once before torchrun, so a bad config fails once instead of once per restart and rank
     check_only: bool = False
+    fault_tolerance: str = "none"  # none | torchft (core/ft_config.py)
+    replicas: int = 1  # torchft: replica groups, each its own torchrun job of nproc_per_node ranks
+    torchft: TorchFTConfig = field(default_factory=TorchFTConfig)
 
     def __post_init__(self) -> None:
         if self.name not in LAUNCHERS:
@@ -28,6 +33,7 @@ class LauncherConfig:
         if self.name == "local" and self.nnodes != 1:
             raise ValueError(f"launcher.nnodes={self.nnodes}: launcher=local starts workers on this machine only; "
                              "for several nodes use launch/multinode.sh (torchrun, launcher=torchrun)")
+        check_fault_tolerance(self.fault_tolerance, self.replicas, self.torchft)
 
     @property
     def world_size(self) -> int | None:

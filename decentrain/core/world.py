@@ -206,7 +206,8 @@ def tag_log_records(rank: int) -> None:
 
     def factory(*args, **kwargs) -> logging.LogRecord:
         record = base(*args, **kwargs)
-        record.rank = rank
+        # not `record.rank`: a record with `extra={"rank": ...}` (torchft's commit/quorum logs) would collide
+        record.process_rank = rank
         record.msg = f"[rank {rank}] {record.msg}"
         return record
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from decentrain.algorithms.base import ALGORITHMS, AlgorithmConfig
 from decentrain.algorithms.common.engines import ENGINES, EngineConfig, OptimConfig
+from decentrain.algorithms.common.ft.checks import check_fault_tolerant_run
 from decentrain.algorithms.common.speed import COMPILE_SCOPES, PRECISIONS
 from decentrain.core.checks import check_range
 from decentrain.core.launch_config import LauncherConfig
@@ -122,3 +123,4 @@ def validate(cfg: TrainConfig, world_size: int) -> None:
                          "or an outer algorithm (diloco, noloco)")
     algorithm.check_world(cfg.algorithm, world_size // shards)
     algorithm.check_steps(cfg.algorithm, cfg.train.steps)
+    check_fault_tolerant_run(cfg, world_size)

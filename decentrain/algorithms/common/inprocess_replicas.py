@@ -64,7 +64,8 @@ def run_replicas_in_process(cfg: TrainConfig, world_size: int, run_dir: Path, de
             algorithm.transport = hub.transport(rank)
         elif world_size > 1:
             raise ValueError(f"algorithm.name={cfg.algorithm.name} has no transport; in-process replicas need one")
-        trainers.append(Trainer(cfg, world, algorithm, build_model(cfg.model, tokenizer), corpus, run_dir))
+        trainers.append(Trainer(cfg.train, world, algorithm, build_model(cfg.model, tokenizer), corpus, run_dir,
+                                engine=cfg.engine, optim=cfg.optim, logger=cfg.logger, resume=cfg.resume))
         loggers.append(MetricsLogger(cfg.logger, run_dir, rank, None, total_steps=cfg.train.steps))
     results: dict[int, TrainResult] = {}
     errors: dict[int, BaseException] = {}

@@ -15,6 +15,7 @@ import torch
 
 from decentrain.algorithms.base import ALGORITHMS
 from decentrain.algorithms.common.config import TrainConfig
+from decentrain.algorithms.common.ft import FT_ALGORITHMS, ReplicaGroup, replica_sampler
 from decentrain.algorithms.common.trainer import Trainer, TrainResult, seed_everything
 from decentrain.core.mesh import replica_layout
 from decentrain.core.metrics import MetricsLogger, drop_rows_after, plot_curves, read_jsonl
@@ -46,9 +47,16 @@ def run_pretraining(cfg: TrainConfig, world: World, run_dir: Path, config_dict: 
     torch.manual_seed(cfg.train.seed + 1 + world.rank)
     # replicas × shards: the outer algorithm sees one rank per replica (the whole world when 1 shard)
     layout = replica_layout(world, cfg.engine.shards_per_replica)
-    algorithm = ALGORITHMS.get(cfg.algorithm.name)(cfg.algorithm, layout.outer)
+    group = None
+    if cfg.launcher.fault_tolerance == "torchft":  # one replica group of several, joined by torchft
+        group = ReplicaGroup.from_config(cfg.launcher.replicas, cfg.launcher.torchft)
+        algorithm = FT_ALGORITHMS.get(cfg.algorithm.name)(cfg.algorithm, layout.outer, group, cfg.train.steps)
+    else:
+        algorithm = ALGORITHMS.get(cfg.algorithm.name)(cfg.algorithm, layout.outer)
     trainer = Trainer(cfg.train, world, algorithm, model, corpus, run_dir, layout, engine=cfg.engine, optim=cfg.optim,
                       logger=cfg.logger, resume=cfg.resume)
+    if group is not None:
+        trainer.sampler = replica_sampler(len(trainer.train_blocks), cfg.train.global_batch_size, world, group, cfg.train.seed)
     resumed = trainer.maybe_resume()
     if resumed is not None:  # the steps after the checkpoint will be logged again: drop their old rows
         name = "metrics.jsonl" if world.rank == 0 else f"metrics.rank{world.rank}.jsonl"

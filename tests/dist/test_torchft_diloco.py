@@ -1,0 +1,149 @@
+"""launcher.fault_tolerance=torchft with DiLoCo / Streaming DiLoCo: torchft's LocalSGDIntegTest scenarios
+on decentrain's TorchFTDiLoCo (torchft's DiLoCo on the trainer's AdamW, heal state over SafeHTTPTransport).
+
+Replica groups are threads joined by a real LighthouseServer, as in torchft's tests; "global state"
+is each fragment's last synced weights (torchft's `original_parameters`), which every replica
+must hold bit-equal after each sync.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("torchft")
+
+from decentrain.algorithms.diloco.diloco import DiLoCoConfig  # noqa: E402
+from decentrain.algorithms.diloco.streaming import StreamingDiLoCoConfig  # noqa: E402
+from tests.ft_helpers import FRAGMENTS, Events, Replica, diloco_global_state, run_replicas  # noqa: E402
+
+pytestmark = pytest.mark.dist
+
+
+def lighthouse(min_replicas: int = 2):
+    from torchft.coordination import LighthouseServer
+
+    return LighthouseServer(bind="[::]:0", min_replicas=min_replicas, join_timeout_ms=10_000, heartbeat_timeout_ms=500)
+
+
+def streaming(tau: int = 1, alpha: float = 0.5) -> StreamingDiLoCoConfig:
+    return StreamingDiLoCoConfig(inner_steps=4, num_fragments=2, overlap_steps=tau, mix_alpha=alpha, fragments=FRAGMENTS)
+
+
+def assert_equal_global(results) -> None:
+    states = [diloco_global_state(g[0]["algorithm"]) for g in results]
+    for s in states[1:]:
+        torch.testing.assert_close(s, states[0], rtol=0, atol=0)
+
+
+def record_syncs(seen: dict):
+    def record(replica, rank, step, trainer):
+        algo = trainer.algorithm
+        seen.setdefault(replica, {})[algo.manager.current_step()] = diloco_global_state(algo)
+
+    return record
+
+
+def assert_equal_after_every_sync(seen: dict, replicas=(0, 1), first: int = 1) -> None:
+    common = set.intersection(*(set(seen[r]) for r in replicas)) - set(range(first))
+    assert common, seen.keys()
+    for sync in sorted(common):
+        for r in replicas[1:]:
+            torch.testing.assert_close(seen[r][sync], seen[replicas[0]][sync], rtol=0, atol=0)
+
+
+def test_diloco_healthy_global_state_equal_every_sync():
+    """Mirrors torchft local_sgd_integ_test.test_diloco_healthy: H=2, three syncs, global state equal after each."""
+    lh = lighthouse()
+    seen: dict = {}
+    cfg = DiLoCoConfig(inner_steps=2, outer_lr=0.7, outer_momentum=0.9)
+    try:
+        results = run_replicas([Replica(i, lh.address(), cfg, steps=6, record=record_syncs(seen)) for i in range(2)])
+    finally:
+        lh.shutdown()
+    assert_equal_global(results)
+    assert_equal_after_every_sync(seen)
+    assert all(g[0]["manager_step"] == 3 for g in results)
+    torch.testing.assert_close(results[0][0]["model"], results[1][0]["model"], rtol=0, atol=0)  # synced last step
+
+
+def test_diloco_recovery_heals_outer_state():
+    """Mirrors torchft local_sgd_integ_test.test_diloco_recovery: group 1 dies mid-window (step 3 of H=2 x 3),
+    restarts from other weights, heals at the next sync (weights, AdamW, outer Nesterov state, global
+    weights, step, sampler) and holds the same global state and weights as group 0 at the end."""
+    lh = lighthouse()
+    events = Events(fail_at={(0, 3)})
+    cfg = DiLoCoConfig(inner_steps=2, outer_lr=0.7, outer_momentum=0.9)
+    try:
+        results = run_replicas([Replica(0, lh.address(), cfg, steps=8),
+                                Replica(1, lh.address(), cfg, steps=8, events=events)])
+    finally:
+        lh.shutdown()
+    assert events.counts["failure"] == 1
+    assert_equal_global(results)
+    torch.testing.assert_close(results[0][0]["model"], results[1][0]["model"], rtol=0, atol=0)
+    assert results[1][0]["step"] == 8 and results[1][0]["position"] == results[0][0]["position"]
+    assert results[0][0]["algorithm"].failed_syncs == 0  # the survivor committed every sync
+
+
+@pytest.mark.slow
+def test_streaming_diloco_recovery_mid_fragment():
+    """Mirrors torchft local_sgd_integ_test.test_streaming_diloco_recovery: two fragments, τ=1, α=0.5;
+    group 1 dies between fragment syncs and heals at the next fragment's quorum."""
+    lh = lighthouse()
+    events = Events(fail_at={(0, 3)})
+    try:
+        results = run_replicas([Replica(0, lh.address(), streaming(), steps=8),
+                                Replica(1, lh.address(), streaming(), steps=8, events=events)])
+    finally:
+        lh.shutdown()
+    assert events.counts["failure"] == 1
+    assert_equal_global(results)
+    assert results[0][0]["algorithm"].failed_syncs == 0
+
+
+@pytest.mark.slow
+def test_streaming_diloco_upscale():
+    """Mirrors torchft local_sgd_integ_test.test_streaming_diloco_upscale: a third group starts after the
+    first two synced; it joins the next quorum, heals, and all three hold equal global state from then on."""
+    import threading
+
+    lh = lighthouse(min_replicas=2)
+    seen: dict = {}
+    go, joined_in = threading.Event(), threading.Event()
+
+    def record(replica, rank, step, trainer):
+        record_syncs(seen)(replica, rank, step, trainer)
+        if replica == 2:
+            joined_in.set()  # heartbeating and training: the next quorum waits for it
+        elif step == 4:  # after two fragment syncs the third group starts; the first two wait until it runs
+            go.set()
+            assert joined_in.wait(120)
+
+    cfg = streaming(tau=0, alpha=0.0)
+    try:
+        results = run_replicas([Replica(i, lh.address(), cfg, steps=12, record=record) for i in range(3)],
+                               gates=[None, None, go])
+    finally:
+        lh.shutdown()
+    assert_equal_global(results)
+    joined = min(seen[2])  # the first sync the late group took part in
+    assert_equal_after_every_sync(seen, replicas=(0, 1, 2), first=joined)
+
+
+def test_streaming_diloco_commit_failure_restores_fragment():
+    """Mirrors torchft local_sgd_integ_test.test_streaming_diloco_commit_failure: an allreduce error on both
+    groups at the first fragment sync fails the commit; the fragment goes back to its global weights,
+    training goes on, and the groups end with equal global state."""
+    lh = lighthouse()
+    events = [Events(fail_allreduce_at={(0, 2)}), Events(fail_allreduce_at={(0, 2)})]
+    cfg = streaming(tau=0, alpha=0.0)
+    try:
+        results = run_replicas([Replica(i, lh.address(), cfg, steps=8, events=events[i]) for i in range(2)])
+    finally:
+        lh.shutdown()
+    for e in events:
+        assert e.counts["allreduce_failure"] == 1
+    for g in results:
+        assert g[0]["algorithm"].failed_syncs == 1 and g[0]["step"] == 8
+    assert_equal_global(results)
