@@ -21,7 +21,7 @@ import torch
 from decentrain.algorithms.base import ALGORITHMS
 from decentrain.algorithms.common.config import TrainConfig, validate
 from decentrain.algorithms.common.trainer import Trainer, seed_everything
-from decentrain.algorithms.hdee.config import HdeeConfig
+from decentrain.algorithms.hdee.config import HdeeConfig, expert_config
 from decentrain.algorithms.hdee.plan import ExpertRun, SeedConfig
 from decentrain.core.metrics import MetricsLogger
 from decentrain.core.world import World
@@ -46,12 +46,13 @@ def _save_atomic(model, tokenizer, out: Path) -> None:
     os.replace(tmp, out)
 
 
-def _train_run(cfg: HdeeConfig, world: World, name: str, model, tokenizer, domains: list[str], steps: int, seed: int) -> Path:
-    """One Trainer run on `domains` for `steps` steps; resumes from its own checkpoints."""
+def _train_run(cfg: HdeeConfig, world: World, name: str, model, tokenizer, domains: list[str], steps: int, seed: int,
+               schedule_steps: int | None = None) -> Path:
+    """One Trainer run on `domains` for `steps` steps (of a `schedule_steps` LR schedule); resumes from its own checkpoints."""
     run_dir = Path(cfg.ensemble_dir) / name
     out = run_dir / MODEL_SUBDIR
     data = dataclasses.replace(cfg.data, domains=list(domains))
-    loop = dataclasses.replace(cfg.train, steps=steps, seed=seed)
+    loop = dataclasses.replace(cfg.train, steps=schedule_steps or steps, stop_at=steps if schedule_steps else None, seed=seed)
     algo_cls = ALGORITHMS.get(cfg.job.expert_algorithm, field="job.expert_algorithm")
     tcfg = TrainConfig(algorithm=algo_cls.config_cls(), model=cfg.model, data=data, logger=cfg.logger,
                        launcher=cfg.launcher, optim=cfg.optim, train=loop, run_dir=str(run_dir), resume=cfg.resume)
@@ -113,7 +114,8 @@ def train_expert(cfg: HdeeConfig, world: World, run: ExpertRun) -> Path:
     model = build_model(model_cfg, tokenizer)
     # Lanes draw different data orders even on a shared domain.
     seed = cfg.train.seed + 1000 * (run.lane + 1) + run.iteration
-    return _train_run(cfg, world, run.name, model, tokenizer, [run.domain], run.steps, seed)
+    return _train_run(expert_config(cfg), world, run.name, model, tokenizer, [run.domain], run.steps, seed,
+                      cfg.plan.domain_schedule_steps)
 
 
 def train_lane(cfg: HdeeConfig, world: World, lane: int) -> Path:

@@ -15,6 +15,8 @@ class SamplingConfig:
     max_new_tokens: int = 64
     temperature: float = 1.0  # 0 means greedy
     top_p: float = 1.0
+    # None/0: off, as in TRL. transformers would otherwise apply its generation default (top_k=50).
+    top_k: int | None = None
     stop: str | None = "\n"  # each completion is cut just after the first stop string
     batch_size: int = 64  # sequences per `generate` call
 
@@ -23,6 +25,8 @@ class SamplingConfig:
             raise ValueError("max_new_tokens and batch_size must be >= 1")
         if self.temperature < 0:
             raise ValueError(f"temperature={self.temperature} must be >= 0")
+        if self.top_k is not None and self.top_k < 0:
+            raise ValueError(f"top_k={self.top_k} must be >= 0 (0 or null: off)")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p={self.top_p} must be in (0, 1]")
 
@@ -70,7 +74,7 @@ class HFGenerationBackend:
         max_new_tokens = cfg.max_new_tokens if max_new_tokens is None else max_new_tokens
         temperature = cfg.temperature if temperature is None else temperature
         top_p = cfg.top_p if top_p is None else top_p
-        kwargs: dict[str, Any] = dict(do_sample=True, temperature=temperature, top_p=top_p) if temperature > 0 else {}
+        kwargs: dict[str, Any] = dict(do_sample=True, temperature=temperature, top_p=top_p, top_k=cfg.top_k or 0) if temperature > 0 else {}
         if cfg.stop:  # lets a batch end early once every row has stopped
             kwargs.update(stop_strings=[cfg.stop], tokenizer=self.tokenizer)
 
