@@ -69,3 +69,18 @@ def test_signal_shares_and_paired_ratios():
 def test_rl_overrides_pin_the_learning_setup():
     o = S.rl_overrides(S.BenchConfig(), "4/4", 0, "m", S.Path("r"))
     assert {"reward.kind=exact", "sampling.top_k=null", "sampling.temperature=1.0", "task=sapo_mix", "sapo=swarm_4_4"} <= set(o)
+
+
+def test_learning_gate_summary_by_hand():
+    from benchmarks import sapo_learning as L
+
+    # Two seeds: held-out greedy 0.2 -> 0.35 and 0.2 -> 0.3 (JSON keys come back as strings): mean gain 0.125, gate met.
+    runs = [{"heldout": {"0": 0.2, "25": 0.3, "50": 0.35}, "reward": [0.1] * 10 + [0.3] * 10, "wall_s": 1.0},
+            {"heldout": {"0": 0.2, "25": 0.2, "50": 0.3}, "reward": [0.1] * 20, "wall_s": 1.0}]
+    s = L.summarize(runs)
+    assert s["steps"] == [0, 25, 50]
+    assert s["gain"]["values"] == pytest.approx([0.15, 0.1]) and s["gate_met"] is True
+    assert s["best"]["values"] == pytest.approx([0.35, 0.3])
+    assert s["reward_last_10"]["values"] == pytest.approx([0.3, 0.1])
+    runs[0]["heldout"]["50"] = 0.25
+    assert L.summarize(runs)["gate_met"] is False  # mean gain 0.075 < 0.10
