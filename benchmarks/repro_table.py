@@ -148,7 +148,7 @@ def sapo_rows() -> list[str]:
                    f"**{'met' if met else 'not met'}** | `python -m benchmarks.sapo_learning` | {_runtime(rec)} | {_provenance(rec)} |")
     else:
         out.append("| sapo_learning | (precondition: RL that learns alone) | not measured yet (one node 8/0 at "
-                   "conf/experiment/sapo_learn_cpu.yaml beside TRL GRPOTrainer on identical settings) | held-out greedy gain ≥ 10 "
+                   "conf/sapo/learn_cpu.yaml beside TRL GRPOTrainer on identical settings) | held-out greedy gain ≥ 10 "
                    "points; curves agree within seed noise | `python -m benchmarks.sapo_learning` | — | — |")
     rec = _load("sapo_swarm")
     if rec:

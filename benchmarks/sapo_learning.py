@@ -2,7 +2,7 @@
 
 Issue 18's gate: one node, I=8 local groups, no peers, gains >= 10 points of held-out greedy
 accuracy over its start. The node runs the ordinary recipe (`python -m recipes.rl
-+experiment=sapo_learn_cpu`, conf/experiment/sapo_learn_cpu.yaml); TRL's `GRPOTrainer` runs in
+sapo=learn_cpu`, conf/sapo/learn_cpu.yaml); TRL's `GRPOTrainer` runs in
 this process with the same warm start, task mix, template, exact-match reward, G=8, 8 questions
 per step, T=1, top-k off, max 8 new tokens stopping at "\\n", KL 0, clip 0.2/0.28, token-mean
 (dapo) loss, group-scaled advantages, one update per batch, AdamW (betas 0.9/0.99, wd 0) at a
@@ -45,7 +45,7 @@ class BenchConfig:
 
 
 def node_overrides(b: BenchConfig, lr: float, seed: int, model_dir: Path, run_dir: Path) -> list[str]:
-    return ["+experiment=sapo_learn_cpu", f"model.pretrained={model_dir}", f"model.tokenizer={model_dir}", f"optim.lr={lr}",
+    return ["sapo=learn_cpu", f"model.pretrained={model_dir}", f"model.tokenizer={model_dir}", f"optim.lr={lr}",
             f"train.rounds={b.rounds}", f"train.seed={seed}", f"eval.every={b.eval_every}",
             f"eval.prompts_per_task={b.eval_prompts}", "train.threads=1", "train.checkpoint_every=50",
             "train.keep_checkpoints=1", "logger.progress=false", f"run_dir={run_dir}", "resume=true"]

@@ -56,7 +56,7 @@ class BenchConfig:
     nodes: int = 8
     rounds: int = 150
     splits: str = "8/0,6/2,4/4,2/6"
-    # Both arms alike: the single-node learning setup of conf/experiment/sapo_learn_cpu.yaml (T=1,
+    # Both arms alike: the single-node learning setup of conf/sapo/learn_cpu.yaml (T=1,
     # top-k off, exact-match reward, lr inside the stable range; benchmarks/sapo_learning.py gates it).
     lr: float = 1e-4
     temperature: float = 1.0
