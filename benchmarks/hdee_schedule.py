@@ -45,7 +45,7 @@ from benchmarks.harness import Harness, fmt, header, mean_std, seeds_arg
 from decentrain.algorithms.common.trainer import evaluate
 from decentrain.algorithms.hdee.config import check_plan, hdee_config_from_dict
 from decentrain.algorithms.hdee.evaluate import EnsembleScorer
-from decentrain.algorithms.hdee.plan import EnsemblePlan, LaneConfig
+from decentrain.algorithms.hdee.plan import LaneConfig
 from decentrain.algorithms.hdee.train import model_dir, run_stage
 from decentrain.config import register_hdee_configs
 from decentrain.core.world import World

@@ -21,7 +21,6 @@ not the paper's Qwen2.5-0.5B; the mix is conf/task/sapo_mix.yaml (3 easy tasks),
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
