@@ -31,15 +31,13 @@ QUESTIONS = 8
 
 
 def task_mix():
-    """sapo_swarm's mix: its tasks of conf/task/arith_legs.yaml, with that file's settings."""
+    """sapo_swarm's mix: conf/task/<BenchConfig.task>.yaml."""
     import yaml
 
     from decentrain.tasks import TaskMixConfig
 
-    conf = yaml.safe_load((ROOT / "conf" / "task" / "arith_legs.yaml").read_text())
-    tasks = BenchConfig().tasks.split(",")
-    return TaskMixConfig(tasks=tasks, size=conf["size"], seed=conf["seed"],
-                         task_kwargs={t: kw for t, kw in conf["task_kwargs"].items() if t in tasks})
+    conf = yaml.safe_load((ROOT / "conf" / "task" / f"{BenchConfig().task}.yaml").read_text())
+    return TaskMixConfig(tasks=conf["tasks"], size=conf["size"], seed=conf["seed"], task_kwargs=conf["task_kwargs"])
 
 
 def sapo_round_times(model_dir: Path, args: argparse.Namespace, run_dir: Path, seed: int) -> list[dict]:
@@ -71,9 +69,21 @@ def sapo_round_times(model_dir: Path, args: argparse.Namespace, run_dir: Path, s
         exchange.close()
 
 
+def prompt_as_is_tokenizer(model_dir: Path):
+    """The warm start's tokenizer for TRL: TRL tokenizes plain prompts with special tokens, where ByT5
+    would append </s>; the node does not, so this one adds none."""
+    from transformers import AutoTokenizer
+
+    class PromptAsIs(type(AutoTokenizer.from_pretrained(model_dir))):
+        def build_inputs_with_special_tokens(self, token_ids_0, token_ids_1=None):
+            return token_ids_0 + (token_ids_1 or [])
+
+    return PromptAsIs.from_pretrained(model_dir)
+
+
 def trl_step_times(model_dir: Path, args: argparse.Namespace, run_dir: Path, seed: int) -> list[float]:
     from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from transformers import AutoModelForCausalLM, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
     from decentrain.tasks import PromptTemplate, TaskMixture, TemplateConfig, Verifier
@@ -89,13 +99,7 @@ def trl_step_times(model_dir: Path, args: argparse.Namespace, run_dir: Path, see
     def reward(prompts, completions, idx, **_):
         return [verifier(items[i], c) for i, c in zip(idx, completions)]
 
-    class PromptAsIs(type(AutoTokenizer.from_pretrained(model_dir))):
-        """TRL tokenizes plain prompts with special tokens; ByT5 would append </s>. The node does not."""
-
-        def build_inputs_with_special_tokens(self, token_ids_0, token_ids_1=None):
-            return token_ids_0 + (token_ids_1 or [])
-
-    tokenizer = PromptAsIs.from_pretrained(model_dir)
+    tokenizer = prompt_as_is_tokenizer(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir)
     newline = tokenizer("\n", add_special_tokens=False)["input_ids"][0]
     model.generation_config.eos_token_id = [tokenizer.eos_token_id, newline]  # stop at "\n", as the node does
@@ -147,7 +151,7 @@ def main() -> None:
     nseeds, allow_dirty, fresh = args.seeds, args.allow_dirty, args.fresh
     bench = BenchConfig()  # the sapo_swarm warm start, task mix and completion length
     cfg = {"g": args.g, "steps": args.steps, "warmup": args.warmup, "lr": args.lr, "threads": args.threads,
-           "max_new_tokens": bench.max_new_tokens, "tasks": bench.tasks, "questions": QUESTIONS}
+           "max_new_tokens": bench.max_new_tokens, "task": bench.task, "questions": QUESTIONS}
     hz = Harness("sapo_round_time", __file__, {**cfg, "seeds": list(range(nseeds)), "sft_overrides": sft_overrides(bench)},
                  allow_dirty=allow_dirty, fresh=fresh)
     model_dir, _ = warm_start(bench)

@@ -45,28 +45,29 @@ PAPER = {"8/0": 561.79, "6/2": 854.43, "4/4": 1093.31, "2/6": 945.87}
 TARGET = 1.5
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline", "OMP_NUM_THREADS": "1"}
 SMOOTH = 20
-ARITH_LEGS = ("basic_arithmetic", "chain_sum", "leg_counting")  # conf/task/arith_legs.yaml  # rounds in the moving averages of curves and drawdowns
+# rounds in the moving averages of curves and drawdowns
 
 
 @dataclass
 class BenchConfig:
-    # Sized for ~1 h on 2 shared cores: a node's round costs ~0.5-0.8 CPU-s (generate 8x8 completions,
-    # one step) and a swarm's start ~16 CPU-s per node; 4 nodes give a 4/4 node 12 peer groups to draw 4 from.
-    nodes: int = 4
+    # The paper's table: 8 nodes, splits 8/0, 6/2, 4/4, 2/6. A node's round costs ~1-2 CPU-s here
+    # (generate 8x8 completions, one step), so the full table (8 nodes x 4 splits x 3 seeds) is
+    # ~10 CPU-h; runs on 2 shared cores pass --nodes/--splits/--rounds/--seeds and name it.
+    nodes: int = 8
     rounds: int = 150
-    splits: str = "8/0,4/4"
-    # Both arms alike. At 1e-3 a pilot's 8/0 nodes collapsed to 0% within 12 rounds; 5e-4 is below that.
-    lr: float = 5e-4
-    # The warm start samples 11% right at T=1 (25% greedy); T=0.7 starts RL nearer 20%, both arms alike.
-    temperature: float = 0.7
+    splits: str = "8/0,6/2,4/4,2/6"
+    # Both arms alike: the single-node learning setup of conf/sapo/learn_cpu.yaml (T=1,
+    # top-k off, exact-match reward, lr inside the stable range; benchmarks/sapo_learning.py gates it).
+    lr: float = 1e-4
+    temperature: float = 1.0
     max_new_tokens: int = 8
-    # The task mix, a subset of conf/task/arith_legs.yaml: 1-digit 2-term arithmetic (+ - * /) has the
-    # shortest prompts (~24 bytes; chain_sum's are ~75), and a round's cost grows with the prompt.
-    tasks: str = "basic_arithmetic"
-    sft_steps: int = 500
+    task: str = "sapo_mix"  # conf/task/<task>.yaml: three vetted tasks; nodes draw from their own seeded streams
+    sft_steps: int = 250
     sft_lr: float = 2e-3
     sft_seed: int = 0
-    eval_prompts: int = 64  # per task, for the warm start's accuracy (G completions each)
+    eval_prompts: int = 32  # per task, for the warm start's accuracy (G completions each)
+    heldout_every: int = 25  # rounds between held-out greedy evaluations on every node
+    heldout_prompts: int = 32  # per task
     checkpoint_every: int = 25
     cache_dir: str = ".cache"  # SFT warm starts (git-ignored)
     work_dir: str = "runs/bench/sapo_swarm"  # RL run dirs (git-ignored)
@@ -80,16 +81,10 @@ def _run(module: str, overrides: list[str]) -> float:
     return time.perf_counter() - t0
 
 
-def task_overrides(b: BenchConfig) -> list[str]:
-    """Hydra overrides keeping only the bench's tasks of conf/task/arith_legs.yaml (1-digit, 2-term arithmetic)."""
-    tasks = b.tasks.split(",")
-    return [f"task.tasks=[{','.join(tasks)}]", *(f"~task.task_kwargs.{t}" for t in ARITH_LEGS if t not in tasks)]
-
-
 def sft_overrides(b: BenchConfig) -> list[str]:
     return [f"sft.steps={b.sft_steps}", "sft.batch_size=32", f"sft.lr={b.sft_lr}", f"sft.seed={b.sft_seed}",
             f"sampling.max_new_tokens={b.max_new_tokens}", f"eval.prompts_per_task={b.eval_prompts}",
-            "eval.num_generations=8", *task_overrides(b)]
+            "eval.num_generations=8", f"task={b.task}"]
 
 
 def warm_start(b: BenchConfig) -> tuple[Path, dict]:
@@ -107,9 +102,11 @@ def rl_overrides(b: BenchConfig, split: str, seed: int, model_dir: str, run_dir:
     i, j = split.split("/")
     return [f"sapo=swarm_{i}_{j}", f"num_nodes={b.nodes}", f"train.rounds={b.rounds}", f"train.seed={seed}",
             f"model.pretrained={ROOT / model_dir}", f"model.tokenizer={ROOT / model_dir}", f"optim.lr={b.lr}",
-            f"sampling.max_new_tokens={b.max_new_tokens}", f"sampling.temperature={b.temperature}", "train.micro_batch_size=64", "train.threads=1",
+            f"sampling.max_new_tokens={b.max_new_tokens}", f"sampling.temperature={b.temperature}", "sampling.top_k=null",
+            "reward.kind=exact", "train.micro_batch_size=64", "train.threads=1",
+            f"eval.every={b.heldout_every}", f"eval.prompts_per_task={b.heldout_prompts}",
             f"train.checkpoint_every={b.checkpoint_every}", "train.keep_checkpoints=1", "logger.progress=false",
-            f"run_dir={run_dir}", "resume=true", *task_overrides(b)]
+            f"run_dir={run_dir}", "resume=true", f"task={b.task}"]
 
 
 def _rows(path: Path) -> list[dict]:
@@ -131,12 +128,15 @@ def run_job(job: dict) -> dict:
     wall = _run("recipes.rl", rl_overrides(b, job["split"], job["seed"], job["model_dir"], run_dir))
     nodes = {}
     for n in range(b.nodes):
-        rows = _rows(run_dir / f"node{n}" / "metrics.jsonl")
+        all_rows = _rows(run_dir / f"node{n}" / "metrics.jsonl")
+        rows = [r for r in all_rows if int(r["step"]) >= 1]  # step 0: the starting policy's held-out eval
         if len(rows) != b.rounds:
             raise RuntimeError(f"node{n} logged {len(rows)} rounds, expected {b.rounds}")
         col = lambda k, d=0.0: [round(float(r.get(k, d)), 5) for r in rows]  # noqa: E731
         nodes[f"node{n}"] = {
             "reward": col("reward"),
+            "batch_reward": col("batch_reward"),  # genrl's train/rewards: mean over the training batch
+            "heldout": {int(r["step"]): r["heldout_greedy/mean"] for r in all_rows if "heldout_greedy/mean" in r},
             "local_groups": col("local_groups"),
             "local_mixed_groups": col("local_mixed_groups"),
             "external_received": col("external_received"),
@@ -144,7 +144,7 @@ def run_job(job: dict) -> dict:
             "external_unscorable": col("external_unscorable"),
             "external_groups": col("external_groups"),
             "trained_completions": col("trained_completions"),
-            "accuracy": col(f"accuracy/{b.tasks.split(',')[0]}") if "," not in b.tasks else None,  # exact answers
+            "accuracy": [round(float(np.mean([v for k, v in r.items() if k.startswith("accuracy/")])), 5) for r in rows],
             "payloads_dropped": rows[-1].get("payloads_dropped", 0),
             "time_s": {k: float(np.mean([r[f"time_{k}"] for r in rows])) for k in ("generate", "exchange", "train", "round")},
         }
@@ -182,7 +182,14 @@ def summarize_run(run: dict, num_external: int) -> dict:
     used = np.array([v["external_groups"] for v in nodes.values()])
     scorable = (recv - unscorable) if num_external else np.zeros_like(recv)  # J=0 scores no peer group
     curve = reward.mean(0)
+    batch = np.array([v["batch_reward"] for v in nodes.values()])
+    steps = sorted(set.intersection(*(set(int(k) for k in v["heldout"]) for v in nodes.values())))
+    heldout = np.array([[v["heldout"].get(k, v["heldout"].get(str(k))) for k in steps] for v in nodes.values()])  # [nodes, evals]
     return {
+        "batch_cumulative_reward": float(batch.sum()),  # the paper's statistic (genrl's train/rewards, summed)
+        "heldout_steps": steps, "heldout_per_eval": heldout.mean(0).round(4).tolist(),
+        "heldout_start": float(heldout[:, 0].mean()), "heldout_final": float(heldout[:, -1].mean()),
+        "heldout_gain": float((heldout[:, -1] - heldout[:, 0]).mean()),
         "swarm_cumulative_reward": float(reward.sum()),
         "per_node_cumulative_reward": reward.sum(1).tolist(),
         "mean_reward_per_round": curve.round(5).tolist(),
@@ -210,6 +217,12 @@ def analyze(b: BenchConfig, seeds: list[int], runs: dict[tuple[str, int], dict])
     for sp in splits:
         rs = per[sp]
         out["splits"][sp] = {
+            "batch_cumulative_reward": mean_std([r["batch_cumulative_reward"] for r in rs]),
+            "heldout_start": mean_std([r["heldout_start"] for r in rs]),
+            "heldout_final": mean_std([r["heldout_final"] for r in rs]),
+            "heldout_gain": mean_std([r["heldout_gain"] for r in rs]),
+            "heldout_per_eval": np.mean([r["heldout_per_eval"] for r in rs], 0).round(4).tolist(),
+            "heldout_steps": rs[0]["heldout_steps"],
             "swarm_cumulative_reward": mean_std([r["swarm_cumulative_reward"] for r in rs]),
             "mean_cumulative_reward_per_node": mean_std([r["swarm_cumulative_reward"] / b.nodes for r in rs]),
             "local_mixed_share": mean_std([r["local_mixed_share"] for r in rs]),
@@ -226,6 +239,11 @@ def analyze(b: BenchConfig, seeds: list[int], runs: dict[tuple[str, int], dict])
         if "8/0" in per and sp != "8/0":
             ratios = [r["swarm_cumulative_reward"] / base["swarm_cumulative_reward"] for r, base in zip(rs, per["8/0"])]
             out["splits"][sp]["ratio_to_8_0"] = mean_std(ratios)
+            out["splits"][sp]["batch_ratio_to_8_0"] = mean_std(
+                [r["batch_cumulative_reward"] / base["batch_cumulative_reward"] for r, base in zip(rs, per["8/0"])])
+            # Held-out gain over 8/0's: a ratio of means (a per-seed ratio of small gains is unstable).
+            base_gain = np.mean([base["heldout_gain"] for base in per["8/0"]])
+            out["splits"][sp]["heldout_gain_ratio_to_8_0"] = float(np.mean([r["heldout_gain"] for r in rs]) / base_gain) if base_gain else None
             diff = np.mean([np.array(r["mean_reward_per_round"]) - np.array(base["mean_reward_per_round"])
                             for r, base in zip(rs, per["8/0"])], 0)
             out["splits"][sp]["reward_minus_8_0_per_round"] = diff.round(5).tolist()
@@ -235,7 +253,10 @@ def analyze(b: BenchConfig, seeds: list[int], runs: dict[tuple[str, int], dict])
         "local_mixed_share": mean_std([r["local_mixed_share_first_5"] for r in firsts])}
     if "4/4" in out["splits"] and "ratio_to_8_0" in out["splits"]["4/4"]:
         out["ratio_4_4"] = out["splits"]["4/4"]["ratio_to_8_0"]
-        out["target_met"] = out["ratio_4_4"]["mean"] >= TARGET
+        out["batch_ratio_4_4"] = out["splits"]["4/4"]["batch_ratio_to_8_0"]
+        out["heldout_gain_ratio_4_4"] = out["splits"]["4/4"]["heldout_gain_ratio_to_8_0"]
+        # Issue 18's target: 4/4's held-out accuracy gain >= 1.5x 8/0's.
+        out["target_met"] = out["heldout_gain_ratio_4_4"] is not None and out["heldout_gain_ratio_4_4"] >= TARGET
     return out
 
 
@@ -278,8 +299,8 @@ def text(rec: dict) -> str:
     f, b = rec["figures"], rec["config"]["bench"]
     sft = f["sft"]
     lines = [header(rec), "",
-             f"{b['nodes']} nodes x {b['rounds']} rounds, G=8, tasks {b['tasks']} (1-digit, 2 terms), RL lr {b['lr']}, "
-             f"max_new_tokens {b['max_new_tokens']}, seeds {rec['config']['seeds']}",
+             f"{b['nodes']} nodes x {b['rounds']} rounds, G=8, task mix conf/task/{b['task']}.yaml, exact-match reward, T={b['temperature']}, "
+             f"top-k off, RL lr {b['lr']}, max_new_tokens {b['max_new_tokens']}, seeds {rec['config']['seeds']}",
              f"warm start: {sft['steps']} SFT steps; sampled accuracy " + ", ".join(
                  f"{t} {a['sampled_accuracy']:.1%}" for t, a in sft["accuracy"].items())
              + f" (mean {sft['start_sampled_accuracy']:.1%}, T=1); prompts with mixed rewards at G=8: {sft['start_mixed_share_g8']:.1%}",
@@ -298,10 +319,24 @@ def text(rec: dict) -> str:
         lines.append(f"| {sp} | {fmt(r['swarm_cumulative_reward'], 1)} | {fmt(r['mean_cumulative_reward_per_node'], 1)} | {rtxt} | {paper} | "
                      f"{fmt(r['local_mixed_share'], 2)} | {ext} | {fmt(r['external_used_per_round'], 2)} | "
                      f"{r['reward_first_10']['mean']:.3f} -> {r['reward_last_10pct']['mean']:.3f} | {fmt(r['max_drawdown'], 3)} | {t:.2f} |")
+    lines += ["", "Side by side: the paper's cumulative reward (genrl's train/rewards: mean over the training batch, external "
+              "groups included, summed over rounds and nodes), the nodes' own-rollout reward, and held-out greedy accuracy "
+              "(mean over nodes, start -> final).",
+              "| I/J | paper's cum. reward (batch) | ratio to 8/0 (paper 8/0=1) | own-rollout cum. reward | ratio to 8/0 | held-out start -> final | held-out gain | gain / 8/0's |",
+              "|---|---|---|---|---|---|---|---|"]
+    for sp, r in f["splits"].items():
+        br, orr = r.get("batch_ratio_to_8_0"), r.get("ratio_to_8_0")
+        gr = r.get("heldout_gain_ratio_to_8_0")
+        paper = f" (paper {PAPER[sp] / PAPER['8/0']:.2f}x)" if sp in PAPER else ""
+        lines.append(f"| {sp} | {fmt(r['batch_cumulative_reward'], 1)} | {(fmt(br, 2) + 'x') if br else '1'}{paper} | "
+                     f"{fmt(r['swarm_cumulative_reward'], 1)} | {(fmt(orr, 2) + 'x') if orr else '1'} | "
+                     f"{r['heldout_start']['mean']:.3f} -> {r['heldout_final']['mean']:.3f} | {fmt(r['heldout_gain'], 3)} | "
+                     f"{'-' if gr is None and sp == '8/0' else ('1' if sp == '8/0' else f'{gr:.2f}x' if gr is not None else 'n/a (8/0 gain 0)')} |")
     if "ratio_4_4" in f:
-        lines += ["", f"4/4 / 8/0 cumulative reward: {fmt(f['ratio_4_4'], 2)}x over {f['ratio_4_4']['n']} seeds "
-                      f"(per seed {', '.join(f'{v:.2f}' for v in f['ratio_4_4']['values'])}); target {TARGET}x (paper 1.95x): "
-                      f"{'MET' if f['target_met'] else 'NOT MET'}"]
+        g = f["heldout_gain_ratio_4_4"]
+        lines += ["", f"target: 4/4's held-out gain >= {TARGET}x 8/0's: {('%.2fx' % g) if g is not None else 'n/a'} -> "
+                      f"{'MET' if f['target_met'] else 'NOT MET'}; paper's cumulative-reward ratio 4/4 / 8/0 "
+                      f"{fmt(f['batch_ratio_4_4'], 2)}x (paper 1.95x); own-rollout ratio {fmt(f['ratio_4_4'], 2)}x"]
     lines += ["local mixed = share of a node's own groups with non-equal rewards; ext. signal = share of received peer groups "
               "with non-equal rewards (the ones J draws from); max drawdown = largest fall of the "
               f"{SMOOTH}-round moving average of mean reward from its running peak."]

@@ -6,6 +6,7 @@ import re
 from dataclasses import dataclass
 from typing import Sequence
 
+from decentrain.core.registry import Registry
 from decentrain.tasks.answers import Malformed, score
 from decentrain.tasks.mixture import TaskItem, check_task_name
 from decentrain.tasks.vetted import check_vetted
@@ -54,11 +55,21 @@ class PromptTemplate:
         return self.cfg.stop in completion and self.extract_answer(completion) is not None
 
 
+# How a verifier score in [0, 1] becomes the correctness reward.
+REWARD_KINDS: Registry[Callable[[float], float]] = Registry("reward.kind")
+# No partial credit: reasoning-gym gives some wrong answers 0.01-0.75 (basic_arithmetic scores "56"
+# for "6" 0.5), and group scaling turns a 0/0.5 group into full +-1 advantages for a wrong answer.
+REWARD_KINDS.register("exact")(lambda score: float(score >= 1.0))
+REWARD_KINDS.register("verifier")(lambda score: score)  # the task's own score_answer, partial credit kept
+
+
 @dataclass
 class RewardConfig:
+    kind: str = "exact"  # a REWARD_KINDS name
     format_weight: float = 0.0  # added to the verifier reward for a well-formed completion
 
     def __post_init__(self) -> None:
+        REWARD_KINDS.get(self.kind, field="reward.kind")
         if self.format_weight < 0:
             raise ValueError(f"format_weight={self.format_weight} must be >= 0")
 
@@ -94,8 +105,9 @@ class Verifier:
         return self.scores(item, [completion])[0]
 
     def rewards(self, item: TaskItem, completions: Sequence[str]) -> list[float]:
-        """Correctness plus `format_weight` for each well-formed completion."""
-        out = self.scores(item, completions)
+        """Correctness (per `kind`) plus `format_weight` for each well-formed completion."""
+        to_reward = REWARD_KINDS.get(self.cfg.kind, field="reward.kind")
+        out = [to_reward(s) for s in self.scores(item, completions)]
         if self.cfg.format_weight:
             out = [r + self.cfg.format_weight * float(self.template.is_well_formed(c)) for r, c in zip(out, completions)]
         return out

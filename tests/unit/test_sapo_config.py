@@ -55,7 +55,7 @@ def test_node_overrides_resolve_and_fail_naming_the_field():
                    nodes=[NodeOverride(batch={"num_local": 4, "num_external": 4})])
 
 
-@pytest.mark.parametrize("preset", ["swarm_8_0", "swarm_6_2", "swarm_4_4", "swarm_2_6", "silo", "hivemind", "heterogeneous"])
+@pytest.mark.parametrize("preset", ["swarm_8_0", "swarm_6_2", "swarm_4_4", "swarm_2_6", "silo", "hivemind", "heterogeneous", "learn_cpu"])
 def test_rl_presets_compose_to_typed_config(preset):
     register_sapo_configs()
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
@@ -67,6 +67,9 @@ def test_rl_presets_compose_to_typed_config(preset):
     assert not (hm.nat_port_map or hm.use_relay or hm.use_auto_relay or hm.auto_nat)
     if preset == "heterogeneous":
         assert cfg.for_node(1).model.family == "qwen2" and cfg.for_node(2).task.tasks == ["chain_sum"]
+    if preset == "learn_cpu":  # the learning setup: three tasks, no partial credit, T=1, top-k off, held-out eval
+        assert cfg.task.tasks == ["basic_arithmetic", "chain_sum", "leg_counting"] and cfg.reward.kind == "exact"
+        assert (cfg.sampling.temperature, cfg.sampling.top_k, cfg.eval.every) == (1.0, None, 25)
 
 
 def test_sft_config_composes():

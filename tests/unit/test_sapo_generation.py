@@ -84,3 +84,15 @@ def test_completion_logprobs_carry_gradients(model, tok):
     (logps * cmask).sum().backward()
     assert model.model.embed_tokens.weight.grad is not None
     model.zero_grad()
+
+
+def test_top_k_is_off_unless_set(model, tok, monkeypatch):
+    # transformers applies its generation default top_k=50 unless top_k=0 is passed; TRL's default is off.
+    seen = []
+    real = model.generate
+    monkeypatch.setattr(model, "generate", lambda **kw: seen.append(kw.get("top_k")) or real(**kw))
+    HFGenerationBackend(model, tok, SamplingConfig(max_new_tokens=2)).generate(PROMPTS[:1], 2, seed=0)
+    HFGenerationBackend(model, tok, SamplingConfig(max_new_tokens=2, top_k=5)).generate(PROMPTS[:1], 2, seed=0)
+    assert seen == [0, 5]
+    with pytest.raises(ValueError, match="top_k=-1"):
+        SamplingConfig(top_k=-1)

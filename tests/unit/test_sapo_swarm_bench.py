@@ -8,9 +8,9 @@ import pytest
 from benchmarks import sapo_swarm as S
 
 
-def _node(reward, mixed, recv=0, equal=0, used=0, local=4):
+def _node(reward, mixed, recv=0, equal=0, used=0, local=4, batch=None, heldout=(0.2, 0.3)):
     n = len(reward)
-    return {"reward": reward, "local_groups": [local] * n, "local_mixed_groups": mixed, "external_received": [recv] * n,
+    return {"reward": reward, "batch_reward": batch or reward, "heldout": {0: heldout[0], n: heldout[1]}, "local_groups": [local] * n, "local_mixed_groups": mixed, "external_received": [recv] * n,
             "external_equal_rewards": [equal] * n, "external_unscorable": [0] * n, "external_groups": [used] * n,
             "trained_completions": [0] * n, "accuracy": [r / 2 for r in reward], "payloads_dropped": 0,
             "time_s": {"generate": 1.0, "exchange": 0.0, "train": 1.0, "round": 2.0}}
@@ -40,8 +40,11 @@ def test_signal_shares_and_paired_ratios():
         ("8/0", 0): {"wall_s": 1.0, "nodes": {"node0": _node([0.1, 0.1], [2, 0], local=8), "node1": _node([0.1, 0.1], [0, 0], local=8)}},
         ("8/0", 1): {"wall_s": 1.0, "nodes": {"node0": _node([0.2, 0.2], [1, 1], local=8), "node1": _node([0.2, 0.2], [1, 1], local=8)}},
         # 4 groups received per round, 1 of them all-equal: 3/4 carry signal; 3 used per round.
-        ("4/4", 0): {"wall_s": 1.0, "nodes": {f"node{i}": _node([0.2, 0.2], [1, 1], recv=4, equal=1, used=3) for i in range(2)}},
-        ("4/4", 1): {"wall_s": 1.0, "nodes": {f"node{i}": _node([0.3, 0.3], [1, 1], recv=4, equal=1, used=3) for i in range(2)}},
+        # 4/4: batches hold peers' groups (higher batch reward); held-out gain 0.2 against 8/0's 0.1.
+        ("4/4", 0): {"wall_s": 1.0, "nodes": {f"node{i}": _node([0.2, 0.2], [1, 1], recv=4, equal=1, used=3, batch=[0.4, 0.4],
+                                                                heldout=(0.2, 0.4)) for i in range(2)}},
+        ("4/4", 1): {"wall_s": 1.0, "nodes": {f"node{i}": _node([0.3, 0.3], [1, 1], recv=4, equal=1, used=3, batch=[0.6, 0.6],
+                                                                heldout=(0.2, 0.4)) for i in range(2)}},
     }
     out = S.analyze(b, [0, 1], runs)
     eight, four = out["splits"]["8/0"], out["splits"]["4/4"]
@@ -54,11 +57,30 @@ def test_signal_shares_and_paired_ratios():
     # Ratios are paired by seed: 0.8/0.4 and 1.2/0.8.
     assert out["ratio_4_4"]["values"] == pytest.approx([2.0, 1.5])
     assert out["ratio_4_4"]["mean"] == pytest.approx(1.75)
+    # The paper's statistic (batch reward) beside the own-rollout one; the target is on held-out gain.
+    assert four["batch_ratio_to_8_0"]["values"] == pytest.approx([4.0, 3.0])
+    assert eight["heldout_gain"]["mean"] == pytest.approx(0.1) and four["heldout_gain"]["mean"] == pytest.approx(0.2)
+    assert out["heldout_gain_ratio_4_4"] == pytest.approx(2.0)
     assert out["target_met"] is True
     assert four["reward_minus_8_0_per_round"] == pytest.approx([0.1, 0.1])
     assert out["rl_start"]["accuracy"]["mean"] == pytest.approx((0.05 + 0.1 + 0.1 + 0.15) / 4)
 
 
-def test_task_overrides_keep_only_the_bench_tasks():
-    assert S.task_overrides(S.BenchConfig(tasks="basic_arithmetic")) == [
-        "task.tasks=[basic_arithmetic]", "~task.task_kwargs.chain_sum", "~task.task_kwargs.leg_counting"]
+def test_rl_overrides_pin_the_learning_setup():
+    o = S.rl_overrides(S.BenchConfig(), "4/4", 0, "m", S.Path("r"))
+    assert {"reward.kind=exact", "sampling.top_k=null", "sampling.temperature=1.0", "task=sapo_mix", "sapo=swarm_4_4"} <= set(o)
+
+
+def test_learning_gate_summary_by_hand():
+    from benchmarks import sapo_learning as L
+
+    # Two seeds: held-out greedy 0.2 -> 0.35 and 0.2 -> 0.3 (JSON keys come back as strings): mean gain 0.125, gate met.
+    runs = [{"heldout": {"0": 0.2, "25": 0.3, "50": 0.35}, "reward": [0.1] * 10 + [0.3] * 10, "wall_s": 1.0},
+            {"heldout": {"0": 0.2, "25": 0.2, "50": 0.3}, "reward": [0.1] * 20, "wall_s": 1.0}]
+    s = L.summarize(runs)
+    assert s["steps"] == [0, 25, 50]
+    assert s["gain"]["values"] == pytest.approx([0.15, 0.1]) and s["gate_met"] is True
+    assert s["best"]["values"] == pytest.approx([0.35, 0.3])
+    assert s["reward_last_10"]["values"] == pytest.approx([0.3, 0.1])
+    runs[0]["heldout"]["50"] = 0.25
+    assert L.summarize(runs)["gate_met"] is False  # mean gain 0.075 < 0.10

@@ -103,6 +103,17 @@ def test_verifier_rewards():
     assert fmt(item, "") == 0.0
 
 
+def test_exact_reward_gives_no_partial_credit():
+    # basic_arithmetic scores "16" for "6" 0.5 (substring credit); the default `exact` reward gives 0.
+    item = TaskItem(task="basic_arithmetic", question="Calculate 1 + 5.", answer="6", metadata={})
+    template = PromptTemplate(TemplateConfig())
+    assert Verifier(template).scores(item, ["16\n"]) == [0.5]
+    assert Verifier(template).rewards(item, ["16\n", "6\n"]) == [0.0, 1.0]
+    assert Verifier(template, RewardConfig(kind="verifier")).rewards(item, ["16\n", "6\n"]) == [0.5, 1.0]
+    with pytest.raises(ValueError, match=r"reward.kind='soft' is unknown; allowed: \['exact', 'verifier'\]"):
+        RewardConfig(kind="soft")
+
+
 def test_verifier_scores_tasks_outside_the_mix_and_rejects_unknown():
     v = Verifier(PromptTemplate(TemplateConfig()))
     item = TaskItem(task="chain_sum", question="1 + 2 =", answer="3", metadata={})

@@ -130,6 +130,9 @@ class HdeeConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
+    # The domain phase's optimizer and schedule (paper: continued pre-training at a 10x lower lr,
+    # 6e-5 -> 3e-5 with 50 warm-up steps); None: the seeds' `optim`.
+    expert_optim: Optional[OptimConfig] = None
     train: LoopConfig = field(default_factory=LoopConfig)  # train.steps is set per seed / expert run
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     launcher: LauncherConfig = field(default_factory=lambda: LauncherConfig(nproc_per_node=1))
@@ -157,6 +160,11 @@ class HdeeConfig:
         for d in self.eval.domains:
             if self.data.source == "offline":
                 DOMAINS.get(d, field="eval.domains")
+
+
+def expert_config(cfg: HdeeConfig) -> HdeeConfig:
+    """The config an expert (domain-phase) run trains with: `expert_optim` in place of `optim`."""
+    return cfg if cfg.expert_optim is None else dataclasses.replace(cfg, optim=cfg.expert_optim)
 
 
 def plan_domains(cfg: HdeeConfig) -> list[str]:

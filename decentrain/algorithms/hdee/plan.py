@@ -59,6 +59,10 @@ class EnsemblePlan:
     tokens_per_step: int = 0  # global batch size x sequence length
     # Experts with different tokenizers are only comparable through a shared byte vocabulary.
     per_expert_tokenization: bool = False
+    # Every expert's domain phase follows one LR schedule of this many steps and stops at its own
+    # step count, so unequal-step experts are checkpoints of one schedule (the paper's 300/400/500-step
+    # experts stop inside one 600-step cosine). None: each run's schedule spans its own steps.
+    domain_schedule_steps: int | None = None
 
     def __post_init__(self) -> None:
         self.check()
@@ -87,6 +91,9 @@ class EnsemblePlan:
             seeds[seed.name] = seed
         for i, lane in enumerate(self.lanes):
             _check_lane(i, lane, seeds)
+            if self.domain_schedule_steps is not None and max(lane.steps) > self.domain_schedule_steps:
+                raise ValueError(f"{_lane(i)}.steps={lane.steps} runs past plan.domain_schedule_steps="
+                                 f"{self.domain_schedule_steps}; an expert stops inside the shared schedule")
         self._check_tokenizers()
         names = [s.name for s in self.seeds] + [r.name for r in self.expert_runs()]
         clashes = sorted({n for n in names if names.count(n) > 1})

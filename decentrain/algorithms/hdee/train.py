@@ -16,12 +16,11 @@ import logging
 import time
 from pathlib import Path
 
-import torch.distributed as dist
 from omegaconf import OmegaConf
 
 from decentrain.algorithms.common.config import TrainConfig, validate
 from decentrain.algorithms.common.pretrain import MODEL_SUBDIR, run_pretraining
-from decentrain.algorithms.hdee.config import HdeeConfig
+from decentrain.algorithms.hdee.config import HdeeConfig, expert_config
 from decentrain.algorithms.hdee.plan import ExpertRun, SeedConfig
 from decentrain.core.world import World
 from decentrain.models.factory import ModelConfig
@@ -34,37 +33,30 @@ def model_dir(ensemble_dir: str | Path, run: str) -> Path:
     return Path(ensemble_dir) / run / MODEL_SUBDIR
 
 
-def run_config(cfg: HdeeConfig, name: str, model: ModelConfig, domains: list[str], steps: int, seed: int) -> TrainConfig:
+def run_config(cfg: HdeeConfig, name: str, model: ModelConfig, domains: list[str], steps: int, seed: int,
+               schedule_steps: int | None = None) -> TrainConfig:
     """One seed or expert run as an ordinary pre-training job: the HDEE config's shared sections,
-    `job.algorithm` and `job.engine`, this run's model, domains, steps and seed."""
+    `job.algorithm` and `job.engine`, this run's model, domains, steps (of `schedule_steps`) and seed."""
     return TrainConfig(algorithm=cfg.job.algorithm, model=model, data=dataclasses.replace(cfg.data, domains=list(domains)),
                        logger=cfg.logger, launcher=cfg.launcher, optim=cfg.optim,
-                       train=dataclasses.replace(cfg.train, steps=steps, seed=seed), engine=cfg.job.engine,
+                       train=dataclasses.replace(cfg.train, steps=schedule_steps or steps,
+                                                 stop_at=steps if schedule_steps else None, seed=seed), engine=cfg.job.engine,
                        run_dir=str(Path(cfg.ensemble_dir) / name), resume=cfg.resume)
 
 
-def run_world(world: World, name: str) -> World:
-    """`world` with its shared store under a prefix of its own for run `name`: gossip membership,
-    pair groups and heal requests of one seed or expert run never meet those of the runs before it
-    in the same process group (every rank derives the same name from the plan)."""
-    if world.store is None:
-        return world
-    prefix, client = f"hdee/{name}", world.store_client
-    return dataclasses.replace(world, store=dist.PrefixStore(prefix, world.store),
-                               store_client=None if client is None else (lambda: dist.PrefixStore(prefix, client())))
-
-
 def _train_run(cfg: HdeeConfig, world: World, name: str, model: ModelConfig, domains: list[str], steps: int,
-               seed: int, poll_s: float = 0.2) -> Path:
-    """One run of the shared job path (common/pretrain.py); resumes from its own checkpoints."""
-    tcfg = run_config(cfg, name, model, domains, steps, seed)
+               seed: int, schedule_steps: int | None = None, poll_s: float = 0.2) -> Path:
+    """One run of the shared job path (common/pretrain.py): `steps` steps of a `schedule_steps`-step LR
+    schedule (an expert stops inside one shared cosine); resumes from its own checkpoints. Gossip keys of
+    consecutive runs in one process group are apart by construction (`core/membership.job_prefix`)."""
+    tcfg = run_config(cfg, name, model, domains, steps, seed, schedule_steps)
     validate(tcfg, world.world_size)  # e.g. a batch that does not divide over this job's ranks
     run_dir = Path(tcfg.run_dir)
     if world.is_main:
         log.info(f"[hdee] {name}: {steps} steps on {list(domains)}, {tcfg.algorithm.name} on world {world.world_size}")
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(tcfg)))
-    run_pretraining(tcfg, run_world(world, name), run_dir)
+    run_pretraining(tcfg, world, run_dir)
     out = run_dir / MODEL_SUBDIR
     # The next run branches from `out` on every rank. Wait for the main rank's (atomic) save on the
     # file system, not in a barrier: a gossip group may have lost a worker, and a replacement is in
@@ -108,7 +100,8 @@ def train_expert(cfg: HdeeConfig, world: World, run: ExpertRun) -> Path:
     model = dataclasses.replace(cfg.model, pretrained=str(init), tokenizer=str(init))
     # Lanes draw different data orders even on a shared domain.
     seed = cfg.train.seed + 1000 * (run.lane + 1) + run.iteration
-    return _train_run(cfg, world, run.name, model, [run.domain], run.steps, seed)
+    return _train_run(expert_config(cfg), world, run.name, model, [run.domain], run.steps, seed,
+                      schedule_steps=cfg.plan.domain_schedule_steps)
 
 
 def train_lane(cfg: HdeeConfig, world: World, lane: int) -> Path:

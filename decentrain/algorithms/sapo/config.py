@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from decentrain.algorithms.sapo.batching import SwarmBatchConfig
+from decentrain.algorithms.sapo.evaluation import RLEvalConfig
 from decentrain.algorithms.sapo.exchange import EXCHANGES, ExchangeConfig
 from decentrain.algorithms.sapo.generation import SamplingConfig
 from decentrain.algorithms.sapo.grpo import SAPOLossConfig
@@ -98,6 +99,7 @@ class SAPOConfig:
     payload: PayloadLimits = field(default_factory=PayloadLimits)
     optim: RLOptimConfig = field(default_factory=RLOptimConfig)
     train: RLLoopConfig = field(default_factory=RLLoopConfig)
+    eval: RLEvalConfig = field(default_factory=RLEvalConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     nodes: list[NodeOverride] = field(default_factory=list)
     node_index: int | None = None  # which `nodes` entry and seed this process is; None: its rank

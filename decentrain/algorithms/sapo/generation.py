@@ -31,6 +31,8 @@ class SamplingConfig:
     max_new_tokens: int = 64
     temperature: float = 1.0  # 0 means greedy
     top_p: float = 1.0
+    # None/0: off, as in TRL. transformers would otherwise apply its generation default (top_k=50).
+    top_k: int | None = None
     stop: str | None = "\n"  # each completion is cut just after the first stop string
     batch_size: int = 64  # sequences per `generate` call
     backend: str = "hf"  # hf | vllm (needs the vllm package)
@@ -42,6 +44,8 @@ class SamplingConfig:
             raise ValueError("max_new_tokens and batch_size must be >= 1")
         if self.temperature < 0:
             raise ValueError(f"temperature={self.temperature} must be >= 0")
+        if self.top_k is not None and self.top_k < 0:
+            raise ValueError(f"top_k={self.top_k} must be >= 0 (0 or null: off)")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p={self.top_p} must be in (0, 1]")
         if self.backend not in BACKENDS:
@@ -86,9 +90,8 @@ def _cut_at_stop(text: str, stop: str | None) -> str:
 def sampling_kwargs(cfg: SamplingConfig, temperature: float, top_p: float, tokenizer: Any) -> dict[str, Any]:
     """`generate`'s sampling arguments, in one place (greedy when temperature is 0)."""
     kwargs: dict[str, Any] = dict(do_sample=True, temperature=temperature, top_p=top_p) if temperature > 0 else {}
-    top_k = getattr(cfg, "top_k", None)
-    if temperature > 0 and top_k is not None:
-        kwargs["top_k"] = top_k
+    if temperature > 0:  # 0 switches top-k off: transformers would apply its default top_k=50 (TRL's is off)
+        kwargs["top_k"] = cfg.top_k or 0
     if cfg.stop:  # lets a batch end early once every row has stopped
         kwargs.update(stop_strings=[cfg.stop], tokenizer=tokenizer)
     return kwargs

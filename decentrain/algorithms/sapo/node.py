@@ -240,9 +240,13 @@ class SAPONode:
         t3 = time.perf_counter()
         self.round += 1
         self.cumulative_reward += reward
+        # genrl's `train/rewards`: the mean over the training batch, external groups included (these
+        # rise mechanically: a kept external group holds at least one correct answer).
+        batch_rewards = [r for s in batch.groups for r in s.rewards]
         metrics: dict[str, Any] = {
             "reward": reward,
             "cumulative_reward": self.cumulative_reward,
+            "batch_reward": float(np.mean(batch_rewards)) if batch_rewards else 0.0,
             "local_groups": batch.num_local,
             "external_groups": batch.num_external,
             "external_received": len(external),

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from decentrain.algorithms.sapo.config import SAPOConfig
+from decentrain.algorithms.sapo.evaluation import greedy_accuracy, heldout_items
 from decentrain.algorithms.sapo.exchange import build_exchange
 from decentrain.algorithms.sapo.identity import NodeIdentity
 from decentrain.algorithms.sapo.node import SAPONode
@@ -68,15 +69,25 @@ def run_sapo(cfg: SAPOConfig, world: World, run_dir: Path, on_round=None) -> dic
                         config=dataclasses.asdict(cfg))
     last = cfg.train.stop_at or cfg.train.rounds
     metrics: dict[str, Any] = {}
+    every = cfg.eval.every
+    heldout = heldout_items(cfg.task, cfg.eval.prompts_per_task, cfg.eval.seed_offset) if every else {}
+
+    def evaluate() -> dict[str, float]:
+        acc = greedy_accuracy(node.model, node.tokenizer, node.template, node.backend.cfg, heldout)
+        return {f"heldout_greedy/{k}": v for k, v in acc.items()}
+
     try:
+        if every and node.round == 0:
+            log.log(0, evaluate(), console=index == 0)  # the starting policy: step 0
         while node.round < last:
             metrics = node.run_round()
+            if every and (node.round % every == 0 or node.round == cfg.train.rounds):
+                metrics.update(evaluate())
             console = index == 0 and (node.round % cfg.logger.log_every == 0 or node.round == last)
             log.log(node.round, metrics, console=console)
             if on_round is not None:
                 on_round(node, metrics)
-            every = cfg.train.checkpoint_every
-            if every and (node.round % every == 0 or node.round == last):
+            if cfg.train.checkpoint_every and (node.round % cfg.train.checkpoint_every == 0 or node.round == last):
                 ckpt.save(node.round, node.state_dict())
         if node.round >= cfg.train.rounds:
             save_model(node.model, node.tokenizer, node_dir / "final")

@@ -1,0 +1,62 @@
+"""HDEE at the paper's schedule: domain phases at their own optimizer, experts as checkpoints of one LR schedule."""
+
+import dataclasses
+import json
+import math
+
+import pytest
+from hdee_helpers import tiny_cfg
+
+from decentrain.algorithms.hdee.config import expert_config
+from decentrain.algorithms.hdee.train import run_stage
+from decentrain.config import OptimConfig
+from decentrain.core.world import World
+
+
+def test_a_lane_may_not_run_past_the_shared_schedule(tmp_path):
+    cfg = tiny_cfg(tmp_path, widths=(64, 64, 64), steps=2)
+    with pytest.raises(ValueError, match=r"lanes\[0\] \(lane0\)\.steps=\[2\] runs past plan\.domain_schedule_steps=1"):
+        dataclasses.replace(cfg.plan, domain_schedule_steps=1)
+
+
+def test_expert_config_swaps_in_the_domain_phase_optimizer(tmp_path):
+    cfg = tiny_cfg(tmp_path)
+    assert expert_config(cfg) is cfg  # None: the seeds' optimizer
+    low = OptimConfig(lr=1e-4, warmup_steps=1)
+    assert expert_config(dataclasses.replace(cfg, expert_optim=low)).optim == low
+
+
+def _final_lr(run_dir):
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [r["lr"] for r in rows if "lr" in r][-1]
+
+
+def test_experts_stop_inside_one_schedule_at_the_domain_phase_lr(tmp_path):
+    """Two 2-step experts, one with its own 2-step cosine, one stopping at step 2 of a 4-step cosine."""
+    low = OptimConfig(lr=1e-4, warmup_steps=1, min_lr_ratio=0.5)
+    finals = {}
+    for schedule in (None, 4):
+        cfg = tiny_cfg(tmp_path / str(schedule), widths=(64,), steps=2)
+        cfg = dataclasses.replace(cfg, expert_optim=low, logger=dataclasses.replace(cfg.logger, log_every=1),
+                                  plan=dataclasses.replace(cfg.plan, domain_schedule_steps=schedule))
+        run_stage(cfg, World())
+        finals[schedule] = _final_lr(tmp_path / str(schedule) / cfg.plan.final_experts()[0])
+        assert _final_lr(tmp_path / str(schedule) / "seed-64") == pytest.approx(2e-4)  # the seed keeps `optim`: 0.1 x 2e-3 at its end
+    assert finals[None] == pytest.approx(0.5e-4)  # the end of its own cosine: min_lr_ratio x lr
+    assert 0.5e-4 < finals[4] < 1e-4  # still inside the longer cosine
+
+
+def test_bench_statistics_by_hand():
+    from benchmarks import hdee_schedule as H
+
+    # Sign test: 10 of 10 pairs favour het -> p = 2 / 2^10; 1 of 3 -> p = 2 * (1 + 3) / 8 = 1.
+    assert H.sign_test([-1.0] * 10)["p_two_sided"] == pytest.approx(2 / 1024)
+    assert H.sign_test([-1.0, 1.0, 1.0, 0.0]) == {"het_better": 1, "het_worse": 2, "p_two_sided": 1.0}
+    # Lanes: easiest two first (3 shares), hardest two last (5 shares).
+    assert H.lanes_by_difficulty({"a": 1, "b": 3, "c": 2, "d": 0.5, "e": 5, "f": 4}) == [["d", "a"], ["c", "b"], ["f", "e"]]
+    # Two seeds, two domains: het better on one domain per seed by log(10/9).
+    hom = {"x": {"cached": 10.0}, "y": {"cached": 10.0}}
+    runs = [{"perplexity": {"homogeneous": hom, "het_steps": {"x": {"cached": 9.0}, "y": {"cached": 10.0}}}}] * 2
+    st = H.budget_stats(runs, "cached")
+    assert st["wins_per_seed"] == [1, 1]
+    assert st["mean_dlogppl"]["mean"] == pytest.approx(math.log(0.9) / 2)
