@@ -27,6 +27,7 @@ from torch import nn
 from decentrain.algorithms.base import Algorithm
 from decentrain.algorithms.common.ft.manager import FT_ALGORITHMS, ReplicaGroup, build_manager, ft_metrics
 from decentrain.algorithms.common.outer import fragment_param_names
+from decentrain.algorithms.common.outer_optimizers import OUTER_OPTIMIZERS
 from decentrain.algorithms.diloco.diloco import DiLoCoConfig
 from decentrain.algorithms.diloco.streaming import StreamingDiLoCoConfig
 from decentrain.core.world import World
@@ -79,8 +80,8 @@ class TorchFTDiLoCo(Algorithm):
         streaming = isinstance(self.cfg, StreamingDiLoCoConfig)
         self.manager = build_manager(self.world, self.group, self._heal_state, lambda s: self.load_trainer_state(s))
         fragments = model_fragments(model, self.cfg)
-        outers = [torch.optim.SGD(f.parameters(), lr=self.cfg.outer_lr, momentum=self.cfg.outer_momentum,
-                                  nesterov=self.cfg.nesterov) for f in fragments]
+        rule = OUTER_OPTIMIZERS.get(self.cfg.outer_optimizer.name)  # torchft steps it on the pseudo-gradient
+        outers = [rule.build(list(f.parameters()), self.cfg.outer_optimizer) for f in fragments]
         self.diloco = DiLoCo(
             self.manager, fragments, optimizer, outers, sync_every=self.cfg.inner_steps,
             fragment_sync_delay=self.cfg.overlap_steps if streaming else 0,

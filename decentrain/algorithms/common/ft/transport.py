@@ -21,7 +21,7 @@ from torchft.checkpointing._serialization import _streaming_load
 from torchft.checkpointing.http_transport import HTTPTransport
 
 from decentrain.core.checkpoint import unflatten_state
-from decentrain.core.gossip import all_finite
+from decentrain.core.wire import all_finite
 from decentrain.core.heal import encode_state
 
 
