@@ -313,6 +313,25 @@ def _json_default(o: Any) -> Any:
     return str(o)
 
 
+def config_parser(config_cls, doc: str | None):
+    """An argument parser with one `--flag` per field of the benchmark's dataclass config, plus `seeds_arg`."""
+    import argparse
+    from dataclasses import asdict
+
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    for f, v in asdict(config_cls()).items():
+        ap.add_argument(f"--{f.replace('_', '-')}", type=type(v), default=v)
+    seeds_arg(ap)
+    return ap
+
+
+def parse_config(ap, config_cls, *extras: str) -> tuple:
+    """(config, seeds, allow_dirty, fresh, *extras) from `config_parser`'s parser (extras: other flags' dests)."""
+    args = vars(ap.parse_args())
+    rest = [args.pop(k) for k in ("seeds", "allow_dirty", "fresh", *extras)]
+    return (config_cls(**args), *rest)
+
+
 def seeds_arg(ap, default: int = 3) -> None:
     ap.add_argument("--seeds", type=int, default=default, help="number of seeds (0..S-1) per reported setting")
     ap.add_argument("--allow-dirty", action="store_true", help="run on a dirty tree; the result is marked not_for_commit")

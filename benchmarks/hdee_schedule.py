@@ -26,7 +26,6 @@ seed per width, three times the seed compute).
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import dataclasses
 import io
@@ -41,7 +40,7 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from benchmarks.harness import Harness, fmt, header, mean_std, seeds_arg
+from benchmarks.harness import Harness, fmt, header, mean_std, config_parser, parse_config
 from decentrain.algorithms.common.trainer import evaluate
 from decentrain.algorithms.hdee.config import check_plan, hdee_config_from_dict
 from decentrain.algorithms.hdee.evaluate import EnsembleScorer
@@ -160,14 +159,9 @@ def budget_stats(runs: list[dict], weighting: str) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    for f, v in asdict(BenchConfig()).items():
-        ap.add_argument(f"--{f.replace('_', '-')}", type=type(v), default=v)
-    seeds_arg(ap)
+    ap = config_parser(BenchConfig, __doc__)
     ap.add_argument("--parallel", type=int, default=1)
-    args = vars(ap.parse_args())
-    nseeds, allow_dirty, fresh, parallel = args.pop("seeds"), args.pop("allow_dirty"), args.pop("fresh"), args.pop("parallel")
-    b = BenchConfig(**args)
+    b, nseeds, allow_dirty, fresh, parallel = parse_config(ap, BenchConfig, "parallel")
     register_hdee_configs()
     budgets = [int(x) for x in b.budgets.split(",")]
     hz = Harness("hdee_schedule", __file__, {"bench": asdict(b), "seeds": list(range(nseeds))}, allow_dirty=allow_dirty, fresh=fresh)

@@ -20,14 +20,13 @@ not the paper's Qwen2.5-0.5B; the mix is conf/task/sapo_mix.yaml (3 easy tasks),
 
 from __future__ import annotations
 
-import argparse
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 
-from benchmarks.harness import Harness, config_key, fmt, header, mean_std, seeds_arg
+from benchmarks.harness import Harness, config_key, fmt, header, mean_std, config_parser, parse_config
 from benchmarks.sapo_swarm import ROOT, BenchConfig as SwarmBench, _rows, _run, warm_start
 
 GATE = 0.10
@@ -158,13 +157,7 @@ def summarize(runs: list[dict]) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    for f, v in asdict(BenchConfig()).items():
-        ap.add_argument(f"--{f.replace('_', '-')}", type=type(v), default=v)
-    seeds_arg(ap)
-    args = vars(ap.parse_args())
-    nseeds, allow_dirty, fresh = args.pop("seeds"), args.pop("allow_dirty"), args.pop("fresh")
-    b = BenchConfig(**args)
+    b, nseeds, allow_dirty, fresh = parse_config(config_parser(BenchConfig, __doc__), BenchConfig)
     swarm = SwarmBench()  # its warm start (cached under .cache/)
     hz = Harness("sapo_learning", __file__, {"bench": asdict(b), "seeds": list(range(nseeds)), "warm_start": asdict(swarm),
                                              "node_overrides_example": node_overrides(b, float(b.lrs.split(',')[0]), 0, Path("<sft>"), Path("<run>"))},

@@ -26,7 +26,6 @@ interrupted benchmark resumes the unfinished run where it stopped.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
@@ -38,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.harness import Harness, config_key, fmt, header, mean_std, seeds_arg
+from benchmarks.harness import Harness, config_key, fmt, header, mean_std, config_parser, parse_config
 
 ROOT = Path(__file__).resolve().parents[1]
 PAPER = {"8/0": 561.79, "6/2": 854.43, "4/4": 1093.31, "2/6": 945.87}
@@ -261,13 +260,7 @@ def analyze(b: BenchConfig, seeds: list[int], runs: dict[tuple[str, int], dict])
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    for f, v in asdict(BenchConfig()).items():
-        ap.add_argument(f"--{f.replace('_', '-')}", type=type(v), default=v)
-    seeds_arg(ap)
-    args = vars(ap.parse_args())
-    nseeds, allow_dirty, fresh = args.pop("seeds"), args.pop("allow_dirty"), args.pop("fresh")
-    b = BenchConfig(**args)
+    b, nseeds, allow_dirty, fresh = parse_config(config_parser(BenchConfig, __doc__), BenchConfig)
     seeds = list(range(nseeds))
     splits = b.splits.split(",")
     hz = Harness("sapo_swarm", __file__, {"bench": asdict(b), "seeds": seeds, "sft_overrides": sft_overrides(b),

@@ -14,13 +14,13 @@ from __future__ import annotations
 import json
 import logging
 import os
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 from decentrain.core.ft_config import TorchFTConfig
+from decentrain.core.launcher import stop_all
 
 log = logging.getLogger(__name__)
 
@@ -63,14 +63,7 @@ def launch_replica_groups(argv: list[str], replicas: int, nproc: int, run_dir: s
         while any(p.poll() is None for p in procs.values()):
             time.sleep(poll_s)
     except BaseException:  # Ctrl-C or a kill of the launcher: take the groups down with it
-        for p in procs.values():
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in procs.values():
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_all(procs.values())
         raise
     finally:
         if lighthouse is not None:

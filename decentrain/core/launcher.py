@@ -20,7 +20,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from torch.distributed import PrefixStore, TCPStore
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
@@ -73,6 +73,19 @@ def launch_job(argv: list[str], cfg: LauncherConfig, *, module: str, run_dir: st
         launch_survivors(argv, cfg.nproc_per_node, run_dir, module=module, max_restarts=cfg.max_restarts)
     else:
         launch_workers(argv, cfg.nproc_per_node, cfg.nnodes, cfg.rdzv_endpoint, cfg.max_restarts, module=module)
+
+
+def stop_all(procs: Iterable[subprocess.Popen], grace_s: float = 10.0) -> None:
+    """SIGTERM every process still running, then SIGKILL those not gone after `grace_s`."""
+    procs = list(procs)
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    for p in procs:
+        try:
+            p.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            p.kill()
 
 
 def exit_survivor() -> None:
@@ -145,14 +158,7 @@ def launch_survivors(argv: list[str], nproc: int, run_dir: str | os.PathLike | N
                 else:
                     codes[rank] = code
     except BaseException:  # Ctrl-C or a kill of the launcher: take the workers down with it
-        for p in procs.values():
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in procs.values():
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_all(procs.values())
         raise
     failed = {r: c for r, c in codes.items() if c != 0}
     if len(failed) == nproc:
