@@ -384,7 +384,7 @@ def plot(rec: dict, png: Path) -> None:
             ys = [p["val_loss"] for p in cur]
             for ax, per in ((axes[row][0], c["tokens_per_step"] / 1e6), (axes[row][1], r["bytes_per_step"] / 1e6),
                             (axes[row][2], r["wan_s_per_step"])):
-                ax.plot([p["step"] * per for p in cur], ys, "--" if label.startswith("diloco") else "-", label=label)
+                ax.plot([p["step"] * per for p in cur], ys, "--" if label.startswith("diloco") else "-", marker=".", ms=3, label=label)
         axes[row][0].set(xlabel="tokens (M)", ylabel=f"{key}\nval loss (all replicas, seed mean)")
         axes[row][1].set(xlabel="MB uploaded per node", xscale="symlog")
         axes[row][2].set(xlabel="emulated-WAN sync s (comm_sync fit)", xscale="symlog")
