@@ -51,12 +51,15 @@ def test_odd_world_triple_averages_three_ranks():
 
 
 def _duplex_deadline(world):
-    ex = PairExchange(world, deadline_s=0.5).full_duplex()
+    # rank 0 gives up on round 0 at 1 s; rank 1 reaches it at 2.5 s and completes it from rank 0's posted
+    # sends. Rank 0 must reach round 1 after that (or it still waits on round 0 and skips) and before
+    # rank 1's deadline there (~3.5 s): arriving at ~3.0 s leaves about half a second either way.
+    ex = PairExchange(world, deadline_s=1.0).full_duplex()
     if world.rank == 1:
-        time.sleep(1.5)
+        time.sleep(2.5)
     r0 = average(ex, [torch.ones(4) * world.rank], (0, 1), 0)
     if world.rank == 0:
-        time.sleep(1.5)
+        time.sleep(2.0)
     r1 = average(ex, [torch.ones(4) * (world.rank + 2)], (0, 1), 1)
     return r0 is None, r1[0].tolist()
 

@@ -167,6 +167,7 @@ def test_zero_advantage_skip_gives_the_full_batch_gradient():
 
 def _cfg(stop_at=None):
     cfg = tiny_sapo_config(rounds=3, reward=RewardConfig(format_weight=0.5))  # format reward: mixed groups
+    cfg.sampling.top_k = 50  # the untrained model then writes some well-formed completions: a round trains
     cfg.train.stop_at = stop_at
     return cfg
 
