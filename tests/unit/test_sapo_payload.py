@@ -172,6 +172,7 @@ def mutate(path, value):
         (("groups", 0, "index"), 100, "number_out_of_range"),  # index < size
         (("groups", 0), "not a group", "wrong_type"),
     ],
+    ids=lambda v: None if isinstance(v, str) and len(v) < 40 else "",  # a key's random id would differ per xdist worker
 )
 def test_schema_violations(path, value, why):
     assert reason(mutate(path, value)) == why
