@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.results_io import RESULTS, write_results
+from benchmarks.results_io import write_json_txt_png
 from decentrain.algorithms.base import ALGORITHMS
 from decentrain.algorithms.common.engines import build_optimizer
 from decentrain.algorithms.common.speed import apply_compile, autocast, resolve_precision, set_tf32, weight_dtype
@@ -232,10 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     print(text_table(fig))
     if b.smoke:
         return 0
-    out = write_results("gpu_step", asdict(b), fig)
-    (RESULTS / "gpu_step.txt").write_text(text_table(fig) + "\n")
-    plot(fig, RESULTS / "gpu_step.png")
-    print(f"wrote {out}, gpu_step.txt and gpu_step.png")
+    write_json_txt_png("gpu_step", asdict(b), fig, text_table(fig), plot)
     return 0
 
 

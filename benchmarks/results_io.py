@@ -8,7 +8,7 @@ import platform
 import subprocess
 from dataclasses import asdict, is_dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -62,4 +62,14 @@ def write_results(name: str, config: Any, figures: dict[str, Any]) -> Path:
     tmp = out.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(record, indent=2, default=str))
     os.replace(tmp, out)
+    return out
+
+
+def write_json_txt_png(name: str, config: Any, figures: dict[str, Any], text: str,
+                       plot: Callable[[dict[str, Any], Path], None]) -> Path:
+    """The JSON, the TXT generated from it (`text`) and the PNG (`plot(figures, path)`) of one benchmark."""
+    out = write_results(name, config, figures)
+    (RESULTS / f"{name}.txt").write_text(text + "\n")
+    plot(figures, RESULTS / f"{name}.png")
+    print(f"wrote {out}, {name}.txt and {name}.png")
     return out

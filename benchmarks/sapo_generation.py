@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 from transformers import AutoModelForCausalLM, ByT5Tokenizer
 
-from benchmarks.results_io import RESULTS, write_results
+from benchmarks.results_io import write_json_txt_png
 from decentrain.algorithms.sapo.generation import SamplingConfig, build_generation_backend
 from decentrain.models.factory import ModelConfig, hf_config
 
@@ -204,10 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     print(text_table(fig))
     if b.smoke:
         return 0
-    out = write_results("sapo_generation", asdict(b), fig)
-    (RESULTS / "sapo_generation.txt").write_text(text_table(fig) + "\n")
-    plot(fig, RESULTS / "sapo_generation.png")
-    print(f"wrote {out}, sapo_generation.txt and sapo_generation.png")
+    write_json_txt_png("sapo_generation", asdict(b), fig, text_table(fig), plot)
     return 0
 
 
