@@ -40,6 +40,9 @@ def _late_partner(world):
     r0 = average(ex, [torch.full((4,), float(world.rank))], group, round_idx=0)
     if world.rank == 0:
         time.sleep(1.5)  # let the late message land in round 0's orphaned buffer
+    # round 1 must succeed on both sides: rank 1 enters it at ~1.5 s, rank 0 at ~2.0 s, so a 0.5 s
+    # deadline would race (CI lost that race once); round 0 alone tests the missed deadline
+    ex.deadline_s = 10.0
     r1 = average(ex, [torch.full((4,), float(world.rank) + 2)], group, round_idx=1)
     return (None if r0 is None else r0[0].tolist()), r1[0].tolist(), ex.stats.timeouts
 
