@@ -158,7 +158,9 @@ class Replica:
         def rank_main(rank: int) -> dict[str, Any]:
             intra = None
             if self.world_size > 1:
-                intra = dist.ProcessGroupGloo(dist.PrefixStore(f"intra/{attempt}", store), rank, self.world_size)
+                # each rank its own store client: two threads blocking on one client's socket deadlock gloo's rendezvous
+                client = dist.TCPStore("localhost", store.port, is_master=False)
+                intra = dist.ProcessGroupGloo(dist.PrefixStore(f"intra/{attempt}", client), rank, self.world_size)
             world = World(rank=rank, world_size=self.world_size, backend="gloo" if intra else None, group=intra)
             algo = FT_ALGORITHMS.get(self.cfg.name)(self.cfg, world, group, self.steps)
             trainer = MiniTrainer(algo, world, self.replica_id, init_seed=attempt * 7 + 1)

@@ -69,8 +69,6 @@ def test_ddp_recovery_heals_from_live_peer():
     assert results[0][0]["algorithm"].dropped_steps == 0  # the survivor lost no step
 
 
-@pytest.mark.slow
-@pytest.mark.skip(reason="hangs (> 240 s) in the thread harness with 2 ranks per group; not yet diagnosed")
 def test_ddp_recovery_multi_rank():
     """Mirrors torchft manager_integ_test.test_ddp_recovery_multi_rank: both ranks of group 1 fail at step 2;
     the two-rank group (intra-group mean, then across groups) heals rank by rank from group 0."""
