@@ -64,23 +64,39 @@ def test_diloco_healthy_global_state_equal_every_sync():
     assert_equal_global(results)
     assert_equal_after_every_sync(seen)
     assert all(g[0]["manager_step"] == 3 for g in results)
+    sums = [g[0]["algorithm"].after_optimizer_step(6, None, None)["ft/global_sum"] for g in results]
+    assert sums[0] == sums[1] == float(sum(t.double().sum() for t in diloco_global_state(results[0][0]["algorithm"]).values()))
     torch.testing.assert_close(results[0][0]["model"], results[1][0]["model"], rtol=0, atol=0)  # synced last step
 
 
 def test_diloco_recovery_heals_outer_state():
-    """Mirrors torchft local_sgd_integ_test.test_diloco_recovery: group 1 dies mid-window (step 3 of H=2 x 3),
-    restarts from other weights, heals at the next sync (weights, AdamW, outer Nesterov state, global
-    weights, step, sampler) and holds the same global state and weights as group 0 at the end."""
+    """Mirrors torchft local_sgd_integ_test.test_diloco_recovery: group 1 dies mid-window (step 3 of H=2 x 4),
+    restarts from other weights, heals at its first sync (weights, AdamW, outer Nesterov state, global
+    weights, step, sampler), contributes to that very sync (both groups in its quorum), and from then on
+    holds global state bit-equal to group 0's after every sync, and the same weights at the end."""
     lh = lighthouse()
     events = Events(fail_at={(0, 3)})
     cfg = DiLoCoConfig(inner_steps=2, outer_lr=0.7, outer_momentum=0.9)
+    seen: dict = {}
+    attempts: dict[int, list] = {}  # replica 1's rows per attempt: (manager step, participants)
+
+    def record(replica, rank, step, trainer):
+        record_syncs(seen)(replica, rank, step, trainer)
+        if replica == 1:
+            rows = attempts.setdefault(id(trainer), [])
+            rows.append((trainer.algorithm.manager.current_step(), trainer.algorithm.manager.num_participants()))
+
     try:
-        results = run_replicas([Replica(0, lh.address(), cfg, steps=8),
-                                Replica(1, lh.address(), cfg, steps=8, events=events)])
+        results = run_replicas([Replica(0, lh.address(), cfg, steps=8, record=record),
+                                Replica(1, lh.address(), cfg, steps=8, events=events, record=record)])
     finally:
         lh.shutdown()
     assert events.counts["failure"] == 1
     assert_equal_global(results)
+    restarted = list(attempts.values())[-1]
+    healed_at, participants = next((m, n) for m, n in restarted if n >= 1)  # its first quorum
+    assert participants == 2  # it contributed to the sync it healed at: within one sync of being back
+    assert_equal_after_every_sync(seen, first=healed_at)  # bit-equal global state after every sync since
     torch.testing.assert_close(results[0][0]["model"], results[1][0]["model"], rtol=0, atol=0)
     assert results[1][0]["step"] == 8 and results[1][0]["position"] == results[0][0]["position"]
     assert results[0][0]["algorithm"].failed_syncs == 0  # the survivor committed every sync

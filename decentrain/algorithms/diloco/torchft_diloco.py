@@ -57,6 +57,16 @@ def model_fragments(model: nn.Module, cfg: DiLoCoConfig | StreamingDiLoCoConfig)
     return [ParamFragment([(n, named[n]) for n in frag]) for frag in names]
 
 
+def global_sum(fragments) -> float:
+    """fp64 sum of every fragment's global weights: replicas that hold bit-equal global state log the
+    same value after each sync (the cheap check; two quorums of one, a split, make them differ for good)."""
+    total = torch.zeros((), dtype=torch.float64)
+    for f in fragments:
+        for t in f.original_parameters.values():
+            total += t.to(torch.float64).sum().cpu()
+    return float(total)
+
+
 @FT_ALGORITHMS.register("diloco")
 @FT_ALGORITHMS.register("streaming_diloco")
 class TorchFTDiLoCo(Algorithm):
@@ -69,6 +79,7 @@ class TorchFTDiLoCo(Algorithm):
         self.diloco = None
         self._resume: dict[str, Any] | None = None
         self.failed_syncs = 0
+        self._summed_at, self._global_sum = -1, float("nan")
 
     def _heal_state(self) -> dict[str, Any]:
         # the fragments' outer state travels through torchft's own fragment callbacks: not twice
@@ -106,7 +117,12 @@ class TorchFTDiLoCo(Algorithm):
         return perform_sync
 
     def after_optimizer_step(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, float]:
-        return {**ft_metrics(self.manager), "ft/failed_syncs": float(self.failed_syncs)}
+        metrics = {**ft_metrics(self.manager), "ft/failed_syncs": float(self.failed_syncs)}
+        committed = self.manager.current_step()
+        if committed != self._summed_at:  # once per committed sync: a split quorum shows as unequal sums
+            self._summed_at = committed
+            self._global_sum = global_sum(self.diloco._fragments)  # noqa: SLF001
+        return {**metrics, "ft/global_sum": self._global_sum}
 
     def on_train_end(self, model: torch.nn.Module) -> None:
         self.diloco.__exit__(None, None, None)
