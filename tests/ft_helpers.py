@@ -12,6 +12,7 @@ attach_trainer_state, as decentrain's Trainer does.
 
 from __future__ import annotations
 
+import copy
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -128,7 +129,8 @@ class MiniTrainer:
             raise
         algo.on_train_end(self.model)
         return {"model": {k: v.clone() for k, v in self.model.state_dict().items()}, "step": self.step,
-                "position": self.position, "manager_step": algo.manager.current_step(), "algorithm": algo}
+                "position": self.position, "manager_step": algo.manager.current_step(), "algorithm": algo,
+                "state": copy.deepcopy(self.state())}  # what the Trainer checkpoints, for whole-job restarts
 
 
 def diloco_global_state(algo) -> dict[str, torch.Tensor]:
@@ -148,6 +150,7 @@ class Replica:
     record: Callable[[int, int, int, MiniTrainer], None] = lambda replica, rank, step, trainer: None
     timeout_s: float = 20.0
     give_up: bool = False  # after the last attempt fails, end quietly (a group that never comes back)
+    resume: list[dict[str, Any]] | None = None  # per rank: a checkpointed state to start from (a whole-job restart)
 
     def _group(self, attempt: int) -> list[dict[str, Any]]:
         store = dist.TCPStore("localhost", 0, is_master=True, wait_for_workers=False)
@@ -164,6 +167,8 @@ class Replica:
             world = World(rank=rank, world_size=self.world_size, backend="gloo" if intra else None, group=intra)
             algo = FT_ALGORITHMS.get(self.cfg.name)(self.cfg, world, group, self.steps)
             trainer = MiniTrainer(algo, world, self.replica_id, init_seed=attempt * 7 + 1)
+            if self.resume is not None:  # as Trainer.maybe_resume: before the algorithm starts
+                trainer.load(self.resume[rank])
             return trainer.run(self.steps, self.events, lambda step, t: self.record(self.replica_id, rank, step, t))
 
         with ThreadPoolExecutor(max_workers=self.world_size) as pool:
