@@ -1,5 +1,7 @@
 """The fault benchmark's figures from metrics rows (benchmarks/fault_tolerance.py), on hand-made rows."""
 
+import pytest
+
 from benchmarks.fault_tolerance import pairings_with, rank_figures, ratios, rejoin, rounds_lost, run_figures, target
 
 
@@ -54,3 +56,19 @@ def test_target_checks_every_scenario_and_names_failures():
     assert t["met"] is False and t["failed"] == {"loopback/stop": 0.5, "wan/partition": None}
     assert target({"a": 0, "b": 0}, lambda x: x == 0) == {"met": True, "checked": ["a", "b"], "failed": {}}
     assert target({}, bool)["met"] is None  # nothing ran: neither met nor failed
+
+
+def test_torchft_figures_from_rows_and_logs(tmp_path):
+    from benchmarks.fault_tolerance_torchft import ready_times, rolled_back, unequal_syncs
+
+    row = lambda step, t, committed, s: {"step": step, "time": t, "train/loss": 1.0, "ft/committed_steps": committed, "ft/global_sum": s}  # noqa: E731
+    a = [row(1, 1.0, 0, 5.0), row(2, 2.0, 1, 6.0), row(3, 3.0, 2, 7.0)]
+    b = [row(1, 1.0, 0, 9.0), row(2, 2.0, 1, 6.0), row(3, 3.0, 2, 7.5)]
+    assert unequal_syncs(a, b, after=1.5) == 1  # sync 2 differs; sync 0 is before `after`
+    assert rolled_back([row(1, 1, 0, 0), row(2, 2, 0, 0), row(1, 3, 0, 0), row(2, 4, 0, 0)]) == 2
+    log = tmp_path / "train.log"
+    log.write_text("[2026-11-24 00:04:44,618][x][INFO] - [rank 0] [decentrain] diloco: 1M params, from scratch; run dir r\n"
+                   "[2026-11-24 00:05:00,000][x][INFO] - [rank 0] other line\n"
+                   "[2026-11-24 00:05:10,500][x][INFO] - [rank 0] [decentrain] ddp: 1M params, resumed from step 25; run dir r\n")
+    first, second = ready_times(log)
+    assert second - first == pytest.approx(25.882)
