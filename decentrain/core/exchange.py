@@ -20,6 +20,7 @@ from typing import Sequence
 import torch
 import torch.distributed as dist
 
+from decentrain.core.deadline import ArrivalWindow
 from decentrain.core.membership import Membership
 from decentrain.core.pairs import PairGroups
 from decentrain.core.wait_policy import WaitPolicy
@@ -34,6 +35,8 @@ log = logging.getLogger(__name__)
 class ExchangeStats:
     rounds: int = 0
     timeouts: int = 0  # partner missed the deadline
+    early_timeouts: int = 0  # of those, missed an adaptive deadline below the cap (what adaptivity cost)
+    deadline_s: float | None = None  # the deadline of the last round (adaptive or fixed)
     failures: int = 0  # connection closed or refused (dead partner)
     rejected: int = 0  # header did not match: wrong magic, round, sizes or dtypes
     corrupt: int = 0  # body checksum differs from the header's
@@ -57,6 +60,7 @@ class _Inbox:
     received: threading.Event = field(default_factory=threading.Event)
     holds_body: bool = True  # False for a header-only (skip) exchange: nothing model-sized is kept
     status: str = "pending"  # ok | failed | rejected | corrupt | nonfinite | skipped
+    arrived: float = 0.0  # perf_counter when the message was received and checked
     detail: str = ""
     bufs: list = field(default_factory=list)
     thread: threading.Thread | None = None
@@ -96,6 +100,8 @@ class PairExchange:
     # with pairs: every exchange runs on a 2-rank gloo group of its own (rebuilt when the partner is
     # replaced), not on the world group, so a replacement that never joined the world can take part
     pairs: PairGroups | None = None
+    # with arrivals: the deadline follows observed arrival times (core/deadline.py), deadline_s its cap
+    arrivals: ArrivalWindow | None = None
     _pending: list = field(default_factory=list, repr=False)  # _Inbox of rounds whose thread still runs
     _lanes: dict = field(default_factory=dict, repr=False)  # (src, dst) -> process group
 
@@ -156,7 +162,8 @@ class PairExchange:
 
     @property
     def policy(self) -> WaitPolicy:
-        return WaitPolicy(self.deadline_s, self.membership, self.stall_s)
+        deadline = self.arrivals.deadline() if self.arrivals is not None and self.deadline_s is not None else self.deadline_s
+        return WaitPolicy(deadline, self.membership, self.stall_s)
 
     def exchange(self, tensors: Sequence[torch.Tensor], group: tuple[int, ...], round_idx: int
                  ) -> list[list[torch.Tensor]] | None:
@@ -189,12 +196,16 @@ class PairExchange:
         header = make_header(round_idx, flats, self.stage_device)
         inboxes = [self._start(p, header, flats, round_idx) for p in peers]
         ok = True
+        self.stats.deadline_s = policy.deadline_s
         for ib in inboxes:
             outcome = policy.wait(ib.received, ib.peer, start, round_idx)
             if outcome == "timeout":
                 self.stats.timeouts += 1
+                if self.arrivals is not None:
+                    self.arrivals.missed(policy.deadline_s)
+                    self.stats.early_timeouts += policy.deadline_s < self.arrivals.cap
                 log.warning("round %d: partner %d missed the %.3gs deadline; skipping this round's averaging",
-                            round_idx, ib.peer, self.deadline_s)
+                            round_idx, ib.peer, policy.deadline_s)
                 ok = False
             elif outcome is not None:
                 self.stats.partner_skipped += 1
@@ -206,6 +217,8 @@ class PairExchange:
                 log.warning("round %d: dropped partner %d's message (%s: %s); skipping this round's averaging",
                             round_idx, ib.peer, ib.status, ib.detail)
                 ok = False
+            elif self.arrivals is not None:
+                self.arrivals.arrived(ib.arrived - start)
         self._pending.extend(ib for ib in inboxes if ib.thread is not None and ib.thread.is_alive())
         self.stats.seconds += time.perf_counter() - start
         if not ok:
@@ -282,6 +295,7 @@ class PairExchange:
             except RuntimeError as e:  # a dead peer breaks its pair; the run goes on
                 ib.status, ib.detail = "failed", (str(e).splitlines() or [type(e).__name__])[0]
             finally:
+                ib.arrived = time.perf_counter()
                 ib.received.set()
                 for w in pending:  # the send buffers stay alive (in this closure) until the partner took them
                     try:

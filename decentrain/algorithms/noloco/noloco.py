@@ -24,6 +24,7 @@ from decentrain.algorithms.common.outer import OuterOptimizer, noloco_general_st
 from decentrain.algorithms.common.outer_optimizers import OUTER_OPTIMIZERS, OuterOptimizerConfig
 from decentrain.algorithms.noloco.healing import Healer, tensors_crc
 from decentrain.core.checks import check_range
+from decentrain.core.deadline import AdaptiveDeadlineConfig
 from decentrain.core.dist_transport import GossipOptions, TorchTransport
 from decentrain.core.pairing import ODD_POLICIES, gossip_groups, group_of
 from decentrain.core.wait_policy import BEHIND
@@ -44,6 +45,8 @@ class NoLoCoConfig(InnerOuterConfig):
     pairing_seed: int | None = 0
     odd_world: str = "error"  # error | idle | triple
     deadline_s: float | None = None  # None waits for the partner forever
+    # enabled: the deadline follows observed arrival times (median + k·MAD), deadline_s is its cap
+    adaptive_deadline: AdaptiveDeadlineConfig = field(default_factory=AdaptiveDeadlineConfig)
     # give up on a partner whose membership heartbeat has not moved for this long (it is stopped or
     # dead), before the deadline; None: only the deadline (and the progress keys) decide
     stall_s: float | None = 2.0
@@ -60,6 +63,7 @@ class NoLoCoConfig(InnerOuterConfig):
         if self.odd_world not in ODD_POLICIES:
             raise ValueError(f"algorithm.odd_world={self.odd_world!r} is unknown; allowed: {list(ODD_POLICIES)}")
         check_range("algorithm.deadline_s", self.deadline_s, 0, 86400, low_open=True, none_ok=True)  # null: no deadline
+        self.adaptive_deadline.check_cap(self.deadline_s)
         check_range("algorithm.stall_s", self.stall_s, 0, 86400, low_open=True, none_ok=True)
         check_range("algorithm.bucket_mb", self.bucket_mb, 0, 1 << 20, low_open=True)
         check_range("algorithm.heal_timeout_s", self.heal_timeout_s, 0, 86400, low_open=True)
@@ -116,7 +120,7 @@ class NoLoCo(InnerOuterAlgorithm):
         transport = self.comm()
         if isinstance(transport, TorchTransport):  # membership, pair groups and lanes: start-up, every rank
             transport.start_gossip(GossipOptions(int(self.cfg.bucket_mb * (1 << 20)), self.cfg.deadline_s,
-                                                 self.cfg.stall_s, self.cfg.full_duplex))
+                                                 self.cfg.stall_s, self.cfg.full_duplex, self.cfg.adaptive_deadline))
             if transport.pairs is not None and self.trainer_state is not None:  # replacements heal from us, or we from a live peer
                 self.healer = Healer(transport.membership, transport.pairs, self.trainer_state, self.load_trainer_state,
                                      attempt_s=max(60.0, 4 * (self.cfg.deadline_s or 0)))
@@ -216,7 +220,9 @@ class NoLoCo(InnerOuterAlgorithm):
         st = self.comm().stats
         return {"outer/round": float(self.round + 1), "outer/partner_missed": float(missed),
                 "outer/exchange_timeouts": float(st.timeouts), "outer/exchange_dropped": float(st.dropped),
-                "outer/partner_skipped": float(st.partner_skipped), "outer/rounds_jumped": float(jumped)}
+                "outer/partner_skipped": float(st.partner_skipped), "outer/rounds_jumped": float(jumped),
+                **({} if st.deadline_s is None else {"outer/deadline_s": st.deadline_s,
+                                                     "outer/exchange_early_timeouts": float(st.early_timeouts)})}
 
     def outer_state(self) -> dict[str, Any]:
         return {**self.outer.state_dict(), "pairing_seed": self.cfg.pairing_seed, "steps_skipped": self.steps_skipped}
