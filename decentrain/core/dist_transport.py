@@ -30,6 +30,8 @@ class GossipOptions:
     stall_s: float | None = None  # give up on a partner whose heartbeat stopped this long
     full_duplex: bool = True  # one process group per direction (start-up cost O(N²) groups)
     adaptive: AdaptiveDeadlineConfig | None = None  # enabled: deadline_s is the cap of an adaptive deadline
+    # pooled wire buffers: an exchange's result is valid until the next exchange (NoLoCo averages it at once)
+    reuse_buffers: bool = True
 
 
 class _Done:
@@ -53,7 +55,7 @@ class TorchTransport(Transport):
     def start_gossip(self, opts: GossipOptions) -> "TorchTransport":
         """Membership, pair groups and the exchange; collective at start-up (every rank calls it)."""
         w = self.world
-        ex = PairExchange(w, opts.bucket_bytes, opts.deadline_s)
+        ex = PairExchange(w, opts.bucket_bytes, opts.deadline_s, reuse_buffers=opts.reuse_buffers)
         if opts.adaptive is not None and opts.adaptive.enabled and opts.deadline_s is not None:
             ex.arrivals = ArrivalWindow(opts.deadline_s, opts.adaptive)
         if w.store is not None and w.group is None and w.world_size > 1:

@@ -20,6 +20,7 @@ from typing import Sequence
 import torch
 import torch.distributed as dist
 
+from decentrain.core.buffer_pool import BufferPool
 from decentrain.core.deadline import ArrivalWindow
 from decentrain.core.membership import Membership
 from decentrain.core.pairs import PairGroups
@@ -66,6 +67,22 @@ class _Inbox:
     thread: threading.Thread | None = None
 
 
+class _SendRelease:
+    """Gives a round's send buffers back to the pool once every partner's sends completed."""
+
+    def __init__(self, pool: BufferPool | None, flats: list[torch.Tensor], users: int):
+        self.pool, self.flats, self.users, self.ok = pool, flats, users, True
+        self._lock = threading.Lock()
+
+    def done(self, ok: bool) -> None:
+        with self._lock:
+            self.users -= 1
+            self.ok = self.ok and ok
+            last = self.users == 0
+        if last and self.ok and self.pool is not None:
+            self.pool.give(self.flats)
+
+
 @dataclass
 class PairExchange:
     """Exchange tensors with the other members of this rank's group.
@@ -102,6 +119,11 @@ class PairExchange:
     pairs: PairGroups | None = None
     # with arrivals: the deadline follows observed arrival times (core/deadline.py), deadline_s its cap
     arrivals: ArrivalWindow | None = None
+    # reuse_buffers: send and receive buffers come from a pool (core/buffer_pool.py), so the tensors
+    # `exchange` returns are valid until the next `exchange` call only (copy them to keep them)
+    reuse_buffers: bool = False
+    _pool: BufferPool = field(default_factory=BufferPool, repr=False)
+    _leased: list = field(default_factory=list, repr=False)  # receive buffers the caller holds until the next call
     _pending: list = field(default_factory=list, repr=False)  # _Inbox of rounds whose thread still runs
     _lanes: dict = field(default_factory=dict, repr=False)  # (src, dst) -> process group
 
@@ -170,6 +192,9 @@ class PairExchange:
         """Send `tensors` to every other member of `group`; return each partner's tensors (in `group`
         order, shaped and typed like `tensors`), [] alone, or None if any partner's data is missing or bad."""
         peers = [p for p in group if p != self.world.rank]
+        if self._leased:  # the caller's lease on the last round's buffers ends here
+            self._pool.give(self._leased)
+            self._leased = []
         if not peers:
             return []
         start = time.perf_counter()
@@ -192,9 +217,11 @@ class PairExchange:
             return None
         mine = [t.detach().contiguous() for t in tensors]
         buckets = flatten_buckets(mine, self.bucket_bytes)
-        flats = pack(mine, buckets, self.stage_device)
+        pool = self._pool if self.reuse_buffers else None
+        flats = pack(mine, buckets, self.stage_device, pool)
         header = make_header(round_idx, flats, self.stage_device)
-        inboxes = [self._start(p, header, flats, round_idx) for p in peers]
+        release = _SendRelease(pool, flats, len(peers))
+        inboxes = [self._start(p, header, flats, round_idx, release) for p in peers]
         ok = True
         self.stats.deadline_s = policy.deadline_s
         for ib in inboxes:
@@ -223,6 +250,8 @@ class PairExchange:
         self.stats.seconds += time.perf_counter() - start
         if not ok:
             return None
+        if pool is not None:
+            self._leased = [b for ib in inboxes for b in ib.bufs]
         return [unpack(ib.bufs, buckets, mine) for ib in inboxes]
 
     def skip_round(self, group: tuple[int, ...], round_idx: int) -> None:
@@ -264,7 +293,8 @@ class PairExchange:
             works[i] = post()
         return works
 
-    def _start(self, peer: int, header: torch.Tensor, flats: list[torch.Tensor], round_idx: int) -> _Inbox:
+    def _start(self, peer: int, header: torch.Tensor, flats: list[torch.Tensor], round_idx: int,
+               release: "_SendRelease | None" = None) -> _Inbox:
         ib = _Inbox(peer, self._incarnation(peer), holds_body=bool(flats))
         header_tag, tags = Tags.header(round_idx), Tags.buckets(round_idx, len(flats))
 
@@ -282,7 +312,7 @@ class PairExchange:
                 if problem is not None:  # never post a body receive whose size the partner did not agree to
                     ib.status, ib.detail = ("skipped" if int(hdr[7]) & FLAG_SKIP else "rejected"), problem
                     return
-                bufs = [torch.empty_like(f) for f in flats]
+                bufs = [self._pool.take_like(f) if self.reuse_buffers else torch.empty_like(f) for f in flats]
                 works = self._p2p(list(zip(bufs, tags)), list(zip(flats, tags)), peer, ib.incarnation)
                 self.stats.bytes_sent += sum(f.numel() * f.element_size() for f in flats)
                 for w in works[: len(bufs)]:
@@ -297,11 +327,15 @@ class PairExchange:
             finally:
                 ib.arrived = time.perf_counter()
                 ib.received.set()
+                sent = True
                 for w in pending:  # the send buffers stay alive (in this closure) until the partner took them
                     try:
                         w.wait()
                     except RuntimeError:
+                        sent = False  # a send may still be in flight: its buffer never goes back to the pool
                         break
+                if release is not None:  # a failed post may have left body sends in flight, unwaited
+                    release.done(sent and ib.status != "failed")
 
         if self.deadline_s is None and self.world.backend == "nccl" and self.pairs is None:
             run()  # no deadline: NCCL work queues on the stream, no helper thread needed

@@ -66,10 +66,23 @@ def flatten_buckets(tensors: Sequence[torch.Tensor], bucket_bytes: int) -> list[
     return [b for b in buckets if b]
 
 
-def pack(tensors: Sequence[torch.Tensor], buckets: list[list[int]], device: torch.device) -> list[torch.Tensor]:
-    """One flat copy per bucket on `device` (always a copy: a send may outlive the caller's tensors)."""
-    return [torch.cat([tensors[i].reshape(-1) for i in idx]).to(device) if len(idx) > 1
-            else tensors[idx[0]].reshape(-1).to(device, copy=True) for idx in buckets]
+def pack(tensors: Sequence[torch.Tensor], buckets: list[list[int]], device: torch.device, pool=None) -> list[torch.Tensor]:
+    """One flat copy per bucket on `device` (always a copy: a send may outlive the caller's tensors).
+
+    With `pool` (core/buffer_pool.BufferPool) the copies land in reused buffers: a fresh
+    model-sized buffer costs more to fault in than the copy itself.
+    """
+    out = []
+    for idx in buckets:
+        numel, dtype = sum(tensors[i].numel() for i in idx), tensors[idx[0]].dtype
+        flat = pool.take(numel, dtype, device) if pool is not None else torch.empty(numel, dtype=dtype, device=device)
+        offset = 0
+        for i in idx:
+            n = tensors[i].numel()
+            flat[offset : offset + n].copy_(tensors[i].reshape(-1))
+            offset += n
+        out.append(flat)
+    return out
 
 
 def unpack(flats: Sequence[torch.Tensor], buckets: list[list[int]], like: Sequence[torch.Tensor]) -> list[torch.Tensor]:

@@ -1,4 +1,4 @@
-"""A late partner costs the adaptive deadline learnt from earlier arrivals, not the fixed cap."""
+"""Pooled buffers give the right mean every round; a late partner costs the learnt deadline, not the cap."""
 
 import time
 
@@ -14,11 +14,17 @@ pytestmark = pytest.mark.dist
 
 
 def _late_in_round_3(world):
-    ex = PairExchange(world, deadline_s=20.0)
+    ex = PairExchange(world, deadline_s=20.0, reuse_buffers=True)
     ex.arrivals = ArrivalWindow(20.0, AdaptiveDeadlineConfig(enabled=True, k=6, window=8, warmup=3, margin_s=0.3))
     t = [torch.full((1000,), float(world.rank))]
     for r in range(3):
-        assert average(ex, t, (0, 1), r) is not None
+        t = [torch.full((1000,), float(world.rank + 10 * r))]
+        mean = average(ex, t, (0, 1), r)
+        assert mean is not None and torch.equal(mean[0], torch.full((1000,), 0.5 + 10 * r)), r  # reused buffers, new values
+        time.sleep(0.1)  # the send's completion hands its buffer back (from the helper thread)
+        if r == 0:
+            allocated = ex._pool.allocated
+    assert ex._pool.allocated == allocated  # warm after round 0: no new model-sized buffer per round
     if world.rank == 1:
         time.sleep(1.5)
     start = time.perf_counter()
