@@ -25,7 +25,7 @@ from decentrain.core.deadline import ArrivalWindow
 from decentrain.core.membership import Membership
 from decentrain.core.pairs import PairGroups
 from decentrain.core.wait_policy import WaitPolicy
-from decentrain.core.wire import (FLAG_SKIP, HEADER_LEN, Tags, body_problem, flatten_buckets, header_problem, make_header, pack,
+from decentrain.core.wire import (FLAG_SKIP, HEADER_LEN, BodyCheck, Tags, flatten_buckets, header_problem, make_header, pack,
                                   skip_header, unpack)
 from decentrain.core.world import World
 
@@ -315,10 +315,12 @@ class PairExchange:
                 bufs = [self._pool.take_like(f) if self.reuse_buffers else torch.empty_like(f) for f in flats]
                 works = self._p2p(list(zip(bufs, tags)), list(zip(flats, tags)), peer, ib.incarnation)
                 self.stats.bytes_sent += sum(f.numel() * f.element_size() for f in flats)
-                for w in works[: len(bufs)]:
+                check = BodyCheck()
+                for w, buf in zip(works[: len(bufs)], bufs):
                     w.wait()
+                    check.add(buf)  # while the next buckets still arrive
                 pending += works[len(bufs):]
-                if (problem := body_problem(bufs, hdr)) is not None:
+                if (problem := check.problem(hdr)) is not None:
                     ib.status, ib.detail = problem
                 else:
                     ib.status, ib.bufs = "ok", bufs

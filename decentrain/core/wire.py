@@ -150,10 +150,29 @@ def header_problem(got: torch.Tensor, expected: torch.Tensor) -> str | None:
     return None
 
 
+class BodyCheck:
+    """`body_problem` one bucket at a time, as each arrives: the checks of a bucket overlap the
+    transfer of the next ones. Partial checksums add up mod 2**62 (the word sum wraps at 2**64,
+    a multiple of 2**62), so the result equals the checksum of the whole body."""
+
+    def __init__(self) -> None:
+        self.total, self.finite = 0, True
+
+    def add(self, buf: torch.Tensor) -> None:
+        self.total = (self.total + int(checksum([buf]))) & _MASK
+        self.finite = self.finite and all_finite(buf)
+
+    def problem(self, header: torch.Tensor) -> tuple[str, str] | None:
+        if self.total != int(header[6]):
+            return "corrupt", "body checksum differs from the header's"
+        if not self.finite:
+            return "nonfinite", "NaN or inf in the partner's tensors"
+        return None
+
+
 def body_problem(bufs: Sequence[torch.Tensor], header: torch.Tensor) -> tuple[str, str] | None:
     """(status, why) when a received body does not match its header's checksum or holds NaN/inf."""
-    if int(checksum(bufs)) != int(header[6]):
-        return "corrupt", "body checksum differs from the header's"
-    if not all(all_finite(b) for b in bufs):
-        return "nonfinite", "NaN or inf in the partner's tensors"
-    return None
+    check = BodyCheck()
+    for b in bufs:
+        check.add(b)
+    return check.problem(header)

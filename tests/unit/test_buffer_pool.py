@@ -28,3 +28,19 @@ def test_pack_into_pooled_buffers_equals_the_concatenation():
     assert torch.equal(flats[1], ts[2]) and flats[1].dtype == torch.bfloat16
     ts[1].add_(1)  # a copy: the caller may change its tensors while the send is in flight
     assert float(flats[0][6]) == 1.0
+
+
+def test_bucket_by_bucket_checks_equal_the_whole_body_checksum():
+    from decentrain.core.wire import BodyCheck, body_problem, checksum
+
+    bufs = [torch.randn(1001), torch.randn(77), torch.arange(5, dtype=torch.int64) * (2**61)]  # partial sums wrap
+    check = BodyCheck()
+    for b in bufs:
+        check.add(b)
+    assert check.total == int(checksum(bufs))
+    header = torch.zeros(8, dtype=torch.int64)
+    header[6] = check.total
+    assert body_problem(bufs, header) is None
+    bufs[1][3] = float("nan")
+    header[6] = int(checksum(bufs))
+    assert body_problem(bufs, header)[0] == "nonfinite"
