@@ -32,6 +32,8 @@ the heartbeat stall rule (`stall_s=null`: a clean run on a loaded box must not d
     python -m benchmarks.compressed_sync                           # 3 seeds (~40 min on 2 idle cores)
     python -m benchmarks.compressed_sync --seeds 1 --steps 160 --parallel 3   # what results/ holds (a loaded box)
     python -m benchmarks.compressed_sync --seeds 1 --steps 40 --allow-dirty   # smoke
+    python -m benchmarks.compressed_sync --seeds 3 --steps 160 --parallel 3 \
+        --variants diloco:20 sparseloco:5 noloco:20 noloco_c:20 noloco_c:5      # what results/ holds now (~30 min, loaded box)
 """
 
 from __future__ import annotations
