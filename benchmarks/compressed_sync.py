@@ -1,4 +1,4 @@
-"""compressed_sync: eval loss against bytes sent, uncompressed DiLoCo vs SparseLoCo.
+"""compressed_sync: eval loss against bytes sent: DiLoCo, SparseLoCo, NoLoCo and compressed NoLoCo.
 
 Each run is the library's own pre-training job (`run_pretraining`, the function behind
 `decentrain`) on N local gloo processes, a small Llama on the offline corpus, CPU. The
@@ -11,19 +11,29 @@ Bytes are counted per replica and per sync, two ways:
   - wire: what one rank transmits. SparseLoCo logs it (`outer/bytes_sent`: a ring
     all-gather forwards each of the N−1 other blocks once, plus 8-byte size
     announcements); DiLoCo's ring all-reduce sends 2·(N−1)/N·4·numel.
-Variants (`--variants method:H ...`): DiLoCo at H=20 (the baseline), SparseLoCo at the
-same H, and SparseLoCo at H=5: same compute, 4x the syncs, each ~100x smaller.
+  NoLoCo (`noloco`) sends its fast weights to its one partner: 4·numel + 8 bytes (its pace)
+    per sync, payload and wire alike; compressed NoLoCo (`noloco_c`, algorithm.compression,
+    noloco/compressed_gossip.py) logs both (`outer/payload_bytes`: its two messages;
+    `outer/bytes_sent`: those to its partner plus, every K rounds, its share of the
+    anchor all-gather).
+Variants (`--variants method:H ...`): DiLoCo at H=20 (the baseline), SparseLoCo and
+compressed NoLoCo at the same H or at H=5 (same compute, 4x the syncs, each ~70-110x
+smaller), NoLoCo uncompressed. NoLoCo's eval loss is rank 0's replica (replicas differ).
 The headline ratio is bytes to first reach within 1 % of DiLoCo's final eval loss
 (seed-mean curves, evaluated every max(H, 20) steps, right after a sync).
 
 Departures from the SparseLoCo paper's protocol, named: a 0.15M-parameter model (not 512M),
 200 steps on three offline domains (~10-40 syncs where the paper has thousands), N replicas on one CPU, hyperparameters not tuned here (DiLoCo at its
-paper's 0.7 / 0.9 Nesterov, SparseLoCo at its 1.0 / β = 0.95), chunks over the flat
-parameter vector (see common/compression.py).
+paper's 0.7 / 0.9 Nesterov, SparseLoCo at its 1.0 / β = 0.95, NoLoCo compressed or not at
+NoLoCo's 0.7 / 0.5), chunks over the flat parameter vector (see common/compression.py);
+NoLoCo at N=2 always pairs the same two replicas (no gossip mixing); NoLoCo runs without
+the heartbeat stall rule (`stall_s=null`: a clean run on a loaded box must not drop rounds).
 
     python -m benchmarks.compressed_sync                           # 3 seeds (~40 min on 2 idle cores)
     python -m benchmarks.compressed_sync --seeds 1 --steps 160 --parallel 3   # what results/ holds (a loaded box)
     python -m benchmarks.compressed_sync --seeds 1 --steps 40 --allow-dirty   # smoke
+    python -m benchmarks.compressed_sync --seeds 3 --steps 160 --parallel 3 \
+        --variants diloco:20 sparseloco:5 noloco:20 noloco_c:20 noloco_c:5      # what results/ holds now (~30 min, loaded box)
 """
 
 from __future__ import annotations
@@ -37,12 +47,19 @@ from typing import Any
 
 from benchmarks.harness import Harness, fmt, header, mean_std, seeds_arg
 
-METHODS = ("diloco", "sparseloco")
+METHODS = ("diloco", "sparseloco", "noloco", "noloco_c")
 
 
 def _algorithm(job: dict[str, Any]) -> dict[str, Any]:
     if job["method"] == "diloco":
         return {"name": "diloco", "inner_steps": job["h"], "outer_lr": 0.7, "outer_momentum": 0.9, "nesterov": True}
+    if job["method"] in ("noloco", "noloco_c"):
+        algo = {"name": "noloco", "inner_steps": job["h"], "outer_lr": 0.7, "outer_momentum": 0.5, "stall_s": None}
+        if job["method"] == "noloco_c":
+            algo["compression"] = {"enabled": True, "ef_decay": job["ef_decay"], "chunk_size": job["chunk"], "topk": job["topk"],
+                                   "bits": job["bits"], "state_topk": job["state_topk"], "state_bits": job["state_bits"],
+                                   "anchor_every": job["anchor_every"]}
+        return algo
     return {"name": "sparseloco", "inner_steps": job["h"], "outer_lr": job["sl_outer_lr"], "ef_decay": job["ef_decay"],
             "chunk_size": job["chunk"], "topk": job["topk"], "bits": job["bits"]}
 
@@ -114,6 +131,12 @@ def train_run(job: dict[str, Any]) -> dict[str, Any]:
         syncs = [r["step"] for r in rows if "outer/pseudo_grad_norm" in r]
         payload = [4.0 * numel] * len(syncs)
         wire = [2.0 * (n - 1) / n * 4 * numel] * len(syncs)
+    elif job["method"] == "noloco":
+        sync_rows = [r for r in rows if "outer/partner_missed" in r]
+        syncs = [r["step"] for r in sync_rows]
+        payload = wire = [4.0 * numel + 8] * len(syncs)  # fast weights + the 2-float pace, to one partner
+        if any(r["outer/partner_missed"] for r in sync_rows):
+            raise RuntimeError("a partner was missed in a clean run")
     else:
         sync_rows = [r for r in rows if "outer/bytes_sent" in r]
         syncs = [r["step"] for r in sync_rows]
@@ -167,7 +190,9 @@ def text(record: dict) -> str:
     f, c = record["figures"], record["config"]
     lines = [header(record), "",
              f"{c['ranks']} replicas, {f['numel']:,} parameters, {c['steps']} steps, {c['seeds']} seed(s); "
-             f"SparseLoCo top-{c['topk']}/{c['chunk']} ({100 * c['topk'] / c['chunk']:.2f} %), {c['bits']}-bit, β={c['ef_decay']}",
+             f"SparseLoCo top-{c['topk']}/{c['chunk']} ({100 * c['topk'] / c['chunk']:.2f} %), {c['bits']}-bit, β={c['ef_decay']}; "
+             f"compressed NoLoCo: the same for Δ, top-{c.get('state_topk')}/{c['chunk']} {c.get('state_bits')}-bit for φ − A, "
+             f"re-anchor every {c.get('anchor_every')} rounds",
              f"target: within 1 % of DiLoCo's final eval loss = {f['target_loss']:.4f}", ""]
     for m, v in f["variants"].items():
         lines.append(f"{m}: final eval loss {fmt(v['final_eval_loss'])} (paired vs DiLoCo {fmt(v['final_loss_diff_vs_diloco'])}); "
@@ -211,6 +236,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--topk", type=int, default=64)
     ap.add_argument("--chunk", type=int, default=4096)
     ap.add_argument("--bits", type=int, default=2)
+    ap.add_argument("--state-topk", type=int, default=32, help="compressed NoLoCo: k' of the φ − A message")
+    ap.add_argument("--state-bits", type=int, default=4)
+    ap.add_argument("--anchor-every", type=int, default=10)
     ap.add_argument("--parallel", type=int, default=1, help="runs at once (each is --ranks processes)")
     ap.add_argument("--name", default="compressed_sync")
     args = ap.parse_args(argv)
@@ -219,7 +247,8 @@ def main(argv: list[str] | None = None) -> None:
               "heads": 2, "intermediate": 176, "seq_len": 64, "max_bytes": 100_000,
               "domains": ["python_stdlib", "python_docs", "licenses"], "batch": 16, "inner_lr": 1e-3,
               "warmup": 20, "eval_batches": 4, "topk": args.topk, "chunk": args.chunk, "bits": args.bits,
-              "ef_decay": 0.95, "sl_outer_lr": 1.0}
+              "ef_decay": 0.95, "sl_outer_lr": 1.0, "state_topk": args.state_topk, "state_bits": args.state_bits,
+              "anchor_every": args.anchor_every}
     harness = Harness(args.name, __file__, config, allow_dirty=args.allow_dirty, fresh=args.fresh)
     variants = [(v.split(":")[0], int(v.split(":")[1])) for v in args.variants]
     if variants[0][0] != "diloco" or any(m not in METHODS for m, _ in variants):

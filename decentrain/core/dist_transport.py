@@ -15,6 +15,7 @@ import torch.distributed as dist
 
 from decentrain.core.bytes_comm import GatheredBytes
 from decentrain.core.bytes_comm import all_gather_bytes as _all_gather_bytes
+from decentrain.core.deadline import AdaptiveDeadlineConfig, ArrivalWindow
 from decentrain.core.exchange import ExchangeStats, PairExchange
 from decentrain.core.membership import Membership, job_prefix
 from decentrain.core.pairs import PairGroups
@@ -28,6 +29,9 @@ class GossipOptions:
     deadline_s: float | None = None  # None: wait for a partner forever
     stall_s: float | None = None  # give up on a partner whose heartbeat stopped this long
     full_duplex: bool = True  # one process group per direction (start-up cost O(N²) groups)
+    adaptive: AdaptiveDeadlineConfig | None = None  # enabled: deadline_s is the cap of an adaptive deadline
+    # pooled wire buffers: an exchange's result is valid until the next exchange (NoLoCo averages it at once)
+    reuse_buffers: bool = True
 
 
 class _Done:
@@ -51,7 +55,9 @@ class TorchTransport(Transport):
     def start_gossip(self, opts: GossipOptions) -> "TorchTransport":
         """Membership, pair groups and the exchange; collective at start-up (every rank calls it)."""
         w = self.world
-        ex = PairExchange(w, opts.bucket_bytes, opts.deadline_s)
+        ex = PairExchange(w, opts.bucket_bytes, opts.deadline_s, reuse_buffers=opts.reuse_buffers)
+        if opts.adaptive is not None and opts.adaptive.enabled and opts.deadline_s is not None:
+            ex.arrivals = ArrivalWindow(opts.deadline_s, opts.adaptive)
         if w.store is not None and w.group is None and w.world_size > 1:
             # progress and heartbeat over the job's store: stopped or lagging partners are not waited for
             prefix = job_prefix(w.store, w.rank, w.incarnation)

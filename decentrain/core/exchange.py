@@ -20,10 +20,12 @@ from typing import Sequence
 import torch
 import torch.distributed as dist
 
+from decentrain.core.buffer_pool import BufferPool
+from decentrain.core.deadline import ArrivalWindow
 from decentrain.core.membership import Membership
 from decentrain.core.pairs import PairGroups
 from decentrain.core.wait_policy import WaitPolicy
-from decentrain.core.wire import (FLAG_SKIP, HEADER_LEN, Tags, body_problem, flatten_buckets, header_problem, make_header, pack,
+from decentrain.core.wire import (FLAG_SKIP, HEADER_LEN, BodyCheck, Tags, flatten_buckets, header_problem, make_header, pack,
                                   skip_header, unpack)
 from decentrain.core.world import World
 
@@ -34,6 +36,8 @@ log = logging.getLogger(__name__)
 class ExchangeStats:
     rounds: int = 0
     timeouts: int = 0  # partner missed the deadline
+    early_timeouts: int = 0  # of those, missed an adaptive deadline below the cap (what adaptivity cost)
+    deadline_s: float | None = None  # the deadline of the last round (adaptive or fixed)
     failures: int = 0  # connection closed or refused (dead partner)
     rejected: int = 0  # header did not match: wrong magic, round, sizes or dtypes
     corrupt: int = 0  # body checksum differs from the header's
@@ -57,9 +61,26 @@ class _Inbox:
     received: threading.Event = field(default_factory=threading.Event)
     holds_body: bool = True  # False for a header-only (skip) exchange: nothing model-sized is kept
     status: str = "pending"  # ok | failed | rejected | corrupt | nonfinite | skipped
+    arrived: float = 0.0  # perf_counter when the message was received and checked
     detail: str = ""
     bufs: list = field(default_factory=list)
     thread: threading.Thread | None = None
+
+
+class _SendRelease:
+    """Gives a round's send buffers back to the pool once every partner's sends completed."""
+
+    def __init__(self, pool: BufferPool | None, flats: list[torch.Tensor], users: int):
+        self.pool, self.flats, self.users, self.ok = pool, flats, users, True
+        self._lock = threading.Lock()
+
+    def done(self, ok: bool) -> None:
+        with self._lock:
+            self.users -= 1
+            self.ok = self.ok and ok
+            last = self.users == 0
+        if last and self.ok and self.pool is not None:
+            self.pool.give(self.flats)
 
 
 @dataclass
@@ -96,6 +117,13 @@ class PairExchange:
     # with pairs: every exchange runs on a 2-rank gloo group of its own (rebuilt when the partner is
     # replaced), not on the world group, so a replacement that never joined the world can take part
     pairs: PairGroups | None = None
+    # with arrivals: the deadline follows observed arrival times (core/deadline.py), deadline_s its cap
+    arrivals: ArrivalWindow | None = None
+    # reuse_buffers: send and receive buffers come from a pool (core/buffer_pool.py), so the tensors
+    # `exchange` returns are valid until the next `exchange` call only (copy them to keep them)
+    reuse_buffers: bool = False
+    _pool: BufferPool = field(default_factory=BufferPool, repr=False)
+    _leased: list = field(default_factory=list, repr=False)  # receive buffers the caller holds until the next call
     _pending: list = field(default_factory=list, repr=False)  # _Inbox of rounds whose thread still runs
     _lanes: dict = field(default_factory=dict, repr=False)  # (src, dst) -> process group
 
@@ -156,13 +184,17 @@ class PairExchange:
 
     @property
     def policy(self) -> WaitPolicy:
-        return WaitPolicy(self.deadline_s, self.membership, self.stall_s)
+        deadline = self.arrivals.deadline() if self.arrivals is not None and self.deadline_s is not None else self.deadline_s
+        return WaitPolicy(deadline, self.membership, self.stall_s)
 
     def exchange(self, tensors: Sequence[torch.Tensor], group: tuple[int, ...], round_idx: int
                  ) -> list[list[torch.Tensor]] | None:
         """Send `tensors` to every other member of `group`; return each partner's tensors (in `group`
         order, shaped and typed like `tensors`), [] alone, or None if any partner's data is missing or bad."""
         peers = [p for p in group if p != self.world.rank]
+        if self._leased:  # the caller's lease on the last round's buffers ends here
+            self._pool.give(self._leased)
+            self._leased = []
         if not peers:
             return []
         start = time.perf_counter()
@@ -185,16 +217,22 @@ class PairExchange:
             return None
         mine = [t.detach().contiguous() for t in tensors]
         buckets = flatten_buckets(mine, self.bucket_bytes)
-        flats = pack(mine, buckets, self.stage_device)
+        pool = self._pool if self.reuse_buffers else None
+        flats = pack(mine, buckets, self.stage_device, pool)
         header = make_header(round_idx, flats, self.stage_device)
-        inboxes = [self._start(p, header, flats, round_idx) for p in peers]
+        release = _SendRelease(pool, flats, len(peers))
+        inboxes = [self._start(p, header, flats, round_idx, release) for p in peers]
         ok = True
+        self.stats.deadline_s = policy.deadline_s
         for ib in inboxes:
             outcome = policy.wait(ib.received, ib.peer, start, round_idx)
             if outcome == "timeout":
                 self.stats.timeouts += 1
+                if self.arrivals is not None:
+                    self.arrivals.missed(policy.deadline_s)
+                    self.stats.early_timeouts += policy.deadline_s < self.arrivals.cap
                 log.warning("round %d: partner %d missed the %.3gs deadline; skipping this round's averaging",
-                            round_idx, ib.peer, self.deadline_s)
+                            round_idx, ib.peer, policy.deadline_s)
                 ok = False
             elif outcome is not None:
                 self.stats.partner_skipped += 1
@@ -206,10 +244,14 @@ class PairExchange:
                 log.warning("round %d: dropped partner %d's message (%s: %s); skipping this round's averaging",
                             round_idx, ib.peer, ib.status, ib.detail)
                 ok = False
+            elif self.arrivals is not None:
+                self.arrivals.arrived(ib.arrived - start)
         self._pending.extend(ib for ib in inboxes if ib.thread is not None and ib.thread.is_alive())
         self.stats.seconds += time.perf_counter() - start
         if not ok:
             return None
+        if pool is not None:
+            self._leased = [b for ib in inboxes for b in ib.bufs]
         return [unpack(ib.bufs, buckets, mine) for ib in inboxes]
 
     def skip_round(self, group: tuple[int, ...], round_idx: int) -> None:
@@ -251,7 +293,8 @@ class PairExchange:
             works[i] = post()
         return works
 
-    def _start(self, peer: int, header: torch.Tensor, flats: list[torch.Tensor], round_idx: int) -> _Inbox:
+    def _start(self, peer: int, header: torch.Tensor, flats: list[torch.Tensor], round_idx: int,
+               release: "_SendRelease | None" = None) -> _Inbox:
         ib = _Inbox(peer, self._incarnation(peer), holds_body=bool(flats))
         header_tag, tags = Tags.header(round_idx), Tags.buckets(round_idx, len(flats))
 
@@ -269,25 +312,32 @@ class PairExchange:
                 if problem is not None:  # never post a body receive whose size the partner did not agree to
                     ib.status, ib.detail = ("skipped" if int(hdr[7]) & FLAG_SKIP else "rejected"), problem
                     return
-                bufs = [torch.empty_like(f) for f in flats]
+                bufs = [self._pool.take_like(f) if self.reuse_buffers else torch.empty_like(f) for f in flats]
                 works = self._p2p(list(zip(bufs, tags)), list(zip(flats, tags)), peer, ib.incarnation)
                 self.stats.bytes_sent += sum(f.numel() * f.element_size() for f in flats)
-                for w in works[: len(bufs)]:
+                check = BodyCheck()
+                for w, buf in zip(works[: len(bufs)], bufs):
                     w.wait()
+                    check.add(buf)  # while the next buckets still arrive
                 pending += works[len(bufs):]
-                if (problem := body_problem(bufs, hdr)) is not None:
+                if (problem := check.problem(hdr)) is not None:
                     ib.status, ib.detail = problem
                 else:
                     ib.status, ib.bufs = "ok", bufs
             except RuntimeError as e:  # a dead peer breaks its pair; the run goes on
                 ib.status, ib.detail = "failed", (str(e).splitlines() or [type(e).__name__])[0]
             finally:
+                ib.arrived = time.perf_counter()
                 ib.received.set()
+                sent = True
                 for w in pending:  # the send buffers stay alive (in this closure) until the partner took them
                     try:
                         w.wait()
                     except RuntimeError:
+                        sent = False  # a send may still be in flight: its buffer never goes back to the pool
                         break
+                if release is not None:  # a failed post may have left body sends in flight, unwaited
+                    release.done(sent and ib.status != "failed")
 
         if self.deadline_s is None and self.world.backend == "nccl" and self.pairs is None:
             run()  # no deadline: NCCL work queues on the stream, no helper thread needed

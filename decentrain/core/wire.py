@@ -66,10 +66,23 @@ def flatten_buckets(tensors: Sequence[torch.Tensor], bucket_bytes: int) -> list[
     return [b for b in buckets if b]
 
 
-def pack(tensors: Sequence[torch.Tensor], buckets: list[list[int]], device: torch.device) -> list[torch.Tensor]:
-    """One flat copy per bucket on `device` (always a copy: a send may outlive the caller's tensors)."""
-    return [torch.cat([tensors[i].reshape(-1) for i in idx]).to(device) if len(idx) > 1
-            else tensors[idx[0]].reshape(-1).to(device, copy=True) for idx in buckets]
+def pack(tensors: Sequence[torch.Tensor], buckets: list[list[int]], device: torch.device, pool=None) -> list[torch.Tensor]:
+    """One flat copy per bucket on `device` (always a copy: a send may outlive the caller's tensors).
+
+    With `pool` (core/buffer_pool.BufferPool) the copies land in reused buffers: a fresh
+    model-sized buffer costs more to fault in than the copy itself.
+    """
+    out = []
+    for idx in buckets:
+        numel, dtype = sum(tensors[i].numel() for i in idx), tensors[idx[0]].dtype
+        flat = pool.take(numel, dtype, device) if pool is not None else torch.empty(numel, dtype=dtype, device=device)
+        offset = 0
+        for i in idx:
+            n = tensors[i].numel()
+            flat[offset : offset + n].copy_(tensors[i].reshape(-1))
+            offset += n
+        out.append(flat)
+    return out
 
 
 def unpack(flats: Sequence[torch.Tensor], buckets: list[list[int]], like: Sequence[torch.Tensor]) -> list[torch.Tensor]:
@@ -137,10 +150,29 @@ def header_problem(got: torch.Tensor, expected: torch.Tensor) -> str | None:
     return None
 
 
+class BodyCheck:
+    """`body_problem` one bucket at a time, as each arrives: the checks of a bucket overlap the
+    transfer of the next ones. Partial checksums add up mod 2**62 (the word sum wraps at 2**64,
+    a multiple of 2**62), so the result equals the checksum of the whole body."""
+
+    def __init__(self) -> None:
+        self.total, self.finite = 0, True
+
+    def add(self, buf: torch.Tensor) -> None:
+        self.total = (self.total + int(checksum([buf]))) & _MASK
+        self.finite = self.finite and all_finite(buf)
+
+    def problem(self, header: torch.Tensor) -> tuple[str, str] | None:
+        if self.total != int(header[6]):
+            return "corrupt", "body checksum differs from the header's"
+        if not self.finite:
+            return "nonfinite", "NaN or inf in the partner's tensors"
+        return None
+
+
 def body_problem(bufs: Sequence[torch.Tensor], header: torch.Tensor) -> tuple[str, str] | None:
     """(status, why) when a received body does not match its header's checksum or holds NaN/inf."""
-    if int(checksum(bufs)) != int(header[6]):
-        return "corrupt", "body checksum differs from the header's"
-    if not all(all_finite(b) for b in bufs):
-        return "nonfinite", "NaN or inf in the partner's tensors"
-    return None
+    check = BodyCheck()
+    for b in bufs:
+        check.add(b)
+    return check.problem(header)

@@ -25,38 +25,9 @@ L = 2^b levels evenly spaced over [−s, s], both ends included):
 The error buffer e is the algorithm's state: it goes into the checkpoint and a resumed
 run continues with the same e, bit for bit (dropping it changes the next payload).
 
-NoLoCo with compression (designed here, not built). NoLoCo's step (outer.noloco_step_,
-β = γ = η) needs the partner-group mean of fast weights. For a pair (i, j), with
-Δ = φ − θ:
-
-    θ̄_G − φ_i = −½·(Δ_i + Δ_j) + ½·(φ_j − φ_i)
-
-so two quantities cross the wire: the partner's pseudo-gradient Δ_j (learning) and its
-slow weights φ_j (the consensus term that keeps replicas together). They need
-different treatment:
-  - Δ_j is an increment: it travels as c_j = C(e_j) with this module's error feedback,
-    exactly as in SparseLoCo. Its bias vanishes over rounds because e_j re-sends what
-    was dropped, to whichever partner comes next (the buffer is per replica, not per
-    partner, so random pairings need no per-peer state).
-  - φ_j is a state. EF on it would need a reference both sides share, and random
-    pairing gives no per-pair history. So every K rounds all replicas re-anchor: one
-    all-gather of the compressed s_j below, A ← A + mean_j D(s_j) over every replica,
-    φ_i ← A (so A is identical everywhere; NoLoCo's "no all-reduce" is relaxed to one
-    all-gather of small payloads every K rounds). In between, φ_j travels
-    as the *state* difference s_j = Q_b(TopK_k'(φ_j − A)), sent afresh each round:
-    its error is bounded by the tail and the quantisation step of one round and does
-    not accumulate, and φ_j − A stays small (at most K rounds of updates).
-  The receiver uses Δ̂_j = D(c_j) and φ̂_j = A + D(s_j):
-
-    m_i ← μ·m_i + η·(−½·(Δ_i + Δ̂_j) + ½·(φ̂_j − φ_i)) ;  φ_i ← φ_i + m_i ;  θ_i ← φ_i
-
-  (its own Δ_i uncompressed: only what crosses the wire is compressed). Convergence:
-  the Δ path is EF-compressed SGD (DeMo / SparseLoCo's argument); the consensus path is
-  gossip with a bounded per-round perturbation, contracting as in CHOCO-gossip
-  (Koloskova et al., arXiv 1902.00340) once the perturbation is below the disagreement;
-  the K-round anchor resets the disagreement. Cost per round ≈ |c| + |s|: at 1.56 %
-  2-bit for c and 3 % 4-bit for s, ~1/110 + ~1/50 of fp32, about 35x in all; rounds
-  where the consensus term is skipped (γ = 0 that round) raise it.
+NoLoCo with compression is built in algorithms/noloco/compressed_gossip.py (equations
+there): the partner's pseudo-gradient travels through this module's error feedback, its
+slow weights as a fresh compressed drift from an anchor every replica shares.
 
 Departures from the papers, named: chunks run over the flat concatenation of all
 parameters (a chunk may span two tensors; SparseLoCo chunks each tensor, 64×64 blocks

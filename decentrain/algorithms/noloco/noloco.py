@@ -22,8 +22,10 @@ from decentrain.algorithms.base import register_algorithm
 from decentrain.algorithms.common.inner_outer import InnerOuterAlgorithm, InnerOuterConfig
 from decentrain.algorithms.common.outer import OuterOptimizer, noloco_general_step_
 from decentrain.algorithms.common.outer_optimizers import OUTER_OPTIMIZERS, OuterOptimizerConfig
+from decentrain.algorithms.noloco.compressed_gossip import CompressedGossip, NoLoCoCompressionConfig, compressed_outer_step
 from decentrain.algorithms.noloco.healing import Healer, tensors_crc
 from decentrain.core.checks import check_range
+from decentrain.core.deadline import AdaptiveDeadlineConfig
 from decentrain.core.dist_transport import GossipOptions, TorchTransport
 from decentrain.core.pairing import ODD_POLICIES, gossip_groups, group_of
 from decentrain.core.wait_policy import BEHIND
@@ -44,11 +46,15 @@ class NoLoCoConfig(InnerOuterConfig):
     pairing_seed: int | None = 0
     odd_world: str = "error"  # error | idle | triple
     deadline_s: float | None = None  # None waits for the partner forever
+    # enabled: the deadline follows observed arrival times (median + k·MAD), deadline_s is its cap
+    adaptive_deadline: AdaptiveDeadlineConfig = field(default_factory=AdaptiveDeadlineConfig)
     # give up on a partner whose membership heartbeat has not moved for this long (it is stopped or
     # dead), before the deadline; None: only the deadline (and the progress keys) decide
     stall_s: float | None = 2.0
     heal_timeout_s: float = 300.0  # a replacement worker gives up (exits) if no live peer served its state by then
     bucket_mb: float = 32.0
+    # enabled: the pair exchange carries top-k low-bit messages, error-fed (noloco/compressed_gossip.py)
+    compression: NoLoCoCompressionConfig = field(default_factory=NoLoCoCompressionConfig)
     full_duplex: bool = True  # one process group per direction (start-up cost O(N²) groups)
 
     def __post_init__(self) -> None:
@@ -60,9 +66,15 @@ class NoLoCoConfig(InnerOuterConfig):
         if self.odd_world not in ODD_POLICIES:
             raise ValueError(f"algorithm.odd_world={self.odd_world!r} is unknown; allowed: {list(ODD_POLICIES)}")
         check_range("algorithm.deadline_s", self.deadline_s, 0, 86400, low_open=True, none_ok=True)  # null: no deadline
+        self.adaptive_deadline.check_cap(self.deadline_s)
         check_range("algorithm.stall_s", self.stall_s, 0, 86400, low_open=True, none_ok=True)
         check_range("algorithm.bucket_mb", self.bucket_mb, 0, 1 << 20, low_open=True)
         check_range("algorithm.heal_timeout_s", self.heal_timeout_s, 0, 86400, low_open=True)
+        if self.compression.enabled and self.general:
+            raise ValueError(f"algorithm.compression.enabled=true needs gamma=null (γ = β); got gamma={self.gamma}")
+        if self.compression.enabled and self.compression.anchor_every and self.deadline_s is not None:
+            raise ValueError("algorithm.compression.anchor_every > 0 re-anchors with an all-gather that a late or dead "
+                             "partner would stall; with algorithm.deadline_s set use compression.anchor_every=0")
         if self.pairing_seed is not None:
             check_range("algorithm.pairing_seed", self.pairing_seed, 0, 2**32 - 1)
 
@@ -113,10 +125,12 @@ class NoLoCo(InnerOuterAlgorithm):
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.outer = OuterOptimizer(self.params, self.cfg.outer_optimizer)
         self.phi = self.outer.slow  # fp32 slow weights, what a healing peer is served
+        self.gossip = CompressedGossip(self.cfg.compression, torch.cat([p.reshape(-1) for p in self.phi])) \
+            if self.cfg.compression.enabled else None
         transport = self.comm()
         if isinstance(transport, TorchTransport):  # membership, pair groups and lanes: start-up, every rank
             transport.start_gossip(GossipOptions(int(self.cfg.bucket_mb * (1 << 20)), self.cfg.deadline_s,
-                                                 self.cfg.stall_s, self.cfg.full_duplex))
+                                                 self.cfg.stall_s, self.cfg.full_duplex, self.cfg.adaptive_deadline))
             if transport.pairs is not None and self.trainer_state is not None:  # replacements heal from us, or we from a live peer
                 self.healer = Healer(transport.membership, transport.pairs, self.trainer_state, self.load_trainer_state,
                                      attempt_s=max(60.0, 4 * (self.cfg.deadline_s or 0)))
@@ -185,6 +199,8 @@ class NoLoCo(InnerOuterAlgorithm):
         groups = gossip_groups(self.round, self.world.world_size, self.cfg.pairing_seed, self.cfg.odd_world,
                                inner_steps=self.cfg.inner_steps)
         group = group_of(self.world.rank, groups)
+        if self.gossip is not None:
+            return compressed_outer_step(self, group, jumped)
         general = self.cfg.general
         # side data lives with the weights (cat and NCCL need one device); inf (no timing yet) would
         # read as a non-finite message to the partner, so it travels as a large finite stand-in
@@ -216,10 +232,13 @@ class NoLoCo(InnerOuterAlgorithm):
         st = self.comm().stats
         return {"outer/round": float(self.round + 1), "outer/partner_missed": float(missed),
                 "outer/exchange_timeouts": float(st.timeouts), "outer/exchange_dropped": float(st.dropped),
-                "outer/partner_skipped": float(st.partner_skipped), "outer/rounds_jumped": float(jumped)}
+                "outer/partner_skipped": float(st.partner_skipped), "outer/rounds_jumped": float(jumped),
+                **({} if st.deadline_s is None else {"outer/deadline_s": st.deadline_s,
+                                                     "outer/exchange_early_timeouts": float(st.early_timeouts)})}
 
     def outer_state(self) -> dict[str, Any]:
-        return {**self.outer.state_dict(), "pairing_seed": self.cfg.pairing_seed, "steps_skipped": self.steps_skipped}
+        return {**self.outer.state_dict(), "pairing_seed": self.cfg.pairing_seed, "steps_skipped": self.steps_skipped,
+                **({} if self.gossip is None else {"compression": self.gossip.state_dict()})}
 
     @torch.no_grad()
     def load_outer_state(self, state: dict[str, Any]) -> None:
@@ -228,3 +247,8 @@ class NoLoCo(InnerOuterAlgorithm):
                              f"{state.get('pairing_seed')}: resumed replicas would pick other partners")
         self.steps_skipped = int(state.get("steps_skipped", 0))
         self.outer.load_state_dict(state)
+        if self.gossip is not None:
+            if "compression" not in state:
+                raise ValueError("algorithm.compression.enabled=true but the checkpoint has no compression state "
+                                 "(error buffer, anchor): resuming without it would not be exact")
+            self.gossip.load_state_dict(state["compression"])

@@ -1,0 +1,148 @@
+"""Compressed NoLoCo: the step equation by hand, the identity with uncompressed NoLoCo, config checks, exact resume."""
+
+import pytest
+import torch
+
+from decentrain.algorithms.common.outer_optimizers import OuterOptimizerConfig
+from decentrain.algorithms.noloco import NoLoCo, NoLoCoConfig
+from decentrain.algorithms.noloco.compressed_gossip import CompressedGossip, NoLoCoCompressionConfig, step_direction
+from decentrain.core.world import World
+
+
+def test_step_direction_by_hand():
+    # ĝ = mean_G D(c) − (mean_G D(s) − D(s_i)): c = [1, 2], [3, 0] -> [2, 1]; s_i = [0, 4], s_j = [2, 0] -> pull [1, −2]
+    g = step_direction(torch.tensor([1.0, 2.0]), torch.tensor([0.0, 4.0]), [(torch.tensor([3.0, 0.0]), torch.tensor([2.0, 0.0]))])
+    assert g.tolist() == [1.0, 3.0]
+    assert step_direction(torch.tensor([1.0, 2.0]), torch.tensor([0.0, 4.0]), []).tolist() == [1.0, 2.0]  # alone: own c
+
+
+def test_lossless_messages_give_uncompressed_noloco_pseudo_gradient():
+    """With k = C and no quantisation loss ĝ_i is φ_i − θ̄_G exactly: the identity the design rests on."""
+    g = torch.Generator().manual_seed(0)
+    phi = [torch.randn(8, generator=g) for _ in range(3)]
+    theta = [p - 0.1 * torch.randn(8, generator=g) for p in phi]
+    delta = [p - t for p, t in zip(phi, theta)]
+    anchor = torch.randn(8, generator=g)
+    g_hat = step_direction(delta[0], phi[0] - anchor, [(d, p - anchor) for d, p in zip(delta[1:], phi[1:])])
+    assert torch.allclose(g_hat, phi[0] - sum(theta) / 3, atol=1e-6)
+
+
+@pytest.mark.parametrize("kw, msg", [
+    ({"bits": 3}, r"algorithm.compression.bits=3 is unknown"),
+    ({"state_bits": 1}, r"algorithm.compression.state_bits=1 is unknown"),
+    ({"topk": 0}, r"algorithm.compression.topk=0 must be a finite number in \[1, 4096\]"),
+    ({"anchor_every": -1}, r"algorithm.compression.anchor_every=-1"),
+    ({"ef_decay": 2.0}, r"algorithm.compression.ef_decay=2"),
+    ({"chunk_size": 1.5}, r"algorithm.compression.chunk_size=1.5 must be an integer"),
+])
+def test_compression_config_errors_name_the_field(kw, msg):
+    with pytest.raises(ValueError, match=msg):
+        NoLoCoCompressionConfig(**kw)
+
+
+def test_compression_refuses_the_general_form_and_a_stallable_anchor():
+    on = NoLoCoCompressionConfig(enabled=True)
+    with pytest.raises(ValueError, match="algorithm.compression.enabled=true needs gamma=null"):
+        NoLoCoConfig(compression=on, gamma=0.1)
+    with pytest.raises(ValueError, match="anchor_every=0"):
+        NoLoCoConfig(compression=on, deadline_s=10.0)
+    NoLoCoConfig(compression=NoLoCoCompressionConfig(enabled=True, anchor_every=0), deadline_s=10.0)
+
+
+def test_a_payload_that_fails_decoding_is_reported_not_raised():
+    gossip = CompressedGossip(NoLoCoCompressionConfig(enabled=True, chunk_size=8, topk=2, state_topk=2), torch.zeros(20))
+    c, s, _, _ = gossip.messages(torch.randn(20), torch.randn(20), round_idx=3)
+    assert gossip.decode_pair(c, s, 3)[0] is not None
+    assert "round" in gossip.decode_pair(c, s, 4)[1]  # a replayed round
+    bad = s.clone()
+    bad[32] = 200  # the first index of the first chunk, now out of range
+    assert gossip.decode_pair(c, bad, 3)[0] is None
+
+
+def _cfg():
+    return NoLoCoConfig(inner_steps=3, outer_optimizer=OuterOptimizerConfig("noloco", lr=0.7, momentum=0.5),
+                        compression=NoLoCoCompressionConfig(enabled=True, chunk_size=16, topk=2, bits=4, state_topk=4,
+                                                            ef_decay=0.9, anchor_every=2))
+
+
+def _run(steps, state=None, drop=None):
+    """Drive the hooks with a fixed drift per step; optionally resume from `state` (dropping one part of it)."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 8)
+    algo = NoLoCo(_cfg(), World())
+    start = 0
+    if state is not None:
+        model.load_state_dict(state["model"])
+        algo.load_state_dict(state["algo"])
+        start = state["step"]
+        comp = algo._resume["outer"]["compression"]
+        if drop == "error":
+            comp["ef"]["error"] = torch.zeros_like(comp["ef"]["error"])
+        elif drop == "all":
+            del algo._resume["outer"]["compression"]
+    algo.on_train_start(model, None)
+    g = torch.Generator().manual_seed(1)
+    drifts = [torch.randn(8, 8, generator=g) * 0.1 for _ in range(steps)]
+    metrics = []
+    for step in range(start + 1, steps + 1):
+        with torch.no_grad():
+            model.weight.add_(drifts[step - 1])
+        metrics.append(algo.after_optimizer_step(step, model, None))
+    return model, algo, metrics
+
+
+def test_resume_is_bit_exact_and_needs_the_error_buffer():
+    straight, _, metrics = _run(12)
+    sync = [m for m in metrics if "outer/payload_bytes" in m]
+    assert len(sync) == 4 and all(m["outer/payload_bytes"] > 0 for m in sync)
+    half, algo, _ = _run(7)  # mid-round, after two syncs and one re-anchor: e and A carry state
+    assert algo.gossip.ef.error.abs().sum() > 0
+    state = {"model": {k: v.clone() for k, v in half.state_dict().items()}, "algo": algo.state_dict(), "step": 7}
+    resumed, _, _ = _run(12, state)
+    assert torch.equal(resumed.weight, straight.weight)
+    dropped, _, _ = _run(12, state, drop="error")
+    assert not torch.equal(dropped.weight, straight.weight)
+    with pytest.raises(ValueError, match="no compression state"):
+        _run(12, state, drop="all")
+
+
+def test_two_replicas_over_the_in_process_transport_keep_one_anchor_and_mix():
+    """Both replicas apply the same learning update, opposite consensus pulls, and re-anchor to the same A."""
+    import threading
+
+    from decentrain.core.inprocess import InProcessHub
+
+    hub = InProcessHub(2)
+    cfg = NoLoCoConfig(inner_steps=1, outer_optimizer=OuterOptimizerConfig("noloco", lr=0.5, momentum=0.0),
+                       compression=NoLoCoCompressionConfig(enabled=True, chunk_size=16, topk=16, bits=8, state_topk=16,
+                                                           state_bits=8, anchor_every=2, ef_decay=1.0))
+    out, errors = {}, {}
+
+    def replica(rank):
+        try:
+            model = torch.nn.Linear(4, 4, bias=False)
+            model.weight.data.fill_(1.0)
+            algo = NoLoCo(cfg, World(rank=rank, world_size=2))
+            algo.transport = hub.transport(rank)
+            algo.setup(model)
+            steps = []
+            for step in (1, 2):
+                model.weight.data.add_(0.1 * (rank + 1) * step)  # replica-specific drift
+                steps.append(algo.after_optimizer_step(step, model, None))
+            out[rank] = (model.weight.detach().clone(), algo.gossip.anchor.clone(), steps)
+        except BaseException as e:  # noqa: BLE001 -- reported below
+            errors[rank] = e
+
+    threads = [threading.Thread(target=replica, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    (w0, a0, m0), (w1, a1, m1) = out[0], out[1]
+    assert torch.equal(a0, a1) and not torch.equal(a0, torch.ones(16))  # re-anchored after round 2, identically
+    assert all(m["outer/partner_missed"] == 0.0 and m["outer/payload_dropped"] == 0.0 for m in m0 + m1)
+    # k = C and 8-bit: near lossless, so the step is NoLoCo's: round 1 φ_i = 1 − 0.5·(φ_i − θ̄) with θ̄ = 1.15 -> both 1.075
+    # round 2 (θ_i = 1.075 + 0.2·(i+1)): θ̄ = 1.375, φ = 1.075 + 0.5·0.3 = 1.225 on both replicas
+    assert torch.allclose(w0, torch.full((4, 4), 1.225), atol=2e-3) and torch.allclose(w1, w0, atol=2e-3)
+    assert m0[1]["outer/bytes_sent"] > m0[0]["outer/bytes_sent"]  # the re-anchor round adds its all-gather share
