@@ -6,7 +6,8 @@ builds its model after the same seed (so they start identical, which is what the
 broadcast ensures across processes) and gets a non-distributed `World` of its rank: no
 process group is ever created, every message goes through the algorithm's `transport`.
 
-Limits: the replicas share one torch RNG (the tiny models here have no dropout) and one
+A `run_dir` holding checkpoints (with `resume`, the default) is resumed from its newest step, as
+`run_pretraining` does. Limits: the replicas share one torch RNG (the tiny models here have no dropout) and one
 intra-op thread pool; the caller sets `torch.set_num_threads`. Algorithms without a
 `transport` attribute (DDP) cannot run here.
 """
@@ -24,7 +25,7 @@ from decentrain.algorithms.base import ALGORITHMS
 from decentrain.algorithms.common.config import TrainConfig
 from decentrain.algorithms.common.trainer import Trainer, TrainResult, seed_everything
 from decentrain.core.inprocess import InProcessHub
-from decentrain.core.metrics import MetricsLogger
+from decentrain.core.metrics import MetricsLogger, drop_rows_after
 from decentrain.core.world import World, plan_placement, visible_gpus
 from decentrain.data.blocks import build_corpus
 from decentrain.models.factory import build_model, build_tokenizer
@@ -64,8 +65,12 @@ def run_replicas_in_process(cfg: TrainConfig, world_size: int, run_dir: Path, de
             algorithm.transport = hub.transport(rank)
         elif world_size > 1:
             raise ValueError(f"algorithm.name={cfg.algorithm.name} has no transport; in-process replicas need one")
-        trainers.append(Trainer(cfg.train, world, algorithm, build_model(cfg.model, tokenizer), corpus, run_dir,
-                                engine=cfg.engine, optim=cfg.optim, logger=cfg.logger, resume=cfg.resume))
+        trainer = Trainer(cfg.train, world, algorithm, build_model(cfg.model, tokenizer), corpus, run_dir,
+                          engine=cfg.engine, optim=cfg.optim, logger=cfg.logger, resume=cfg.resume)
+        resumed = trainer.maybe_resume()  # the replicas share run_dir: they find the same newest step
+        if resumed is not None:  # as run_pretraining: the steps after the checkpoint are logged again
+            drop_rows_after(run_dir / ("metrics.jsonl" if rank == 0 else f"metrics.rank{rank}.jsonl"), resumed)
+        trainers.append(trainer)
         loggers.append(MetricsLogger(cfg.logger, run_dir, rank, None, total_steps=cfg.train.steps))
     results: dict[int, TrainResult] = {}
     errors: dict[int, BaseException] = {}

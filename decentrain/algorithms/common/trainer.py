@@ -241,6 +241,9 @@ class Trainer:
                 self.engine.weights_changed()
                 stop = self.algorithm.should_stop(self.step, cfg.steps)
                 final = self.step == cfg.steps or stop
+                if final:  # an overlapped outer step still in flight lands before the final evaluation
+                    metrics = accumulate_metrics(metrics, self.algorithm.drain(self.engine.outer_model))
+                    self.engine.weights_changed()
                 log_now = self.step % self.logger_cfg.log_every == 0 or final or self.step == last
                 evaluating = self.step % cfg.eval_every == 0 or final
                 saving = self.step % cfg.checkpoint_every == 0 or self.step == last or stop
