@@ -18,6 +18,7 @@ import logging
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -25,6 +26,7 @@ from decentrain.algorithms.base import ALGORITHMS
 from decentrain.algorithms.common.config import TrainConfig
 from decentrain.algorithms.common.trainer import Trainer, TrainResult, seed_everything
 from decentrain.core.inprocess import InProcessHub
+from decentrain.core.transport import Transport
 from decentrain.core.metrics import MetricsLogger, drop_rows_after
 from decentrain.core.world import World, plan_placement, visible_gpus
 from decentrain.data.blocks import build_corpus
@@ -44,11 +46,13 @@ class ReplicaRun:
     result: TrainResult
     weights: dict[str, torch.Tensor]  # the replica's final model state
     exchange_stats: dict[str, float]  # the transport's ExchangeStats at the end
+    step_times: list[float]  # seconds of each step this run took, outer step included (Trainer.step_times)
 
 
-def run_replicas_in_process(cfg: TrainConfig, world_size: int, run_dir: Path, deadline_s: float | None = None
-                            ) -> list[ReplicaRun]:
-    """Train `world_size` replicas of `cfg` as threads; each replica's result, in rank order."""
+def run_replicas_in_process(cfg: TrainConfig, world_size: int, run_dir: Path, deadline_s: float | None = None,
+                            wrap_transport: Callable[[Transport], Transport] | None = None) -> list[ReplicaRun]:
+    """Train `world_size` replicas of `cfg` as threads; each replica's result, in rank order.
+    `wrap_transport` wraps each replica's transport (benchmarks: an emulated slow link)."""
     algo_cls = ALGORITHMS.get(cfg.algorithm.name)
     algo_cls.check_world(cfg.algorithm, world_size)
     hub = InProcessHub(world_size, deadline_s)
@@ -62,7 +66,8 @@ def run_replicas_in_process(cfg: TrainConfig, world_size: int, run_dir: Path, de
         world = World(rank=rank, world_size=world_size, device=placement.device(rank))
         algorithm = algo_cls(cfg.algorithm, world)
         if hasattr(algorithm, "comm"):
-            algorithm.transport = hub.transport(rank)
+            transport = hub.transport(rank)
+            algorithm.transport = transport if wrap_transport is None else wrap_transport(transport)
         elif world_size > 1:
             raise ValueError(f"algorithm.name={cfg.algorithm.name} has no transport; in-process replicas need one")
         trainer = Trainer(cfg.train, world, algorithm, build_model(cfg.model, tokenizer), corpus, run_dir,
@@ -93,5 +98,5 @@ def run_replicas_in_process(cfg: TrainConfig, world_size: int, run_dir: Path, de
         rank, error = min(errors.items())
         raise RuntimeError(f"in-process replica {rank} failed: {error!r}") from error
     return [ReplicaRun(results[r], {k: v.detach().clone() for k, v in trainers[r].model.state_dict().items()},
-                       _stats(trainers[r].algorithm))
+                       _stats(trainers[r].algorithm), list(trainers[r].step_times))
             for r in range(world_size)]
