@@ -14,10 +14,12 @@ and seed (so every variant reaches it).
 Departures, named:
   - the link is emulated in-process (a sleep until the sync's link time has passed since it
     was sent), not launch/wan_emulation.sh's network namespaces: no TCP, no kernel queueing;
-  - time-compressed: the link's time is divided by `--time_scale` (498 MB at 100 Mbit/s is
-    39.8 s; at the default scale 20, 2.0 s) so that a run fits in minutes on a shared 2-core CPU, and H
-    is chosen so one sync is a set fraction of a round's compute (printed as sync/round);
-    utilisation depends on that ratio, not on the absolute times;
+  - time-compressed: 498 MB at 100 Mbit/s plus latency is ~40 s; that is played faster, so
+    that one sync lasts `--sync_over_round` times a round's compute (H inner steps; measured on
+    the run's first round, since the box is shared and its step time moves with the load), i.e.
+    the 125M model on hardware whose round of H steps takes 40 s / sync_over_round. Utilisation
+    depends on that ratio, not on the absolute times; each run reports the ratio it ran at
+    (its median inner step × H over the played sync time) and the compression used;
   - the model trained is a tiny Llama on the offline corpus (the payload size is emulated).
 
     nice -n 10 env OMP_NUM_THREADS=1 python -m benchmarks.overlap_utilisation          # what results/ holds
@@ -53,10 +55,11 @@ class EmulatedLink(Transport):
     so a sync started early overlaps whatever runs meanwhile, as on a real link.
     """
 
-    def __init__(self, inner: Transport, payload_bytes: float, rate_bps: float, one_way_s: float, scale: float):
+    def __init__(self, inner: Transport, payload_bytes: float, rate_bps: float, one_way_s: float, clock: "LinkClock"):
         self.inner, self.rank, self.world_size = inner, inner.rank, inner.world_size
-        self.payload_bytes, self.rate_bps, self.one_way_s, self.scale = payload_bytes, rate_bps, one_way_s, scale
+        self.payload_bytes, self.rate_bps, self.one_way_s, self.clock = payload_bytes, rate_bps, one_way_s, clock
         self.link_seconds = 0.0  # emulated link time of every sync started, unscaled
+        self.played_seconds = 0.0  # the same, as played (time-compressed)
 
     @property
     def stats(self):
@@ -64,8 +67,10 @@ class EmulatedLink(Transport):
 
     def _link_time(self, messages: float, upload_bytes: float) -> float:
         seconds = messages * self.one_way_s + upload_bytes * 8 / self.rate_bps
+        played = seconds / self.clock.scale_for(seconds)
         self.link_seconds += seconds
-        return seconds / self.scale
+        self.played_seconds += played
+        return played
 
     def ring_time(self) -> float:
         n = self.world_size  # ring all-reduce: 2(N−1) messages in sequence, 2(N−1)/N·S uploaded
@@ -104,6 +109,24 @@ class _Until:
         return out
 
 
+class LinkClock:
+    """The time compression all links of a run share: `scale` fixed, or set at the first sync so
+    that it lasts `ratio` × (median inner step so far × H), the round's compute."""
+
+    def __init__(self, scale: float | None = None, ratio: float | None = None, h: int = 1,
+                 compute: "ComputeClock | None" = None):
+        if (scale is None) == (ratio is None):
+            raise ValueError("LinkClock needs exactly one of scale and ratio")
+        self.scale, self.ratio, self.h, self.compute = scale, ratio, h, compute
+        self._lock = threading.Lock()
+
+    def scale_for(self, link_seconds: float) -> float:
+        with self._lock:
+            if self.scale is None:
+                self.scale = link_seconds / (self.ratio * self.h * self.compute.median())
+            return self.scale
+
+
 class ComputeClock:
     """Seconds each replica thread spends in `Trainer.train_step` (the inner step's compute)."""
 
@@ -121,6 +144,10 @@ class ComputeClock:
             return loss
 
         return timed
+
+    def median(self) -> float:
+        with self._lock:
+            return statistics.median(t for ts in self.seconds.values() for t in ts)
 
 
 def _config(job: dict[str, Any]):
@@ -150,13 +177,13 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
 
     torch.set_num_threads(1)
     links: list[EmulatedLink] = []
+    clock = ComputeClock()
+    link_clock = LinkClock(ratio=job["sync_over_round"], h=job["h"], compute=clock)
 
     def linked(transport: Transport) -> EmulatedLink:
-        links.append(EmulatedLink(transport, PAYLOAD_125M, job["rate_mbit"] * 1e6, job["one_way_ms"] / 1e3,
-                                  job["time_scale"]))
+        links.append(EmulatedLink(transport, PAYLOAD_125M, job["rate_mbit"] * 1e6, job["one_way_ms"] / 1e3, link_clock))
         return links[-1]
 
-    clock = ComputeClock()
     train_step = Trainer.train_step
     Trainer.train_step = clock.wrap(train_step)  # instrumentation only: the step itself is the library's
     try:
@@ -172,8 +199,10 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
         replicas.append({"compute_s": sum(compute), "wall_s": wall, "utilisation": sum(compute) / wall,
                          "step_wall_s": r.step_times})
     round_compute = statistics.median(clock.seconds["replica-0"]) * job["h"]
-    sync = min(l.link_seconds for l in links) / max(1, job["steps"] // job["h"]) / job["time_scale"]
-    return {"replicas": replicas, "evals": evals, "final_eval": evals[-1][1],
+    syncs = job["steps"] // job["h"]
+    sync = links[0].played_seconds / syncs
+    return {"time_compression": link_clock.scale, "link_s_per_sync_unscaled": links[0].link_seconds / syncs,
+            "replicas": replicas, "evals": evals, "final_eval": evals[-1][1],
             "utilisation": statistics.fmean(x["utilisation"] for x in replicas),
             "sync_s": sync, "round_compute_s": round_compute, "sync_over_round": sync / round_compute}
 
@@ -206,7 +235,7 @@ def summarise(results: dict[str, list[dict[str, Any]]], methods: Sequence[str], 
 
 def text_report(figures: dict[str, Any], config: dict[str, Any]) -> str:
     lines = [f"overlap_utilisation ({config['seeds']} seeds; link {config['rate_mbit']} Mbit/s + {config['one_way_ms']} ms each way, "
-             f"{PAYLOAD_125M / 1e6:.0f} MB payload (llama_125m fp32), time x1/{config['time_scale']}; H={config['h']}, "
+             f"{PAYLOAD_125M / 1e6:.0f} MB payload (llama_125m fp32), played so one sync = {config['sync_over_round']} x a round's compute; H={config['h']}, "
              f"{config['steps']} steps, 2 replicas in-process)",
              f"{'method':8s} {'overlap':7s} {'utilisation':>17s} {'wall to target (s)':>20s} {'final eval':>17s} {'sync/round':>14s}"]
     for m, row in figures["summary"].items():
@@ -256,15 +285,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--methods", nargs="+", default=["diloco", "noloco"])
     ap.add_argument("--seeds", type=int, default=3)
-    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--steps", type=int, default=240)
     ap.add_argument("--h", type=int, default=10)
-    ap.add_argument("--hidden", type=int, default=64)
-    ap.add_argument("--layers", type=int, default=2)
-    ap.add_argument("--seq_len", type=int, default=64)
-    ap.add_argument("--micro_batch", type=int, default=8)
+    ap.add_argument("--hidden", type=int, default=32)
+    ap.add_argument("--layers", type=int, default=1)
+    ap.add_argument("--seq_len", type=int, default=32)
+    ap.add_argument("--micro_batch", type=int, default=4)
     ap.add_argument("--rate_mbit", type=float, default=100.0)
     ap.add_argument("--one_way_ms", type=float, default=50.0)
-    ap.add_argument("--time_scale", type=float, default=20.0)
+    ap.add_argument("--sync_over_round", type=float, default=0.6)
     ap.add_argument("--allow-dirty", action="store_true")
     args = ap.parse_args(argv)
     sha, dirty = clean_sha(args.allow_dirty)
@@ -278,7 +307,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                 r = run(job)
                 results.setdefault(f"{m}/{'on' if overlap else 'off'}", []).append(r)
                 print(f"seed {seed} {m:7s} overlap={overlap!s:5s} utilisation {r['utilisation']:.3f} "
-                      f"final eval {r['final_eval']:.4f} sync/round {r['sync_over_round']:.2f}", flush=True)
+                      f"final eval {r['final_eval']:.4f} sync/round {r['sync_over_round']:.2f} "
+                      f"(time x1/{r['time_compression']:.0f})", flush=True)
     figures = {"summary": summarise(results, args.methods, seeds), "runs": results, "seeds": seeds,
                "git": {"sha": sha, "dirty": dirty}}
     write_json_txt_png("overlap_utilisation", config, figures, text_report(figures, config), plot)
