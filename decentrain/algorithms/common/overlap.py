@@ -1,10 +1,12 @@
 """One-step-delayed (overlapped) outer updates for DiLoCo and NoLoCo (`algorithm.overlap=true`).
 
 The exchange of round r runs while round r+1's inner steps compute; it lands (the outer step
-on the slow weights φ) at the end of round r+1. This is PCCL's async DiLoCo, the one-step-delayed
-outer update INTELLECT-1 used to hide its syncs (Keiblinger et al., arXiv 2505.14065, "Async
-DiLoCo"; the "1-outer-step overlapping" baseline of Kale et al., arXiv 2502.12996), written so
-that it also covers NoLoCo's gossip step.
+on the slow weights φ) at the end of round r+1. The schedule is PCCL's async DiLoCo, the
+one-step-delayed outer update Prime Intellect uses to hide its syncs (Keiblinger et al., arXiv
+2505.14065, "Async DiLoCo"; Kale et al., arXiv 2502.12996, study the same one-outer-step
+overlap). How the progress made meanwhile is kept is written out below as this module's own
+equation (Streaming DiLoCo's merge θ ← α·θ + (1−α)·φ instead drops a share 1−α of it); it
+covers NoLoCo's gossip step as well as DiLoCo's all-reduce.
 
 The correction the delay needs. Each replica keeps a base b: its weights right after the last
 correction, which is also exactly what it sent (DiLoCo sends Δ = φ − b, NoLoCo sends b). While
