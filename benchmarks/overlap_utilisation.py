@@ -17,7 +17,8 @@ Departures, named:
   - time-compressed: 498 MB at 100 Mbit/s plus latency is ~40 s; that is played faster, so
     that one sync lasts `--sync_over_round` times a round's compute (H inner steps; measured on
     the run's first round, since the box is shared and its step time moves with the load), i.e.
-    the 125M model on hardware whose round of H steps takes 40 s / sync_over_round. Utilisation
+    the 125M model on hardware whose round of H steps takes 40 s / sync_over_round. The run with
+    overlap reuses the compression its seed's run without overlap set: the same link. Utilisation
     depends on that ratio, not on the absolute times; each run reports the ratio it ran at
     (its median inner step × H over the played sync time) and the compression used;
   - the model trained is a tiny Llama on the offline corpus (the payload size is emulated).
@@ -178,7 +179,10 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
     torch.set_num_threads(1)
     links: list[EmulatedLink] = []
     clock = ComputeClock()
-    link_clock = LinkClock(ratio=job["sync_over_round"], h=job["h"], compute=clock)
+    if job.get("time_compression") is not None:  # the paired run of the same seed: the very same link
+        link_clock = LinkClock(scale=job["time_compression"])
+    else:
+        link_clock = LinkClock(ratio=job["sync_over_round"], h=job["h"], compute=clock)
 
     def linked(transport: Transport) -> EmulatedLink:
         links.append(EmulatedLink(transport, PAYLOAD_125M, job["rate_mbit"] * 1e6, job["one_way_ms"] / 1e3, link_clock))
@@ -302,9 +306,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     results: dict[str, list[dict[str, Any]]] = {}
     for seed in seeds:  # the variants of a seed run back to back: a paired comparison under the same load
         for m in args.methods:
+            compression = None  # set by the run without overlap, reused by its pair: both see the same link
             for overlap in (False, True):
-                job = {**config, "method": m, "overlap": overlap, "seed": seed}
+                job = {**config, "method": m, "overlap": overlap, "seed": seed, "time_compression": compression}
                 r = run(job)
+                compression = r["time_compression"]
                 results.setdefault(f"{m}/{'on' if overlap else 'off'}", []).append(r)
                 print(f"seed {seed} {m:7s} overlap={overlap!s:5s} utilisation {r['utilisation']:.3f} "
                       f"final eval {r['final_eval']:.4f} sync/round {r['sync_over_round']:.2f} "
