@@ -69,6 +69,11 @@ class Algorithm:
         """Runs after inner step `step` (1-based). Returns metrics to log."""
         return {}
 
+    def drain(self, model: torch.nn.Module) -> dict[str, float]:
+        """Apply every update still in flight (overlapped outer steps); called at the last step, before its
+        evaluation and checkpoint, so that the final model holds every exchange. Returns metrics to log."""
+        return {}
+
     def should_stop(self, step: int, total_steps: int) -> bool:
         """End the loop before `total_steps` (e.g. a worker paced to fewer inner steps per round)."""
         return False

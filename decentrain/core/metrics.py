@@ -43,6 +43,21 @@ class LoggerConfig:
             raise ValueError(f"logger.wandb_mode={self.wandb_mode!r} is unknown; allowed: {list(WANDB_MODES)}")
 
 
+def is_summed_metric(key: str) -> bool:
+    """Byte counts (`.../bytes_sent`, `.../payload_bytes`) are totals over a log interval; every other
+    metric is a reading, of which the latest is kept."""
+    return key.rsplit("/", 1)[-1].endswith("bytes") or key.endswith("bytes_sent")
+
+
+def accumulate_metrics(pending: dict[str, float], new: dict[str, float]) -> dict[str, float]:
+    """Fold one step's metrics into those waiting for the next log line: byte counts add up, so that
+    the logged bytes are those actually sent since the last line; other keys keep their newest value."""
+    out = dict(pending)
+    for k, v in new.items():
+        out[k] = out.get(k, 0.0) + v if is_summed_metric(k) and k in out else v
+    return out
+
+
 def _fmt(v: Any) -> str:
     return f"{v:.4g}" if isinstance(v, float) else str(v)
 

@@ -47,6 +47,8 @@ def test_compression_refuses_the_general_form_and_a_stallable_anchor():
     with pytest.raises(ValueError, match="anchor_every=0"):
         NoLoCoConfig(compression=on, deadline_s=10.0)
     NoLoCoConfig(compression=NoLoCoCompressionConfig(enabled=True, anchor_every=0), deadline_s=10.0)
+    with pytest.raises(ValueError, match="with algorithm.overlap=true is not supported"):
+        NoLoCoConfig(compression=on, overlap=True)  # the compressed step is synchronous
 
 
 def test_a_payload_that_fails_decoding_is_reported_not_raised():

@@ -43,6 +43,8 @@ def test_runs_torchft_cannot_carry_are_refused():
         check_fault_tolerant_run(cfg({"name": "streaming_diloco", "inner_steps": 8, "num_fragments": 4, "overlap_steps": 2}), 1)
     with pytest.raises(ValueError, match=r"quantization='int4' .*allowed: none"):
         check_fault_tolerant_run(cfg({"name": "streaming_diloco", "inner_steps": 8, "num_fragments": 4, "quantization": "int4"}), 1)
+    with pytest.raises(ValueError, match=r"algorithm.overlap=true with launcher.fault_tolerance=torchft; allowed: false"):
+        check_fault_tolerant_run(cfg({"name": "diloco", "overlap": True}), 1)
     check_fault_tolerant_run(cfg({"name": "ddp"}, {"nproc_per_node": 2}), 2)  # DDP: any ranks per group
 
 

@@ -248,7 +248,7 @@ def noloco_step_(
 @torch.no_grad()
 def noloco_general_step_(
     phi: Tensors,
-    theta: Tensors,
+    theta: Tensors | None,
     delta: Tensors,
     mean_pseudo_grad: Tensors,
     mean_phi: Tensors,
@@ -260,9 +260,11 @@ def noloco_general_step_(
         δ ← α·δ − β·mean_j Δ_j − γ·(φ_i − mean_j φ_j) ;  φ ← φ + δ ;  θ ← φ
     with Δ_j = φ_j − θ_j over the partner group (self included). Because
     mean Δ = mean φ − θ̄, β = γ = η reduces it to `noloco_step_` (α = μ);
-    γ ≠ β needs the mean of φ exchanged as well.
+    γ ≠ β needs the mean of φ exchanged as well. `theta=None` leaves θ alone (an overlapped
+    step moves θ by its own correction, common/overlap.py).
     """
-    for p, t, d, md, mp in zip(phi, theta, delta, mean_pseudo_grad, mean_phi, strict=True):
+    for i, (p, d, md, mp) in enumerate(zip(phi, delta, mean_pseudo_grad, mean_phi, strict=True)):
         d.mul_(alpha).sub_(md.to(d.dtype), alpha=beta).sub_(p - mp.to(p.dtype), alpha=gamma)
         p.add_(d)
-        t.copy_(p)
+        if theta is not None:
+            theta[i].copy_(p)

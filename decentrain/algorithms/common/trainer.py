@@ -25,7 +25,8 @@ from decentrain.algorithms.common.engines import ENGINES, EngineConfig, OptimCon
 from decentrain.core.checkpoint import Checkpointer
 from decentrain.core.mesh import ReplicaLayout, replica_layout
 from decentrain.algorithms.common.speed import apply_compile, autocast, resolve_precision, set_tf32, weight_dtype
-from decentrain.core.metrics import LoggerConfig, MetricsLogger, Throughput, flops_per_token, peak_flops
+from decentrain.core.metrics import (LoggerConfig, MetricsLogger, Throughput, accumulate_metrics, flops_per_token,
+                                     peak_flops)
 from decentrain.core.world import World
 from decentrain.data.blocks import Corpus, ShardedSampler
 
@@ -229,15 +230,20 @@ class Trainer:
         loss, eval_loss = float("nan"), {}
         last = cfg.stop_at or cfg.steps
         stop = False
+        metrics: dict[str, float] = {}  # the algorithm's metrics since the last log line (a sync may fall between)
         while self.step < last and not stop:
             tick = time.perf_counter()
             with self.throughput.measure():
                 loss_t = self.train_step(model)
                 self.step += 1
-                metrics = self.algorithm.after_optimizer_step(self.step, self.engine.outer_model, self.engine.optimizer)
+                metrics = accumulate_metrics(
+                    metrics, self.algorithm.after_optimizer_step(self.step, self.engine.outer_model, self.engine.optimizer))
                 self.engine.weights_changed()
                 stop = self.algorithm.should_stop(self.step, cfg.steps)
                 final = self.step == cfg.steps or stop
+                if final:  # an overlapped outer step still in flight lands before the final evaluation
+                    metrics = accumulate_metrics(metrics, self.algorithm.drain(self.engine.outer_model))
+                    self.engine.weights_changed()
                 log_now = self.step % self.logger_cfg.log_every == 0 or final or self.step == last
                 evaluating = self.step % cfg.eval_every == 0 or final
                 saving = self.step % cfg.checkpoint_every == 0 or self.step == last or stop
@@ -249,6 +255,7 @@ class Trainer:
             if log_now:
                 logger.advance(1, loss=loss)
                 logger.log(self.step, {"train/loss": loss, "lr": self.engine.lr(), **metrics, **self.throughput.read()})
+                metrics = {}
             else:
                 logger.advance(1)
             self.step_times.append(time.perf_counter() - tick)  # eval and checkpoints excluded

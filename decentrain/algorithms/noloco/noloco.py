@@ -7,12 +7,16 @@ exchange, and moves:
 With γ ≠ β the paper's general form needs mean φ of the pair too, so φ is sent
 alongside θ. Partners come from a seeded matching that every rank derives alone; a
 partner that misses the deadline costs this round's averaging (the step uses θ̄ = θ).
-After the start-up broadcast NoLoCo issues no all-reduce and no barrier.
+After the start-up broadcast NoLoCo issues no all-reduce and no barrier. With
+`algorithm.overlap=true` round r's exchange runs on a helper thread during round r+1 and
+lands at its end, one outer step late (common/overlap.py); a partner that has not delivered
+by then (deadline_s from the send) costs that round's averaging only.
 """
 
 from __future__ import annotations
 
 import logging
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +26,7 @@ from decentrain.algorithms.base import register_algorithm
 from decentrain.algorithms.common.inner_outer import InnerOuterAlgorithm, InnerOuterConfig
 from decentrain.algorithms.common.outer import OuterOptimizer, noloco_general_step_
 from decentrain.algorithms.common.outer_optimizers import OUTER_OPTIMIZERS, OuterOptimizerConfig
+from decentrain.algorithms.common.overlap import Background, DelayedOuter, check_overlap
 from decentrain.algorithms.noloco.compressed_gossip import CompressedGossip, NoLoCoCompressionConfig, compressed_outer_step
 from decentrain.algorithms.noloco.healing import Healer, tensors_crc
 from decentrain.core.checks import check_range
@@ -56,9 +61,12 @@ class NoLoCoConfig(InnerOuterConfig):
     # enabled: the pair exchange carries top-k low-bit messages, error-fed (noloco/compressed_gossip.py)
     compression: NoLoCoCompressionConfig = field(default_factory=NoLoCoCompressionConfig)
     full_duplex: bool = True  # one process group per direction (start-up cost O(N²) groups)
+    # one-step-delayed outer update: round r's pair exchange overlaps round r+1's inner steps (common/overlap.py)
+    overlap: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        check_overlap(self)
         check_range("algorithm.gamma", self.gamma, 0, 2, none_ok=True)  # null: gamma = outer_optimizer.lr
         if self.general and not OUTER_OPTIMIZERS.get(self.outer_optimizer.name).noloco_momentum:
             raise ValueError(f"algorithm.gamma={self.gamma} (!= algorithm.outer_optimizer.lr) needs NoLoCo's own momentum "
@@ -70,6 +78,9 @@ class NoLoCoConfig(InnerOuterConfig):
         check_range("algorithm.stall_s", self.stall_s, 0, 86400, low_open=True, none_ok=True)
         check_range("algorithm.bucket_mb", self.bucket_mb, 0, 1 << 20, low_open=True)
         check_range("algorithm.heal_timeout_s", self.heal_timeout_s, 0, 86400, low_open=True)
+        if self.compression.enabled and self.overlap:
+            raise ValueError("algorithm.compression.enabled=true with algorithm.overlap=true is not supported yet "
+                             "(the compressed step is synchronous); set one of them to false")
         if self.compression.enabled and self.general:
             raise ValueError(f"algorithm.compression.enabled=true needs gamma=null (γ = β); got gamma={self.gamma}")
         if self.compression.enabled and self.compression.anchor_every and self.deadline_s is not None:
@@ -127,6 +138,9 @@ class NoLoCo(InnerOuterAlgorithm):
         self.phi = self.outer.slow  # fp32 slow weights, what a healing peer is served
         self.gossip = CompressedGossip(self.cfg.compression, torch.cat([p.reshape(-1) for p in self.phi])) \
             if self.cfg.compression.enabled else None
+        self.delayed = DelayedOuter(self.params) if self.cfg.overlap else None
+        self.in_flight: tuple | None = None  # overlap: (round, group, payload sent, Future of the partners' tensors)
+        self.background = Background("noloco-overlap") if self.cfg.overlap else None
         transport = self.comm()
         if isinstance(transport, TorchTransport):  # membership, pair groups and lanes: start-up, every rank
             transport.start_gossip(GossipOptions(int(self.cfg.bucket_mb * (1 << 20)), self.cfg.deadline_s,
@@ -135,7 +149,12 @@ class NoLoCo(InnerOuterAlgorithm):
                 self.healer = Healer(transport.membership, transport.pairs, self.trainer_state, self.load_trainer_state,
                                      attempt_s=max(60.0, 4 * (self.cfg.deadline_s or 0)))
         if self.world.incarnation == 0:  # a replacement publishes once it has healed
-            transport.publish(self.round)
+            transport.publish(self.round - self._resumed_in_flight())  # rounds whose exchange has landed
+
+    def _resumed_in_flight(self) -> int:
+        """1 if the checkpoint being resumed has a round in flight (not landed, so not yet published)."""
+        delayed = (self._resume or {}).get("outer", {}).get("delayed") or {}
+        return int(delayed.get("in_flight_round") is not None)
 
     def _groups(self, round_idx: int) -> list[tuple[int, ...]]:
         return gossip_groups(round_idx, self.world.world_size, self.cfg.pairing_seed, self.cfg.odd_world,
@@ -189,56 +208,110 @@ class NoLoCo(InnerOuterAlgorithm):
         return super().should_stop(step, total_steps) or (self.steps_skipped > 0 and step + self.steps_skipped >= total_steps)
 
     def on_train_end(self, model: torch.nn.Module) -> None:
+        if self.in_flight is not None:  # stopped early (train.stop_at): let the exchange finish, unapplied
+            self.in_flight[3].result()
+            self.in_flight = None
+        if self.background is not None:
+            self.background.close()
         self.comm().finish(self.round)  # partners still running skip this rank at once
         if self.healer is not None:
             self.healer.finish()
         self.comm().close()
 
-    def outer_step(self, model: torch.nn.Module) -> dict[str, float]:
-        jumped = self._catch_up()
-        groups = gossip_groups(self.round, self.world.world_size, self.cfg.pairing_seed, self.cfg.odd_world,
-                               inner_steps=self.cfg.inner_steps)
-        group = group_of(self.world.rank, groups)
-        if self.gossip is not None:
-            return compressed_outer_step(self, group, jumped)
-        general = self.cfg.general
+    def _payload(self, theta: list[torch.Tensor]) -> list[torch.Tensor]:
+        """What the partner gets: θ, φ too when γ ≠ β, and the pace side data."""
         # side data lives with the weights (cat and NCCL need one device); inf (no timing yet) would
         # read as a non-finite message to the partner, so it travels as a large finite stand-in
         pace_values = [min(v, 1e30) for v in (self.pace.step_time, min(self.pace.fastest, self.pace.step_time))]
         pace = torch.tensor(pace_values, dtype=torch.float32, device=self.params[0].device)
-        sent = [p.detach() for p in self.params] + (self.phi if general else []) + [pace]
-        partners = None if jumped else self.comm().exchange(sent, group, self.round)
+        return theta + (self.phi if self.cfg.general else []) + [pace]
+
+    def _apply(self, sent: list[torch.Tensor], group: tuple[int, ...], partners: list | None, reset: bool
+               ) -> dict[str, float]:
+        """The outer step on φ from the group's payloads (None: the partner missed); θ ← φ when `reset`."""
         missed = partners is None
         if missed:  # partner late or gone: this round averages with nobody
             partners, group = [], (self.world.rank,)
         mean = group_mean(sent, partners)
         n = len(self.params)
         theta_bar = mean[:n]
-        if general:
+        if self.cfg.general:
             phi_bar = mean[n : 2 * n]
             mean_pg = [pb - tb.float() for pb, tb in zip(phi_bar, theta_bar)]  # mean Δ = mean φ − θ̄
             opt = self.cfg.outer_optimizer
-            noloco_general_step_(self.phi, self.params, self.outer.opt.buffers(), mean_pg, phi_bar,
+            noloco_general_step_(self.phi, self.params if reset else None, self.outer.opt.buffers(), mean_pg, phi_bar,
                                  alpha=opt.momentum, beta=opt.lr, gamma=self.cfg.effective_gamma)
         else:  # g = φ − θ̄_G; with outer_optimizer.name=noloco: m ← μ·m − η·g ; φ ← φ + m ; θ ← φ
             self.outer.step(self.outer.pseudo_gradient(theta_bar))
-            self.outer.copy_to(self.params)
+            if reset:
+                self.outer.copy_to(self.params)
         if self.cfg.adaptive_inner_steps and len(group) > 1:
             # others' values from the group mean: sum_others = k·mean − mine
-            others = (mean[-1] * len(group) - pace) / (len(group) - 1)
+            others = (mean[-1] * len(group) - sent[-1]) / (len(group) - 1)
             if float(others[1]) < 1e30:
                 self.pace.hear(float(others[1]))
-        self.comm().publish(self.round + 1)
         st = self.comm().stats
-        return {"outer/round": float(self.round + 1), "outer/partner_missed": float(missed),
-                "outer/exchange_timeouts": float(st.timeouts), "outer/exchange_dropped": float(st.dropped),
-                "outer/partner_skipped": float(st.partner_skipped), "outer/rounds_jumped": float(jumped),
+        return {"outer/partner_missed": float(missed), "outer/exchange_timeouts": float(st.timeouts),
+                "outer/exchange_dropped": float(st.dropped), "outer/partner_skipped": float(st.partner_skipped),
                 **({} if st.deadline_s is None else {"outer/deadline_s": st.deadline_s,
                                                      "outer/exchange_early_timeouts": float(st.early_timeouts)})}
 
+    def outer_step(self, model: torch.nn.Module) -> dict[str, float]:
+        if self.delayed is not None:
+            return self._overlapped_outer_step()
+        jumped = self._catch_up()
+        group = group_of(self.world.rank, self._groups(self.round))
+        if self.gossip is not None:
+            return compressed_outer_step(self, group, jumped)
+        sent = self._payload([p.detach() for p in self.params])
+        partners = None if jumped else self.comm().exchange(sent, group, self.round)
+        metrics = self._apply(sent, group, partners, reset=True)
+        self.comm().publish(self.round + 1)
+        return {"outer/round": float(self.round + 1), **metrics, "outer/rounds_jumped": float(jumped)}
+
+    # -- overlap: round r's exchange runs during round r+1 --------------------------------
+    def _overlapped_outer_step(self) -> dict[str, float]:
+        metrics = self._land()  # round r−1, one round late
+        self.comm().publish(self.round)  # rounds landed: a partner's round-r exchange must still wait for us
+        jumped = self._catch_up()
+        self.delayed.correct(self.params, self.phi)  # θ ← φ + (θ − b) ; b ← θ
+        self._send(self.round, jumped=bool(jumped))
+        return {"outer/round": float(self.round + 1), **metrics, "outer/rounds_jumped": float(jumped)}
+
+    def _send(self, round_idx: int, jumped: bool = False) -> None:
+        """Start round `round_idx`'s exchange of b (θ just after the correction) on the helper thread."""
+        group = group_of(self.world.rank, self._groups(round_idx))
+        sent = self._payload(self.delayed.base)
+        if jumped:  # no exchange this round: it lands as a missed one (own weights only), as without overlap
+            missed: Future = Future()
+            missed.set_result(None)
+            self.in_flight = (round_idx, group, sent, missed)
+        else:
+            self.in_flight = (round_idx, group, sent, self.background.submit(self.comm().exchange, sent, group, round_idx))
+
+    def _land(self) -> dict[str, float]:
+        if self.in_flight is None:
+            return {}
+        _, group, sent, partners = self.in_flight
+        self.in_flight = None
+        return self._apply(sent, group, partners.result(), reset=False)
+
+    def drain(self, model: torch.nn.Module) -> dict[str, float]:
+        if self.delayed is None or self.in_flight is None:
+            return {}
+        metrics = self._land()
+        self.delayed.correct(self.params, self.phi)
+        self.comm().publish(self.round)
+        return metrics
+
     def outer_state(self) -> dict[str, Any]:
-        return {**self.outer.state_dict(), "pairing_seed": self.cfg.pairing_seed, "steps_skipped": self.steps_skipped,
-                **({} if self.gossip is None else {"compression": self.gossip.state_dict()})}
+        state = {**self.outer.state_dict(), "pairing_seed": self.cfg.pairing_seed, "steps_skipped": self.steps_skipped}
+        if self.gossip is not None:
+            state["compression"] = self.gossip.state_dict()
+        if self.delayed is not None:  # the payload in flight is rebuilt from b and φ: nothing waits for it
+            state["delayed"] = {**self.delayed.state_dict(),
+                                "in_flight_round": None if self.in_flight is None else self.in_flight[0]}
+        return state
 
     @torch.no_grad()
     def load_outer_state(self, state: dict[str, Any]) -> None:
@@ -246,9 +319,18 @@ class NoLoCo(InnerOuterAlgorithm):
             raise ValueError(f"algorithm.pairing_seed={self.cfg.pairing_seed} differs from the checkpoint's "
                              f"{state.get('pairing_seed')}: resumed replicas would pick other partners")
         self.steps_skipped = int(state.get("steps_skipped", 0))
+        delayed = state.get("delayed") or {}
+        if delayed.get("in_flight_round") is not None and self.delayed is None:
+            raise ValueError("the checkpoint has an overlapped outer step in flight; resume with algorithm.overlap=true")
         self.outer.load_state_dict(state)
         if self.gossip is not None:
             if "compression" not in state:
                 raise ValueError("algorithm.compression.enabled=true but the checkpoint has no compression state "
                                  "(error buffer, anchor): resuming without it would not be exact")
             self.gossip.load_state_dict(state["compression"])
+        if self.delayed is not None and delayed:
+            self.delayed.load_state_dict(delayed)
+            # every replica resumes at the same step and sends its round again; a replacement that healed
+            # from a peer does not: that round was the donor's, exchanged with the donor's partner
+            if delayed["in_flight_round"] is not None and self.world.incarnation == 0:
+                self._send(int(delayed["in_flight_round"]))

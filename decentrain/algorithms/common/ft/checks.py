@@ -25,6 +25,9 @@ def check_fault_tolerant_run(cfg, world_size: int) -> None:
     algo = cfg.algorithm
     if getattr(algo, "adaptive_inner_steps", False):
         raise ValueError("algorithm.adaptive_inner_steps=true with launcher.fault_tolerance=torchft; allowed: false")
+    if getattr(algo, "overlap", False):  # torchft's DiLoCo has its own schedule (streaming's overlap_steps)
+        raise ValueError("algorithm.overlap=true with launcher.fault_tolerance=torchft; allowed: false "
+                         "(or algorithm=streaming_diloco with overlap_steps)")
     if name == "streaming_diloco":
         h, p, tau = algo.inner_steps, algo.num_fragments, algo.overlap_steps
         if h % p:

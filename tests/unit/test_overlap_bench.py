@@ -1,0 +1,40 @@
+"""benchmarks/overlap_utilisation: the emulated link's time and the wall time to a target loss."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from benchmarks.overlap_utilisation import ComputeClock, EmulatedLink, LinkClock, time_to
+from decentrain.core.inprocess import InProcessHub
+
+
+def test_link_time_is_latency_per_message_plus_bytes_over_rate():
+    hub = InProcessHub(2)
+    # 12.5 MB at 100 Mbit/s is 1 s; 50 ms each way
+    links = [EmulatedLink(hub.transport(r), 12.5e6, 100e6, 0.05, LinkClock(scale=1.0)) for r in range(2)]
+    assert links[0].ring_time() == pytest.approx(2 * 0.05 + 1.0)  # N=2 ring: 2 messages, S uploaded
+    assert links[0].link_seconds == pytest.approx(1.1)
+    fast = [EmulatedLink(hub.transport(r), 12.5e6, 100e6, 0.05, LinkClock(scale=11.0)) for r in range(2)]  # 1.1 s played as 0.1 s
+    flats = [torch.ones(3), torch.full((3,), 2.0)]
+    t0 = time.perf_counter()
+    works = [link.all_reduce_sum(f) for link, f in zip(fast, flats)]
+    assert time.perf_counter() - t0 < 0.05  # starting a sync does not wait for the link
+    for w in works:
+        w.wait()
+    assert time.perf_counter() - t0 >= 0.1 and flats[0].tolist() == [3.0, 3.0, 3.0]
+
+
+def test_wall_time_to_target_sums_steps_up_to_the_first_eval_below_it():
+    result = {"replicas": [{"step_wall_s": [1.0, 2.0, 3.0, 4.0]}], "evals": [(2, 5.0), (4, 3.0)]}
+    assert time_to(result, 5.0) == 3.0 and time_to(result, 3.5) == 10.0 and time_to(result, 1.0) is None
+
+
+def test_link_clock_plays_the_first_sync_as_a_share_of_a_round():
+    compute = ComputeClock()
+    compute.seconds = {"replica-0": [0.1, 0.3, 0.2]}  # median 0.2 s, H = 5: a round is 1 s
+    clock = LinkClock(ratio=0.5, h=5, compute=compute)
+    assert clock.scale_for(40.0) == pytest.approx(80.0)  # 40 s played as 0.5 s
+    assert clock.scale_for(4.0) == pytest.approx(80.0)  # then fixed
