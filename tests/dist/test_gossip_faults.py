@@ -91,4 +91,6 @@ def test_survivors_of_a_sigkilled_partner_keep_averaging_with_the_others(deadlin
         assert len(done) == 8  # every round ran: the dead partner cost rounds, not the run
         for t, (group, missed) in enumerate(done):
             assert missed == (3 in group and t >= 1)  # exactly the rounds paired with the dead rank are lost
-        assert failures == sum(3 in g for g, _ in done[1:]) and timeouts == 0
+        lost = sum(3 in g for g, _ in done[1:])
+        # the dead rank's socket error usually arrives first; on a loaded box the 5 s deadline may expire first
+        assert failures + timeouts == lost and (deadline is not None or timeouts == 0)
