@@ -79,6 +79,19 @@ def rows() -> list[str]:
     return out
 
 
+def _last_phase_domains(f: dict, w: str) -> str:
+    """Δ log-ppl on each lane's last domain (the only phase the plans differ in), per budget: where a win comes from."""
+    lanes = f.get("lanes") or []
+    if not lanes:
+        return ""
+    parts = []
+    for lane in lanes:
+        d = lane["domains"][-1]
+        vals = " / ".join(f"{x['stats'][w]['dlogppl_per_domain'][d]['mean']:+.4f}" for x in f["per_budget"].values())
+        parts.append(f"{d} ({lane['share']} shares) {vals}")
+    return f". Δ on each lane's last domain at {' / '.join(f['per_budget'])} steps: " + "; ".join(parts)
+
+
 def hdee_rows() -> list[str]:
     out = []
     rec = _load("hdee_schedule")
@@ -102,7 +115,8 @@ def hdee_rows() -> list[str]:
                 "earlier iterations, disjoint difficulty-ranked lanes, raw win counts. Not matched: "
                 + "; ".join(f.get("departures", [])) + f". Result: {res}"
                 + (f"; trend slope {f['trend']['slope_per_doubling']:+.4f} per doubling of steps"
-                   if f["trend"]["slope_per_doubling"] is not None else ""))
+                   if f["trend"]["slope_per_doubling"] is not None else "")
+                + _last_phase_domains(f, w))
         out.append(f"| hdee_schedule | heterogeneous beats homogeneous in 20/21 cases | {ours} | each plan ≥ 80% of domains per seed, "
                    f"mean Δ < 0: **{'met' if met else 'not met'}** | `python -m benchmarks.hdee_schedule` | {_runtime(rec)} | {_provenance(rec)} |")
     else:
