@@ -1,24 +1,41 @@
 """hdee_schedule: heterogeneous-steps vs homogeneous HDEE ensembles at the paper's schedule, scaled down.
 
-The paper's protocol (arXiv HDEE; gensyn-ai/hdee), and what this run does with it:
-  - the seed is trained far longer than a domain phase (paper 20k : 400 steps; here `seed_steps`
-    against 8-32 steps per domain, 12-50 : 1), once, and shared by every plan, budget and seed;
-  - the domain phase is continued pre-training at a 10x lower lr (paper 6e-5 -> 3e-5) with a short
-    warm-up (paper 50 of 400 steps: 1/8 of the phase here), `conf/hdee_plan/*_schedule.yaml`'s expert_optim;
-  - the heterogeneous experts are checkpoints of ONE cosine per domain phase (paper: 300/400/500 steps
-    inside a 600-step cosine; here 3:4:5 shares inside 1.5x the homogeneous steps); the homogeneous
-    experts stop at 1x inside the same schedule (`plan.domain_schedule_steps`);
-  - lanes hold disjoint domains: the six training domains ranked by the seed's validation loss
-    (the stated difficulty rule), the two easiest to the 3-share lane, the two hardest to the 5-share
-    lane; python_tests is held out (no seed or expert trains on it).
+The paper's protocol (arXiv 2502.19385; the released configs, gensyn-ai/hdee `configs/hdee_3_iterations`),
+and what this run does with it:
+  - one seed, trained far longer than a domain phase (paper 20k : 400 steps, 50:1); here one
+    `seed_steps`-step seed shared by every plan, budget and seed (1600 : 8/16/32 = 200/100/50 : 1);
+  - each domain phase is continued pre-training at the seed's lr / 10 with a short warm-up (paper
+    6e-5 -> 3e-5 after 50 of 600 steps; here 2e-4 -> 1e-4, warm-up 1/8 of the homogeneous steps),
+    `conf/hdee_plan/*_schedule.yaml`'s expert_optim;
+  - lanes are sequences of domains; the earlier iterations run at the homogeneous step count in
+    BOTH plans (paper: iterations 1-2 at 400 steps, the iteration-3 experts branch from
+    `model_400.bin`), so plans differ only in the last domain phase;
+  - the last domain phase of a lane is ONE cosine of `schedule_factor` x the homogeneous steps
+    (paper 600 around 400) and each plan's expert is a checkpoint of it: het_steps at 3:4:5 shares
+    (paper 300/400/500), homogeneous at 4 (paper 400 for all). The library runs a checkpoint as a run
+    that stops inside the shared schedule (`plan.domain_schedule_steps`, `train.stop_at`); runs with
+    identical configs are trained once and shared by both plans (the iteration-0 runs and the 4-share
+    lane), and the first job trains the 4-share lane again to check that the shared run is bit-equal;
+  - lanes hold disjoint domains; difficulty rule: the seed's validation loss per domain. The six
+    training domains are ranked by it, easiest first, and taken two per lane in rank order (the
+    easier first); the lane with the two easiest gets the 3-share last phase, the hardest the 5-share.
+    python_tests is held out (no seed or expert trains on it).
+Every seed and expert run goes through the library's job path (`hdee.train.run_stage` ->
+`common.pretrain.run_pretraining`), and the ensembles through `hdee.evaluate.EnsembleScorer`.
 Seeds (`--seeds`) change the experts' data order (train.seed), not the seed model.
 
 Statistics per budget: per-seed raw win counts over the 7 domains (the paper's statistic: het
 perplexity below homogeneous), the paired mean delta log-perplexity over domains (het - homogeneous;
-negative favours het), a two-sided sign test over all (domain, seed) pairs, and the trend of the mean
-delta over the budgets. Departures: a ~1M-param byte Llama and ~200 kB per domain instead of 125M+
-models on the paper's corpora; 3 experts; one seed model; het_sizes not run (it needs one long
-seed per width, three times the seed compute).
+negative favours het) as mean +- std over seeds, a two-sided exact sign test over all (domain, seed)
+pairs (not independent across seeds: they share the domains), and the trend of the mean delta over
+the budgets (least-squares slope per doubling of the steps).
+
+Departures (also in the TXT): a ~0.9M-param byte Llama and ~200 kB per domain (paper 90-135M
+params on M2D2/S2ORC/Wiki corpora); the seed trains on the six training domains (paper: OpenWebText,
+disjoint from the domains; this corpus has no general-text domain); 2 domain iterations per lane
+(paper 3); 3 experts; one seed model (seeds vary the experts' data order only); 16 test blocks of
+128 bytes per domain; het_sizes not run (it needs one long seed per width, three times the seed
+compute). Cost: about an hour on 2 shared cores (the seed ~25 min, each seed's three budgets ~12 min).
 
     python -m benchmarks.hdee_schedule                        # 3 budgets x 3 seeds
     python -m benchmarks.hdee_schedule --budgets 8 --seeds 1 --seed-steps 40 --allow-dirty   # smoke
@@ -56,11 +73,19 @@ PLANS = ("homogeneous", "het_steps")
 SHARES = (3, 4, 5)  # the paper's 300/400/500
 HELD_OUT = "python_tests"
 PRIMARY = "cached"
+DEPARTURES = [
+    "~0.9M-param byte-level Llama, ~200 kB per domain (paper: 90-135M params, M2D2/S2ORC/Wiki corpora)",
+    "the seed trains on the six training domains (paper: OpenWebText, disjoint from the domains; no general-text domain here)",
+    "2 domain iterations per lane (paper 3), 3 experts, 7 evaluated domains (6 trained + python_tests held out; paper 9 trained)",
+    "one seed model; seeds vary the experts' data order only",
+    "16 test blocks of 128 bytes per domain; the cached prior sees up to 100 validation blocks",
+    "het_sizes not run (one long seed per width: three times the seed compute)",
+]
 
 
 @dataclass
 class BenchConfig:
-    seed_steps: int = 400
+    seed_steps: int = 1600  # >= 50:1 against every budget's domain phase, as the paper's 20k:400
     budgets: str = "8,16,32"  # homogeneous steps per domain; het_steps gets 3:4:5 shares of the same total
     schedule_factor: float = 1.5  # the shared cosine spans this x the homogeneous steps (paper 600 / 400)
     warmup_fraction: float = 0.125  # of the homogeneous steps (paper 50 / 400)
@@ -79,11 +104,20 @@ def base_config(b: BenchConfig, ensemble_dir: Path, seed: int = 0):
                      f"plan.seeds.0.steps={b.seed_steps}", f"eval.max_blocks={b.eval_max_blocks}"])
 
 
+def final_phase_steps(budget: int, variant: str) -> list[int]:
+    """Steps of each lane's last domain phase: 3:4:5 shares of 4 x budget / 4 for het_steps (the paper's
+    300/400/500 around 400), the homogeneous budget for every lane otherwise; equal totals."""
+    if variant == "homogeneous":
+        return [budget] * len(SHARES)
+    return [round(len(SHARES) * budget * s / sum(SHARES)) for s in SHARES]
+
+
 def plan_config(b: BenchConfig, variant: str, budget: int, lanes_domains: list[list[str]], seed: int):
-    """The homogeneous or het_steps config at `budget` steps per domain, lanes from the difficulty ranking."""
+    """The homogeneous or het_steps config at `budget` steps per domain, lanes from the difficulty ranking:
+    every earlier iteration at `budget` steps in both plans, the last one at `final_phase_steps`."""
     cfg = base_config(b, ROOT / b.work_dir / f"steps{budget}" / f"seed{seed}" / variant, seed)
-    het = [round(3 * budget * s / sum(SHARES)) for s in SHARES]
-    lanes = [LaneConfig(domains=list(ds), steps=[het[k] if variant == "het_steps" else budget] * len(ds), size="M",
+    last = final_phase_steps(budget, variant)
+    lanes = [LaneConfig(domains=list(ds), steps=[budget] * (len(ds) - 1) + [last[k]], size="M",
                         intermediate_size=cfg.plan.seeds[0].intermediate_size, seed=cfg.plan.seeds[0].name)
              for k, ds in enumerate(lanes_domains)]
     plan = dataclasses.replace(cfg.plan, lanes=lanes, domain_schedule_steps=math.ceil(b.schedule_factor * budget))
@@ -92,9 +126,28 @@ def plan_config(b: BenchConfig, variant: str, budget: int, lanes_domains: list[l
                                budget=dataclasses.replace(cfg.budget, baseline_steps_per_domain=budget))
 
 
+def shared_runs(hom, het) -> list[str]:
+    """Expert runs whose whole chain (this run and every earlier one in its lane) is configured alike in
+    both plans: trained once, in the homogeneous plan, and copied. A run's data order and schedule depend
+    only on (train.seed, lane, iteration, steps, plan.domain_schedule_steps), all equal here."""
+    shared, het_runs = [], {r.name: r for r in het.plan.expert_runs()}
+    for r in hom.plan.expert_runs():
+        if het_runs.get(r.name) == r and (r.iteration == 0 or r.init_from in shared):
+            shared.append(r.name)
+    return shared
+
+
+def _same_weights(a: Path, b: Path) -> bool:
+    from safetensors.torch import load_file
+
+    x, y = load_file(str(a / "model.safetensors")), load_file(str(b / "model.safetensors"))
+    return x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x)
+
+
 def train_seed_model(b: BenchConfig) -> dict:
     """The shared seed (trained once), and its validation loss per training domain: the difficulty ranking."""
     cfg = base_config(b, ROOT / b.work_dir / "seed_model")
+    shutil.rmtree(cfg.ensemble_dir, ignore_errors=True)  # only the harness cache resumes: never another config's seed
     with contextlib.redirect_stdout(io.StringIO()):
         run_stage(dataclasses.replace(cfg, job=dataclasses.replace(cfg.job, stage="seeds")), World())
     seed = cfg.plan.seeds[0]
@@ -114,21 +167,35 @@ def lanes_by_difficulty(val_loss: dict[str, float]) -> list[list[str]]:
     return [ranked[k * per:(k + 1) * per] for k in range(len(SHARES))]
 
 
+def _train_lanes(cfg) -> float:
+    t0 = time.perf_counter()
+    with contextlib.redirect_stdout(io.StringIO()):
+        run_stage(dataclasses.replace(cfg, job=dataclasses.replace(cfg.job, stage="lanes")), World())
+    return time.perf_counter() - t0
+
+
 def run_job(job: dict) -> dict:
     """Both plans at one budget and seed, branched from the shared seed model; perplexity per domain."""
     b, budget, seed = BenchConfig(**job["bench"]), job["budget"], job["seed"]
     torch.set_num_threads(1)
-    out: dict = {"perplexity": {}, "experts": {}, "train_s": {}}
-    for v in PLANS:
-        cfg = plan_config(b, v, budget, job["lanes"], seed)
-        out.setdefault("vs_baseline", {})[v] = check_plan(cfg)  # matched compute, before training
-        dst = model_dir(cfg.ensemble_dir, cfg.plan.seeds[0].name)
+    cfgs = {v: plan_config(b, v, budget, job["lanes"], seed) for v in PLANS}
+    shared = shared_runs(cfgs["homogeneous"], cfgs["het_steps"])
+    out: dict = {"perplexity": {}, "experts": {}, "train_s": {}, "shared_runs": shared,
+                 "vs_baseline": {v: check_plan(c) for v, c in cfgs.items()}}  # matched compute, before training
+    for v, cfg in cfgs.items():
         shutil.rmtree(cfg.ensemble_dir, ignore_errors=True)  # only the harness cache resumes
-        shutil.copytree(job["seed_model"], dst)
-        t0 = time.perf_counter()
-        with contextlib.redirect_stdout(io.StringIO()):
-            run_stage(dataclasses.replace(cfg, job=dataclasses.replace(cfg.job, stage="lanes")), World())
-        out["train_s"][v] = time.perf_counter() - t0
+        shutil.copytree(job["seed_model"], model_dir(cfg.ensemble_dir, cfg.plan.seeds[0].name))
+    hom, het = (Path(cfgs[v].ensemble_dir) for v in PLANS)
+    out["train_s"]["homogeneous"] = _train_lanes(cfgs["homogeneous"])
+    # The shared last-phase expert (the 4-share lane's): trained again in the het plan and compared.
+    check = next((n for n in shared if n in cfgs["het_steps"].plan.final_experts()), None) if job.get("check_shared") else None
+    for name in shared:
+        if name != check:
+            shutil.copytree(hom / name, het / name)
+    out["train_s"]["het_steps"] = _train_lanes(cfgs["het_steps"])
+    if check:
+        out["shared_run_check"] = {"run": check, "bit_equal": _same_weights(model_dir(hom, check), model_dir(het, check))}
+    for v, cfg in cfgs.items():
         res = EnsembleScorer(cfg, World()).evaluate()
         out["perplexity"][v] = {d: r["weightings"] for d, r in res.items()}
         out["experts"][v] = {d: r["experts"] for d, r in res.items()}
@@ -169,8 +236,8 @@ def main() -> None:
     if not Path(seed_job["path"]).exists():  # the cached record outlived runs/: train it again
         seed_job = train_seed_model(b)
     lanes = lanes_by_difficulty(seed_job["val_loss"])
-    jobs = [{"bench": asdict(b), "budget": s, "seed": seed, "lanes": lanes, "seed_model": seed_job["path"]}
-            for seed in range(nseeds) for s in budgets]
+    jobs = [{"bench": asdict(b), "budget": s, "seed": seed, "lanes": lanes, "seed_model": seed_job["path"],
+             "check_shared": seed == 0 and s == budgets[0]} for seed in range(nseeds) for s in budgets]
     res = hz.run_jobs(jobs, run_job, desc="hdee schedule", parallel=parallel)
     per_budget = {}
     for s in budgets:
@@ -186,6 +253,10 @@ def main() -> None:
     figures = {"seed_val_loss": seed_job["val_loss"], "lanes": [{"domains": ds, "share": sh} for ds, sh in zip(lanes, SHARES)],
                "held_out": HELD_OUT, "primary": PRIMARY, "per_budget": per_budget,
                "trend": {"budgets": budgets, "mean_dlogppl": means, "slope_per_doubling": slope},
+               "shared_runs": res[0]["shared_runs"],
+               "shared_run_check": next((r["shared_run_check"] for r in res if "shared_run_check" in r), None),
+               "final_phase_steps": {str(s): {v: final_phase_steps(s, v) for v in PLANS} for s in budgets},
+               "departures": DEPARTURES,
                "target": "each het plan wins >= 80% of domains per seed with a negative paired mean delta log-ppl"}
     paths = hz.write(figures, text, plot)
     print(paths["txt"].read_text())
@@ -194,12 +265,20 @@ def main() -> None:
 def text(rec: dict) -> str:
     f, b = rec["figures"], rec["config"]["bench"]
     w = f["primary"]
+    chk = f.get("shared_run_check")
     lines = [header(rec), "",
-             f"seed model {b['seed_steps']} steps (shared); domain phase at the seed lr / 10, warm-up {b['warmup_fraction']:.3g} of the "
-             f"homogeneous steps, every expert a checkpoint of one {b['schedule_factor']}x cosine; training seeds {rec['config']['seeds']}",
+             f"seed model {b['seed_steps']} steps (shared by all); every domain phase at the seed lr / 10 (cosine to half of it), "
+             f"warm-up {b['warmup_fraction']:.3g} of the homogeneous steps; lanes of {len(f['lanes'][0]['domains'])} domains, "
+             f"earlier iterations at the homogeneous steps in both plans, the last domain phase one {b['schedule_factor']}x cosine "
+             f"with each plan's expert a checkpoint of it; training seeds {rec['config']['seeds']}",
+             "last-phase steps per lane: " + "; ".join(f"budget {s}: " + ", ".join(f"{v} {x}" for v, x in d.items())
+                                                     for s, d in f["final_phase_steps"].items()),
+             f"runs trained once and shared by both plans: {f['shared_runs']}"
+             + (f"; check: {chk['run']} trained again in the het plan is bit-equal: {chk['bit_equal']}" if chk else ""),
              "lanes (ranked by the seed's validation loss, easiest first): " + "; ".join(
-                 f"{lane['share']} shares: " + ", ".join(f"{d} ({f['seed_val_loss'][d]:.3f})" for d in lane["domains"]) for lane in f["lanes"])
+                 f"{lane['share']} shares: " + " -> ".join(f"{d} ({f['seed_val_loss'][d]:.3f})" for d in lane["domains"]) for lane in f["lanes"])
              + f"; held out: {f['held_out']}", "",
+             "departures from the paper's protocol: " + "; ".join(f.get("departures", [])), "",
              f"het_steps vs homogeneous, weighting {w}: delta log-perplexity (het - homogeneous; < 0 favours het)",
              "| steps/domain (hom; het 3:4:5) | wins per seed (of 7) | paired mean delta log-ppl over domains | sign test het better/worse, p |",
              "|---|---|---|---|"]

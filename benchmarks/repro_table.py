@@ -79,6 +79,19 @@ def rows() -> list[str]:
     return out
 
 
+def _last_phase_domains(f: dict, w: str) -> str:
+    """Δ log-ppl on each lane's last domain (the only phase the plans differ in), per budget: where a win comes from."""
+    lanes = f.get("lanes") or []
+    if not lanes:
+        return ""
+    parts = []
+    for lane in lanes:
+        d = lane["domains"][-1]
+        vals = " / ".join(f"{x['stats'][w]['dlogppl_per_domain'][d]['mean']:+.4f}" for x in f["per_budget"].values())
+        parts.append(f"{d} ({lane['share']} shares) {vals}")
+    return f". Δ on each lane's last domain at {' / '.join(f['per_budget'])} steps: " + "; ".join(parts)
+
+
 def hdee_rows() -> list[str]:
     out = []
     rec = _load("hdee_schedule")
@@ -90,13 +103,20 @@ def hdee_rows() -> list[str]:
                         f"{fmt(x['stats'][w]['mean_dlogppl'], 4)}, sign test {x['stats'][w]['sign_test']['het_better']}/"
                         f"{x['stats'][w]['sign_test']['het_worse']} p={x['stats'][w]['sign_test']['p_two_sided']:.2f}" for s, x in per.items())
         met = all(all(v >= 0.8 * 7 for v in x["stats"][w]["wins_per_seed"]) and x["stats"][w]["mean_dlogppl"]["mean"] < 0 for x in per.values())
-        ours = (f"protocol: one {b['seed_steps']}-step seed shared by all, domain phase at lr/10 with a {b['warmup_fraction']:g} warm-up, "
-                f"experts = checkpoints of one {b['schedule_factor']:g}x cosine, disjoint lanes ranked by the seed's val loss, het_steps 3:4:5 "
-                f"vs homogeneous, {w} weighting, {len(rec['config']['seeds'])} seeds. Matched: schedule shape, lr ratio, warm-up share, "
-                f"checkpointed experts, win-count statistic. Not matched: ~1M params and ~200 kB/domain (paper 125M+), seed:phase "
-                f"{b['seed_steps']}:{per and list(per)[0]}-{list(per)[-1]} (paper 50:1), 3 experts, one seed model, het_sizes not run. "
-                f"Result: {res}" + (f"; trend slope {f['trend']['slope_per_doubling']:+.4f} per doubling of steps"
-                                    if f["trend"]["slope_per_doubling"] is not None else ""))
+        budgets = list(per)
+        chk = f.get("shared_run_check")
+        ours = (f"protocol: one {b['seed_steps']}-step seed shared by all (seed:phase {b['seed_steps'] // int(budgets[0])}:1 to "
+                f"{b['seed_steps'] // int(budgets[-1])}:1), every domain phase at the seed lr / 10 with a {b['warmup_fraction']:g} warm-up, "
+                f"lanes of 2 disjoint domains ranked by the seed's val loss, the first phase shared by both plans, the last one a "
+                f"{b['schedule_factor']:g}x cosine whose checkpoints are the experts (het 3:4:5, homogeneous 4:4:4), "
+                f"{w} weighting, {len(rec['config']['seeds'])} seeds"
+                + (f", shared runs bit-equal when retrained: {chk['bit_equal']}" if chk else "")
+                + ". Matched: seed far longer than a phase, lr/10 + short warm-up, experts as checkpoints of one cosine, shared "
+                "earlier iterations, disjoint difficulty-ranked lanes, raw win counts. Not matched: "
+                + "; ".join(f.get("departures", [])) + f". Result: {res}"
+                + (f"; trend slope {f['trend']['slope_per_doubling']:+.4f} per doubling of steps"
+                   if f["trend"]["slope_per_doubling"] is not None else "")
+                + _last_phase_domains(f, w))
         out.append(f"| hdee_schedule | heterogeneous beats homogeneous in 20/21 cases | {ours} | each plan ≥ 80% of domains per seed, "
                    f"mean Δ < 0: **{'met' if met else 'not met'}** | `python -m benchmarks.hdee_schedule` | {_runtime(rec)} | {_provenance(rec)} |")
     else:

@@ -60,3 +60,29 @@ def test_bench_statistics_by_hand():
     st = H.budget_stats(runs, "cached")
     assert st["wins_per_seed"] == [1, 1]
     assert st["mean_dlogppl"]["mean"] == pytest.approx(math.log(0.9) / 2)
+
+
+def test_bench_last_phase_steps_and_shared_runs():
+    from types import SimpleNamespace
+
+    from benchmarks import hdee_schedule as H
+    from decentrain.algorithms.hdee.plan import EnsemblePlan, LaneConfig, SeedConfig
+
+    # 3:4:5 shares of 3 x 16 = 48 steps: 12/16/20 (the paper's 300/400/500 around 400); equal totals.
+    assert H.final_phase_steps(16, "het_steps") == [12, 16, 20]
+    assert H.final_phase_steps(16, "homogeneous") == [16, 16, 16]
+    assert sum(H.final_phase_steps(8, "het_steps")) == sum(H.final_phase_steps(8, "homogeneous")) == 24
+
+    def plan(last):
+        lanes = [LaneConfig(domains=[f"a{k}", f"b{k}"], steps=[16, n], intermediate_size=8) for k, n in enumerate(last)]
+        return SimpleNamespace(plan=EnsemblePlan(seeds=[SeedConfig(intermediate_size=8)], lanes=lanes, tokens_per_step=1))
+
+    # Every iteration-0 run and the 4-share lane's last run are configured alike in both plans; the
+    # 3- and 5-share lanes' last runs are not.
+    assert H.shared_runs(plan([16, 16, 16]), plan([12, 16, 20])) == ["lane0-it0-M", "lane1-it0-M", "lane1-it1-M", "lane2-it0-M"]
+    # A run after a differing one is not shared even when its own steps agree.
+    het = plan([16, 16, 16])
+    het.plan.lanes[0] = LaneConfig(domains=["a0", "b0", "c0"], steps=[12, 16, 16], intermediate_size=8)
+    hom = plan([16, 16, 16])
+    hom.plan.lanes[0] = LaneConfig(domains=["a0", "b0", "c0"], steps=[16, 16, 16], intermediate_size=8)
+    assert [n for n in H.shared_runs(hom, het) if n.startswith("lane0")] == []
