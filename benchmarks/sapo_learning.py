@@ -12,7 +12,8 @@ constant lr, grad clip 1. Both evaluate greedy exact accuracy on the same held-o
 Departure: the two systems draw their questions from the same mix independently (the node from
 its seeded stream, TRL from a list drawn with the run's seed), so seeds pair the settings, not the
 question order. The policy is a ~1.9M-param byte Llama warm-started by SFT (sapo_swarm's cache),
-not the paper's Qwen2.5-0.5B; the mix is conf/task/sapo_mix.yaml (3 easy tasks), not 9 tasks.
+not the paper's Qwen2.5-0.5B; the RL mix is conf/task/sapo_learn.yaml (3 easy tasks; the warm start is
+trained on conf/task/sapo_mix.yaml), not 9 tasks.
 
     python -m benchmarks.sapo_learning                                 # decentrain + TRL, 3 seeds
     python -m benchmarks.sapo_learning --systems decentrain --lrs 1e-4,3e-4 --seeds 1   # lr probe
