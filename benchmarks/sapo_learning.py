@@ -35,7 +35,7 @@ GATE = 0.10
 
 @dataclass
 class BenchConfig:
-    lrs: str = "1e-4"
+    lrs: str = "3e-4"
     systems: str = "decentrain,trl"
     rounds: int = 150
     eval_every: int = 25

@@ -57,7 +57,7 @@ class BenchConfig:
     splits: str = "8/0,6/2,4/4,2/6"
     # Both arms alike: the single-node learning setup of conf/sapo/learn_cpu.yaml (T=1,
     # top-k off, exact-match reward, lr inside the stable range; benchmarks/sapo_learning.py gates it).
-    lr: float = 1e-4
+    lr: float = 3e-4
     temperature: float = 1.0
     max_new_tokens: int = 8
     task: str = "sapo_mix"  # conf/task/<task>.yaml the warm start is trained on
@@ -67,7 +67,7 @@ class BenchConfig:
     sft_seed: int = 0
     eval_prompts: int = 32  # per task, for the warm start's accuracy (G completions each)
     heldout_every: int = 25  # rounds between held-out greedy evaluations on every node
-    heldout_prompts: int = 32  # per task
+    heldout_prompts: int = 64  # per task
     checkpoint_every: int = 25
     cache_dir: str = ".cache"  # SFT warm starts (git-ignored)
     work_dir: str = "runs/bench/sapo_swarm"  # RL run dirs (git-ignored)
