@@ -133,7 +133,20 @@ def hdee_rows() -> list[str]:
     return out
 
 
+def _command(module: str, rec: dict, config_cls) -> str:
+    """The benchmark's command line with the flags this record ran under (those differing from the defaults)."""
+    from dataclasses import asdict
+
+    defaults, bench = asdict(config_cls()), rec["config"]["bench"]
+    flags = [f"--{k.replace('_', '-')} {v}" for k, v in bench.items() if k in defaults and v != defaults[k]]
+    if len(rec["config"].get("seeds", [0, 1, 2])) != 3:
+        flags.append(f"--seeds {len(rec['config']['seeds'])}")
+    return f"`python -m benchmarks.{module}{''.join(' ' + f for f in flags)}`"
+
+
 def sapo_rows() -> list[str]:
+    from benchmarks import sapo_learning, sapo_swarm
+
     out = []
     rec = _load("sapo_learning")
     if rec:
@@ -148,7 +161,7 @@ def sapo_rows() -> list[str]:
                    f"the same settings for {b.get('trl_rounds') or b['rounds']} rounds. Not matched: ~1.9M-param SFT warm start and 3 easy tasks "
                    f"(paper: Qwen2.5-0.5B, 9 tasks), "
                    f"independent question draws per system. Result: {arms}{'; ' + agree if agree else ''} | gain ≥ 10 points: "
-                   f"**{'met' if met else 'not met'}** | `python -m benchmarks.sapo_learning` | {_runtime(rec)} | {_provenance(rec)} |")
+                   f"**{'met' if met else 'not met'}** | {_command('sapo_learning', rec, sapo_learning.BenchConfig)} | {_runtime(rec)} | {_provenance(rec)} |")
     else:
         out.append("| sapo_learning | (precondition: RL that learns alone) | not measured yet (one node 8/0 at "
                    "conf/sapo/learn_cpu.yaml beside TRL GRPOTrainer on identical settings) | held-out greedy gain ≥ 10 "
@@ -169,7 +182,7 @@ def sapo_rows() -> list[str]:
                     + ", ".join(f"{k} {fmt(x['heldout_gain'], 3)}" for k, x in sp.items())
                     + (f"; 4/4 gain / 8/0 gain = {f['heldout_gain_ratio_4_4']:.2f}x" if f["heldout_gain_ratio_4_4"] is not None else ""))
             out.append(f"| sapo_swarm | 4/4 = 1.95x 8/0 cumulative reward | {ours} | 4/4 held-out gain ≥ 1.5x 8/0's: "
-                       f"**{'met' if f['target_met'] else 'not met'}** | `python -m benchmarks.sapo_swarm` | {_runtime(rec)} | {_provenance(rec)} |")
+                       f"**{'met' if f['target_met'] else 'not met'}** | {_command('sapo_swarm', rec, sapo_swarm.BenchConfig)} | {_runtime(rec)} | {_provenance(rec)} |")
         elif "ratio_4_4" in f:
             ours = (f"protocol NOT the learning setup: partial-credit reward, T={b['temperature']}, lr {b['lr']}, one task, top-k 50 applied "
                     f"silently, neither arm learns; own-rollout 4/4 = {fmt(f['ratio_4_4'], 2)}x 8/0 ({f['ratio_4_4']['n']} seeds, "
