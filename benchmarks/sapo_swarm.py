@@ -306,7 +306,8 @@ def text(rec: dict) -> str:
     f, b = rec["figures"], rec["config"]["bench"]
     sft = f["sft"]
     lines = [header(rec), "",
-             f"{b['nodes']} nodes x {b['rounds']} rounds, G=8, task mix conf/task/{b['task']}.yaml, exact-match reward, T={b['temperature']}, "
+             f"{b['nodes']} nodes x {b['rounds']} rounds, G=8, RL task mix conf/task/{b.get('rl_task', b['task'])}.yaml (warm start on "
+             f"conf/task/{b['task']}.yaml), exact-match reward, T={b['temperature']}, "
              f"top-k off, RL lr {b['lr']}, max_new_tokens {b['max_new_tokens']}, seeds {rec['config']['seeds']}",
              f"warm start: {sft['steps']} SFT steps; sampled accuracy " + ", ".join(
                  f"{t} {a['sampled_accuracy']:.1%}" for t, a in sft["accuracy"].items())
