@@ -159,7 +159,7 @@ def sapo_rows() -> list[str]:
         out.append(f"| sapo_learning | (precondition: RL that learns alone) | protocol: one node 8/0, G=8, T=1, top-k off, exact-match "
                    f"reward, clip 0.2/0.28, KL 0, dapo loss, lr {b['lrs']}, {b['rounds']} rounds, {len(rec['config']['seeds'])} seed(s); TRL GRPOTrainer on "
                    f"the same settings for {b.get('trl_rounds') or b['rounds']} rounds. Not matched: ~1.9M-param SFT warm start and 3 easy tasks "
-                   f"(paper: Qwen2.5-0.5B, 9 tasks), "
+                   f"(paper: Qwen2.5-0.5B, 9 tasks; RL mix conf/task/sapo_learn.yaml), "
                    f"independent question draws per system. Result: {arms}{'; ' + agree if agree else ''} | gain ≥ 10 points: "
                    f"**{'met' if met else 'not met'}** | {_command('sapo_learning', rec, sapo_learning.BenchConfig)} | {_runtime(rec)} | {_provenance(rec)} |")
     else:
@@ -176,7 +176,8 @@ def sapo_rows() -> list[str]:
             ours = (f"protocol: splits {b['splits']}, G=8, T={b['temperature']}, top-k off, exact reward, lr {b['lr']}, RL mix "
                     f"conf/task/{b.get('rl_task', b['task'])}.yaml, nodes draw from their own streams, collective exchange. Matches the paper in: "
                     f"I/J splits, G=8, GRPO with KL 0, genrl's batch-mean cumulative reward. Departs in: {b['nodes']} nodes (paper 8), "
-                    f"{b['rounds']} rounds, {len(rec['config']['seeds'])} seed(s), ~1.9M-param model (paper Qwen2.5-0.5B), 3 easy tasks (paper 9). "
+                    f"{b['rounds']} rounds, {len(rec['config']['seeds'])} seed(s), ~1.9M-param model (paper Qwen2.5-0.5B), 3 easy tasks (paper 9)"
+                    + "".join(f", split {k} not run" for k in sapo_swarm.PAPER if k not in sp) + ". "
                     f"Paper's cumulative reward (batch mean) vs 8/0: {ratios} (paper 6/2 1.52x, 4/4 1.95x, 2/6 1.68x); "
                     f"own-rollout 4/4 {fmt(f['ratio_4_4'], 2)}x; held-out gain "
                     + ", ".join(f"{k} {fmt(x['heldout_gain'], 3)}" for k, x in sp.items())
