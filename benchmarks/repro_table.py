@@ -153,7 +153,20 @@ def hdee_rows() -> list[str]:
     return out
 
 
+def _command(module: str, rec: dict, config_cls) -> str:
+    """The benchmark's command line with the flags this record ran under (those differing from the defaults)."""
+    from dataclasses import asdict
+
+    defaults, bench = asdict(config_cls()), rec["config"]["bench"]
+    flags = [f"--{k.replace('_', '-')} {v}" for k, v in bench.items() if k in defaults and v != defaults[k]]
+    if len(rec["config"].get("seeds", [0, 1, 2])) != 3:
+        flags.append(f"--seeds {len(rec['config']['seeds'])}")
+    return f"`python -m benchmarks.{module}{''.join(' ' + f for f in flags)}`"
+
+
 def sapo_rows() -> list[str]:
+    from benchmarks import sapo_learning, sapo_swarm
+
     out = []
     rec = _load("sapo_learning")
     if rec:
@@ -164,10 +177,11 @@ def sapo_rows() -> list[str]:
                           for lr, g in f["agreement"].items())
         met = all(a["gate_met"] for k, a in f["arms"].items() if k.startswith("decentrain"))
         out.append(f"| sapo_learning | (precondition: RL that learns alone) | protocol: one node 8/0, G=8, T=1, top-k off, exact-match "
-                   f"reward, clip 0.2/0.28, KL 0, dapo loss, {b['rounds']} rounds, {len(rec['config']['seeds'])} seeds; TRL GRPOTrainer on "
-                   f"the same settings. Not matched: ~1.9M-param SFT warm start and 3 easy tasks (paper: Qwen2.5-0.5B, 9 tasks), "
+                   f"reward, clip 0.2/0.28, KL 0, dapo loss, lr {b['lrs']}, {b['rounds']} rounds, {len(rec['config']['seeds'])} seed(s); TRL GRPOTrainer on "
+                   f"the same settings for {b.get('trl_rounds') or b['rounds']} rounds. Not matched: ~1.9M-param SFT warm start and 3 easy tasks "
+                   f"(paper: Qwen2.5-0.5B, 9 tasks; RL mix conf/task/sapo_learn.yaml), "
                    f"independent question draws per system. Result: {arms}{'; ' + agree if agree else ''} | gain ≥ 10 points: "
-                   f"**{'met' if met else 'not met'}** | `python -m benchmarks.sapo_learning` | {_runtime(rec)} | {_provenance(rec)} |")
+                   f"**{'met' if met else 'not met'}** | {_command('sapo_learning', rec, sapo_learning.BenchConfig)} | {_runtime(rec)} | {_provenance(rec)} |")
     else:
         out.append("| sapo_learning | (precondition: RL that learns alone) | not measured yet (one node 8/0 at "
                    "conf/sapo/learn_cpu.yaml beside TRL GRPOTrainer on identical settings) | held-out greedy gain ≥ 10 "
@@ -178,13 +192,18 @@ def sapo_rows() -> list[str]:
         b = rec["config"]["bench"]
         if "batch_ratio_4_4" in f:
             sp = f["splits"]
-            ours = (f"protocol: {b['nodes']} nodes x {b['rounds']} rounds, splits {b['splits']}, G=8, T={b['temperature']}, exact reward, "
-                    f"lr {b['lr']}, {len(rec['config']['seeds'])} seeds. Paper's cumulative reward (batch mean) 4/4 / 8/0 = "
-                    f"{fmt(f['batch_ratio_4_4'], 2)}x (paper 1.95x); own-rollout {fmt(f['ratio_4_4'], 2)}x; held-out gain "
+            ratios = ", ".join(f"{k} {fmt(x['batch_ratio_to_8_0'], 2)}x" for k, x in sp.items() if "batch_ratio_to_8_0" in x)
+            ours = (f"protocol: splits {b['splits']}, G=8, T={b['temperature']}, top-k off, exact reward, lr {b['lr']}, RL mix "
+                    f"conf/task/{b.get('rl_task', b['task'])}.yaml, nodes draw from their own streams, collective exchange. Matches the paper in: "
+                    f"I/J splits, G=8, GRPO with KL 0, genrl's batch-mean cumulative reward. Departs in: {b['nodes']} nodes (paper 8), "
+                    f"{b['rounds']} rounds, {len(rec['config']['seeds'])} seed(s), ~1.9M-param model (paper Qwen2.5-0.5B), 3 easy tasks (paper 9)"
+                    + "".join(f", split {k} not run" for k in sapo_swarm.PAPER if k not in sp) + ". "
+                    f"Paper's cumulative reward (batch mean) vs 8/0: {ratios} (paper 6/2 1.52x, 4/4 1.95x, 2/6 1.68x); "
+                    f"own-rollout 4/4 {fmt(f['ratio_4_4'], 2)}x; held-out gain "
                     + ", ".join(f"{k} {fmt(x['heldout_gain'], 3)}" for k, x in sp.items())
                     + (f"; 4/4 gain / 8/0 gain = {f['heldout_gain_ratio_4_4']:.2f}x" if f["heldout_gain_ratio_4_4"] is not None else ""))
             out.append(f"| sapo_swarm | 4/4 = 1.95x 8/0 cumulative reward | {ours} | 4/4 held-out gain ≥ 1.5x 8/0's: "
-                       f"**{'met' if f['target_met'] else 'not met'}** | `python -m benchmarks.sapo_swarm` | {_runtime(rec)} | {_provenance(rec)} |")
+                       f"**{'met' if f['target_met'] else 'not met'}** | {_command('sapo_swarm', rec, sapo_swarm.BenchConfig)} | {_runtime(rec)} | {_provenance(rec)} |")
         elif "ratio_4_4" in f:
             ours = (f"protocol NOT the learning setup: partial-credit reward, T={b['temperature']}, lr {b['lr']}, one task, top-k 50 applied "
                     f"silently, neither arm learns; own-rollout 4/4 = {fmt(f['ratio_4_4'], 2)}x 8/0 ({f['ratio_4_4']['n']} seeds, "

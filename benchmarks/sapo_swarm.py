@@ -57,16 +57,17 @@ class BenchConfig:
     splits: str = "8/0,6/2,4/4,2/6"
     # Both arms alike: the single-node learning setup of conf/sapo/learn_cpu.yaml (T=1,
     # top-k off, exact-match reward, lr inside the stable range; benchmarks/sapo_learning.py gates it).
-    lr: float = 1e-4
+    lr: float = 3e-4
     temperature: float = 1.0
     max_new_tokens: int = 8
-    task: str = "sapo_mix"  # conf/task/<task>.yaml: three vetted tasks; nodes draw from their own seeded streams
+    task: str = "sapo_mix"  # conf/task/<task>.yaml the warm start is trained on
+    rl_task: str = "sapo_learn"  # conf/task/<rl_task>.yaml the RL runs draw from (three vetted tasks, each node its own seeded stream)
     sft_steps: int = 250
     sft_lr: float = 2e-3
     sft_seed: int = 0
     eval_prompts: int = 32  # per task, for the warm start's accuracy (G completions each)
     heldout_every: int = 25  # rounds between held-out greedy evaluations on every node
-    heldout_prompts: int = 32  # per task
+    heldout_prompts: int = 64  # per task
     checkpoint_every: int = 25
     cache_dir: str = ".cache"  # SFT warm starts (git-ignored)
     work_dir: str = "runs/bench/sapo_swarm"  # RL run dirs (git-ignored)
@@ -105,7 +106,7 @@ def rl_overrides(b: BenchConfig, split: str, seed: int, model_dir: str, run_dir:
             "reward.kind=exact", "train.micro_batch_size=64", "train.threads=1",
             f"eval.every={b.heldout_every}", f"eval.prompts_per_task={b.heldout_prompts}",
             f"train.checkpoint_every={b.checkpoint_every}", "train.keep_checkpoints=1", "logger.progress=false",
-            f"run_dir={run_dir}", "resume=true", f"task={b.task}"]
+            f"run_dir={run_dir}", "resume=true", f"task={b.rl_task}"]
 
 
 def _rows(path: Path) -> list[dict]:
@@ -209,6 +210,18 @@ def summarize_run(run: dict, num_external: int) -> dict:
     }
 
 
+def paired(runs: list[dict], base: list[dict], key: str) -> dict:
+    """Split minus 8/0 on one statistic, paired by seed: mean ± std of the differences and the paired t-test."""
+    d = np.array([r[key] - b[key] for r, b in zip(runs, base)], dtype=float)
+    out = {"diff": mean_std(d.tolist()), "n": len(d)}
+    if len(d) > 1 and d.std(ddof=1) > 0:
+        from scipy.stats import ttest_rel
+
+        t = ttest_rel([r[key] for r in runs], [b[key] for b in base])
+        out.update(t=float(t.statistic), p=float(t.pvalue))
+    return out
+
+
 def analyze(b: BenchConfig, seeds: list[int], runs: dict[tuple[str, int], dict]) -> dict:
     splits = b.splits.split(",")
     per = {sp: [summarize_run(runs[sp, s], int(sp.split("/")[1])) for s in seeds] for sp in splits}
@@ -243,6 +256,7 @@ def analyze(b: BenchConfig, seeds: list[int], runs: dict[tuple[str, int], dict])
             # Held-out gain over 8/0's: a ratio of means (a per-seed ratio of small gains is unstable).
             base_gain = np.mean([base["heldout_gain"] for base in per["8/0"]])
             out["splits"][sp]["heldout_gain_ratio_to_8_0"] = float(np.mean([r["heldout_gain"] for r in rs]) / base_gain) if base_gain else None
+            out["splits"][sp]["paired_vs_8_0"] = {k: paired(rs, per["8/0"], k) for k in ("heldout_gain", "batch_cumulative_reward", "swarm_cumulative_reward")}
             diff = np.mean([np.array(r["mean_reward_per_round"]) - np.array(base["mean_reward_per_round"])
                             for r, base in zip(rs, per["8/0"])], 0)
             out["splits"][sp]["reward_minus_8_0_per_round"] = diff.round(5).tolist()
@@ -292,7 +306,8 @@ def text(rec: dict) -> str:
     f, b = rec["figures"], rec["config"]["bench"]
     sft = f["sft"]
     lines = [header(rec), "",
-             f"{b['nodes']} nodes x {b['rounds']} rounds, G=8, task mix conf/task/{b['task']}.yaml, exact-match reward, T={b['temperature']}, "
+             f"{b['nodes']} nodes x {b['rounds']} rounds, G=8, RL task mix conf/task/{b.get('rl_task', b['task'])}.yaml (warm start on "
+             f"conf/task/{b['task']}.yaml), exact-match reward, T={b['temperature']}, "
              f"top-k off, RL lr {b['lr']}, max_new_tokens {b['max_new_tokens']}, seeds {rec['config']['seeds']}",
              f"warm start: {sft['steps']} SFT steps; sampled accuracy " + ", ".join(
                  f"{t} {a['sampled_accuracy']:.1%}" for t, a in sft["accuracy"].items())
@@ -325,6 +340,13 @@ def text(rec: dict) -> str:
                      f"{fmt(r['swarm_cumulative_reward'], 1)} | {(fmt(orr, 2) + 'x') if orr else '1'} | "
                      f"{r['heldout_start']['mean']:.3f} -> {r['heldout_final']['mean']:.3f} | {fmt(r['heldout_gain'], 3)} | "
                      f"{'-' if gr is None and sp == '8/0' else ('1' if sp == '8/0' else f'{gr:.2f}x' if gr is not None else 'n/a (8/0 gain 0)')} |")
+    for sp, r in f["splits"].items():
+        if "paired_vs_8_0" in r:
+            parts = []
+            for k, v in r["paired_vs_8_0"].items():
+                test = f", paired t={v['t']:.2f} p={v['p']:.3f}" if "t" in v else ""
+                parts.append(f"{k} {fmt(v['diff'], 3)}{test}")
+            lines.append(f"{sp} minus 8/0 per seed (n={next(iter(r['paired_vs_8_0'].values()))['n']}): " + "; ".join(parts))
     if "ratio_4_4" in f:
         g = f["heldout_gain_ratio_4_4"]
         lines += ["", f"target: 4/4's held-out gain >= {TARGET}x 8/0's: {('%.2fx' % g) if g is not None else 'n/a'} -> "

@@ -63,12 +63,18 @@ def test_signal_shares_and_paired_ratios():
     assert out["heldout_gain_ratio_4_4"] == pytest.approx(2.0)
     assert out["target_met"] is True
     assert four["reward_minus_8_0_per_round"] == pytest.approx([0.1, 0.1])
+    # Paired by seed: batch cumulative reward 4/4 - 8/0 = [1.6 - 0.4, 2.4 - 0.8] = [1.2, 1.6]: mean 1.4, std 0.2828,
+    # t = 1.4 / (0.2828 / sqrt 2) = 7.0 on 1 degree of freedom, p = 1 - 2 atan(7) / pi = 0.0903.
+    pb = four["paired_vs_8_0"]["batch_cumulative_reward"]
+    assert pb["diff"]["values"] == pytest.approx([1.2, 1.6]) and pb["n"] == 2
+    assert pb["t"] == pytest.approx(7.0) and pb["p"] == pytest.approx(1 - 2 * np.arctan(7.0) / np.pi)
+    assert "t" not in four["paired_vs_8_0"]["heldout_gain"]  # equal differences (0.1, 0.1): no spread, no test
     assert out["rl_start"]["accuracy"]["mean"] == pytest.approx((0.05 + 0.1 + 0.1 + 0.15) / 4)
 
 
 def test_rl_overrides_pin_the_learning_setup():
     o = S.rl_overrides(S.BenchConfig(), "4/4", 0, "m", S.Path("r"))
-    assert {"reward.kind=exact", "sampling.top_k=null", "sampling.temperature=1.0", "task=sapo_mix", "sapo=swarm_4_4"} <= set(o)
+    assert {"reward.kind=exact", "sampling.top_k=null", "sampling.temperature=1.0", "task=sapo_learn", "sapo=swarm_4_4"} <= set(o)
 
 
 def test_learning_gate_summary_by_hand():
