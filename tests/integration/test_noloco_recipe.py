@@ -8,9 +8,11 @@ from recipe_helpers import metrics, recipe
 pytestmark = pytest.mark.integration
 
 
-def test_noloco_recipe_trains_and_syncs_with_partners(tmp_path):
+@pytest.mark.parametrize("overlap", [False, True])
+def test_noloco_recipe_trains_and_syncs_with_partners(tmp_path, overlap):
+    # overlap: round r's exchange runs on a helper thread during round r+1; the last one drains at step 6
     proc = recipe(tmp_path, "algorithm=noloco", "algorithm.inner_steps=2", "train.steps=6", "train.eval_every=6",
-                  "algorithm.deadline_s=60")
+                  "algorithm.deadline_s=60", f"algorithm.overlap={str(overlap).lower()}")
     assert "noloco" in proc.stdout and "world 2" in proc.stdout
     rows = metrics(tmp_path)
     rounds = [r["outer/round"] for r in rows if "outer/round" in r]
