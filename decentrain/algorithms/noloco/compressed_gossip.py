@@ -185,8 +185,7 @@ def compressed_outer_step(algo, group: tuple[int, ...], jumped: int) -> dict[str
     delta = _flatten_dense_tensors(algo.outer.pseudo_gradient(algo.params)).float()
     phi = _flatten_dense_tensors(algo.outer.slow)
     c_bytes, s_bytes, own_c, own_s = gossip.messages(delta, phi, r)
-    pace = torch.tensor([min(v, 1e30) for v in (algo.pace.step_time, min(algo.pace.fastest, algo.pace.step_time))],
-                        dtype=torch.float32)
+    pace = algo.pace_tensor(torch.device("cpu"))  # travels with the byte payloads
     received = None if jumped else comm.exchange([c_bytes, s_bytes, pace], group, r)
     decoded, paces, dropped = [], [], 0
     for i, theirs in enumerate(received or []):

@@ -220,11 +220,14 @@ class NoLoCo(InnerOuterAlgorithm):
 
     def _payload(self, theta: list[torch.Tensor]) -> list[torch.Tensor]:
         """What the partner gets: θ, φ too when γ ≠ β, and the pace side data."""
+        return theta + (self.phi if self.cfg.general else []) + [self.pace_tensor(self.params[0].device)]
+
+    def pace_tensor(self, device: torch.device) -> torch.Tensor:
+        """The pace side data a partner gets: (own step time, fastest step time heard)."""
         # side data lives with the weights (cat and NCCL need one device); inf (no timing yet) would
         # read as a non-finite message to the partner, so it travels as a large finite stand-in
-        pace_values = [min(v, 1e30) for v in (self.pace.step_time, min(self.pace.fastest, self.pace.step_time))]
-        pace = torch.tensor(pace_values, dtype=torch.float32, device=self.params[0].device)
-        return theta + (self.phi if self.cfg.general else []) + [pace]
+        values = [min(v, 1e30) for v in (self.pace.step_time, min(self.pace.fastest, self.pace.step_time))]
+        return torch.tensor(values, dtype=torch.float32, device=device)
 
     def _apply(self, sent: list[torch.Tensor], group: tuple[int, ...], partners: list | None, reset: bool
                ) -> dict[str, float]:
