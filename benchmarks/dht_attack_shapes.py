@@ -187,8 +187,8 @@ def _run(attacker, fn, timeout: float) -> int:
     return attacker.run_coroutine(fn, return_future=True).result(timeout=timeout)
 
 
-def run_shape(attacker, name: str, prefix: str, timeout: float = 120) -> int:
-    return _run(attacker, partial(SHAPES[name], prefix=prefix), timeout)
+def run_shape(attacker, name: str, prefix: str, timeout: float = 120, **shape_kw) -> int:
+    return _run(attacker, partial(SHAPES[name], prefix=prefix, **shape_kw), timeout)
 
 
 def run_capture(attacker, prefix: str, timeout: float = 60) -> int:

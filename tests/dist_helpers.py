@@ -1,4 +1,5 @@
-"""Run a function on N gloo ranks (OLMo-core style): fresh processes, a free port, torchrun's env."""
+"""Run a function on N gloo ranks (OLMo-core style): fresh processes, a free port, torchrun's env.
+Also: run a function alone in a fresh process."""
 
 from __future__ import annotations
 
@@ -85,3 +86,31 @@ def average(exchange, tensors, group, round_idx):
 
     partners = exchange.exchange(tensors, group, round_idx)
     return None if partners is None else group_mean(list(tensors), partners)
+
+
+def _alone(fn: Callable, args: tuple, results) -> None:
+    try:
+        results.put(("ok", fn(*args)))
+    except BaseException:
+        results.put(("error", traceback.format_exc()))
+
+
+def run_in_fresh_process(fn: Callable, *args: Any, timeout: float = 240.0) -> Any:
+    """`fn(*args)` in a spawned interpreter; returns its result, re-raising its error.
+
+    For code that forks helpers (hivemind's DHT is a fork of its caller): a fork of the test
+    process inherits hundreds of tests' threads and locks, a node's own process does not.
+    """
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    proc = ctx.Process(target=_alone, args=(fn, args, results))
+    proc.start()
+    try:
+        status, value = results.get(timeout=timeout)
+    finally:
+        proc.join(timeout=30)
+        if proc.is_alive():
+            proc.kill()
+    if status == "error":
+        raise AssertionError(f"in the fresh process:\n{value}")
+    return value

@@ -20,6 +20,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # the shapes live beside the benchmark that also uses them
 
 from benchmarks import dht_attack_shapes as shapes  # noqa: E402
+from dist_helpers import run_in_fresh_process  # noqa: E402
 
 ATTACKS = [*shapes.SHAPES, "stale_replay"]
 
@@ -29,13 +30,24 @@ def _payload(node_id: str, round_: int) -> bytes:
     return f"{node_id}:{round_}:".encode() + bytes(range(256)) * 8
 
 
+# The receiver's limits, small enough that the Sybil shape overflows them with 8 keys, not 32.
+LIMITS = {"max_peers_per_round": 8, "max_fetch_bytes": 2 << 20}
+SHAPE_KW = {"sybil_crowding": {"keys": 8, "chunks": 22}}  # 8 x 22 x 12 KiB > 2 MiB
+
+
 @pytest.mark.parametrize("attack", ATTACKS)
 def test_honest_node_still_gets_the_honest_peers_groups(attack):
+    # A fresh process forks the DHTs, as a node's own process would (see run_in_fresh_process).
+    run_in_fresh_process(_honest_peer_after, attack)
+
+
+def _honest_peer_after(attack: str) -> None:
     from decentrain.algorithms.sapo.exchange import ExchangeConfig, HivemindConfig, build_exchange
     from decentrain.core.world import World
 
     def cfg(peers, wait_s):
-        return ExchangeConfig(name="hivemind", hivemind=HivemindConfig(wait_s=wait_s, prefix=PREFIX, initial_peers=peers))
+        return ExchangeConfig(name="hivemind", hivemind=HivemindConfig(wait_s=wait_s, prefix=PREFIX,
+                                                                       initial_peers=peers, **LIMITS))
 
     a = build_exchange(cfg([], 5.0), World(), "a")
     b = build_exchange(cfg(a.maddrs, 0.0), World(), "b")  # b only publishes
@@ -47,13 +59,14 @@ def test_honest_node_still_gets_the_honest_peers_groups(attack):
             assert shapes.run_capture(x, PREFIX) > 0
             assert shapes.run_replay(x, PREFIX) > 0
         else:
-            assert shapes.run_shape(x, attack, PREFIX) > 0
+            assert shapes.run_shape(x, attack, PREFIX, **SHAPE_KW.get(attack, {})) > 0
         got = []
         for r in (1, 2):  # the honest peer's next two rounds both arrive
             b.exchange(r, _payload("b", r))
             recs = a.exchange(r, _payload("a", r))
             got += [(rec.data, rec.round) for rec in recs]
         assert got == [(_payload("b", 1), 1), (_payload("b", 2), 2)]
+        assert a.drops["lookup_error"] == 0 and a.drops["registry_lookup_failed"] == 0
     finally:
         for node in (a, b):
             node.close()

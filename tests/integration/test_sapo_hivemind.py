@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from dist_helpers import run_in_fresh_process
+
 pytest.importorskip("hivemind")
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -75,6 +77,11 @@ def test_three_nodes_one_killed_the_rest_keep_training(tmp_path):
 
 
 def test_exchange_returns_new_peer_records_once_and_refuses_junk_at_the_dht():
+    # A fresh process forks the DHTs, as a node's own process would (see run_in_fresh_process).
+    run_in_fresh_process(_records_once_and_junk_refused)
+
+
+def _records_once_and_junk_refused() -> None:
     from hivemind.utils import get_dht_time
 
     from decentrain.algorithms.sapo.exchange import ExchangeConfig, HivemindConfig, build_exchange

@@ -125,8 +125,37 @@ def test_min_peers_counts_only_valid_records(monkeypatch):
     monkeypatch.setattr(x, "_publish", lambda r, d: None, raising=False)
     monkeypatch.setattr(x, "_refresh_peers", lambda: x.peers.listed(b"attacker", time.monotonic()), raising=False)
     monkeypatch.setattr(x, "_assemble", lambda m, found: (7, zlib.compress(b"junk")), raising=False)
-    x.dht = SimpleNamespace(get=lambda *a, **k: SimpleNamespace(result=lambda: None))
+    x.dht = SimpleNamespace(get=lambda *a, **k: SimpleNamespace(result=lambda timeout=None: None))
     t = time.monotonic()
     assert x.exchange(7, b"mine", is_valid=lambda rec: False) == []
     assert time.monotonic() - t >= 0.3  # kept waiting for a valid peer instead of returning at once
     assert x.drops["invalid_payload"] == 1 and not x.peers.merit
+
+
+def test_a_dht_call_that_never_returns_costs_the_round_not_the_node():
+    """hivemind's futures carry no deadline: a get or store that never answers (a hung DHT
+    process, a peer that never replies) used to block the node for good. Now every call waits
+    at most rpc_timeout_s; the lost lookups and the skipped publication are counted."""
+    pytest.importorskip("hivemind")
+    import threading
+    from concurrent.futures import Future
+
+    from decentrain.algorithms.sapo import exchange as ex
+
+    x = object.__new__(ex.HivemindExchange)
+    x.cfg = ex.ExchangeConfig(name="hivemind", hivemind=ex.HivemindConfig(wait_s=0.0, rpc_timeout_s=0.2))
+    x.hcfg = x.cfg.hivemind
+    x.peers = PeerSelector(32, 1024)
+    x.peers.listed(b"[owner:peer]", time.monotonic())
+    x.high_water, x.digests, x.drops, x.starved_rounds = {}, ex.OrderedDict(), Counter(), 0
+    x.marker, x.registry, x.own_key = b"[owner:me]", "p/registry", "p/me"
+    x.dht = SimpleNamespace(get=lambda *a, **k: Future(), store=lambda *a, **k: Future())  # never resolved
+    out = []
+    worker = threading.Thread(target=lambda: out.append(x.exchange(0, b"mine")), daemon=True)
+    t = time.monotonic()
+    worker.start()
+    worker.join(timeout=20)
+    assert not worker.is_alive(), "exchange blocked on a DHT call that never returns"
+    assert out == [[]] and time.monotonic() - t < 5
+    assert x.drops["own_publish_failed"] == 1  # the first chunk's store hung: nothing more was stored
+    assert x.drops["registry_lookup_failed"] == 1 and x.drops["lookup_error"] == 1

@@ -27,6 +27,7 @@ from decentrain.core.registry import Registry
 from decentrain.core.world import World
 
 logger = logging.getLogger(__name__)
+_FAILED = object()  # a DHT call that raised or timed out (None is a real answer: nothing stored)
 
 
 @dataclass
@@ -49,6 +50,10 @@ class HivemindConfig:
     wait_s: float = 2.0  # wait at most this long for `min_peers` new records
     min_peers: int = 1
     poll_s: float = 0.2
+    # One DHT call (a get or a store) waits at most this long. hivemind's own futures carry no
+    # deadline, so a call that never returns would stall the node; here it costs that peer's
+    # record (a lookup) or this round's publication (a store), never the run.
+    rpc_timeout_s: float = 30.0
     # Receive-side limits: what strangers can make this node store, fetch and hold.
     max_ttl_s: float = 300.0  # records expiring later than now + this are refused (stored or fetched)
     max_record_bytes: int = 1 << 20  # one node's compressed record; below p2pd's 2 MiB unary limit
@@ -58,7 +63,7 @@ class HivemindConfig:
     starved_warn_rounds: int = 5  # WARNING once per this many rounds without records while peers are known
 
     def __post_init__(self) -> None:
-        for name in ("ttl_s", "poll_s", "max_ttl_s"):
+        for name in ("ttl_s", "poll_s", "max_ttl_s", "rpc_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"exchange.hivemind.{name}={getattr(self, name)} must be > 0")
         if self.wait_s < 0 or self.min_peers < 0:
@@ -224,10 +229,11 @@ class HivemindExchange:
     def _refresh_peers(self) -> None:
         from decentrain.algorithms.sapo.dht_guard import owner_of
 
-        found = self.dht.get(self.registry, latest=True)
+        found = self._result(self.dht.get(self.registry, latest=True, return_future=True), "registry_lookup_failed")
         now = time.monotonic()
-        if found is not None and isinstance(found.value, dict):
-            for subkey in found.value:
+        listed = getattr(found, "value", None)  # None: nothing listed yet, or the lookup failed (counted)
+        if isinstance(listed, dict):
+            for subkey in listed:
                 marker = owner_of(subkey) if isinstance(subkey, bytes) else None
                 if marker is None or marker != subkey:
                     self.drops["bad_registry_entry"] += 1
@@ -321,16 +327,14 @@ class HivemindExchange:
             self.drops["peer_budget"] += left
         peers = trusted + explore
         futures = [self.dht.get(rollouts_key(self.hcfg.prefix, m), latest=True, return_future=True) for m in peers]
+        deadline = time.monotonic() + self.hcfg.rpc_timeout_s  # the lookups run together: one deadline for all
         out = []
         for k, (marker, future) in enumerate(zip(peers, futures)):
             # Peers with merit spend the shared byte budget first; the explored ones at most half of it.
             budget = budgets[0] if k < len(trusted) else budgets[1]
             left_before = budget[0]
-            try:
-                found = future.result()
-            except Exception as e:  # a DHT lookup error costs this peer's record, not the round
-                self.drops["lookup_error"] += 1
-                logger.debug("DHT get for %s failed: %s", marker[:24], e)
+            found = self._result(future, "lookup_error", deadline)
+            if found is _FAILED:  # a failed or hung lookup costs this peer's record, not the round
                 continue
             record = self._take(marker, found, budget, is_valid)
             if budget is budgets[1]:  # explored bytes count against the shared budget too
@@ -382,8 +386,23 @@ class HivemindExchange:
         # One after another, chunk 0 last: a reader that sees this round's chunk 0 finds the rest.
         for i in reversed(range(len(chunks))):
             value = {"round": round_, "n": len(chunks), "payload": chunks[i]}
-            self.dht.store(self.own_key, value, expiration_time=expiration, subkey=chunk_subkey(self.marker, i))
-        self.dht.store(self.registry, 1, expiration_time=expiration, subkey=self.marker)
+            stored = self.dht.store(self.own_key, value, expiration_time=expiration,
+                                    subkey=chunk_subkey(self.marker, i), return_future=True)
+            if self._result(stored, "own_publish_failed") is _FAILED:
+                return  # without this chunk the rest is useless to readers: skip this round's publication
+        self._result(self.dht.store(self.registry, 1, expiration_time=expiration, subkey=self.marker,
+                                    return_future=True), "own_publish_failed")
+
+    def _result(self, future, reason: str, deadline: float | None = None):
+        """A DHT call's result, or `_FAILED` (counted under `reason`) if it raised or outlived its deadline."""
+        timeout = self.hcfg.rpc_timeout_s if deadline is None else max(deadline - time.monotonic(), 0.0)
+        try:
+            return future.result(timeout=timeout)
+        except Exception as e:  # hivemind raises its own errors, and TimeoutError here
+            future.cancel()
+            self.drops[reason] += 1
+            logger.debug("DHT call failed (%s): %r", reason, e)
+            return _FAILED
 
     def _report(self, round_: int, out: list[PeerRecord], before: tuple[int, dict[str, int]]) -> None:
         """Drops: one line per round, not per record. Silence while peers are listed: one WARNING per K rounds."""
