@@ -50,6 +50,11 @@ class PendingMean:
     codec: MeanCodec | None
     n: int
 
+    @property
+    def payload_bytes(self) -> int:
+        """What this replica put on the wire: its flat fp32 payload, or its encoded parts."""
+        return sum(part[0].numel() * part[0].element_size() for part in self.parts)
+
     def result(self) -> list[torch.Tensor]:
         for w in self.works:
             w.wait()

@@ -46,7 +46,8 @@ def test_diloco_outer_step_is_nesterov_on_the_pseudo_gradient():
     algo = DiLoCo(DiLoCoConfig(inner_steps=2, outer_optimizer=OuterOptimizerConfig(lr=0.5, momentum=0.9)), World())
     algo.on_train_start(model, None)
     assert step_to(algo, model, [0.0, 1.0], 1) == {}  # inner step: no sync yet
-    step_to(algo, model, [0.0, 1.0], 2)  # Δ = (1, 1); b = Δ; φ = φ − 0.5·(Δ + 0.9·b) = φ − 0.95
+    metrics = step_to(algo, model, [0.0, 1.0], 2)  # Δ = (1, 1); b = Δ; φ = φ − 0.5·(Δ + 0.9·b) = φ − 0.95
+    assert metrics["outer/payload_bytes"] == 8  # two fp32 parameters
     assert [layer.weight.item() for layer in model.model.layers] == pytest.approx([0.05, 1.05])
     step_to(algo, model, [0.05, 1.05], 3)
     step_to(algo, model, [0.05, 1.05], 4)  # Δ = 0: b = 0.9, φ −= 0.5·(0 + 0.81)
@@ -61,7 +62,7 @@ def test_streaming_fragments_sync_in_turn_late_by_tau_and_mix_with_alpha():
     algo.on_train_start(model, None)
     assert algo.offsets == [0, 2]  # fragment 1 (layer 1) at steps ≡ 2, fragment 0 at ≡ 0 (mod 4)
     step_to(algo, model, [0.0, 0.0], 1)
-    step_to(algo, model, [0.0, 0.0], 2)  # fragment 1 sends Δ = 2 − 0 = 2
+    assert step_to(algo, model, [0.0, 0.0], 2)["outer/payload_bytes"] == 4  # fragment 1 sends Δ = 2 − 0 = 2
     assert model.model.layers[1].weight.item() == 0.0  # τ = 1: not applied yet
     metrics = step_to(algo, model, [0.0, -1.0], 3)  # lands: φ1 = 2 − 2 = 0; θ1 = 0.5·(−1) + 0.5·0
     assert "outer/fragment_1" in metrics
@@ -110,3 +111,11 @@ def test_single_replica_mean_is_the_payload_up_to_quantisation(kind, tol):
     assert [o.dtype for o in out] == [torch.float32] * 2
     for o, t in zip(out, ts):
         assert o.shape == t.shape and torch.allclose(o, t, atol=tol)
+
+
+def test_payload_bytes_count_what_this_replica_puts_on_the_wire():
+    ts = [torch.linspace(-1, 1, 300).view(3, 100), torch.tensor([0.25])]
+    tp = TorchTransport(World())
+    assert tp.start_mean(ts).payload_bytes == 301 * 4
+    fp16, int4 = (tp.start_mean(ts, codec_for(kind)).payload_bytes for kind in ("fp16", "int4"))
+    assert 301 * 2 <= fp16 < 301 * 4 and int4 < fp16  # the encoded parts, scales included

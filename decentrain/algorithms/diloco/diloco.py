@@ -49,20 +49,22 @@ class DiLoCo(InnerOuterAlgorithm):
         if self.delayed is not None:
             metrics = self._land()  # round r−1's mean, one round late
             self.delayed.correct(self.params, self.outer.slow)  # θ ← φ + (θ − b) ; b ← θ
-            self._send()
-            return {**metrics, "outer/round": float(self.round + 1)}
+            return {**metrics, **self._send(), "outer/round": float(self.round + 1)}
         delta = self.outer.pseudo_gradient(self.params)
-        mean = self.comm().start_mean(delta).result()
+        pending = self.comm().start_mean(delta)
+        mean = pending.result()
         if self.cfg.adaptive_inner_steps:
             self._share_pace()
         self.outer.step(mean)
         self.outer.copy_to(self.params)
         norm = torch.sqrt(sum((d.double() ** 2).sum() for d in mean)).item()
-        return {"outer/pseudo_grad_norm": norm, "outer/round": float(self.round + 1)}
+        return {"outer/pseudo_grad_norm": norm, "outer/round": float(self.round + 1),
+                "outer/payload_bytes": float(pending.payload_bytes)}
 
-    def _send(self) -> None:
+    def _send(self) -> dict[str, float]:
         """Start the mean of this round's Δ = φ − b (= φ − θ just after the correction)."""
         self.in_flight = self.comm().start_mean(self.outer.pseudo_gradient(self.delayed.base))
+        return {"outer/payload_bytes": float(self.in_flight.payload_bytes)}
 
     def _land(self) -> dict[str, float]:
         if self.in_flight is None:
