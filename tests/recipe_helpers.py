@@ -32,7 +32,10 @@ def recipe(run_dir: Path, *overrides: str, ok: bool = True, timeout: float = 240
 
 def recipe_killing_a_worker(run_dir: Path, *overrides: str, ready: Callable[[], bool], victim: Callable[[], int | None],
                             env: dict[str, str] | None = None, wait_s: float = 180, timeout: float = 300) -> subprocess.CompletedProcess:
-    """Start the recipe, SIGKILL the worker `victim()` names once `ready()` holds (or `wait_s` passed), let it end.
+    """Start the recipe, SIGKILL the worker `victim()` names once `ready()` holds, let it end.
+
+    A run that ends, or is not ready within `wait_s`, fails here with its output: killing at another
+    moment would test something else.
 
     Returns the run (stdout and stderr together in `stdout`); the caller asserts on it. The recipe runs in its
     own process group, so the cleanup reaches every worker whatever happens.
@@ -43,7 +46,11 @@ def recipe_killing_a_worker(run_dir: Path, *overrides: str, ready: Callable[[], 
                             start_new_session=True)
     try:
         deadline = time.time() + wait_s
-        while time.time() < deadline and not ready():
+        while not ready():
+            if proc.poll() is not None or time.time() > deadline:
+                proc.kill()
+                raise AssertionError(f"the run was not ready to lose a worker (exit {proc.poll()}, "
+                                     f"{wait_s} s):\n{proc.communicate()[0][-3000:]}")
             time.sleep(0.2)
         pid = victim()
         assert pid is not None, "found no worker to kill"
