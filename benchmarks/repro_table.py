@@ -195,8 +195,10 @@ def sapo_rows() -> list[str]:
             ratios = ", ".join(f"{k} {fmt(x['batch_ratio_to_8_0'], 2)}x" for k, x in sp.items() if "batch_ratio_to_8_0" in x)
             ours = (f"protocol: splits {b['splits']}, G=8, T={b['temperature']}, top-k off, exact reward, lr {b['lr']}, RL mix "
                     f"conf/task/{b.get('rl_task', b['task'])}.yaml, nodes draw from their own streams, collective exchange. Matches the paper in: "
-                    f"I/J splits, G=8, GRPO with KL 0, genrl's batch-mean cumulative reward. Departs in: {b['nodes']} nodes (paper 8), "
-                    f"{b['rounds']} rounds, {len(rec['config']['seeds'])} seed(s), ~1.9M-param model (paper Qwen2.5-0.5B), 3 easy tasks (paper 9)"
+                    f"I/J splits, G=8, GRPO with KL 0, genrl's batch-mean cumulative reward"
+                    + (", 8 nodes" if b["nodes"] == 8 else "") + ". Departs in: "
+                    + ("" if b["nodes"] == 8 else f"{b['nodes']} nodes (paper 8), ")
+                    + f"{b['rounds']} rounds, {len(rec['config']['seeds'])} seed(s), ~1.9M-param model (paper Qwen2.5-0.5B), 3 easy tasks (paper 9)"
                     + "".join(f", split {k} not run" for k in sapo_swarm.PAPER if k not in sp) + ". "
                     f"Paper's cumulative reward (batch mean) vs 8/0: {ratios} (paper 6/2 1.52x, 4/4 1.95x, 2/6 1.68x); "
                     f"own-rollout 4/4 {fmt(f['ratio_4_4'], 2)}x; held-out gain "
