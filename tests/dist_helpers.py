@@ -1,10 +1,11 @@
 """Run a function on N gloo ranks (OLMo-core style): fresh processes, a free port, torchrun's env.
-Also: run a function alone in a fresh process."""
+Also: run a function alone in a fresh process, or on N threads of this one."""
 
 from __future__ import annotations
 
 import os
 import socket
+import threading
 import traceback
 from typing import Any, Callable
 
@@ -114,3 +115,25 @@ def run_in_fresh_process(fn: Callable, *args: Any, timeout: float = 240.0) -> An
     if status == "error":
         raise AssertionError(f"in the fresh process:\n{value}")
     return value
+
+
+def run_in_threads(fn: Callable[[int], Any], n: int, timeout: float = 60.0) -> list[Any]:
+    """`fn(rank)` for rank 0..n-1 on threads of this process (in-process replicas, fakes of a
+    backend); the results in rank order. A rank that raised or is still running after `timeout`
+    (a deadlock) fails the test."""
+    out, errors = {}, {}
+
+    def main(rank: int) -> None:
+        try:
+            out[rank] = fn(rank)
+        except BaseException as e:  # noqa: BLE001 -- reported below
+            errors[rank] = e
+
+    threads = [threading.Thread(target=main, args=(r,), daemon=True) for r in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
+    stuck = [r for r, t in enumerate(threads) if t.is_alive()]
+    assert not errors and not stuck, f"ranks that raised: {errors}; ranks still running after {timeout} s: {stuck}"
+    return [out[r] for r in range(n)]

@@ -12,6 +12,7 @@ import torch.distributed as dist
 
 from decentrain.core.exchange import PairExchange
 from decentrain.core.world import World
+from dist_helpers import run_in_threads
 
 
 class _Group:
@@ -88,23 +89,14 @@ def test_full_duplex_nccl_exchange_reaches_each_lane_in_the_same_order(monkeypat
     fake = LazyNcclFake()
     for name in ("new_group", "isend", "irecv"):
         monkeypatch.setattr(dist, name, getattr(fake, name))
-    results, errors = {}, {}
 
-    def rank_main(rank: int) -> None:
+    def rank_main(rank: int) -> list:
         fake.local.rank = rank
-        try:
-            ex = PairExchange(World(rank=rank, world_size=2, backend="nccl", device=torch.device("cpu")))
-            ex.full_duplex()
-            results[rank] = [ex.exchange([torch.full((3,), float(rank + 1) * (r + 1))], (0, 1), r) for r in range(2)]
-        except BaseException as e:  # noqa: BLE001 -- reported below
-            errors[rank] = e
+        ex = PairExchange(World(rank=rank, world_size=2, backend="nccl", device=torch.device("cpu")))
+        ex.full_duplex()
+        return [ex.exchange([torch.full((3,), float(rank + 1) * (r + 1))], (0, 1), r) for r in range(2)]
 
-    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
-    assert not errors, f"the first exchange deadlocked on NCCL's lazy communicators: {errors}"
+    results = run_in_threads(rank_main, 2, timeout=30)  # fails if the first exchange deadlocks on NCCL's lazy communicators
     assert fake.first_calls[0] == fake.first_calls[1]  # both ranks reached the two lanes in one order
     for rank in range(2):
         other = 1 - rank

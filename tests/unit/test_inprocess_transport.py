@@ -1,30 +1,11 @@
 """The in-process transport (replicas as threads), and NoLoCo's partner mean over it."""
 
-import threading
-
 import pytest
 import torch
 
 from decentrain.core.bytes_comm import PayloadTooLarge
 from decentrain.core.inprocess import InProcessHub
-
-
-def _on_threads(n, fn):
-    out, errors = {}, {}
-
-    def main(rank):
-        try:
-            out[rank] = fn(rank)
-        except BaseException as e:  # noqa: BLE001
-            errors[rank] = e
-
-    threads = [threading.Thread(target=main, args=(r,)) for r in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert not errors, errors
-    return [out[r] for r in range(n)]
+from dist_helpers import run_in_threads
 
 
 def test_exchange_collectives_and_bytes():
@@ -41,7 +22,7 @@ def test_exchange_collectives_and_bytes():
         low = tp.all_reduce_min(5.0 - rank)
         return pair, mean, gathered and list(gathered), gathered and gathered.dropped, low
 
-    (p0, m0, g0, d0, low0), (p1, *_), (p2, _, g2, *_) = _on_threads(3, replica)
+    (p0, m0, g0, d0, low0), (p1, *_), (p2, _, g2, *_) = run_in_threads(replica, 3)
     assert float(p0[0][0]) == 1.0 and float(p1[0][0]) == 0.0 and p2 == []
     assert torch.equal(m0[0], torch.tensor([2.0, 4.0]))
     assert g0 == [b"x" * 10, b"x" * 20, b""] and d0 == [] and g2 is None and low0 == 3.0
@@ -83,5 +64,5 @@ def test_noloco_forms_the_partner_mean_in_fp32_for_bf16_weights():
         algo.after_optimizer_step(1, model, opt)
         return float(algo.phi[0])
 
-    phis = _on_threads(2, replica)
+    phis = run_in_threads(replica, 2)
     assert phis == [1.0 + 0.5 * 2**-8] * 2  # φ + η·(θ̄ − φ), θ̄ = 1 + 2**-8 exactly in fp32

@@ -7,6 +7,7 @@ from decentrain.algorithms.common.outer_optimizers import OuterOptimizerConfig
 from decentrain.algorithms.noloco import NoLoCo, NoLoCoConfig
 from decentrain.algorithms.noloco.compressed_gossip import CompressedGossip, NoLoCoCompressionConfig, step_direction
 from decentrain.core.world import World
+from dist_helpers import run_in_threads
 
 
 def test_step_direction_by_hand():
@@ -110,38 +111,26 @@ def test_resume_is_bit_exact_and_needs_the_error_buffer():
 
 def test_two_replicas_over_the_in_process_transport_keep_one_anchor_and_mix():
     """Both replicas apply the same learning update, opposite consensus pulls, and re-anchor to the same A."""
-    import threading
-
     from decentrain.core.inprocess import InProcessHub
 
     hub = InProcessHub(2)
     cfg = NoLoCoConfig(inner_steps=1, outer_optimizer=OuterOptimizerConfig("noloco", lr=0.5, momentum=0.0),
                        compression=NoLoCoCompressionConfig(enabled=True, chunk_size=16, topk=16, bits=8, state_topk=16,
                                                            state_bits=8, anchor_every=2, ef_decay=1.0))
-    out, errors = {}, {}
 
     def replica(rank):
-        try:
-            model = torch.nn.Linear(4, 4, bias=False)
-            model.weight.data.fill_(1.0)
-            algo = NoLoCo(cfg, World(rank=rank, world_size=2))
-            algo.transport = hub.transport(rank)
-            algo.setup(model)
-            steps = []
-            for step in (1, 2):
-                model.weight.data.add_(0.1 * (rank + 1) * step)  # replica-specific drift
-                steps.append(algo.after_optimizer_step(step, model, None))
-            out[rank] = (model.weight.detach().clone(), algo.gossip.anchor.clone(), steps)
-        except BaseException as e:  # noqa: BLE001 -- reported below
-            errors[rank] = e
+        model = torch.nn.Linear(4, 4, bias=False)
+        model.weight.data.fill_(1.0)
+        algo = NoLoCo(cfg, World(rank=rank, world_size=2))
+        algo.transport = hub.transport(rank)
+        algo.setup(model)
+        steps = []
+        for step in (1, 2):
+            model.weight.data.add_(0.1 * (rank + 1) * step)  # replica-specific drift
+            steps.append(algo.after_optimizer_step(step, model, None))
+        return model.weight.detach().clone(), algo.gossip.anchor.clone(), steps
 
-    threads = [threading.Thread(target=replica, args=(r,)) for r in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert not errors, errors
-    (w0, a0, m0), (w1, a1, m1) = out[0], out[1]
+    (w0, a0, m0), (w1, a1, m1) = run_in_threads(replica, 2)
     assert torch.equal(a0, a1) and not torch.equal(a0, torch.ones(16))  # re-anchored after round 2, identically
     assert all(m["outer/partner_missed"] == 0.0 and m["outer/payload_dropped"] == 0.0 for m in m0 + m1)
     # k = C and 8-bit: near lossless, so the step is NoLoCo's: round 1 φ_i = 1 − 0.5·(φ_i − θ̄) with θ̄ = 1.15 -> both 1.075
