@@ -18,9 +18,9 @@ Each (split, seed) run is one harness job: its result is cached when it finishes
 recipe checkpoints every `checkpoint_every` rounds into a run dir named by the job, so an
 interrupted benchmark resumes the unfinished run where it stopped.
 
-    python -m benchmarks.sapo_swarm                                  # 4 nodes x 150 rounds, 4/4 vs 8/0, 3 seeds (~1 h of 2 cores)
-    python -m benchmarks.sapo_swarm --nodes 8 --rounds 300           # the paper's swarm size, longer (~5x the compute)
-    python -m benchmarks.sapo_swarm --splits 8/0,6/2,4/4,2/6         # the paper's whole table
+    python -m benchmarks.sapo_swarm                                  # the paper's table: 8 nodes, 4 splits, 150 rounds, 3 seeds (~10 CPU-h)
+    python -m benchmarks.sapo_swarm --rounds 30                      # the committed result (90 min on 2 loaded cores)
+    python -m benchmarks.sapo_swarm --splits 8/0,4/4                 # the headline pair only
     python -m benchmarks.sapo_swarm --nodes 2 --rounds 3 --sft-steps 20 --seeds 1 --allow-dirty   # smoke run
 """
 
