@@ -9,7 +9,7 @@ import torch
 
 from dist_helpers import run_ranks
 
-pytestmark = pytest.mark.dist
+pytestmark = [pytest.mark.dist, pytest.mark.timeout(600)]  # above run_ranks' 300 s
 
 JOBS, ROUNDS = 8, 3
 

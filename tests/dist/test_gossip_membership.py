@@ -16,7 +16,7 @@ from dist_helpers import run_ranks
 
 from decentrain.algorithms.noloco.noloco import NoLoCo, NoLoCoConfig
 
-pytestmark = pytest.mark.dist
+pytestmark = [pytest.mark.dist, pytest.mark.timeout(600)]  # above run_ranks' 300 s
 
 DEADLINE = 1.5
 STEP_S = 0.08  # simulated compute per inner step

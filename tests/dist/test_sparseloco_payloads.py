@@ -5,7 +5,7 @@ import torch
 
 from dist_helpers import run_ranks
 
-pytestmark = pytest.mark.dist
+pytestmark = [pytest.mark.dist, pytest.mark.timeout(600)]  # above run_ranks' 300 s
 
 
 def _two_rounds(world, junk_rank):

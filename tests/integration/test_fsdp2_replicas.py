@@ -11,7 +11,7 @@ import torch
 
 from dist_helpers import run_ranks
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(900)]  # above run_ranks' 600 s
 
 
 def _runs(world, algo, root):

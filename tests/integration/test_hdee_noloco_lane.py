@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
-pytestmark = [pytest.mark.integration, pytest.mark.slow]  # ~2.5 min on 2 busy cores: three processes start
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(600)]  # ~2.5 min on 2 busy cores: three processes start
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
 
 

@@ -60,6 +60,7 @@ def _straight_and_preempted(world, root):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # above run_ranks' 600 s
 def test_preempted_sparseloco_resumes_bit_exactly(tmp_path):
     (straight, resumed), same_weights, same_eval = run_ranks(_straight_and_preempted, 2, str(tmp_path), timeout=600)[0]
     assert sorted(resumed) == list(range(1, 9))

@@ -10,6 +10,7 @@ from recipe_helpers import metrics, recipe
 
 pytestmark = [
     pytest.mark.integration, pytest.mark.slow,
+    pytest.mark.timeout(600),  # above the recipe's own 480 s limit (pyproject's default is 300)
     pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="needs deepspeed"),
 ]
 
