@@ -75,8 +75,11 @@ def _one_dies(world, rounds, kill_after, deadline):
     ex = PairExchange(world, deadline_s=deadline).full_duplex()
     done = []
     for t in range(rounds):
-        if world.rank == 3 and t == kill_after:
-            os.kill(os.getpid(), signal.SIGKILL)
+        if t == kill_after:
+            # every rank has finished the rounds before (rank 3's last sends included): it dies between rounds
+            dist.barrier(group=world.group)
+            if world.rank == 3:
+                os.kill(os.getpid(), signal.SIGKILL)
         group = group_of(world.rank, gossip_groups(t, world.world_size, seed=3))
         out = average(ex, [torch.full((8,), float(world.rank))], group, t)
         done.append((group, out is None))
