@@ -10,11 +10,11 @@ pytestmark = pytest.mark.integration
 
 
 def test_sigkill_of_one_of_four_noloco_workers_leaves_three_that_finish(tmp_path):
-    steps = 24
+    steps, h = 24, 2
 
 
     run = recipe_killing_a_worker(
-        tmp_path, "algorithm=noloco", "algorithm.inner_steps=2", f"train.steps={steps}", "train.eval_every=100",
+        tmp_path, "algorithm=noloco", f"algorithm.inner_steps={h}", f"train.steps={steps}", "train.eval_every=100",
         "train.checkpoint_every=100", "launcher.nproc_per_node=4", "logger.all_ranks=true",
         ready=lambda: worker_ready(tmp_path, 5), victim=lambda: json.loads((tmp_path / "workers.json").read_text())["2"], timeout=240)
     out = run.stdout
@@ -26,7 +26,7 @@ def test_sigkill_of_one_of_four_noloco_workers_leaves_three_that_finish(tmp_path
         # a survivor that fell BEHIND rounds (stalled on the dead pair on a loaded box) jumps to the
         # live round and skips those rounds' inner steps (the first one it ran): it ends early by as many
         jumped = [int(r["outer/rounds_jumped"]) for r in rows if r.get("outer/rounds_jumped")]
-        skipped = sum((j - 1) * 2 for j in jumped)  # inner_steps=2
+        skipped = sum((j - 1) * h for j in jumped)
         assert max(r["step"] for r in rows) + skipped == steps, (rank, jumped)
         missed = [r["outer/partner_missed"] for r in rows if "outer/partner_missed" in r]
         assert 0 < sum(missed) < len(missed)  # rounds with rank 2 lost, the others averaged

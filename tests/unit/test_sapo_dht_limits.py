@@ -11,6 +11,7 @@ import pytest
 from decentrain.algorithms.sapo.identity import NodeIdentity
 from decentrain.algorithms.sapo.payload import PayloadDecoder, PayloadLimits, RolloutPayload, encode_payload
 from decentrain.algorithms.sapo.peer_selection import PeerSelector
+from dist_helpers import run_in_threads
 
 
 def test_registry_and_chunk_subkeys_are_capped():
@@ -111,21 +112,29 @@ def test_fresh_keys_do_not_evict_a_standing_peers_replay_mark():
     assert not dec.would_accept(old, current_round=0) and dec.drops.counts["replayed"] == 1
 
 
-def test_min_peers_counts_only_valid_records(monkeypatch):
-    pytest.importorskip("hivemind")
+def _exchange_without_dht(dht, **hivemind):
+    """A HivemindExchange whose DHT is `dht` (a fake): no p2p daemon, no network."""
     from decentrain.algorithms.sapo import exchange as ex
 
-    # A HivemindExchange without a DHT: one attacker record that fails validation, polled until wait_s.
     x = object.__new__(ex.HivemindExchange)
-    x.cfg = ex.ExchangeConfig(name="hivemind", hivemind=ex.HivemindConfig(wait_s=0.3, poll_s=0.05, min_peers=1))
+    x.cfg = ex.ExchangeConfig(name="hivemind", hivemind=ex.HivemindConfig(**hivemind))
     x.hcfg = x.cfg.hivemind
     x.peers = PeerSelector(32, 1024)
     x.high_water, x.digests, x.drops, x.starved_rounds = {}, ex.OrderedDict(), Counter(), 0
-    x.marker = b"me"
+    x.marker, x.registry, x.own_key = b"[owner:me]", "p/registry", "p/me"
+    x.dht = dht
+    return x
+
+
+def test_min_peers_counts_only_valid_records(monkeypatch):
+    pytest.importorskip("hivemind")
+
+    # One attacker record that fails validation, polled until wait_s.
+    x = _exchange_without_dht(SimpleNamespace(get=lambda *a, **k: SimpleNamespace(result=lambda timeout=None: None)),
+                              wait_s=0.3, poll_s=0.05, min_peers=1)
     monkeypatch.setattr(x, "_publish", lambda r, d: None, raising=False)
     monkeypatch.setattr(x, "_refresh_peers", lambda: x.peers.listed(b"attacker", time.monotonic()), raising=False)
     monkeypatch.setattr(x, "_assemble", lambda m, found: (7, zlib.compress(b"junk")), raising=False)
-    x.dht = SimpleNamespace(get=lambda *a, **k: SimpleNamespace(result=lambda timeout=None: None))
     t = time.monotonic()
     assert x.exchange(7, b"mine", is_valid=lambda rec: False) == []
     assert time.monotonic() - t >= 0.3  # kept waiting for a valid peer instead of returning at once
@@ -137,25 +146,13 @@ def test_a_dht_call_that_never_returns_costs_the_round_not_the_node():
     process, a peer that never replies) used to block the node for good. Now every call waits
     at most rpc_timeout_s; the lost lookups and the skipped publication are counted."""
     pytest.importorskip("hivemind")
-    import threading
     from concurrent.futures import Future
 
-    from decentrain.algorithms.sapo import exchange as ex
-
-    x = object.__new__(ex.HivemindExchange)
-    x.cfg = ex.ExchangeConfig(name="hivemind", hivemind=ex.HivemindConfig(wait_s=0.0, rpc_timeout_s=0.2))
-    x.hcfg = x.cfg.hivemind
-    x.peers = PeerSelector(32, 1024)
+    never = SimpleNamespace(get=lambda *a, **k: Future(), store=lambda *a, **k: Future())  # never resolved
+    x = _exchange_without_dht(never, wait_s=0.0, rpc_timeout_s=0.2)
     x.peers.listed(b"[owner:peer]", time.monotonic())
-    x.high_water, x.digests, x.drops, x.starved_rounds = {}, ex.OrderedDict(), Counter(), 0
-    x.marker, x.registry, x.own_key = b"[owner:me]", "p/registry", "p/me"
-    x.dht = SimpleNamespace(get=lambda *a, **k: Future(), store=lambda *a, **k: Future())  # never resolved
-    out = []
-    worker = threading.Thread(target=lambda: out.append(x.exchange(0, b"mine")), daemon=True)
     t = time.monotonic()
-    worker.start()
-    worker.join(timeout=20)
-    assert not worker.is_alive(), "exchange blocked on a DHT call that never returns"
+    out = run_in_threads(lambda _: x.exchange(0, b"mine"), 1, timeout=20)  # fails if the exchange blocks
     assert out == [[]] and time.monotonic() - t < 5
     assert x.drops["own_publish_failed"] == 1  # the first chunk's store hung: nothing more was stored
     assert x.drops["registry_lookup_failed"] == 1 and x.drops["lookup_error"] == 1
