@@ -10,9 +10,14 @@ files through ctypes, opened sockets and killed processes. Runs as root and, re-
 
 from __future__ import annotations
 
+import secrets
+import shutil
 import socket
+import string
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -27,7 +32,29 @@ _ILCM_SYS = "ilcm.__globals__['sys']"  # names sympy's parser leaves alone
 _FORGE = ".modules['__main__'].__dict__.update({'_DENIED': (), '_DENIED_PREFIXES': ('~',), 'float': id})"
 
 
-def hostile(task: str, tmp, port: int, pid: int) -> list[str]:
+def spelled(n: int) -> str:
+    """An expression for `n` with no decimal digit in it. A port or a PID changes every run; written
+    out as digits it could contain an entry's answer, and the substring scorer gives partial credit."""
+    return f"int(''.join(str('abcdefghij'.index(c)) for c in '{str(n).translate(_LETTERS)}'))"
+
+
+_LETTERS = str.maketrans(string.digits, "abcdefghij")
+
+
+def digitless_dir() -> Path:
+    """A fresh temp dir whose path has no digit in it (pytest's tmp_path has run numbers), for the same reason."""
+    root = Path(tempfile.gettempdir())
+    if any(c.isdigit() for c in str(root)):
+        root = Path("/tmp")
+    path = root / ("decentrain-rce-" + "".join(secrets.choice(string.ascii_lowercase) for _ in range(12)))
+    path.mkdir(mode=0o700)
+    return path
+
+
+def hostile(task: str, tmp: Path, port: int, pid: int) -> list[str]:
+    """The attacks; every input that changes per run (the dir, the port, the PID) is written without digits."""
+    assert not any(c.isdigit() for c in str(tmp)), tmp
+    port_, pid_ = spelled(port), spelled(pid)
     sys_ = _ILCM_SYS if task == "polynomial_multiplication" else _CATCH_WARNINGS_SYS
     forge = sys_ + _FORGE
     libc = "__import__('ctypes').CDLL(None)"
@@ -37,9 +64,9 @@ def hostile(task: str, tmp, port: int, pid: int) -> list[str]:
         f"[{forge}, {free_fd}, {libc}.unlink(b'{tmp}/delete_me')]",
         f"[{forge}, {free_fd}, {libc}.truncate(b'{tmp}/keep', 0)]",
         f"[{forge}, {free_fd}, {libc}.creat(b'{tmp}/created', 420)]",
-        f"[{forge}, {free_fd}, __import__('socket').create_connection(('127.0.0.1', {port})).sendall(b'x')]",
-        f"[{forge}, {free_fd}, {libc}.kill({pid}, 9)]",
-        f"[{forge}, {free_fd}, __import__('os').kill({pid}, 9)]",
+        f"[{forge}, {free_fd}, __import__('socket').create_connection(('127.0.0.1', {port_})).sendall(b'x')]",
+        f"[{forge}, {free_fd}, {libc}.kill({pid_}, 9)]",
+        f"[{forge}, {free_fd}, __import__('os').kill({pid_}, 9)]",
         f'__import__("os").system("touch {tmp}/system")',
         f'open("{tmp}/opened", "w")',
         f'exec("open(\'{tmp}/exec\', \'w\')")',
@@ -51,7 +78,8 @@ _WATCHED = ("exec", "compile", "import", "open", "os.", "socket.", "ctypes.", "s
 
 
 @pytest.mark.parametrize("task", VETTED_TASKS)
-def test_hostile_completions_change_nothing(task, tmp_path):
+def test_hostile_completions_change_nothing(task):
+    tmp_path = digitless_dir()
     (tmp_path / "keep").write_text("precious")
     (tmp_path / "delete_me").write_text("x")
     server = socket.socket()
@@ -87,6 +115,7 @@ def test_hostile_completions_change_nothing(task, tmp_path):
         server.close()
         bystander.kill()
         bystander.wait()
+        shutil.rmtree(tmp_path, ignore_errors=True)
 
 
 def test_as_an_ordinary_user():
