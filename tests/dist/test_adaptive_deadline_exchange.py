@@ -5,7 +5,7 @@ import time
 import pytest
 import torch
 
-from dist_helpers import average, run_ranks
+from decentrain.testing import average, run_ranks
 
 from decentrain.core.deadline import AdaptiveDeadlineConfig, ArrivalWindow
 from decentrain.core.exchange import PairExchange

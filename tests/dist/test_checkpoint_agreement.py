@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dist_helpers import run_ranks
+from decentrain.testing import run_ranks
 
 from decentrain.core.checkpoint import Checkpointer
 

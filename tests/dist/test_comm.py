@@ -3,7 +3,7 @@ import time
 import pytest
 import torch
 
-from dist_helpers import run_ranks, average
+from decentrain.testing import average, run_ranks
 
 from decentrain.core.bytes_comm import all_gather_bytes, broadcast_bytes
 from decentrain.core.ensemble import ExpertPlacement, gather_expert_logprobs

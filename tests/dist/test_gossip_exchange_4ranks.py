@@ -5,7 +5,7 @@ import time
 import pytest
 import torch
 
-from dist_helpers import run_ranks, average
+from decentrain.testing import average, run_ranks
 
 from decentrain.core.exchange import PairExchange
 from decentrain.core.pairing import gossip_groups, group_of

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from dist_helpers import run_ranks, average
+from decentrain.testing import average, run_ranks
 
 from decentrain.core.wire import Tags, make_header
 from decentrain.core.exchange import PairExchange

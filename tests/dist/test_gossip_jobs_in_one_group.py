@@ -7,7 +7,7 @@ import time
 import pytest
 import torch
 
-from dist_helpers import run_ranks
+from decentrain.testing import run_ranks
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(600)]  # above run_ranks' 300 s
 

@@ -12,7 +12,7 @@ import time
 import pytest
 import torch
 
-from dist_helpers import run_ranks
+from decentrain.testing import run_ranks
 
 from decentrain.algorithms.noloco.noloco import NoLoCo, NoLoCoConfig
 

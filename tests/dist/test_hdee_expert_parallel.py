@@ -2,8 +2,7 @@
 
 import pytest
 
-from dist_helpers import run_ranks
-from hdee_helpers import save_random_experts, tiny_cfg
+from decentrain.testing import run_ranks, save_random_experts, tiny_hdee_config
 
 from decentrain.algorithms.hdee.evaluate import EnsembleScorer
 from decentrain.core.world import World
@@ -13,13 +12,13 @@ WEIGHTINGS = ["uniform", "cached", "topk", "average"]
 
 
 def _evaluate(world, ensemble_dir):
-    scorer = EnsembleScorer(tiny_cfg(ensemble_dir, weightings=WEIGHTINGS), world)
+    scorer = EnsembleScorer(tiny_hdee_config(ensemble_dir, weightings=WEIGHTINGS), world)
     return sorted(scorer.models), scorer.evaluate()
 
 
 @pytest.mark.parametrize("world_size", [2])  # rank 0 holds two experts, rank 1 one
 def test_expert_parallel_matches_one_process(tmp_path, world_size):
-    save_random_experts(tiny_cfg(tmp_path))
+    save_random_experts(tiny_hdee_config(tmp_path))
     _, reference = _evaluate(World(), tmp_path)
     results = run_ranks(_evaluate, world_size, tmp_path)
     # round-robin placement: expert k on rank k % world_size

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from dist_helpers import run_ranks
+from decentrain.testing import run_ranks
 
 from decentrain.algorithms.diloco import DiLoCo, DiLoCoConfig
 from decentrain.algorithms.noloco import NoLoCo, NoLoCoConfig

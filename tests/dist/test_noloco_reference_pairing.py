@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from dist_helpers import run_ranks
+from decentrain.testing import run_ranks
 
 from decentrain.algorithms.noloco import NoLoCo, NoLoCoConfig
 

@@ -2,8 +2,7 @@
 
 import pytest
 
-from dist_helpers import run_ranks
-from sapo_helpers import tiny_sapo_config
+from decentrain.testing import run_ranks, tiny_sapo_config
 
 from decentrain.algorithms.sapo.exchange import build_exchange
 from decentrain.algorithms.sapo.node import SAPONode

@@ -15,15 +15,9 @@ pytest.importorskip("torchft")
 
 from decentrain.algorithms.diloco.diloco import DiLoCoConfig  # noqa: E402
 from decentrain.algorithms.diloco.streaming import StreamingDiLoCoConfig  # noqa: E402
-from tests.ft_helpers import FRAGMENTS, Events, Replica, diloco_global_state, run_replicas  # noqa: E402
+from decentrain.testing import FRAGMENTS, Events, Replica, diloco_global_state, lighthouse, run_replicas  # noqa: E402
 
 pytestmark = pytest.mark.dist
-
-
-def lighthouse(min_replicas: int = 2):
-    from torchft.coordination import LighthouseServer
-
-    return LighthouseServer(bind="[::]:0", min_replicas=min_replicas, join_timeout_ms=10_000, heartbeat_timeout_ms=500)
 
 
 def streaming(tau: int = 1, alpha: float = 0.5) -> StreamingDiLoCoConfig:
@@ -54,13 +48,10 @@ def assert_equal_after_every_sync(seen: dict, replicas=(0, 1), first: int = 1) -
 
 def test_diloco_healthy_global_state_equal_every_sync():
     """Mirrors torchft local_sgd_integ_test.test_diloco_healthy: H=2, three syncs, global state equal after each."""
-    lh = lighthouse()
     seen: dict = {}
     cfg = DiLoCoConfig(inner_steps=2, outer_lr=0.7, outer_momentum=0.9)
-    try:
-        results = run_replicas([Replica(i, lh.address(), cfg, steps=6, record=record_syncs(seen)) for i in range(2)])
-    finally:
-        lh.shutdown()
+    with lighthouse() as lh:
+        results = run_replicas([Replica(i, lh, cfg, steps=6, record=record_syncs(seen)) for i in range(2)])
     assert_equal_global(results)
     assert_equal_after_every_sync(seen)
     assert all(g[0]["manager_step"] == 3 for g in results)
@@ -74,7 +65,6 @@ def test_diloco_recovery_heals_outer_state():
     restarts from other weights, heals at its first sync (weights, AdamW, outer Nesterov state, global
     weights, step, sampler), contributes to that very sync (both groups in its quorum), and from then on
     holds global state bit-equal to group 0's after every sync, and the same weights at the end."""
-    lh = lighthouse()
     events = Events(fail_at={(0, 3)})
     cfg = DiLoCoConfig(inner_steps=2, outer_lr=0.7, outer_momentum=0.9)
     seen: dict = {}
@@ -86,11 +76,9 @@ def test_diloco_recovery_heals_outer_state():
             rows = attempts.setdefault(id(trainer), [])
             rows.append((trainer.algorithm.manager.current_step(), trainer.algorithm.manager.num_participants()))
 
-    try:
-        results = run_replicas([Replica(0, lh.address(), cfg, steps=8, record=record),
-                                Replica(1, lh.address(), cfg, steps=8, events=events, record=record)])
-    finally:
-        lh.shutdown()
+    with lighthouse() as lh:
+        results = run_replicas([Replica(0, lh, cfg, steps=8, record=record),
+                                Replica(1, lh, cfg, steps=8, events=events, record=record)])
     assert events.counts["failure"] == 1
     assert_equal_global(results)
     restarted = list(attempts.values())[-1]
@@ -106,13 +94,10 @@ def test_diloco_recovery_heals_outer_state():
 def test_streaming_diloco_recovery_mid_fragment():
     """Mirrors torchft local_sgd_integ_test.test_streaming_diloco_recovery: two fragments, τ=1, α=0.5;
     group 1 dies between fragment syncs and heals at the next fragment's quorum."""
-    lh = lighthouse()
     events = Events(fail_at={(0, 3)})
-    try:
-        results = run_replicas([Replica(0, lh.address(), streaming(), steps=8),
-                                Replica(1, lh.address(), streaming(), steps=8, events=events)])
-    finally:
-        lh.shutdown()
+    with lighthouse() as lh:
+        results = run_replicas([Replica(0, lh, streaming(), steps=8),
+                                Replica(1, lh, streaming(), steps=8, events=events)])
     assert events.counts["failure"] == 1
     assert_equal_global(results)
     assert results[0][0]["algorithm"].failed_syncs == 0
@@ -124,7 +109,6 @@ def test_streaming_diloco_upscale():
     first two synced; it joins the next quorum, heals, and all three hold equal global state from then on."""
     import threading
 
-    lh = lighthouse(min_replicas=2)
     seen: dict = {}
     go, joined_in = threading.Event(), threading.Event()
 
@@ -137,11 +121,9 @@ def test_streaming_diloco_upscale():
             assert joined_in.wait(120)
 
     cfg = streaming(tau=0, alpha=0.0)
-    try:
-        results = run_replicas([Replica(i, lh.address(), cfg, steps=12, record=record) for i in range(3)],
+    with lighthouse(min_replicas=2) as lh:
+        results = run_replicas([Replica(i, lh, cfg, steps=12, record=record) for i in range(3)],
                                gates=[None, None, go])
-    finally:
-        lh.shutdown()
     assert_equal_global(results)
     joined = min(seen[2])  # the first sync the late group took part in
     assert_equal_after_every_sync(seen, replicas=(0, 1, 2), first=joined)
@@ -151,13 +133,10 @@ def test_streaming_diloco_commit_failure_restores_fragment():
     """Mirrors torchft local_sgd_integ_test.test_streaming_diloco_commit_failure: an allreduce error on both
     groups at the first fragment sync fails the commit; the fragment goes back to its global weights,
     training goes on, and the groups end with equal global state."""
-    lh = lighthouse()
     events = [Events(fail_allreduce_at={(0, 2)}), Events(fail_allreduce_at={(0, 2)})]
     cfg = streaming(tau=0, alpha=0.0)
-    try:
-        results = run_replicas([Replica(i, lh.address(), cfg, steps=8, events=events[i]) for i in range(2)])
-    finally:
-        lh.shutdown()
+    with lighthouse() as lh:
+        results = run_replicas([Replica(i, lh, cfg, steps=8, events=events[i]) for i in range(2)])
     for e in events:
         assert e.counts["allreduce_failure"] == 1
     for g in results:
@@ -174,11 +153,8 @@ def test_streaming_diloco_whole_job_resume_is_exact(tmp_path):
     cfg = streaming(tau=0, alpha=0.5)
 
     def run(steps: int, resume=None):
-        lh = lighthouse()
-        try:
-            return run_replicas([Replica(i, lh.address(), cfg, steps=steps, resume=resume and [resume[i]]) for i in range(2)])
-        finally:
-            lh.shutdown()
+        with lighthouse() as lh:
+            return run_replicas([Replica(i, lh, cfg, steps=steps, resume=resume and [resume[i]]) for i in range(2)])
 
     straight = run(8)
     first = run(5)

@@ -33,7 +33,7 @@ from decentrain.algorithms.common.outer_optimizers import OuterOptimizerConfig  
 from decentrain.algorithms.diloco.streaming import StreamingDiLoCoConfig  # noqa: E402
 from decentrain.core.ft_config import TorchFTConfig  # noqa: E402
 from decentrain.core.world import World  # noqa: E402
-from tests.ft_helpers import InjectedFailure  # noqa: E402
+from decentrain.testing import InjectedFailure, lighthouse  # noqa: E402
 
 pytestmark = pytest.mark.dist
 
@@ -117,14 +117,8 @@ def run_replica(replica_id: int, lighthouse: str) -> dict[str, Any]:
 def test_streaming_diloco_failure_recovery_matches_torchft_fixture():
     from concurrent.futures import ThreadPoolExecutor
 
-    from torchft.coordination import LighthouseServer
-
-    lh = LighthouseServer(bind="[::]:0", min_replicas=2, join_timeout_ms=100, heartbeat_timeout_ms=500)
-    try:
-        with ThreadPoolExecutor(max_workers=2) as pool:
-            results = list(pool.map(lambda r: run_replica(r, lh.address()), range(2)))
-    finally:
-        lh.shutdown()
+    with lighthouse(min_replicas=2) as lh, ThreadPoolExecutor(max_workers=2) as pool:
+        results = list(pool.map(lambda r: run_replica(r, lh), range(2)))
     assert results[1].get("failed") and not results[0].get("failed")
     fixture = json.loads(FIXTURE.read_text())
     for replica, (expected, got) in enumerate(zip(fixture, results)):

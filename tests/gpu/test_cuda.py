@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from dist_helpers import run_ranks
+from decentrain.testing import run_ranks
 
 pytestmark = pytest.mark.gpu
 

@@ -20,7 +20,7 @@ def _model():
 
 
 def test_compiled_blocks_on_cuda_stay_within_two_graphs(tmp_path):
-    from trainer_helpers import tiny_trainer
+    from decentrain.testing import tiny_trainer
 
     from decentrain.algorithms.common.trainer import evaluate
     from decentrain.core.world import World

@@ -7,17 +7,14 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from recipe_helpers import metrics, recipe
+from decentrain.testing import metrics, run_recipe, run_train
 
 pytestmark = pytest.mark.gpu
-ROOT = Path(__file__).resolve().parents[2]
 GPUS = torch.cuda.device_count()
 ALGOS = {
     "ddp": [],
@@ -27,12 +24,6 @@ ALGOS = {
 }
 SHORT = ["train.steps=4", "train.eval_every=4", "train.device=cuda"]
 
-
-def _run(module: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline"}
-    proc = subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return proc
 
 
 def _trained(run_dir: Path) -> list[dict]:
@@ -44,7 +35,7 @@ def _trained(run_dir: Path) -> list[dict]:
 
 @pytest.mark.parametrize("algo", list(ALGOS))
 def test_each_algorithm_trains_on_one_rank(tmp_path, algo):
-    recipe(tmp_path, f"algorithm={algo}", *ALGOS[algo], *SHORT, "launcher.nproc_per_node=1", "train.global_batch_size=4")
+    run_train(tmp_path, f"algorithm={algo}", *ALGOS[algo], *SHORT, "launcher.nproc_per_node=1", "train.global_batch_size=4")
     _trained(tmp_path)
 
 
@@ -54,7 +45,7 @@ def test_ranks_share_one_gpu_over_gloo(tmp_path, algo, ranks):
     """More local ranks than GPUs: round-robin on the GPUs, gloo between them (NCCL cannot share)."""
     os.environ["CUDA_VISIBLE_DEVICES"] = "0"  # one visible GPU, whatever the machine has
     try:
-        recipe(tmp_path, f"algorithm={algo}", *ALGOS[algo], *SHORT, f"launcher.nproc_per_node={ranks}",
+        run_train(tmp_path, f"algorithm={algo}", *ALGOS[algo], *SHORT, f"launcher.nproc_per_node={ranks}",
                f"train.global_batch_size={2 * ranks}", timeout=600)
     finally:
         os.environ.pop("CUDA_VISIBLE_DEVICES", None)
@@ -65,8 +56,8 @@ def test_the_readme_command_runs_on_a_gpu_box(tmp_path):
     """`decentrain experiment=ddp_cpu` (2 ranks) failed on a 1-GPU H100: rank 1 got cuda:1."""
     os.environ["CUDA_VISIBLE_DEVICES"] = "0"
     try:
-        recipe(tmp_path, "experiment=ddp_cpu", "train.steps=4", "train.eval_every=4")
-        recipe(tmp_path / "shared", "experiment=ddp_cpu", "train.steps=4", "train.eval_every=4", "train.device=auto")
+        run_train(tmp_path, "experiment=ddp_cpu", "train.steps=4", "train.eval_every=4")
+        run_train(tmp_path / "shared", "experiment=ddp_cpu", "train.steps=4", "train.eval_every=4", "train.device=auto")
     finally:
         os.environ.pop("CUDA_VISIBLE_DEVICES", None)
 
@@ -74,20 +65,20 @@ def test_the_readme_command_runs_on_a_gpu_box(tmp_path):
 @pytest.mark.skipif(GPUS < 2, reason="NCCL between ranks needs 2 GPUs")
 @pytest.mark.parametrize("algo", list(ALGOS))
 def test_one_rank_per_gpu_runs_on_nccl(tmp_path, algo):
-    recipe(tmp_path, f"algorithm={algo}", *ALGOS[algo], *SHORT, "launcher.nproc_per_node=2", "train.global_batch_size=4")
+    run_train(tmp_path, f"algorithm={algo}", *ALGOS[algo], *SHORT, "launcher.nproc_per_node=2", "train.global_batch_size=4")
     _trained(tmp_path)
 
 
 @pytest.mark.parametrize("precision,compile_", [("bf16_autocast", "blocks"), ("bf16", "none"), ("fp32", "model")])
 def test_precision_and_compile(tmp_path, precision, compile_):
-    recipe(tmp_path, *SHORT, "launcher.nproc_per_node=1", "train.global_batch_size=4", f"train.precision={precision}",
+    run_train(tmp_path, *SHORT, "launcher.nproc_per_node=1", "train.global_batch_size=4", f"train.precision={precision}",
            f"train.compile={compile_}", timeout=600)
     _trained(tmp_path)
 
 
 def test_fsdp2_replicas_on_cuda(tmp_path):
     ranks = 4
-    proc = recipe(tmp_path, "algorithm=diloco", "algorithm.inner_steps=2", "engine=fsdp2", *SHORT,
+    proc = run_train(tmp_path, "algorithm=diloco", "algorithm.inner_steps=2", "engine=fsdp2", *SHORT,
                   f"launcher.nproc_per_node={ranks}", "train.global_batch_size=8", timeout=600)
     assert "2 replicas x 2 shards, fsdp2" in proc.stdout
     _trained(tmp_path)
@@ -98,9 +89,9 @@ SAPO_TINY = ["model.hidden_size=32", "model.num_layers=2", "model.intermediate_s
 
 
 def test_sft_and_rl_on_cuda(tmp_path):
-    _run("recipes.sft", *SAPO_TINY, "sft.steps=3", "sft.batch_size=4", "sft.device=cuda", "eval.prompts_per_task=2",
+    run_recipe("recipes.sft", *SAPO_TINY, "sft.steps=3", "sft.batch_size=4", "sft.device=cuda", "eval.prompts_per_task=2",
          "eval.num_generations=2", f"run_dir={tmp_path / 'sft'}")
-    out = _run("recipes.rl", *SAPO_TINY, "loss.num_generations=4", "train.micro_batch_size=16", "sapo=silo",
+    out = run_recipe("recipes.rl", *SAPO_TINY, "loss.num_generations=4", "train.micro_batch_size=16", "sapo=silo",
                "train.rounds=2", "train.device=cuda", f"run_dir={tmp_path / 'rl'}").stdout
     assert "rounds 2" in out
 
@@ -108,7 +99,7 @@ def test_sft_and_rl_on_cuda(tmp_path):
 def test_rl_collective_nodes_share_one_gpu(tmp_path):
     os.environ["CUDA_VISIBLE_DEVICES"] = "0"
     try:
-        _run("recipes.rl", *SAPO_TINY, "loss.num_generations=4", "train.micro_batch_size=16", "sapo=swarm_2_6",
+        run_recipe("recipes.rl", *SAPO_TINY, "loss.num_generations=4", "train.micro_batch_size=16", "sapo=swarm_2_6",
              "num_nodes=2", "train.rounds=2", "batch.num_local=2", "batch.num_external=2", "train.device=cuda",
              f"run_dir={tmp_path}")
     finally:
@@ -120,8 +111,8 @@ def test_rl_collective_nodes_share_one_gpu(tmp_path):
 
 def test_hdee_smoke_on_cuda(tmp_path):
     common = ["hdee_plan=smoke", f"ensemble_dir={tmp_path / 'ens'}", "train.device=cuda"]
-    _run("recipes.hdee_train", *common, timeout=600)
-    _run("recipes.ensemble_eval", *common, "eval.domains=[licenses]")
+    run_recipe("recipes.hdee_train", *common, timeout=600)
+    run_recipe("recipes.ensemble_eval", *common, "eval.domains=[licenses]")
     assert (tmp_path / "ens" / "eval_test.json").exists()
 
 

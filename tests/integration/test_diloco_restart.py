@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from recipe_helpers import recipe, recipe_killing_a_worker, train_losses
+from decentrain.testing import recipe_killing_a_worker, run_train, train_losses
 
 pytestmark = [
     pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(600),
@@ -33,7 +33,7 @@ def _pid_of_rank(token: str, rank: int) -> int | None:
 
 def test_max_restarts_resumes_a_killed_diloco_job_exactly(tmp_path):
     straight = tmp_path / "straight"
-    recipe(straight, *ARGS)
+    run_train(straight, *ARGS)
     run_dir = tmp_path / "killed"
     token = uuid.uuid4().hex
     run = recipe_killing_a_worker(run_dir, *ARGS, "launcher.max_restarts=1", env={"FT_TEST": token},

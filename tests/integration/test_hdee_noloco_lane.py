@@ -2,24 +2,17 @@
 config, run through the one pre-training job path, under the survivor launcher."""
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
+from decentrain.testing import run_recipe
+
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(600)]  # ~2.5 min on 2 busy cores: three processes start
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
 
 
-def run(*args: str) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, "-m", "recipes.hdee_train", *args], cwd=ROOT, env=ENV, capture_output=True,
-                          text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return proc
+def run(*args: str):
+    return run_recipe("recipes.hdee_train", *args, timeout=300)
 
 
 def test_an_expert_lane_trains_as_a_noloco_pair(tmp_path):

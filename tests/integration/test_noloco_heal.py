@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from recipe_helpers import metrics, recipe_killing_a_worker, worker_ready
+from decentrain.testing import metrics, recipe_killing_a_worker, worker_ready
 
 pytestmark = [
     pytest.mark.integration,

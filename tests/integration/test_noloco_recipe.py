@@ -3,7 +3,7 @@
 
 import pytest
 
-from recipe_helpers import metrics, recipe
+from decentrain.testing import metrics, run_train
 
 pytestmark = pytest.mark.integration
 
@@ -11,7 +11,7 @@ pytestmark = pytest.mark.integration
 @pytest.mark.parametrize("overlap", [False, True])
 def test_noloco_recipe_trains_and_syncs_with_partners(tmp_path, overlap):
     # overlap: round r's exchange runs on a helper thread during round r+1; the last one drains at step 6
-    proc = recipe(tmp_path, "algorithm=noloco", "algorithm.inner_steps=2", "train.steps=6", "train.eval_every=6",
+    proc = run_train(tmp_path, "algorithm=noloco", "algorithm.inner_steps=2", "train.steps=6", "train.eval_every=6",
                   "algorithm.deadline_s=60", f"algorithm.overlap={str(overlap).lower()}")
     assert "noloco" in proc.stdout and "world 2" in proc.stdout
     rows = metrics(tmp_path)
@@ -27,7 +27,7 @@ def test_noloco_recipe_trains_and_syncs_with_partners(tmp_path, overlap):
     ("launcher.nproc_per_node=3", "algorithm.odd_world"),
 ])
 def test_bad_input_fails_before_training_naming_the_field(tmp_path, override, field):
-    proc = recipe(tmp_path, "algorithm=noloco", "train.global_batch_size=6", override, ok=False)
+    proc = run_train(tmp_path, "algorithm=noloco", "train.global_batch_size=6", override, ok=False)
     out = proc.stdout + proc.stderr
     assert field in out
     assert not (tmp_path / "metrics.jsonl").exists()

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from recipe_helpers import metrics, recipe_killing_a_worker, worker_ready
+from decentrain.testing import metrics, recipe_killing_a_worker, worker_ready
 
 pytestmark = pytest.mark.integration
 

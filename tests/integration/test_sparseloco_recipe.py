@@ -5,14 +5,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from dist_helpers import run_ranks
-from recipe_helpers import metrics, recipe
+from decentrain.testing import metrics, run_ranks, run_train
 
 pytestmark = pytest.mark.integration
 
 
 def test_sparseloco_experiment_sends_compressed_payloads_every_h(tmp_path):
-    recipe(tmp_path, "experiment=sparseloco_cpu", "launcher.nproc_per_node=2", "algorithm.inner_steps=3",
+    run_train(tmp_path, "experiment=sparseloco_cpu", "launcher.nproc_per_node=2", "algorithm.inner_steps=3",
            "train.steps=6", "train.eval_every=6", "algorithm.chunk_size=512", "algorithm.topk=8")
     rows = [r for r in metrics(tmp_path) if "outer/bytes_sent" in r]
     assert [r["step"] for r in rows] == [3, 6]

@@ -2,13 +2,13 @@
 
 import pytest
 
-from recipe_helpers import metrics, recipe
+from decentrain.testing import metrics, run_train
 
 pytestmark = pytest.mark.integration
 
 
 def test_streaming_recipe_syncs_fragments_in_turn_with_int4_payload(tmp_path):
-    recipe(tmp_path, "algorithm=streaming_diloco", "algorithm.inner_steps=4", "algorithm.num_fragments=2",
+    run_train(tmp_path, "algorithm=streaming_diloco", "algorithm.inner_steps=4", "algorithm.num_fragments=2",
            "algorithm.overlap_steps=1", "algorithm.quantization=int4", "train.steps=8", "train.eval_every=8")
     rows = metrics(tmp_path)
     landed = [(r["step"], k) for r in rows for k in r if k.startswith("outer/fragment_")]

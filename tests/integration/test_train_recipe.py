@@ -1,19 +1,17 @@
 """The pre-training recipe end to end: 2 local gloo ranks started by the recipe itself."""
 
 import os
-import subprocess
-import sys
 
 import pytest
 
-from recipe_helpers import ROOT, recipe, train_losses
+from decentrain.testing import run_recipe, run_train, train_losses
 
 pytestmark = pytest.mark.integration
 
 
 def test_ddp_recipe_on_two_ranks_writes_a_complete_run_dir(tmp_path):
     run = tmp_path / "run"
-    proc = recipe(run, "train.steps=6", "train.eval_every=3", "train.checkpoint_every=3")
+    proc = run_train(run, "train.steps=6", "train.eval_every=3", "train.checkpoint_every=3")
     assert "world 2" in proc.stdout
     for name in ("config.yaml", "metrics.jsonl", "loss.png", "model/model.safetensors", "model/config.json"):
         assert (run / name).exists(), name
@@ -25,21 +23,17 @@ def test_ddp_recipe_on_two_ranks_writes_a_complete_run_dir(tmp_path):
 
 def test_resume_after_preemption_reproduces_the_uninterrupted_loss_curve(tmp_path):
     common = ["train.steps=8", "train.eval_every=4", "train.checkpoint_every=100"]
-    recipe(tmp_path / "straight", *common)
-    recipe(tmp_path / "preempted", *common, "train.stop_at=4")
-    proc = recipe(tmp_path / "preempted", *common)
+    run_train(tmp_path / "straight", *common)
+    run_train(tmp_path / "preempted", *common, "train.stop_at=4")
+    proc = run_train(tmp_path / "preempted", *common)
     assert "resumed from step 4" in proc.stdout
     straight, resumed = train_losses(tmp_path / "straight"), train_losses(tmp_path / "preempted")
     assert resumed == straight  # bit-for-bit, not approximately
 
 
 def test_bad_config_fails_before_any_worker_starts(tmp_path):
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "recipes.train", f"run_dir={tmp_path}", "train.global_batch_size=10", "train.micro_batch_size=4"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
-    )
-    assert proc.returncode != 0
+    proc = run_recipe("recipes.train", f"run_dir={tmp_path}", "train.global_batch_size=10", "train.micro_batch_size=4",
+                      ok=False, timeout=120)
     assert "train.global_batch_size=10" in proc.stderr + proc.stdout
     assert "rank" not in (proc.stderr + proc.stdout).lower().split("train.global_batch_size")[0]
 
@@ -51,9 +45,9 @@ def test_resume_on_four_ranks_reproduces_the_uninterrupted_loss_curve(tmp_path):
     # DDP's flat bucket, so a restarted process must reduce with the same bucket layout as the straight run
     # (with 2 ranks a sum is order-independent and the test above cannot see this).
     common = ["train.steps=6", "train.eval_every=100", "train.checkpoint_every=100", "launcher.nproc_per_node=4"]
-    recipe(tmp_path / "straight", *common)
-    recipe(tmp_path / "preempted", *common, "train.stop_at=4")
-    proc = recipe(tmp_path / "preempted", *common)
+    run_train(tmp_path / "straight", *common)
+    run_train(tmp_path / "preempted", *common, "train.stop_at=4")
+    proc = run_train(tmp_path / "preempted", *common)
     assert "resumed from step 4" in proc.stdout
     straight, resumed = train_losses(tmp_path / "straight"), train_losses(tmp_path / "preempted")
     assert sorted(resumed) == list(range(1, 7))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from decentrain.algorithms.common.speed import transformer_blocks
-from trainer_helpers import tiny_trainer
+from decentrain.testing import tiny_trainer
 
 
 def test_compiled_blocks_compile_at_most_two_graphs(tmp_path):

@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 from decentrain.core.world import World
-from device_guard import DeviceMismatch, device_guard
+from decentrain.testing import DeviceMismatch, device_guard
 
 META = torch.device("meta")
 

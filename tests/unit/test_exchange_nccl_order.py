@@ -12,7 +12,7 @@ import torch.distributed as dist
 
 from decentrain.core.exchange import PairExchange
 from decentrain.core.world import World
-from dist_helpers import run_in_threads
+from decentrain.testing import run_in_threads
 
 
 class _Group:

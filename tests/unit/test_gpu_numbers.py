@@ -9,7 +9,7 @@ from decentrain.algorithms.common.inner_outer import InnerOuterAlgorithm, InnerO
 from decentrain.algorithms.common.speed import DeviceTimer, set_tf32
 from decentrain.core.metrics import Throughput
 from decentrain.core.world import World, plan_placement
-from trainer_helpers import tiny_trainer
+from decentrain.testing import tiny_trainer
 
 CUDA = torch.device("cuda", 0)
 

@@ -5,7 +5,7 @@ import sys
 import pytest
 from omegaconf import OmegaConf
 
-from hdee_helpers import tiny_cfg
+from decentrain.testing import tiny_hdee_config
 
 from decentrain.algorithms.hdee.config import (
     EvalConfig, JobConfig, check_plan, hdee_config_from_dict, load_saved_config, save_config,
@@ -14,32 +14,32 @@ from decentrain.algorithms.hdee.jobs import Job, child_jobs, run_jobs
 
 
 def test_tiny_plan_is_within_budget(tmp_path):
-    assert check_plan(tiny_cfg(tmp_path)) == pytest.approx(0.0)  # S+M+L widths 48/64/80 average to M
+    assert check_plan(tiny_hdee_config(tmp_path)) == pytest.approx(0.0)  # S+M+L widths 48/64/80 average to M
 
 
 def test_unknown_domain_names_the_expert(tmp_path):
-    cfg = tiny_cfg(tmp_path)
+    cfg = tiny_hdee_config(tmp_path)
     cfg.plan.lanes[1].domains = ["klingon"]
     with pytest.raises(ValueError, match=r"lanes\[1\] \(lane1\)\.domains\[0\]='klingon' is unknown"):
         check_plan(cfg)
 
 
 def test_expert_with_no_steps_names_the_expert(tmp_path):
-    raw = OmegaConf.to_container(OmegaConf.structured(tiny_cfg(tmp_path)))
+    raw = OmegaConf.to_container(OmegaConf.structured(tiny_hdee_config(tmp_path)))
     raw["plan"]["lanes"][2]["steps"] = []
     with pytest.raises(ValueError, match=r"lanes\[2\] \(lane2\)\.steps is empty"):
         hdee_config_from_dict(raw)
 
 
 def test_plan_over_budget_shows_the_numbers(tmp_path):
-    cfg = tiny_cfg(tmp_path)
+    cfg = tiny_hdee_config(tmp_path)
     cfg.plan.lanes[2].steps = [4]
     with pytest.raises(ValueError, match=r"(?s)off the homogeneous baseline.*lane2 \(w80\): N=.*baseline:"):
         check_plan(cfg)
 
 
 def test_tokens_per_step_must_match_the_batch(tmp_path):
-    raw = OmegaConf.to_container(OmegaConf.structured(tiny_cfg(tmp_path)))
+    raw = OmegaConf.to_container(OmegaConf.structured(tiny_hdee_config(tmp_path)))
     raw["train"]["global_batch_size"] = 8
     with pytest.raises(ValueError, match=r"plan.tokens_per_step=128 must equal train.global_batch_size x data.seq_len"):
         hdee_config_from_dict(raw)
@@ -60,7 +60,7 @@ def test_field_errors(bad, match):
 
 
 def test_saved_config_round_trips_with_overrides(tmp_path):
-    cfg = tiny_cfg(tmp_path)
+    cfg = tiny_hdee_config(tmp_path)
     save_config(tmp_path, OmegaConf.to_container(OmegaConf.structured(cfg)))
     back = load_saved_config(tmp_path, ["eval.top_k=2"])
     assert back.plan == cfg.plan and back.eval.top_k == 2
@@ -68,13 +68,13 @@ def test_saved_config_round_trips_with_overrides(tmp_path):
 
 
 def test_child_jobs_replace_the_job_keys(tmp_path):
-    jobs = child_jobs(tiny_cfg(tmp_path), "lane", ["job.stage=all", "train.seed=3", f"ensemble_dir={tmp_path}"], "recipes.hdee_train")
+    jobs = child_jobs(tiny_hdee_config(tmp_path), "lane", ["job.stage=all", "train.seed=3", f"ensemble_dir={tmp_path}"], "recipes.hdee_train")
     assert [j.name for j in jobs] == ["lane0", "lane1", "lane2"]
     tail = jobs[1].argv[4:]
     assert tail[:2] == ["train.seed=3", "job.stage=lane"] and "job.index=1" in tail
     assert sum(a.startswith("job.stage=") for a in tail) == 1
     (tmp_path / "lane1-it0-w64" / "model").mkdir(parents=True)  # lane 1 already finished: no job
-    assert [j.name for j in child_jobs(tiny_cfg(tmp_path), "lane", [], "m")] == ["lane0", "lane2"]
+    assert [j.name for j in child_jobs(tiny_hdee_config(tmp_path), "lane", [], "m")] == ["lane0", "lane2"]
 
 
 def test_run_jobs_runs_in_parallel_and_names_failures(tmp_path):
@@ -97,7 +97,7 @@ def test_job_algorithm_and_engine_are_whole_typed_sections(tmp_path):
     from decentrain.algorithms.noloco import NoLoCoConfig
 
     def with_job(**job):
-        return dataclasses.replace(tiny_cfg(tmp_path), job=JobConfig(**job))
+        return dataclasses.replace(tiny_hdee_config(tmp_path), job=JobConfig(**job))
 
     cfg = with_job(algorithm={"name": "noloco", "inner_steps": 3, "outer_optimizer": {"name": "noloco", "lr": 0.5}},
                    engine=EngineConfig(name="torch"))
@@ -110,6 +110,6 @@ def test_job_algorithm_and_engine_are_whole_typed_sections(tmp_path):
         with_job(algorithm={"name": "diloco", "bogus": 1})
     with pytest.raises(ValueError, match="job.expert_algorithm='noloco' and job.algorithm.name='diloco' disagree"):
         with_job(algorithm={"name": "diloco"}, expert_algorithm="noloco")
-    odd = dataclasses.replace(with_job(algorithm={"name": "noloco"}), launcher=dataclasses.replace(tiny_cfg(tmp_path).launcher, nproc_per_node=3))
+    odd = dataclasses.replace(with_job(algorithm={"name": "noloco"}), launcher=dataclasses.replace(tiny_hdee_config(tmp_path).launcher, nproc_per_node=3))
     with pytest.raises(ValueError, match="world size 3 is odd"):
         check_plan(odd)  # before any worker starts

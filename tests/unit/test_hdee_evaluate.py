@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import ByT5Tokenizer
 
-from hdee_helpers import save_random_experts, tiny_cfg
+from decentrain.testing import save_random_experts, tiny_hdee_config
 
 from decentrain.algorithms.hdee import evaluate as ev
 from decentrain.algorithms.hdee.evaluate import EnsembleScorer, check_saved_plan, expert_refs
@@ -18,7 +18,7 @@ from decentrain.models.factory import build_model
 
 
 def test_missing_expert_is_named_before_any_work(tmp_path, monkeypatch):
-    cfg = tiny_cfg(tmp_path)
+    cfg = tiny_hdee_config(tmp_path)
     save_random_experts(cfg)
     missing = cfg.plan.final_experts()[1]
     (tmp_path / missing / "model" / "config.json").unlink()
@@ -28,7 +28,7 @@ def test_missing_expert_is_named_before_any_work(tmp_path, monkeypatch):
 
 
 def test_experts_with_different_tokenizers_are_refused_unless_opted_in(tmp_path):
-    cfg = tiny_cfg(tmp_path)
+    cfg = tiny_hdee_config(tmp_path)
     save_random_experts(cfg)
     odd = cfg.plan.final_experts()[2]
     ByT5Tokenizer(extra_ids=0).save_pretrained(tmp_path / odd / "model")  # a different vocabulary
@@ -40,7 +40,7 @@ def test_experts_with_different_tokenizers_are_refused_unless_opted_in(tmp_path)
 
 
 def test_uniform_and_average_perplexity_match_a_hand_computation(tmp_path):
-    cfg = tiny_cfg(tmp_path, weightings=["uniform", "average"])
+    cfg = tiny_hdee_config(tmp_path, weightings=["uniform", "average"])
     paths = save_random_experts(cfg)
     result = EnsembleScorer(cfg, World()).evaluate(["arithmetic"])["arithmetic"]
 
@@ -64,7 +64,7 @@ def test_uniform_and_average_perplexity_match_a_hand_computation(tmp_path):
 
 
 def test_cached_prior_is_fit_on_the_validation_split_only(tmp_path, monkeypatch):
-    cfg = tiny_cfg(tmp_path, weightings=["cached", "topk"])
+    cfg = tiny_hdee_config(tmp_path, weightings=["cached", "topk"])
     save_random_experts(cfg)
     seen = []
     real = CachedPrior.update
@@ -83,7 +83,7 @@ def test_cached_prior_is_fit_on_the_validation_split_only(tmp_path, monkeypatch)
 
 
 def test_score_text_covers_every_token_of_the_file(tmp_path):
-    cfg = tiny_cfg(tmp_path, weightings=["uniform", "topk", "average"])
+    cfg = tiny_hdee_config(tmp_path, weightings=["uniform", "topk", "average"])
     save_random_experts(cfg)
     text = "def f(x):\n    return x + 1\n" * 5  # 135 bytes: four 32-byte blocks and a 7-byte tail
     result = EnsembleScorer(cfg, World()).score_text(text)
@@ -93,7 +93,7 @@ def test_score_text_covers_every_token_of_the_file(tmp_path):
 
 
 def test_a_plan_other_than_the_trained_one_is_refused(tmp_path):
-    cfg, other = tiny_cfg(tmp_path), tiny_cfg(tmp_path, widths=(64, 64, 64))
+    cfg, other = tiny_hdee_config(tmp_path), tiny_hdee_config(tmp_path, widths=(64, 64, 64))
     check_saved_plan(cfg, cfg)
     with pytest.raises(ValueError, match="another plan"):
         check_saved_plan(cfg, other)

@@ -5,7 +5,7 @@ import json
 import math
 
 import pytest
-from hdee_helpers import tiny_cfg
+from decentrain.testing import tiny_hdee_config
 
 from decentrain.algorithms.hdee.config import expert_config
 from decentrain.algorithms.hdee.train import run_stage
@@ -14,13 +14,13 @@ from decentrain.core.world import World
 
 
 def test_a_lane_may_not_run_past_the_shared_schedule(tmp_path):
-    cfg = tiny_cfg(tmp_path, widths=(64, 64, 64), steps=2)
+    cfg = tiny_hdee_config(tmp_path, widths=(64, 64, 64), steps=2)
     with pytest.raises(ValueError, match=r"lanes\[0\] \(lane0\)\.steps=\[2\] runs past plan\.domain_schedule_steps=1"):
         dataclasses.replace(cfg.plan, domain_schedule_steps=1)
 
 
 def test_expert_config_swaps_in_the_domain_phase_optimizer(tmp_path):
-    cfg = tiny_cfg(tmp_path)
+    cfg = tiny_hdee_config(tmp_path)
     assert expert_config(cfg) is cfg  # None: the seeds' optimizer
     low = OptimConfig(lr=1e-4, warmup_steps=1)
     assert expert_config(dataclasses.replace(cfg, expert_optim=low)).optim == low
@@ -36,7 +36,7 @@ def test_experts_stop_inside_one_schedule_at_the_domain_phase_lr(tmp_path):
     low = OptimConfig(lr=1e-4, warmup_steps=1, min_lr_ratio=0.5)
     finals = {}
     for schedule in (None, 4):
-        cfg = tiny_cfg(tmp_path / str(schedule), widths=(64,), steps=2)
+        cfg = tiny_hdee_config(tmp_path / str(schedule), widths=(64,), steps=2)
         cfg = dataclasses.replace(cfg, expert_optim=low, logger=dataclasses.replace(cfg.logger, log_every=1),
                                   plan=dataclasses.replace(cfg.plan, domain_schedule_steps=schedule))
         run_stage(cfg, World())

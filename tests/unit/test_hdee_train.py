@@ -6,7 +6,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from hdee_helpers import tiny_cfg
+from decentrain.testing import tiny_hdee_config
 
 from decentrain.algorithms.hdee.plan import LaneConfig
 from decentrain.algorithms.hdee.train import model_dir, run_stage, train_expert, train_seed
@@ -18,7 +18,7 @@ def _weights(path):
 
 
 def test_seeds_then_lanes_branch_and_continue_without_overwriting(tmp_path):
-    cfg = tiny_cfg(tmp_path, widths=(48, 80))
+    cfg = tiny_hdee_config(tmp_path, widths=(48, 80))
     cfg.plan.lanes[1] = LaneConfig(domains=["arithmetic", "licenses"], steps=[2, 1], size="w80",
                                    intermediate_size=80, seed="seed-80")
     cfg.job.stage = "seeds"
@@ -41,7 +41,7 @@ def test_seeds_then_lanes_branch_and_continue_without_overwriting(tmp_path):
 
 
 def test_a_finished_run_is_skipped_and_a_missing_parent_is_named(tmp_path):
-    cfg = tiny_cfg(tmp_path, widths=(64,))
+    cfg = tiny_hdee_config(tmp_path, widths=(64,))
     run = cfg.plan.expert_runs()[0]
     with pytest.raises(FileNotFoundError, match=r"expert lane0-it0-w64 \(lanes\[0\] iteration 0\) starts from 'seed-64'"):
         train_expert(cfg, World(), run)

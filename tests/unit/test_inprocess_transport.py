@@ -5,7 +5,7 @@ import torch
 
 from decentrain.core.bytes_comm import PayloadTooLarge
 from decentrain.core.inprocess import InProcessHub
-from dist_helpers import run_in_threads
+from decentrain.testing import run_in_threads
 
 
 def test_exchange_collectives_and_bytes():

@@ -1,5 +1,7 @@
 """recipes -> algorithms -> core: core imports no algorithm, no family imports another,
-nothing below the recipes imports decentrain/config.py (the composition root).
+nothing below the recipes imports decentrain/config.py (the composition root). The test kit
+(decentrain/testing) sits beside the composition root: it may import any of the library, the
+library imports none of it.
 
 Checked on the transitive import graph, read statically from the sources: every import
 in a module counts (also those inside functions, which run later but still tie the
@@ -21,6 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PKG = ROOT / "decentrain"
 SHARED = {"base", "common"}  # what every algorithm family may use
 ROOTS = {"decentrain.config", "decentrain.cli"}  # the composition root and the console script sit above the library
+TESTING = "decentrain.testing"  # the test kit: support for tests, above the library like the roots
 
 
 def _name(path: Path) -> str:
@@ -85,7 +88,11 @@ def test_the_static_graph_sees_the_imports():
     assert set(FAMILIES) >= {"ddp", "diloco", "noloco", "sapo", "hdee"}
 
 
-@pytest.mark.parametrize("mod", sorted(set(MODULES) - ROOTS))
+def _library() -> set[str]:
+    return set(MODULES) - ROOTS - _under(MODULES, TESTING)
+
+
+@pytest.mark.parametrize("mod", sorted(_library()))
 def test_nothing_below_the_recipes_imports_the_composition_root(mod):
     bad = _under(closure(mod), "decentrain.config") | _under(closure(mod), "recipes")
     assert not bad, f"{mod} imports {sorted(bad)} (transitively)"
@@ -171,6 +178,18 @@ def test_the_probe_skips_a_module_whose_extra_is_missing():
     out = json.loads(run.stdout.splitlines()[-1])
     assert [m for m, _ in out["skipped"]] == ["decentrain.algorithms.sapo.dht_guard"]
     assert "decentrain.core.checks" in out["loaded"]
+
+
+@pytest.mark.parametrize("mod", sorted(_library() | ROOTS))
+def test_the_library_never_imports_the_test_kit(mod):
+    bad = _under(closure(mod), TESTING)
+    assert not bad, f"{mod} imports {sorted(bad)} (transitively)"
+
+
+@pytest.mark.parametrize("mod", sorted(_under(MODULES, TESTING)))
+def test_the_test_kit_imports_no_recipe(mod):
+    bad = _under(closure(mod), "recipes")
+    assert not bad, f"{mod} imports {sorted(bad)}: the kit runs recipes as a user does (python -m), from the checkout"
 
 
 def test_library_never_imports_recipes():

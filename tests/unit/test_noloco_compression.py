@@ -7,7 +7,7 @@ from decentrain.algorithms.common.outer_optimizers import OuterOptimizerConfig
 from decentrain.algorithms.noloco import NoLoCo, NoLoCoConfig
 from decentrain.algorithms.noloco.compressed_gossip import CompressedGossip, NoLoCoCompressionConfig, step_direction
 from decentrain.core.world import World
-from dist_helpers import run_in_threads
+from decentrain.testing import run_in_threads
 
 
 def test_step_direction_by_hand():

@@ -11,7 +11,7 @@ import pytest
 from decentrain.algorithms.sapo.identity import NodeIdentity
 from decentrain.algorithms.sapo.payload import PayloadDecoder, PayloadLimits, RolloutPayload, encode_payload
 from decentrain.algorithms.sapo.peer_selection import PeerSelector
-from dist_helpers import run_in_threads
+from decentrain.testing import run_in_threads
 
 
 def test_registry_and_chunk_subkeys_are_capped():

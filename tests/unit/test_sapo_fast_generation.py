@@ -69,7 +69,7 @@ def test_bf16_generation_copy_follows_the_trained_weights(model, tok):
 
 
 def test_sapo_train_step_reads_the_host_once(monkeypatch):
-    from sapo_helpers import tiny_sapo_config
+    from decentrain.testing import tiny_sapo_config
 
     from decentrain.algorithms.sapo.batching import ScoredGroup
     from decentrain.algorithms.sapo.grpo import SAPOLossConfig

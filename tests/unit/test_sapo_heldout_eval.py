@@ -8,7 +8,7 @@ from decentrain.algorithms.sapo.evaluation import RLEvalConfig, heldout_items
 from decentrain.algorithms.sapo.trainer import run_sapo
 from decentrain.core.world import World
 from decentrain.tasks import TaskMixConfig, TaskMixture
-from tests.sapo_helpers import EASY_TASKS, tiny_sapo_config
+from decentrain.testing import EASY_TASKS, tiny_sapo_config
 
 
 def test_heldout_items_are_fixed_and_come_from_another_seed():

@@ -5,7 +5,7 @@ import json
 import torch
 from transformers import ByT5Tokenizer
 
-from sapo_helpers import EASY_TASKS, TINY_MODEL
+from decentrain.testing import EASY_TASKS, TINY_MODEL
 
 from decentrain.algorithms.sapo.config import SFTConfig, SFTEvalConfig, SFTLoopConfig
 from decentrain.algorithms.sapo.generation import SamplingConfig

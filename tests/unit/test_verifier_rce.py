@@ -23,7 +23,7 @@ import pytest
 
 from decentrain.tasks import PromptTemplate, TaskMixConfig, TaskMixture, TemplateConfig, Verifier
 from decentrain.tasks.vetted import VETTED_TASKS
-from tests.privilege import rerun_unprivileged
+from decentrain.testing import rerun_unprivileged
 
 _CATCH_WARNINGS_SYS = ("[c for c in ().__class__.__base__.__subclasses__() if c.__name__=='catch_warnings']"
                        "[0].__init__.__globals__['sys']")

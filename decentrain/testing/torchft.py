@@ -1,4 +1,5 @@
-"""A torchft-style harness for decentrain's torchft algorithms (tests/dist/test_torchft_*.py).
+"""A torchft-style harness for decentrain's torchft algorithms (tests/dist/test_torchft_*.py), and
+`lighthouse`, a LighthouseServer for the length of a `with` block.
 
 Modelled on torchft's own `manager_integ_test.Runner` / `EventInjector`: each replica group
 runs in a thread of this process (ranks of a group in threads too), joined by a
@@ -8,15 +9,21 @@ loop is the Trainer's, in miniature: draw a batch, forward/backward through the
 algorithm's wrapped model, optimizer.step (the algorithm's hooks), step += 1,
 after_optimizer_step, and the algorithm sees the trainer's state through
 attach_trainer_state, as decentrain's Trainer does.
+
+Nothing here depends on which thread gets the CPU first: the groups that start together meet
+at a barrier once each has its manager (heartbeating), so the first quorum waits for all of them
+(the lighthouse waits for healthy stragglers), and a failure fires at a state of the group (its
+first committed step at or past N), which a heal that jumps steps cannot skip.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -27,6 +34,24 @@ from decentrain.core.ft_config import TorchFTConfig
 from decentrain.core.world import World
 
 INIT_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def lighthouse(min_replicas: int = 2, join_timeout_ms: int = 60_000, heartbeat_timeout_ms: int = 5_000) -> Iterator[str]:
+    """A torchft LighthouseServer on a free port for the block; yields its address.
+
+    The first quorum waits for every heartbeating group (up to `join_timeout_ms`); a group counts as
+    gone `heartbeat_timeout_ms` after its last heartbeat. Both are long: on a loaded box a live group's
+    heartbeat may be late, and a late one must not be taken for a dead one.
+    """
+    from torchft.coordination import LighthouseServer
+
+    server = LighthouseServer(bind="[::]:0", min_replicas=min_replicas, join_timeout_ms=join_timeout_ms,
+                              heartbeat_timeout_ms=heartbeat_timeout_ms)
+    try:
+        yield server.address()
+    finally:
+        server.shutdown()
 
 
 class InjectedFailure(Exception):
@@ -50,7 +75,11 @@ FRAGMENTS = [["first.weight", "first.bias"], ["second.weight", "second.bias"]]
 
 @dataclass
 class Events:
-    """What to do after optimizer step `step` of (rank, step): fail (raise) or fail the next allreduce."""
+    """What to do at (rank, step): fail (raise) or fail the next allreduce, at the rank's first step >= `step`.
+
+    "At or past", not "at": a group that joined late heals to the others' step and never runs the
+    steps in between; it must still fail, at its first step past the mark.
+    """
 
     fail_at: set[tuple[int, int]] = field(default_factory=set)
     fail_allreduce_at: set[tuple[int, int]] = field(default_factory=set)
@@ -60,8 +89,9 @@ class Events:
     def take(self, kind: str, rank: int, step: int) -> bool:
         with self.lock:
             target = self.fail_at if kind == "failure" else self.fail_allreduce_at
-            if (rank, step) in target:
-                target.discard((rank, step))
+            due = next(((r, s) for r, s in sorted(target) if r == rank and s <= step), None)
+            if due is not None:
+                target.discard(due)
                 self.counts[kind] += 1
                 return True
             return False
@@ -106,12 +136,14 @@ class MiniTrainer:
         self.position += 1
         return torch.randn(4, 3, generator=g)
 
-    def run(self, steps: int, events: Events, record: Callable[[int, "MiniTrainer"], None]) -> dict[str, Any]:
+    def run(self, steps: int, events: Events, record: Callable[[int, "MiniTrainer"], None],
+            ready: Callable[[], None] = lambda: None) -> dict[str, Any]:
         algo = self.algorithm
         algo.attach_trainer_state(self.state, self.load)
-        model = algo.wrap_model(self.model)
+        model = algo.wrap_model(self.model)  # builds the manager: from here on the group heartbeats
         algo.on_train_start(self.model, self.optimizer)
         try:
+            ready()
             while self.step < steps:
                 x = self.batch()
                 model(x).pow(2).mean().backward()
@@ -151,6 +183,11 @@ class Replica:
     timeout_s: float = 20.0
     give_up: bool = False  # after the last attempt fails, end quietly (a group that never comes back)
     resume: list[dict[str, Any]] | None = None  # per rank: a checkpointed state to start from (a whole-job restart)
+    start: threading.Barrier | None = None  # set by run_replicas: the groups that start together meet here once
+
+    def _ready(self, attempt: int) -> None:
+        if attempt == 0 and self.start is not None:
+            self.start.wait(120)  # BrokenBarrierError if a group never got its manager
 
     def _group(self, attempt: int) -> list[dict[str, Any]]:
         store = dist.TCPStore("localhost", 0, is_master=True, wait_for_workers=False)
@@ -169,7 +206,8 @@ class Replica:
             trainer = MiniTrainer(algo, world, self.replica_id, init_seed=attempt * 7 + 1)
             if self.resume is not None:  # as Trainer.maybe_resume: before the algorithm starts
                 trainer.load(self.resume[rank])
-            return trainer.run(self.steps, self.events, lambda step, t: self.record(self.replica_id, rank, step, t))
+            return trainer.run(self.steps, self.events, lambda step, t: self.record(self.replica_id, rank, step, t),
+                               ready=lambda: self._ready(attempt))
 
         with ThreadPoolExecutor(max_workers=self.world_size) as pool:
             futures = [pool.submit(rank_main, r) for r in range(self.world_size)]
@@ -188,7 +226,11 @@ class Replica:
 
 
 def run_replicas(replicas: list[Replica], gates: list[threading.Event | None] | None = None) -> list[list[dict[str, Any]]]:
-    """Run the groups to the end; a group with a gate starts once the gate is set (a late joiner)."""
+    """Run the groups to the end; a group with a gate starts once the gate is set (a late joiner).
+
+    The groups without a gate take their first quorum together: every rank of each waits, once its
+    manager exists, for all the others (a thread that got the CPU first would else train alone).
+    """
 
     def start(r: Replica, gate: threading.Event | None):
         if gate is not None:
@@ -196,6 +238,10 @@ def run_replicas(replicas: list[Replica], gates: list[threading.Event | None] | 
         return r.run()
 
     gates = gates or [None] * len(replicas)
+    together = [r for r, g in zip(replicas, gates) if g is None]
+    barrier = threading.Barrier(sum(r.world_size for r in together))
+    for r in together:
+        r.start = barrier
     with ThreadPoolExecutor(max_workers=len(replicas)) as pool:
         futures = [pool.submit(start, r, g) for r, g in zip(replicas, gates)]
         return [f.result() for f in futures]

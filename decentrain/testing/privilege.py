@@ -33,7 +33,7 @@ def rerun_unprivileged(test_file: str | Path, selector: str, timeout_s: float = 
         drop = [setpriv, f"--reuid={_NOBODY}", f"--regid={_NOBODY}", "--clear-groups", "--inh-caps=-all"]
     else:
         pytest.skip("neither unshare --user nor setpriv is available")
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     env = {**os.environ, UNPRIVILEGED_ENV: "1", "HOME": "/tmp", "PYTHONPATH": str(root)}
     cmd = [*drop, sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--basetemp",
            f"/tmp/decentrain-nobody-{os.getpid()}", str(test_file), "-k", selector]

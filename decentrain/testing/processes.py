@@ -81,14 +81,6 @@ def _launch(fn: Callable, world_size: int, args: tuple, timeout: float, backend:
                 p.kill()
     return [out.get(r) for r in range(world_size)]
 
-def average(exchange, tensors, group, round_idx):
-    """The group mean of `tensors` over a PairExchange (None when the exchange failed): what NoLoCo forms."""
-    from decentrain.algorithms.noloco.noloco import group_mean
-
-    partners = exchange.exchange(tensors, group, round_idx)
-    return None if partners is None else group_mean(list(tensors), partners)
-
-
 def _alone(fn: Callable, args: tuple, results) -> None:
     try:
         results.put(("ok", fn(*args)))
