@@ -78,13 +78,16 @@ def test_child_jobs_replace_the_job_keys(tmp_path):
 
 
 def test_run_jobs_runs_in_parallel_and_names_failures(tmp_path):
-    sleep = [sys.executable, "-c", "import time; time.sleep(1.0)"]
-    jobs = [Job(f"ok{i}", sleep, tmp_path / f"ok{i}.log") for i in range(3)]
-    import time
-
-    t0 = time.perf_counter()
+    # each job marks itself started and waits until all three have: only jobs that run at once all end
+    # well (in a row, the first would wait alone and fail); no wall-clock bound, so a loaded box cannot fail it
+    together = ("import pathlib, sys, time; d = pathlib.Path(sys.argv[1]); (d / sys.argv[2]).touch(); end = time.monotonic() + 120\n"
+                "while len(list(d.glob('started-*'))) < 3:\n"
+                "    if time.monotonic() > end: sys.exit('ran alone: the other jobs never started')\n"
+                "    time.sleep(0.02)")
+    (tmp_path / "marks").mkdir()
+    jobs = [Job(f"ok{i}", [sys.executable, "-c", together, str(tmp_path / "marks"), f"started-{i}"], tmp_path / f"ok{i}.log")
+            for i in range(3)]
     run_jobs(jobs, max_parallel=3, poll_s=0.05)
-    assert time.perf_counter() - t0 < 2.5  # three 1 s jobs at once, not 3 s in a row
     bad = Job("lane7", [sys.executable, "-c", "raise SystemExit('boom in lane7')"], tmp_path / "bad.log")
     with pytest.raises(RuntimeError, match=r"(?s)1 of 2 jobs failed: \['lane7'\].*boom in lane7"):
         run_jobs([jobs[0], bad], max_parallel=2, poll_s=0.05)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import torch
 
@@ -11,7 +9,23 @@ from benchmarks.overlap_utilisation import ComputeClock, EmulatedLink, LinkClock
 from decentrain.core.inprocess import InProcessHub
 
 
-def test_link_time_is_latency_per_message_plus_bytes_over_rate():
+class FakeTime:
+    """The benchmark module's clock, injected: sleeping advances it, nothing else does."""
+
+    def __init__(self):
+        self.now, self.slept = 1000.0, []
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now += seconds
+
+
+def test_link_time_is_latency_per_message_plus_bytes_over_rate(monkeypatch):
+    import benchmarks.overlap_utilisation as bench
+
     hub = InProcessHub(2)
     # 12.5 MB at 100 Mbit/s is 1 s; 50 ms each way
     links = [EmulatedLink(hub.transport(r), 12.5e6, 100e6, 0.05, LinkClock(scale=1.0)) for r in range(2)]
@@ -19,12 +33,14 @@ def test_link_time_is_latency_per_message_plus_bytes_over_rate():
     assert links[0].link_seconds == pytest.approx(1.1)
     fast = [EmulatedLink(hub.transport(r), 12.5e6, 100e6, 0.05, LinkClock(scale=11.0)) for r in range(2)]  # 1.1 s played as 0.1 s
     flats = [torch.ones(3), torch.full((3,), 2.0)]
-    t0 = time.perf_counter()
+    clock = FakeTime()  # an injected clock: what is waited is counted, whatever the box's load
+    monkeypatch.setattr(bench, "time", clock)
     works = [link.all_reduce_sum(f) for link, f in zip(fast, flats)]
-    assert time.perf_counter() - t0 < 0.05  # starting a sync does not wait for the link
+    assert clock.slept == []  # starting a sync does not wait for the link
     for w in works:
         w.wait()
-    assert time.perf_counter() - t0 >= 0.1 and flats[0].tolist() == [3.0, 3.0, 3.0]
+    assert clock.slept[0] == pytest.approx(0.1) and clock.slept[1] == 0.0  # the first wait plays the link; both end then
+    assert flats[0].tolist() == [3.0, 3.0, 3.0]
 
 
 def test_wall_time_to_target_sums_steps_up_to_the_first_eval_below_it():

@@ -240,20 +240,29 @@ def test_rebuild_amplification_costs_the_sender_its_round_not_the_node():
     completions = ("x\n",) * cfg.loss.num_generations
     bad = tuple(dataclasses.replace(group_of(mix[i], completions), question=f"q{i}") for i in range(64))
     good = tuple(group_of(mix[i], (mix[i].answer + "\n",) + completions[1:]) for i in range(2))
-    node = SAPONode(cfg, 0, "node0", FakeExchange([
+    honest_only = [("honest", encode_payload(RolloutPayload(honest.node_id, 0, time.time(), good, name="h"), honest))]
+
+    def timed_share(records):
+        node = SAPONode(cfg, 0, "node0", FakeExchange(records))
+        node.budget.start_round()
+        t = time.process_time()  # CPU time of this process: a box busy elsewhere does not add to it
+        out = node.share(0, [])
+        return node, out, time.process_time() - t
+
+    timed_share(honest_only)  # warm-up: imports and caches are paid here, not in the baseline
+    baseline = timed_share(honest_only)[2]  # two rebuilds, on this box under its load now
+    node, external, elapsed = timed_share([
         ("attacker", encode_payload(RolloutPayload(attacker.node_id, 0, time.time(), bad, name="a"), attacker)),
-        ("honest", encode_payload(RolloutPayload(honest.node_id, 0, time.time(), good, name="h"), honest)),
-    ]))
-    node.budget.start_round()
-    t = time.perf_counter()
-    external = node.share(0, [])
-    elapsed = time.perf_counter() - t
+        *honest_only,
+    ])
     assert external == list(good)  # the honest peer's groups all rebuilt and kept
     assert node.group_drops["question_mismatch"] + node.group_drops["sender_over_budget"] == 64
     assert node.group_drops["question_mismatch"] <= 8  # 0.25 s + a rebuild each against a 2 s budget
     assert node.budget.over(attacker.node_id) and not node.budget.over(honest.node_id)
     assert node.budget.dropped_total == 1
-    assert elapsed < 6.0, elapsed  # budget + one rebuild (the old code took ~9 s on an idle core)
+    # ~5x the two-rebuild baseline (8 mismatches + the honest two); the old code rebuilt all 64, ~33x. A
+    # bound in units of a baseline measured now, in CPU time, holds on an idle core and under load alike.
+    assert elapsed < 12 * baseline, (elapsed, baseline)
     assert [node.rewards(g)[0] for g in external] == [1.0, 1.0]
 
 
