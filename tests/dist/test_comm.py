@@ -1,5 +1,3 @@
-import time
-
 import pytest
 import torch
 
@@ -33,16 +31,23 @@ def test_pair_exchange_returns_the_partner_mean_on_4_ranks():
 
 
 def _late_partner(world):
-    ex = PairExchange(world, deadline_s=0.5)
+    """Rank 1 is late for round 0: it enters it only once rank 0 has given up on it (a store key, not a
+    sleep: on a loaded box a sleeping rank can still be first), and rank 0 enters round 1 only once
+    rank 1's late round-0 message has landed in rank 0's orphaned buffer."""
+    from torch.distributed.distributed_c10d import _get_default_store
+
+    store = _get_default_store()
+    ex = PairExchange(world, deadline_s=0.5 if world.rank == 0 else 60.0)  # only rank 0's deadline is under test
     group = (0, 1)
     if world.rank == 1:
-        time.sleep(1.5)  # misses round 0's deadline
+        store.wait(["rank0_gave_up_round0"])
     r0 = average(ex, [torch.full((4,), float(world.rank))], group, round_idx=0)
     if world.rank == 0:
-        time.sleep(1.5)  # let the late message land in round 0's orphaned buffer
-    # round 1 must succeed on both sides: rank 1 enters it at ~1.5 s, rank 0 at ~2.0 s, so a 0.5 s
-    # deadline would race (CI lost that race once); round 0 alone tests the missed deadline
-    ex.deadline_s = 10.0
+        store.set("rank0_gave_up_round0", "1")
+        store.wait(["rank1_sent_round0"])
+    else:
+        store.set("rank1_sent_round0", "1")
+    ex.deadline_s = 60.0  # round 1 must succeed on both sides, whenever each enters it
     r1 = average(ex, [torch.full((4,), float(world.rank) + 2)], group, round_idx=1)
     return (None if r0 is None else r0[0].tolist()), r1[0].tolist(), ex.stats.timeouts
 

@@ -1,7 +1,5 @@
 """PairExchange over 4 gloo ranks with one process group per direction (full duplex)."""
 
-import time
-
 import pytest
 import torch
 
@@ -51,15 +49,23 @@ def test_odd_world_triple_averages_three_ranks():
 
 
 def _duplex_deadline(world):
-    # rank 0 gives up on round 0 at 1 s; rank 1 reaches it at 2.5 s and completes it from rank 0's posted
-    # sends. Rank 0 must reach round 1 after that (or it still waits on round 0 and skips) and before
-    # rank 1's deadline there (~3.5 s): arriving at ~3.0 s leaves about half a second either way.
-    ex = PairExchange(world, deadline_s=1.0).full_duplex()
+    # rank 0 gives up on round 0 (its 1 s deadline); rank 1 enters round 0 only then and completes it from
+    # rank 0's posted sends; rank 0 enters round 1 only once rank 1 is through round 0 (else it would still
+    # wait on round 0 and skip). Store keys order the ranks, not sleeps: on a loaded box a sleeping rank can
+    # still arrive first. Only rank 0's round-0 deadline is under test; every other wait is long.
+    from torch.distributed.distributed_c10d import _get_default_store
+
+    store = _get_default_store()
+    ex = PairExchange(world, deadline_s=1.0 if world.rank == 0 else 60.0).full_duplex()
     if world.rank == 1:
-        time.sleep(2.5)
+        store.wait(["rank0_gave_up_round0"])
     r0 = average(ex, [torch.ones(4) * world.rank], (0, 1), 0)
     if world.rank == 0:
-        time.sleep(2.0)
+        store.set("rank0_gave_up_round0", "1")
+        store.wait(["rank1_done_round0"])
+    else:
+        store.set("rank1_done_round0", "1")
+    ex.deadline_s = 60.0
     r1 = average(ex, [torch.ones(4) * (world.rank + 2)], (0, 1), 1)
     return r0 is None, r1[0].tolist()
 
