@@ -35,7 +35,7 @@ def rerun_unprivileged(test_file: str | Path, selector: str, timeout_s: float = 
         pytest.skip("neither unshare --user nor setpriv is available")
     root = Path(__file__).resolve().parents[2]
     env = {**os.environ, UNPRIVILEGED_ENV: "1", "HOME": "/tmp", "PYTHONPATH": str(root)}
-    cmd = [*drop, sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--basetemp",
+    cmd = [*drop, sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", "--basetemp",
            f"/tmp/decentrain-nobody-{os.getpid()}", str(test_file), "-k", selector]
     proc = subprocess.run(cmd, cwd="/", env=env, capture_output=True, text=True, timeout=timeout_s)
     if proc.returncode == 5:

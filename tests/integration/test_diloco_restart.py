@@ -14,7 +14,7 @@ pytestmark = [
     pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(600),
     # opt-in: 1-3 min alone and timing-sensitive on a loaded 2-core box (it once missed its kill window
     # there); benchmarks/fault_tolerance checks the same restart + exact resume on every run
-    pytest.mark.skipif(os.environ.get("DECENTRAIN_SLOW_TESTS") != "1", reason="opt-in: DECENTRAIN_SLOW_TESTS=1"),
+    pytest.mark.optin,
 ]
 
 ARGS = ["algorithm=diloco", "algorithm.inner_steps=4", "train.steps=16", "train.eval_every=100", "train.checkpoint_every=4"]

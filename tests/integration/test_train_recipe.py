@@ -1,7 +1,5 @@
 """The pre-training recipe end to end: 2 local gloo ranks started by the recipe itself."""
 
-import os
-
 import pytest
 
 from decentrain.testing import run_recipe, run_train, train_losses
@@ -38,8 +36,7 @@ def test_bad_config_fails_before_any_worker_starts(tmp_path):
     assert "rank" not in (proc.stderr + proc.stdout).lower().split("train.global_batch_size")[0]
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(os.environ.get("DECENTRAIN_SLOW_TESTS") != "1", reason="opt-in: DECENTRAIN_SLOW_TESTS=1 (~2 min)")
+@pytest.mark.slow  # three 4-rank runs: deterministic, so the default run has it (it was opt-in)
 def test_resume_on_four_ranks_reproduces_the_uninterrupted_loss_curve(tmp_path):
     # With 4 ranks the ring all-reduce's summation order per element depends on where the element sits in
     # DDP's flat bucket, so a restarted process must reduce with the same bucket layout as the straight run
