@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from decentrain.testing import ROOT, LocalSlurm, missing_requirements
+from decentrain.testing import ROOT, LocalSlurm, missing_requirements, recipe_command
 
 why_not = None if os.environ.get("DECENTRAIN_SLURM_TESTS") == "1" else "opt-in: set DECENTRAIN_SLURM_TESTS=1"
 why_not = why_not or missing_requirements()
@@ -55,7 +55,7 @@ class Site:
     def decentrain(self, name: str, *overrides: str, log: str | None = None) -> None:
         """Start `decentrain <overrides>` in the submit dir (a local reference run, or the Slurm sweep)."""
         with open(self.dir / f"{name}.log", "w") as f:
-            self.local[name] = subprocess.Popen([sys.executable, "-m", "recipes.train", *overrides], cwd=self.dir,
+            self.local[name] = subprocess.Popen(recipe_command("recipes.train", *overrides), cwd=self.dir,
                                                 env=self.env, stdout=f, stderr=subprocess.STDOUT)
 
     def finish_local(self, name: str, timeout: float = 1500) -> Path:
@@ -227,8 +227,8 @@ def test_sweep_runs_a_world_per_point(site):
 
 def test_unschedulable_sweep_fails_fast(site):
     t = time.monotonic()
-    out = subprocess.run([sys.executable, "-m", "recipes.train", "-m", "hydra/launcher=slurm", "launcher=torchrun",
-                          "hydra.launcher.cpus_per_task=64", "optim.lr=1e-3"], cwd=site.dir, env=site.env,
+    out = subprocess.run(recipe_command("recipes.train", "-m", "hydra/launcher=slurm", "launcher=torchrun",
+                                        "hydra.launcher.cpus_per_task=64", "optim.lr=1e-3"), cwd=site.dir, env=site.env,
                          capture_output=True, text=True, timeout=300)
     assert out.returncode != 0 and "Slurm cannot schedule" in out.stderr, out.stderr[-2000:]
     assert time.monotonic() - t < 240  # no wait for a job: only start-up (slow on a loaded 2-core box)
