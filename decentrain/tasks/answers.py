@@ -136,7 +136,8 @@ def exact_or_substring(answer: str, entry: dict[str, Any]) -> float:
     return len(oracle) / len(answer) if answer and oracle in answer else 0.0
 
 
-# What Python's float/Decimal read, in ASCII only (they also take Unicode digits and spaces, "1_0").
+# What Python's float/Decimal read, in ASCII only (they also take Unicode digits and spaces, "1_0");
+# ASCII spaces around it are stripped first, as float and Decimal do.
 _ASCII_NUMBER = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?", re.ASCII)
 
 
@@ -149,7 +150,7 @@ def decimal_equal(answer: str, entry: dict[str, Any]) -> float:
     plain = answer.replace(",", "")
     try:
         # Decimal parses a number and evaluates nothing, but also takes Unicode digits and spaces
-        if _ASCII_NUMBER.fullmatch(plain) and Decimal(plain) == Decimal(oracle):
+        if _ASCII_NUMBER.fullmatch(plain.strip(ASCII_SPACE)) and Decimal(plain) == Decimal(oracle):
             return 1.0
     except (InvalidOperation, ValueError):
         pass
@@ -184,7 +185,7 @@ def sorted_numbers(answer: str, entry: dict[str, Any]) -> float:
         return 0.0
     numbers = []
     for v in values:
-        if not isinstance(v, (bool, int, float, str)) or (isinstance(v, str) and not _ASCII_NUMBER.fullmatch(v)):
+        if not isinstance(v, (bool, int, float, str)) or (isinstance(v, str) and not _ASCII_NUMBER.fullmatch(v.strip(ASCII_SPACE))):
             raise Malformed("not a number")
         try:
             x = float(v)

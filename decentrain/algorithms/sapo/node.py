@@ -347,6 +347,7 @@ class SAPONode:
             "group_drops": dict(self.group_drops),
             "high_water": dict(self.decoder.high_water),  # replay marks survive a restart
             "accepted": dict(self.decoder.accepted),
+            "sender_merit": dict(self.budget.merit),  # the round budget's split survives a restart
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -361,3 +362,4 @@ class SAPONode:
         self.group_drops.update(state.get("group_drops", {}))
         self.decoder.high_water.update({k: (int(r), float(t)) for k, (r, t) in state.get("high_water", {}).items()})
         self.decoder.accepted.update({k: int(n) for k, n in state.get("accepted", {}).items()})
+        self.budget.merit.update({k: float(v) for k, v in state.get("sender_merit", {}).items()})
