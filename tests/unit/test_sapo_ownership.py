@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from sapo_helpers import tiny_sapo_config
+from sapo_helpers import FixedExchange, tiny_sapo_config
 
 from decentrain.algorithms.sapo.exchange import PeerRecord
 from decentrain.algorithms.sapo.identity import NodeIdentity
@@ -49,17 +49,6 @@ class CopyingExchange:
     def exchange(self, round_, payload, is_valid=None):
         groups = _wire_groups(payload) + _bad_groups(self.cfg)
         return [PeerRecord("attacker", _signed(self.attacker, round_, groups, "attacker"))]
-
-    def close(self):
-        pass
-
-
-class FixedExchange:
-    def __init__(self, records):
-        self.records = records
-
-    def exchange(self, round_, payload, is_valid=None):
-        return [PeerRecord(source, data) for source, data in self.records]
 
     def close(self):
         pass
@@ -102,6 +91,7 @@ def test_copying_a_peers_groups_neither_claims_nor_censors_them(copier_first):
     assert all(s.sender == honest.node_id for s in trained if s.external)  # credited to the peer that made them
     assert node.group_drops["duplicate"] == 2
     assert node.budget.over(copier.node_id) and not node.budget.over(honest.node_id)
+    assert node.budget.merit == {honest.node_id: 2.0}  # merit for groups drawn, to the peer that made them
 
 
 def test_a_scorer_failure_on_peer_text_costs_the_peer_not_the_round(monkeypatch):

@@ -12,10 +12,9 @@ import time
 import numpy as np
 import pytest
 
-from sapo_helpers import tiny_sapo_config
+from sapo_helpers import FixedExchange, tiny_sapo_config
 
 from decentrain.algorithms.sapo.batching import build_swarm_batch
-from decentrain.algorithms.sapo.exchange import PeerRecord
 from decentrain.algorithms.sapo.identity import NodeIdentity
 from decentrain.algorithms.sapo.node import SAPONode, group_of
 from decentrain.algorithms.sapo.payload import RolloutPayload, encode_payload
@@ -35,17 +34,6 @@ class StepClock:
         if self.reads % 2 == 0:
             self.t += STEP
         return self.t
-
-
-class FixedExchange:
-    def __init__(self, records):
-        self.records = records
-
-    def exchange(self, round_, payload, is_valid=None):
-        return [PeerRecord(source, data) for source, data in self.records]
-
-    def close(self):
-        pass
 
 
 def _payload(ident, groups):

@@ -10,27 +10,15 @@ import time
 
 import numpy as np
 
-from sapo_helpers import tiny_sapo_config
+from sapo_helpers import FixedExchange, tiny_sapo_config
 
 from decentrain.algorithms.sapo.batching import build_swarm_batch, tokenize_batch
-from decentrain.algorithms.sapo.exchange import PeerRecord
 from decentrain.algorithms.sapo.identity import NodeIdentity
 from decentrain.algorithms.sapo.node import SAPONode, group_of
 from decentrain.algorithms.sapo.payload import RolloutPayload, encode_payload
 from decentrain.tasks import PromptTemplate, TaskMixture, TemplateConfig, Verifier
 
 PEER = NodeIdentity.generate()
-
-
-class FixedExchange:
-    def __init__(self, records):
-        self.records = records
-
-    def exchange(self, round_, payload, is_valid=None):
-        return [PeerRecord(source, data) for source, data in self.records]
-
-    def close(self):
-        pass
 
 
 def _received(completions_of, max_new_tokens=32):

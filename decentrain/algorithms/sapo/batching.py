@@ -21,7 +21,6 @@ from decentrain.algorithms.sapo.payload import RolloutGroup
 EXTERNAL_SAMPLING = ("uniform", "reward_weighted")
 
 
-
 @dataclass(frozen=True, eq=False)
 class Arrival:
     """One group as this node received it (eq=False: two arrivals of equal groups stay two records).

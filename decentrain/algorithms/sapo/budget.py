@@ -9,8 +9,8 @@ its remaining groups are neither rebuilt nor scored, and it is counted.
 Keys are free, so a per-sender limit alone lets N fresh identities cost N times it. The round
 also has a cap over all senders (`payload.round_budget_s`), split before any work among the
 senders of the round (`split_round_budget`): half by merit, each sender's decayed count of groups
-that scored with mixed rewards here (the only groups a batch can use), and half equally over
-every sender, so a newcomer can earn merit. Merited senders are served first: the cap is checked
+drawn into this node's batches (usable groups, at most a fair share of J per round, so offering
+many groups earns no more), and half equally over every sender, so a newcomer can earn merit. Merited senders are served first: the cap is checked
 before each rebuild or scoring, so N fresh identities cost at most the cap plus one operation,
 and they cannot spend what the merited senders were given. Hand-written: no library budgets
 work per untrusted sender.
@@ -53,7 +53,7 @@ class SenderBudget:
         self.dropped: set[str] = set()  # this round
         self.dropped_total = 0  # sender-rounds dropped since start
         self.rounds_capped = 0  # rounds in which senders together reached round_limit_s
-        self.merit: dict[str, float] = {}  # decayed count of useful groups, across rounds
+        self.merit: dict[str, float] = {}  # decayed count of groups drawn into batches, across rounds
 
     @property
     def total(self) -> float:
@@ -92,7 +92,7 @@ class SenderBudget:
             self.rounds_capped += 1
 
     def credit(self, sender: str, groups: int = 1) -> None:
-        """`sender` sent `groups` useful groups (scored here with mixed rewards)."""
+        """`sender` had `groups` groups drawn into this node's batch."""
         self.merit[sender] = self.merit.get(sender, 0.0) + groups
 
     @contextmanager

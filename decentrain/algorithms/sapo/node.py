@@ -116,8 +116,7 @@ class SAPONode:
         """The rewards of a group this node generated or received; this node's own never raise.
 
         An external group raises `Unscorable` (counted) when its sender is over budget or the
-        verifier fails on it; the sender is charged for the time and for malformed answers, and
-        credited with merit when the group scores with mixed rewards (one a batch can use).
+        verifier fails on it; the sender is charged for the time and for malformed answers.
         """
         sender = arrival.sender
         if sender is None:
@@ -135,8 +134,6 @@ class SAPONode:
             self.budget.charge(sender, self.cfg.payload.mismatch_cost_s)
             raise Unscorable("scoring_error") from None
         self.budget.charge(sender, (self.verifier.malformed - malformed) * self.cfg.payload.malformed_cost_s)
-        if max(rewards) != min(rewards):
-            self.budget.credit(sender)
         return rewards
 
     def clip(self, group: RolloutGroup) -> RolloutGroup:
@@ -289,6 +286,9 @@ class SAPONode:
         t2 = time.perf_counter()
         batch = build_swarm_batch(self._local, external, self.rewards, self.cfg.batch, self.rng)
         own = [s for s in batch.groups if not s.external]
+        for s in batch.groups:  # merit: groups drawn into a batch, at most a fair share of J per round
+            if s.external:
+                self.budget.credit(s.sender)
         # Reward of this node's own rollouts: comparable across I/J splits (external ones are peers').
         own_rewards = [r for a in self._local for r in self.rewards(a)]
         reward = float(np.mean(own_rewards)) if own_rewards else 0.0
