@@ -15,7 +15,7 @@ from decentrain.algorithms.sapo.batching import ScoredGroup
 from decentrain.algorithms.sapo.exchange import PeerRecord
 from decentrain.algorithms.sapo.grpo import SAPOLossConfig
 from decentrain.algorithms.sapo.identity import NodeIdentity
-from decentrain.algorithms.sapo.node import SAPONode, Unscorable, group_of
+from decentrain.algorithms.sapo.node import SAPONode, group_of
 from decentrain.algorithms.sapo.payload import RolloutGroup, RolloutPayload, encode_payload
 from decentrain.algorithms.sapo.trainer import run_sapo
 from decentrain.core.metrics import read_jsonl
@@ -272,9 +272,7 @@ def test_malformed_answers_count_against_their_sender():
     node = SAPONode(cfg, 0, "node0", FakeExchange([("p", encode_payload(
         RolloutPayload(PEER.node_id, 0, time.time(), groups, name="p"), PEER))]))
     node.budget.start_round()
-    external = node.share(0, [])
-    assert len(external) == 4
-    assert node.rewards(external[0]) == [0.0] * cfg.loss.num_generations  # over budget once scored
-    with pytest.raises(Unscorable, match="sender_over_budget"):  # build_swarm_batch drops it; run_round goes on
-        node.rewards(external[1])
-    assert node.verifier.malformed == cfg.loss.num_generations and node.group_drops["sender_over_budget"] == 1
+    external = node.share(0, [])  # scored on arrival: over budget after the first group
+    assert external == [] and node.budget.over(PEER.node_id)
+    assert node.verifier.malformed == cfg.loss.num_generations  # the other three were never scored
+    assert node.group_drops["sender_over_budget"] == 4  # three unscored, and the scored one with its sender

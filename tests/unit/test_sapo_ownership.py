@@ -113,4 +113,4 @@ def test_a_scorer_failure_on_peer_text_costs_the_peer_not_the_round(monkeypatch)
     node = SAPONode(cfg, 0, "node0", FixedExchange([("peer", _signed(peer, 0, groups))]))
     m = node.run_round()
     assert m["local_groups"] == 2 and m["external_groups"] == 0
-    assert m["external_unscorable"] == 2 and node.group_drops["scoring_error"] == 2
+    assert m["external_received"] == 0 and node.group_drops["scoring_error"] == 2  # scored on arrival, dropped

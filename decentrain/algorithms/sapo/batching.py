@@ -27,12 +27,14 @@ class Arrival:
 
     `sender` is the identity that signed the payload it came in, None for this node's own group:
     work on the group is charged to it, and only its own data can make the group unscorable.
-    `item` is the entry this node built or rebuilt for it (what the verifier scores against).
+    `item` is the entry this node built or rebuilt for it (what the verifier scores against);
+    `rewards`, once scored, this node's rewards of its completions.
     """
 
     group: RolloutGroup
     sender: str | None = None
     item: Any = None
+    rewards: tuple[float, ...] | None = None
 
 
 # The receiver's verifier: one reward per completion of a group. It may raise ValueError for an

@@ -8,9 +8,9 @@ from the address the peer sends (`TaskMixture.rebuild`); a group that does not r
 question is dropped and counted. Every group is an `Arrival` owned by the identity that signed
 the payload it came in: a group equal to one this node generated, or to one an earlier sender
 sent this round, is a duplicate, dropped and counted, so copying a node's groups neither claims
-nor censors them. Every second of rebuild and scoring a peer causes is charged to it
-(`SenderBudget`, per sender and per round in total); a peer over budget is dropped for the round,
-and nothing a peer sends raises out of `run_round`. Completions, own and peers', are cut at the
+nor censors them. A peer's group is rebuilt and scored on arrival, and every second of that is
+charged to it (`SenderBudget`, per sender and per round in total); a peer over its allowance
+loses its groups for the round, and nothing a peer sends raises out of `run_round`. Completions, own and peers', are cut at the
 stop string and at this node's `max_new_tokens` before they are scored, and that cut text is
 what is trained. Payloads are signed with this node's Ed25519 key.
 """
@@ -115,12 +115,15 @@ class SAPONode:
     def rewards(self, arrival: Arrival) -> list[float]:
         """The rewards of a group this node generated or received; this node's own never raise.
 
-        An external group raises `Unscorable` (counted) when its sender is over budget or the
-        verifier fails on it; the sender is charged for the time and for malformed answers.
+        A peer's group is scored once, when it arrives (`share`), and keeps those rewards. Scoring
+        one raises `Unscorable` (counted) when its sender is over budget or the verifier fails on
+        it; the sender is charged for the time and for malformed answers.
         """
         sender = arrival.sender
         if sender is None:
             return self.verifier.rewards(arrival.item, arrival.group.completions)
+        if arrival.rewards is not None:
+            return list(arrival.rewards)
         if self.budget.over(sender):
             self.group_drops["sender_over_budget"] += 1
             raise Unscorable("sender_over_budget")
@@ -182,7 +185,7 @@ class SAPONode:
                 by_sender.setdefault(decoded.node_id, []).extend(decoded.groups)
         external: list[Arrival] = []
         owner: dict[tuple, str | None] = {_same_group(a.group): None for a in self._local}  # None: this node
-        copies: dict[tuple, list[tuple[str, RolloutGroup]]] = {}  # later senders of a kept group
+        copies: dict[tuple, list[str]] = {}  # later senders of a kept group
         for sender in self.budget.plan(by_sender):  # merited senders first: fresh keys cannot spend their share
             datasets: dict[str, tuple[int, int]] = {}
             for g in by_sender[sender]:
@@ -201,7 +204,7 @@ class SAPONode:
                         key = _same_group(clipped)
                         if key in owner:  # this node's own group, or one an earlier sender sent
                             self.group_drops["duplicate"] += 1
-                            copies.setdefault(key, []).append((sender, clipped))
+                            copies.setdefault(key, []).append(sender)
                             continue
                         item = self.mixture.rebuild(entry_ref(g), g.question, self.cfg.payload.max_dataset_size)
                 except Exception as e:  # EntryMismatch (has a reason); anything else a peer's group triggers is its cost too
@@ -209,23 +212,34 @@ class SAPONode:
                     self.budget.charge(sender, self.cfg.payload.mismatch_cost_s)
                     continue
                 owner[key] = sender
-                external.append(Arrival(clipped, sender, item))
-        self._hand_over(external, copies)
+                arrival = Arrival(clipped, sender, item)
+                if self.cfg.batch.num_external:  # scored now, so every budget decision is made here
+                    try:
+                        arrival = dataclasses.replace(arrival, rewards=tuple(self.rewards(arrival)))
+                    except Unscorable:
+                        continue
+                external.append(arrival)
+        external = self._hand_over(external, copies)
         self.decoder.drops.flush_log(f"{self.node_id} round {round_}: ")
         if dropped := {k: v - seen_groups.get(k, 0) for k, v in self.group_drops.items() if v != seen_groups.get(k, 0)}:
             logger.warning("%s round %d: dropped %d peer group(s): %s", self.node_id, round_,
                            sum(dropped.values()), ", ".join(f"{k}={v}" for k, v in sorted(dropped.items())))
         return external
 
-    def _hand_over(self, external: list[Arrival], copies: dict[tuple, list[tuple[str, RolloutGroup]]]) -> None:
-        """A kept group whose sender went over budget passes to the next sender of the same group
-        still in budget: sending first and then overspending cannot censor another peer's groups."""
-        for i, a in enumerate(external):
-            if a.sender is not None and self.budget.over(a.sender):
-                for sender, group in copies.get(_same_group(a.group), ()):
-                    if not self.budget.over(sender):
-                        external[i] = Arrival(group, sender, a.item)
-                        break
+    def _hand_over(self, external: list[Arrival], copies: dict[tuple, list[str]]) -> list[Arrival]:
+        """Drop the groups of senders that went over their allowance, each passed first to the next
+        sender of the same group still in it (same entry and completions: the same training data),
+        so sending first and then overspending cannot censor another peer's groups."""
+        kept = []
+        for a in external:
+            if a.sender in self.budget.dropped:
+                heir = next((s for s in copies.get(_same_group(a.group), ()) if s not in self.budget.dropped), None)
+                if heir is None:
+                    self.group_drops["sender_over_budget"] += 1
+                    continue
+                a = dataclasses.replace(a, sender=heir)
+            kept.append(a)
+        return kept
 
     def train_step(self, batch_groups) -> dict[str, float]:
         cfg = self.cfg
