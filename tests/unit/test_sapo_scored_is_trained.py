@@ -78,3 +78,14 @@ def test_verifier_refuses_padding_beyond_the_cap_in_both_answer_formats():
     tag = Verifier(PromptTemplate(TemplateConfig(answer_format="tag")))
     assert tag.rewards(item, ["<answer>2</answer>", "<answer>" + "\n" * 20 + "2</answer>"]) == [1.0, 0.0]
     assert line.malformed == 2 and tag.malformed == 1
+
+
+def test_clip_to_tokens_returns_a_prefix_that_fits_even_inside_a_multibyte_character():
+    from transformers import ByT5Tokenizer
+
+    from decentrain.algorithms.sapo.generation import clip_to_tokens
+
+    tok = ByT5Tokenizer()
+    assert clip_to_tokens("aéb", tok, 2) == "a"  # "é" is two bytes: one of them would decode to U+FFFD
+    assert clip_to_tokens("aéb", tok, 3) == "aé" and clip_to_tokens("aéb", tok, 9) == "aéb"
+    assert clip_to_tokens("", tok, 1) == "" and clip_to_tokens("abc", tok, 0) == ""
