@@ -217,6 +217,7 @@ class SAPONode:
                     try:
                         arrival = dataclasses.replace(arrival, rewards=tuple(self.rewards(arrival)))
                     except Unscorable:
+                        del owner[key]  # a later sender of the same group may still have it scored
                         continue
                 external.append(arrival)
         external = self._hand_over(external, copies)
