@@ -114,3 +114,10 @@ def test_a_scorer_failure_on_peer_text_costs_the_peer_not_the_round(monkeypatch)
     m = node.run_round()
     assert m["local_groups"] == 2 and m["external_groups"] == 0
     assert m["external_received"] == 0 and node.group_drops["scoring_error"] == 2  # scored on arrival, dropped
+
+
+@pytest.mark.slow  # a fresh interpreter as uid nobody (~40 s): nothing here may depend on root
+def test_as_an_ordinary_user():
+    from tests.privilege import rerun_unprivileged
+
+    rerun_unprivileged(__file__, "not test_as_an_ordinary_user")

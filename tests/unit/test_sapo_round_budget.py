@@ -133,3 +133,10 @@ def test_fair_quota_fills_every_slot_another_sender_cannot():
     assert fair_quota(4, [64, 4]) == 2
     assert fair_quota(4, [10, 1]) == 3  # the single-group sender cannot use its second slot
     assert fair_quota(4, [1] * 64) == 1
+
+
+@pytest.mark.slow  # a fresh interpreter as uid nobody (~40 s): nothing here may depend on root
+def test_as_an_ordinary_user():
+    from tests.privilege import rerun_unprivileged
+
+    rerun_unprivileged(__file__, "not test_as_an_ordinary_user")

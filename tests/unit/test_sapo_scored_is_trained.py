@@ -9,6 +9,7 @@ fix (share, rewards, tokenize_batch), so they also run, and fail, against it.
 import time
 
 import numpy as np
+import pytest
 
 from sapo_helpers import FixedExchange, tiny_sapo_config
 
@@ -89,3 +90,10 @@ def test_clip_to_tokens_returns_a_prefix_that_fits_even_inside_a_multibyte_chara
     assert clip_to_tokens("aéb", tok, 2) == "a"  # "é" is two bytes: one of them would decode to U+FFFD
     assert clip_to_tokens("aéb", tok, 3) == "aé" and clip_to_tokens("aéb", tok, 9) == "aéb"
     assert clip_to_tokens("", tok, 1) == "" and clip_to_tokens("abc", tok, 0) == ""
+
+
+@pytest.mark.slow  # a fresh interpreter as uid nobody (~40 s): nothing here may depend on root
+def test_as_an_ordinary_user():
+    from tests.privilege import rerun_unprivileged
+
+    rerun_unprivileged(__file__, "not test_as_an_ordinary_user")

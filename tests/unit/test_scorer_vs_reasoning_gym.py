@@ -68,3 +68,10 @@ def test_a_long_honest_answer_under_a_larger_task_setting_is_not_malformed():
     assert verifier.malformed == 0
     with pytest.raises(Malformed, match="too long"):  # the cap follows the entry: still a cap
         score("spiral_matrix", item.answer * 5, {"answer": item.answer, "metadata": item.metadata})
+
+
+@pytest.mark.slow  # a fresh interpreter as uid nobody (~40 s): nothing here may depend on root
+def test_as_an_ordinary_user():
+    from tests.privilege import rerun_unprivileged
+
+    rerun_unprivileged(__file__, "not test_as_an_ordinary_user")
