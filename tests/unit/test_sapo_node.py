@@ -14,7 +14,7 @@ from sapo_helpers import tiny_sapo_config
 from decentrain.algorithms.sapo.batching import ScoredGroup
 from decentrain.algorithms.sapo.exchange import PeerRecord
 from decentrain.algorithms.sapo.grpo import SAPOLossConfig
-from decentrain.algorithms.sapo.identity import NodeIdentity
+from decentrain.core.identity import NodeIdentity
 from decentrain.algorithms.sapo.node import SAPONode, group_of
 from decentrain.algorithms.sapo.payload import RolloutGroup, RolloutPayload, encode_payload
 from decentrain.algorithms.sapo.trainer import run_sapo

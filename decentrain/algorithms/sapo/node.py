@@ -33,7 +33,7 @@ from decentrain.algorithms.sapo.config import SAPOConfig
 from decentrain.algorithms.sapo.exchange import PeerRecord, RolloutExchange
 from decentrain.algorithms.sapo.generation import build_generation_backend, clip_to_tokens, completion_logprobs
 from decentrain.algorithms.sapo.grpo import LossNorm, build_advantage_estimator, policy_loss
-from decentrain.algorithms.sapo.identity import NodeIdentity
+from decentrain.core.identity import NodeIdentity
 from decentrain.algorithms.sapo.payload import PayloadDecoder, RolloutGroup, RolloutPayload, encode_payload
 from decentrain.models.factory import build_model, build_tokenizer
 from decentrain.tasks import EntryRef, PromptTemplate, TaskItem, TaskMixture, Verifier

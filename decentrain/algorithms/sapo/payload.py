@@ -30,7 +30,7 @@ from collections import Counter, OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
-from decentrain.algorithms.sapo.identity import (
+from decentrain.core.identity import (
     PUBLIC_KEY_HEX_LEN,
     SIGNATURE_HEX_LEN,
     NodeIdentity,
