@@ -16,7 +16,7 @@ import pytest
 from sapo_helpers import FixedExchange, tiny_sapo_config
 
 from decentrain.algorithms.sapo.exchange import PeerRecord
-from decentrain.algorithms.sapo.identity import NodeIdentity
+from decentrain.core.identity import NodeIdentity
 from decentrain.algorithms.sapo.node import SAPONode, group_of
 from decentrain.algorithms.sapo.payload import RolloutGroup, RolloutPayload, encode_payload
 from decentrain.tasks import TaskMixture

@@ -14,7 +14,7 @@ import pytest
 from sapo_helpers import FixedExchange, tiny_sapo_config
 
 from decentrain.algorithms.sapo.batching import build_swarm_batch, tokenize_batch
-from decentrain.algorithms.sapo.identity import NodeIdentity
+from decentrain.core.identity import NodeIdentity
 from decentrain.algorithms.sapo.node import SAPONode, group_of
 from decentrain.algorithms.sapo.payload import RolloutPayload, encode_payload
 from decentrain.tasks import PromptTemplate, TaskMixture, TemplateConfig, Verifier
