@@ -19,7 +19,7 @@ from typing import Any
 from decentrain.algorithms.sapo.config import SAPOConfig
 from decentrain.algorithms.sapo.evaluation import greedy_accuracy, heldout_items
 from decentrain.algorithms.sapo.exchange import build_exchange
-from decentrain.algorithms.sapo.identity import NodeIdentity
+from decentrain.core.identity import NodeIdentity
 from decentrain.algorithms.sapo.node import SAPONode
 from decentrain.core.checkpoint import Checkpointer
 from decentrain.core.metrics import MetricsLogger, drop_rows_after
