@@ -29,6 +29,12 @@ XDIST_GROUPS = {
     "tests/dist/test_gossip_membership.py": "four_ranks",
     "tests/integration/test_train_recipe.py::test_resume_on_four_ranks": "four_ranks",
 }
+# modules whose module-scoped fixture is a run of its own (a SAPO run, a pytest collection, a model):
+# one worker takes the whole module, so the fixture runs once, not once per worker
+XDIST_GROUPS.update({m: m for m in (
+    "tests/unit/test_collection.py", "tests/unit/test_sapo_node.py", "tests/unit/test_sapo_generation.py",
+    "tests/unit/test_sapo_fast_generation.py", "tests/unit/test_dei_pmars.py",
+)})
 
 
 def pytest_configure(config):
