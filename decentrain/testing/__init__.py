@@ -7,7 +7,7 @@ tests of a new algorithm or recipe, need to run code the way it runs for real.
 - recipes: `run_recipe(module, *overrides)` (`python -m recipes.<name>` from the checkout), `run_train`
   (recipes.train on a tiny model), `recipe_killing_a_worker`, and readers of a run's metrics
 - torchft: `lighthouse` (a LighthouseServer for a `with` block) and a torchft-style replica-group harness
-- tiny: tiny SAPO / HDEE / Trainer configs (and FixedExchange, a SAPO node's fixed peer records); device_guard: a CPU stand-in for NCCL's device checks;
+- tiny: tiny SAPO / HDEE / Trainer configs (and FixedExchange, a SAPO node's fixed peer records); devices: `device_guard`, a CPU stand-in for NCCL's device checks;
   privilege: re-run a test as an ordinary user; slurm: a throwaway local Slurm cluster; dei: pMARS and a
   scripted warrior endpoint
 
@@ -29,7 +29,7 @@ _EXPORTS = {
                 "lighthouse", "run_replicas"],
     "tiny": ["DOMAINS", "EASY_TASKS", "TINY_MODEL", "TRAINER_MODEL", "WIDTHS", "FixedExchange", "save_random_experts", "tiny_hdee_config",
              "tiny_sapo_config", "tiny_trainer"],
-    "device_guard": ["DeviceMismatch", "GuardCalls", "TENSOR_OPS", "device_guard"],
+    "devices": ["DeviceMismatch", "GuardCalls", "TENSOR_OPS", "device_guard"],  # not device_guard.py: the function would lose to the module
     "privilege": ["UNPRIVILEGED_ENV", "rerun_unprivileged"],
     "slurm": ["LocalSlurm", "missing_requirements"],
     "dei": ["WarriorEndpoint", "pmars_or_skip"],

@@ -72,3 +72,19 @@ def test_run_in_threads_returns_in_rank_order_and_fails_on_a_stuck_rank():
         release.set()
     with pytest.raises(AssertionError, match="ranks that raised"):
         run_in_threads(lambda r: 1 / r, 2)
+
+
+def test_every_exported_name_resolves_to_what_its_module_defines():
+    """A name equal to a submodule's would resolve to the module once that submodule is imported."""
+    import importlib
+    import pkgutil
+
+    import decentrain.testing as kit
+
+    submodules = {m.name for m in pkgutil.iter_modules(kit.__path__)}
+    assert not submodules & set(kit.__all__), "rename the module: its name shadows an exported name"
+    for name in kit.__all__:
+        if name in {"LocalSlurm", "missing_requirements", "WarriorEndpoint", "pmars_or_skip"}:
+            continue  # optional stacks (Slurm, pMARS) are imported by their own tests
+        module = importlib.import_module(f"decentrain.testing.{kit._WHERE[name]}")
+        assert getattr(kit, name) is getattr(module, name), name
