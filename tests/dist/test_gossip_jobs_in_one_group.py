@@ -21,7 +21,8 @@ def _jobs_back_to_back(world):
     for job in range(JOBS):
         if world.rank == 1 and job % 2:
             time.sleep(0.3)  # the ranks start each job at different times, as real ones do
-        transport = TorchTransport(world).start_gossip(GossipOptions(deadline_s=60.0, stall_s=5.0))
+        # stall_s long: a partner whose heartbeat a loaded box holds back for seconds is not a stalled one
+        transport = TorchTransport(world).start_gossip(GossipOptions(deadline_s=60.0, stall_s=30.0))
         transport.publish(0)
         for r in range(ROUNDS):
             got = transport.exchange([torch.full((4,), float(10 * job + world.rank))], (0, 1), r)

@@ -106,7 +106,7 @@ def test_adaptive_pacing_times_the_device_not_the_kernel_launches(monkeypatch):
     assert algo.pace.step_time == pytest.approx(0.25)
     timer = DeviceTimer(torch.device("cpu"))
     timer.start()
-    assert 0 <= timer.stop() < 1.0
+    assert 0 <= timer.stop() < 30.0  # seconds (not ms); generous: a loaded box may stall this thread
 
 
 def test_tf32_is_switched_on_for_cuda_only_and_can_be_turned_off():
