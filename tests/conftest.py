@@ -25,6 +25,7 @@ XDIST_GROUPS = {
     "tests/integration/test_transports_agree.py": "four_ranks",
     "tests/integration/test_fsdp2_replicas.py": "four_ranks",
     "tests/integration/test_noloco_heal.py": "four_ranks",
+    "tests/integration/test_noloco_survives.py": "four_ranks",
     "tests/integration/test_hdee_noloco_lane.py": "four_ranks",
     "tests/dist/test_gossip_membership.py": "four_ranks",
     "tests/integration/test_train_recipe.py::test_resume_on_four_ranks": "four_ranks",
