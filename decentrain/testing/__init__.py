@@ -7,9 +7,10 @@ tests of a new algorithm or recipe, need to run code the way it runs for real.
 - recipes: `run_recipe(module, *overrides)` (`python -m recipes.<name>` from the checkout), `run_train`
   (recipes.train on a tiny model), `recipe_killing_a_worker`, and readers of a run's metrics
 - torchft: `lighthouse` (a LighthouseServer for a `with` block) and a torchft-style replica-group harness
-- tiny: tiny SAPO / HDEE / Trainer configs (and FixedExchange, a SAPO node's fixed peer records); devices: `device_guard`, a CPU stand-in for NCCL's device checks;
-  privilege: re-run a test as an ordinary user; slurm: a throwaway local Slurm cluster; dei: pMARS and a
-  scripted warrior endpoint
+- tiny: tiny SAPO / HDEE / Trainer configs (and FixedExchange, a SAPO node's fixed peer records)
+- devices: `device_guard`, a CPU stand-in for NCCL's device checks; privilege: re-run a test as an
+  ordinary user; slurm: a throwaway local Slurm cluster; dei: pMARS and a scripted warrior endpoint
+- fixtures: golden numbers written with WRITE_FIXTURES=1 and checked by every later run
 
 Names load lazily (PEP 562): importing `free_port` does not import torchft, hivemind or the SAPO stack.
 A support package: the library never imports it (tests/unit/test_layering.py checks).
@@ -27,9 +28,10 @@ _EXPORTS = {
                 "run_recipe", "run_train", "train_losses", "worker_ready"],
     "torchft": ["FRAGMENTS", "Events", "InjectedFailure", "MiniTrainer", "Replica", "TwoLayer", "diloco_global_state",
                 "lighthouse", "run_replicas"],
-    "tiny": ["DOMAINS", "EASY_TASKS", "TINY_MODEL", "TRAINER_MODEL", "WIDTHS", "FixedExchange", "save_random_experts", "tiny_hdee_config",
-             "tiny_sapo_config", "tiny_trainer"],
-    "devices": ["DeviceMismatch", "GuardCalls", "TENSOR_OPS", "device_guard"],  # not device_guard.py: the function would lose to the module
+    "tiny": ["DOMAINS", "EASY_TASKS", "TINY_MODEL", "TRAINER_MODEL", "WIDTHS", "FixedExchange", "save_random_experts",
+             "tiny_hdee_config", "tiny_sapo_config", "tiny_trainer"],
+    # not device_guard.py: a submodule named like the function would shadow it once imported
+    "devices": ["DeviceMismatch", "GuardCalls", "TENSOR_OPS", "device_guard"],
     "privilege": ["UNPRIVILEGED_ENV", "rerun_unprivileged"],
     "slurm": ["LocalSlurm", "missing_requirements"],
     "dei": ["WarriorEndpoint", "pmars_or_skip"],
