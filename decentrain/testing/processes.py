@@ -41,10 +41,12 @@ class _PortTaken(Exception):
     pass
 
 
-def run_ranks(fn: Callable, world_size: int, *args: Any, timeout: float = 120.0, backend: str = "gloo",
+def run_ranks(fn: Callable, world_size: int, *args: Any, timeout: float = 300.0, backend: str = "gloo",
               expect_dead: tuple[int, ...] = (), attempts: int = 3) -> list[Any]:
     """`fn(world, *args)` on every rank; returns the results in rank order, re-raising any rank's error.
 
+    `timeout` bounds the wait for each rank's result: a hang detector, generous because a loaded box
+    (2 cores, other work beside it) stretches a rank's start-up and rendezvous to minutes.
     Ranks in `expect_dead` are meant to kill themselves: they return no result (None in the list).
     The free port is free when picked, not when rank 0 binds it: under pytest-xdist another worker
     may take it in between, so a launch whose store could not bind is retried on a new port.
@@ -88,7 +90,7 @@ def _alone(fn: Callable, args: tuple, results) -> None:
         results.put(("error", traceback.format_exc()))
 
 
-def run_in_fresh_process(fn: Callable, *args: Any, timeout: float = 240.0) -> Any:
+def run_in_fresh_process(fn: Callable, *args: Any, timeout: float = 300.0) -> Any:
     """`fn(*args)` in a spawned interpreter; returns its result, re-raising its error.
 
     For code that forks helpers (hivemind's DHT is a fork of its caller): a fork of the test

@@ -27,13 +27,12 @@ def _rows(run_dir: Path, node: int) -> list[dict]:
     return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
 
 
-@pytest.mark.timeout(300)
 def test_three_nodes_share_elites_each_round(tmp_path):
     pmars_or_skip()
     endpoint = WarriorEndpoint()
     try:
         proc = _run(tmp_path, endpoint, 3, "search.rounds=2", "share.deadline_s=120")
-        out, _ = proc.communicate(timeout=280)
+        out, _ = proc.communicate(timeout=540)  # a hang guard below pytest's 600 s; a loaded box takes minutes
     finally:
         endpoint.close()
     assert proc.returncode == 0, out[-3000:]
@@ -50,7 +49,6 @@ def test_three_nodes_share_elites_each_round(tmp_path):
     assert "merged archive QD-score" in out
 
 
-@pytest.mark.timeout(300)
 def test_a_killed_node_costs_its_peers_its_elites_not_the_run(tmp_path):
     pmars_or_skip()
     endpoint = WarriorEndpoint(hold_after={2: 2 + 3})  # node 2 freezes on its first call of round 1
@@ -60,7 +58,7 @@ def test_a_killed_node_costs_its_peers_its_elites_not_the_run(tmp_path):
             assert proc.poll() is None, proc.stdout.read()[-3000:]
             time.sleep(0.1)
         os.kill(json.loads((tmp_path / "workers.json").read_text())["2"], signal.SIGKILL)
-        out, _ = proc.communicate(timeout=280)
+        out, _ = proc.communicate(timeout=540)  # a hang guard below pytest's 600 s; a loaded box takes minutes
     finally:
         endpoint.close()
     assert proc.returncode == 0, out[-3000:]
