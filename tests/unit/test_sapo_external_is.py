@@ -21,7 +21,8 @@ from decentrain.algorithms.sapo.batching import ScoredGroup, pad_sequences
 from decentrain.algorithms.sapo.generation import completion_logprobs
 from decentrain.algorithms.sapo.grpo import SAPOLossConfig, truncated_is_weight
 from decentrain.algorithms.sapo.node import SAPONode, group_of
-from decentrain.algorithms.sapo.payload import RolloutPayload, check_logprobs, encode_payload
+from decentrain.algorithms.sapo.offpolicy import check_logprobs
+from decentrain.algorithms.sapo.payload import RolloutPayload, encode_payload
 from decentrain.core.identity import NodeIdentity
 
 

@@ -10,9 +10,7 @@ step sees a few shapes only.
 from __future__ import annotations
 
 import copy
-import hashlib
 import importlib.util
-import json
 import os
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -124,18 +122,6 @@ def clip_to_tokens(text: str, tokenizer: Any, max_tokens: int) -> str:
     while n and length(text[:n]) > max_tokens:
         n -= 1
     return text[:n]
-
-
-def tokenizer_fingerprint(tokenizer: Any) -> str:
-    """16 hex chars naming a tokenizer by what decides its token ids: class, vocabulary, special ids.
-
-    A sender declares it beside its log-probs; a receiver uses them only when it equals its own
-    and the completion also re-tokenises here to as many tokens as the sender sent log-probs.
-    """
-    vocab = sorted(tokenizer.get_vocab().items())
-    specials = sorted((str(k), str(v)) for k, v in tokenizer.special_tokens_map.items())
-    blob = json.dumps([type(tokenizer).__name__, vocab, specials], ensure_ascii=True)
-    return hashlib.sha256(blob.encode("ascii")).hexdigest()[:16]
 
 
 def sampled_text_ids(tokenizer: Any, text: str, sampled_ids: list[int]) -> list[int] | None:

@@ -40,8 +40,8 @@ from decentrain.algorithms.sapo.generation import (
     build_generation_backend,
     clip_to_tokens,
     completion_logprobs,
-    tokenizer_fingerprint,
 )
+from decentrain.algorithms.sapo.offpolicy import align_logprobs, tokenizer_fingerprint
 from decentrain.algorithms.sapo.grpo import LossNorm, build_advantage_estimator, policy_loss, truncated_is_weight
 from decentrain.core.identity import NodeIdentity
 from decentrain.algorithms.sapo.payload import PayloadDecoder, RolloutGroup, RolloutPayload, encode_payload
@@ -162,31 +162,16 @@ class SAPONode:
         return dataclasses.replace(group, completions=completions, logprobs=None)
 
     def _sender_logprobs(self, sent: RolloutGroup, clipped: RolloutGroup, tokenizer_id: str | None) -> tuple | None:
-        """The sender's log-probs of `clipped`'s tokens in this tokenizer, or None (and counted).
-
-        Used only where the sender declared this node's tokenizer fingerprint and every completion
-        it sent log-probs for re-tokenises here to exactly that many tokens, the cut text to a
-        prefix of them; the log-probs are then cut to that prefix. A peer's data picks nothing
-        but whether these numbers are used.
-        """
+        """The sender's log-probs of `clipped`'s tokens here (`offpolicy.align_logprobs`), or None, counted."""
         if not self.cfg.loss.external_is or sent.logprobs is None:
             return None
         if tokenizer_id != self.tokenizer_id:
             self.logprob_drops["no_tokenizer" if tokenizer_id is None else "tokenizer_mismatch"] += 1
             return None
-        encode = lambda t: self.tokenizer(t, add_special_tokens=False)["input_ids"]  # noqa: E731
-        aligned: list[tuple[float, ...] | None] = []
-        for text, cut, lp in zip(sent.completions, clipped.completions, sent.logprobs, strict=True):
-            if lp is None:
-                aligned.append(None)
-                continue
-            ids = encode(text)
-            kept = encode(cut)
-            if len(ids) != len(lp) or kept != ids[: len(kept)]:
-                self.logprob_drops["token_count_mismatch"] += 1
-                return None
-            aligned.append(lp[: len(kept)])
-        return tuple(aligned)
+        aligned = align_logprobs(self.tokenizer, sent.completions, clipped.completions, sent.logprobs)
+        if aligned is None:
+            self.logprob_drops["token_count_mismatch"] += 1
+        return aligned
 
     # -- the round -------------------------------------------------------------------------------
 

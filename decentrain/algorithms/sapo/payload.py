@@ -7,7 +7,7 @@ Wire format: a one-line ASCII header, then the UTF-8 JSON body.
      "groups":[{"task":"chain_sum","config":<16 hex>,"seed":1,"size":10000,"index":42,
                 "question":"...","completions":["...", ...]}]}
 
-Optional (`loss.external_is`): a payload-level "tokenizer" (16 hex, `generation.tokenizer_fingerprint`)
+Optional (`loss.external_is`): a payload-level "tokenizer" (16 hex, `offpolicy.tokenizer_fingerprint`)
 and a group-level "logprobs": G entries, each null or the sender's sampling log-probs of that
 completion's tokens. They are numbers a receiver uses or drops, never a reason to refuse a payload:
 a bad entry drops the payload's or group's log-probs (`RolloutPayload.logprob_drops` says why) and
@@ -36,6 +36,7 @@ from collections import Counter, OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
+from decentrain.algorithms.sapo.offpolicy import check_logprobs
 from decentrain.core.identity import (
     PUBLIC_KEY_HEX_LEN,
     SIGNATURE_HEX_LEN,
@@ -89,8 +90,6 @@ REJECT_REASONS = (
     "future_timestamp",
     "replayed",
 )
-# Why a sender's log-probs were not used (the payload and its groups still are); metric names.
-LOGPROB_DROP_REASONS = ("bad_tokenizer_id", "wrong_type", "too_long", "not_finite", "positive")
 
 
 @dataclass(frozen=True)
@@ -320,35 +319,6 @@ def _check_fields(obj: Any, fields: tuple[str, ...], what: str, optional: tuple[
     if extra := obj.keys() - set(fields) - set(optional):
         raise _Reject("unexpected_field", f"{what} has {safe_label(sorted(extra)[:5])}")
     return obj
-
-
-def check_logprobs(value: Any, num_generations: int, max_tokens: int) -> tuple[tuple | None, str | None]:
-    """A group's "logprobs" field as (G entries, each a tuple of floats or None; None) or (None, reason).
-
-    Each entry is null or a list of at most `max_tokens` numbers, each finite and <= 0 (a
-    log-probability). Anything else drops the whole group's log-probs: a sender whose numbers are
-    partly wrong is not trusted for the rest. Never raises.
-    """
-    if type(value) is not list or len(value) != num_generations:
-        return None, "wrong_type"
-    out: list[tuple[float, ...] | None] = []
-    for entry in value:
-        if entry is None:
-            out.append(None)
-            continue
-        if type(entry) is not list:
-            return None, "wrong_type"
-        if len(entry) > max_tokens:
-            return None, "too_long"
-        if any(type(x) not in (int, float) for x in entry):  # exact: bool is an int subclass
-            return None, "wrong_type"
-        floats = tuple(float(x) for x in entry)
-        if not all(math.isfinite(x) for x in floats):
-            return None, "not_finite"
-        if any(x > 0 for x in floats):
-            return None, "positive"
-        out.append(floats)
-    return tuple(out), None
 
 
 def _check_group(obj: Any, index: int, limits: PayloadLimits, drops: list[str]) -> RolloutGroup:
