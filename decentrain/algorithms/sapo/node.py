@@ -36,13 +36,9 @@ from decentrain.algorithms.sapo.batching import Arrival, build_swarm_batch, toke
 from decentrain.algorithms.sapo.budget import SenderBudget
 from decentrain.algorithms.sapo.config import SAPOConfig
 from decentrain.algorithms.sapo.exchange import PeerRecord, RolloutExchange
-from decentrain.algorithms.sapo.generation import (
-    build_generation_backend,
-    clip_to_tokens,
-    completion_logprobs,
-)
-from decentrain.algorithms.sapo.offpolicy import align_logprobs, tokenizer_fingerprint
+from decentrain.algorithms.sapo.generation import build_generation_backend, clip_to_tokens, completion_logprobs
 from decentrain.algorithms.sapo.grpo import LossNorm, build_advantage_estimator, policy_loss, truncated_is_weight
+from decentrain.algorithms.sapo.offpolicy import align_logprobs, tokenizer_fingerprint
 from decentrain.core.identity import NodeIdentity
 from decentrain.algorithms.sapo.payload import PayloadDecoder, RolloutGroup, RolloutPayload, encode_payload
 from decentrain.models.factory import build_model, build_tokenizer
@@ -216,7 +212,8 @@ class SAPONode:
             if decoded is not None and decoded.node_id != self.identity.node_id:
                 by_sender.setdefault(decoded.node_id, []).extend(decoded.groups)
                 tokenizer_of.update((id(g), decoded.tokenizer) for g in decoded.groups)
-                self.logprob_drops.update(decoded.logprob_drops)
+                if self.cfg.loss.external_is:  # otherwise they are not used, checked or not
+                    self.logprob_drops.update(decoded.logprob_drops)
         external: list[Arrival] = []
         owner: dict[tuple, str | None] = {_same_group(a.group): None for a in self._local}  # None: this node
         copies: dict[tuple, list[str]] = {}  # later senders of a kept group
