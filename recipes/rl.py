@@ -22,8 +22,9 @@ from decentrain.algorithms.sapo.trainer import run_sapo
 from decentrain.core.bytes_comm import agree_run_dir
 from decentrain.core.launcher import check_placement, launch_workers
 from decentrain.core.world import init_world, local_world, read_launch_env
+from recipes import conf_dir
 
-CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+CONF_DIR = conf_dir()
 register_sapo_configs()
 
 

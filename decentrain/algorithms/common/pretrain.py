@@ -18,7 +18,7 @@ from decentrain.algorithms.common.config import TrainConfig
 from decentrain.algorithms.common.ft import FT_ALGORITHMS, ReplicaGroup, replica_sampler
 from decentrain.algorithms.common.trainer import Trainer, TrainResult, seed_everything
 from decentrain.core.mesh import replica_layout
-from decentrain.core.metrics import MetricsLogger, drop_rows_after, plot_curves, read_jsonl
+from decentrain.core.metrics import MetricsLogger, drop_rows_after, format_bytes, plot_curves, read_jsonl
 from decentrain.core.world import World
 from decentrain.data.blocks import build_corpus
 from decentrain.models.factory import build_model, build_tokenizer, num_params, save_model
@@ -84,6 +84,7 @@ def run_pretraining(cfg: TrainConfig, world: World, run_dir: Path, config_dict: 
         metrics = run_dir / "metrics.jsonl"
         if metrics.exists():
             plot_curves(read_jsonl(metrics), ["train/loss", "eval/loss"], run_dir / "loss.png", title=f"{cfg.algorithm.name} on {world.world_size} ranks")
+        sent = "" if result.bytes_sent is None else f", sent {format_bytes(result.bytes_sent)} per worker"
         log.info(f"[decentrain] done: step {result.final_step}, train loss {result.train_loss:.4f}, "
-                 f"eval loss {sum(result.eval_loss.values()) / max(1, len(result.eval_loss)):.4f}, {result.seconds:.1f}s")
+                 f"eval loss {sum(result.eval_loss.values()) / max(1, len(result.eval_loss)):.4f}, {result.seconds:.1f}s{sent}")
     return result
