@@ -9,12 +9,15 @@ ship in the wheel (setup.py), so this runs from any directory after `pip install
 import importlib
 import sys
 
-# first argument -> the recipe module it runs; anything else is a Hydra override of recipes.train
-COMMANDS = {"compare": "recipes.compare"}
+# first argument -> (recipe module, its Hydra config); anything else is an override of recipes.train
+COMMANDS = {"compare": ("recipes.compare", "compare")}
+DEFAULT = ("recipes.train", "config")
 
 
 def main() -> None:
-    module = "recipes.train"
+    module, config_name = DEFAULT
     if len(sys.argv) > 1 and sys.argv[1] in COMMANDS:
-        module = COMMANDS[sys.argv.pop(1)]
-    importlib.import_module(module).main()
+        module, config_name = COMMANDS[sys.argv.pop(1)]
+    from recipes import run
+
+    run(importlib.import_module(module).main, config_name)

@@ -19,7 +19,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 from decentrain.algorithms.common.comparison import CompareConfig, arm_overrides, read_arm, write_summary
-from recipes import conf_dir
+from recipes import conf_dir, run
 
 ConfigStore.instance().store(name="compare_schema", node=CompareConfig)
 
@@ -56,4 +56,4 @@ def main(dcfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main, "compare")

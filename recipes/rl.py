@@ -22,7 +22,7 @@ from decentrain.algorithms.sapo.trainer import run_sapo
 from decentrain.core.bytes_comm import agree_run_dir
 from decentrain.core.launcher import check_placement, launch_workers
 from decentrain.core.world import init_world, local_world, read_launch_env
-from recipes import conf_dir
+from recipes import conf_dir, run
 
 CONF_DIR = conf_dir()
 register_sapo_configs()
@@ -68,4 +68,4 @@ def main(dcfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main, "rl")

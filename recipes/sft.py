@@ -14,7 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from decentrain.algorithms.sapo.config import SFTConfig, register_sapo_configs
 from decentrain.algorithms.sapo.sft import run_sft
-from recipes import conf_dir
+from recipes import conf_dir, run
 
 CONF_DIR = conf_dir()
 register_sapo_configs()
@@ -33,4 +33,4 @@ def main(dcfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main, "sft")
