@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import os
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -150,10 +152,34 @@ def build_model(cfg: ModelConfig, tokenizer=None, **overrides) -> PreTrainedMode
     return model
 
 
+@contextlib.contextmanager
+def _no_deepspeed_probe():
+    """save_pretrained unwraps the model through accelerate, which imports DeepSpeed when it is installed
+    (seconds, and its "Setting accelerator to CPU" warning on every run) only to test isinstance against
+    DeepSpeedEngine. The model handed here is a plain transformers module: unless DeepSpeed is already in
+    use (its engine imported it), tell accelerate it is absent for this call."""
+    other = sys.modules.get("accelerate.utils.other")
+    if other is None:
+        try:
+            import accelerate.utils.other as other
+        except ImportError:  # no accelerate: transformers unwraps by itself, without DeepSpeed
+            other = None
+    if other is None or "deepspeed" in sys.modules or not hasattr(other, "is_deepspeed_available"):
+        yield
+        return
+    probe = other.is_deepspeed_available
+    other.is_deepspeed_available = lambda: False
+    try:
+        yield
+    finally:
+        other.is_deepspeed_available = probe
+
+
 def save_model(model: PreTrainedModel, tokenizer, out_dir: str | Path) -> Path:
     """`save_pretrained` (safetensors) of the model and its tokenizer, loadable with `pretrained=`."""
     out = Path(out_dir)
-    model.save_pretrained(out, safe_serialization=True)
+    with _no_deepspeed_probe():
+        model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
     return out
 
