@@ -65,6 +65,9 @@ def run_pretraining(cfg: TrainConfig, world: World, run_dir: Path, config_dict: 
     if world.is_main:
         shards = f" ({layout.replicas} replicas x {layout.shards} shards, {cfg.engine.name})" if layout.shards > 1 else ""
         where = f"resumed from step {resumed}" if resumed is not None else "from scratch"
+        restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+        if group is not None and restarts:  # torchrun restarted this group alone: it heals from a live one
+            where = f"restarted (restart {restarts}), healing from a live group at its first quorum"
         log.info(
             f"[decentrain] {cfg.algorithm.name}: {num_params(model) / 1e6:.2f}M params, world {world.world_size}{shards}, "
             f"{len(trainer.train_blocks)} train blocks of {cfg.data.seq_len} tokens, {where}; run dir {run_dir}"
