@@ -39,11 +39,15 @@ def run_arm(cfg: CompareConfig, name: str, run_dir: Path) -> None:
     print(f"[compare] {name}: {done} ({time.perf_counter() - start:.0f}s with start-up)", flush=True)
 
 
+def to_config(dcfg: DictConfig) -> CompareConfig:
+    """The one conversion: Hydra's config to the typed dataclass (validation runs here)."""
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(CompareConfig), OmegaConf.to_container(dcfg, resolve=True)))
+
+
 @hydra.main(version_base="1.3", config_path=str(conf_dir()), config_name="compare")
 def main(dcfg: DictConfig) -> None:
     try:  # bad config: one clear line, before any arm starts
-        cfg: CompareConfig = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(CompareConfig),
-                                                                 OmegaConf.to_container(dcfg, resolve=True)))
+        cfg = to_config(dcfg)
     except ValueError as e:
         sys.exit(f"config error: {e}")
     run_dir = Path(cfg.run_dir).resolve()
