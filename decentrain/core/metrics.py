@@ -282,8 +282,9 @@ def read_jsonl(path: Path) -> list[dict]:
         return [json.loads(line) for line in f if line.strip()]
 
 
-def plot_curves(records: Iterable[dict], keys: list[str], out_png: Path, title: str = "") -> Path:
-    """One line per key against step (records missing a key are skipped)."""
+def plot_curves(records: Iterable[dict], keys: list[str], out_png: Path, title: str = "", *, xlabel: str = "step",
+                ylabel: str = "loss", labels: dict[str, str] | None = None) -> Path:
+    """One line per key against step (records missing a key are skipped); `labels` renames keys in the legend."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -294,9 +295,9 @@ def plot_curves(records: Iterable[dict], keys: list[str], out_png: Path, title: 
     for key in keys:
         pts = [(r["step"], r[key]) for r in records if r.get(key) is not None]
         if pts:
-            ax.plot(*zip(*pts), label=key, marker="o" if len(pts) < 30 else None)
-    ax.set_xlabel("step")
-    ax.set_ylabel("loss")
+            ax.plot(*zip(*pts), label=(labels or {}).get(key, key), marker="o" if len(pts) < 30 else None)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend()

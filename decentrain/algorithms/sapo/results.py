@@ -17,7 +17,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from decentrain.core.metrics import read_jsonl
+from decentrain.core.metrics import plot_curves, read_jsonl
 from decentrain.core.world import World
 
 logger = logging.getLogger(__name__)
@@ -93,24 +93,9 @@ def summary_line(s: dict[str, Any]) -> str:
 
 
 def plot_rewards(rows: list[dict], held: list[tuple[int, float]], out_png: Path, title: str) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for key, label in (("reward", "own-rollout reward"), ("batch_reward", "batch reward (external included)")):
-        x, y = _series(rows, key)
-        if y:
-            ax.plot(x, y, label=label, alpha=0.8)
-    if held:
-        ax.plot(*zip(*held), marker="o", label="held-out greedy accuracy")
-    ax.set_xlabel("round")
-    ax.set_ylabel("reward / accuracy")
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(out_png, dpi=120)
-    plt.close(fig)
-    return out_png
+    heldout = dict(held)
+    records = [{**r, HELDOUT + "mean": heldout.get(r["step"])} for r in rows]
+    return plot_curves(records, ["reward", "batch_reward", HELDOUT + "mean"], out_png, title, xlabel="round",
+                       ylabel="reward / accuracy", labels={"reward": "own-rollout reward",
+                                                           "batch_reward": "batch reward (external included)",
+                                                           HELDOUT + "mean": "held-out greedy accuracy"})
