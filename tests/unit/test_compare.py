@@ -42,7 +42,7 @@ def test_summary_reads_the_metrics_and_says_who_sent_what(tmp_path):
     assert arms[0].step == [10, 20] and arms[0].bytes_sent == [5e7, 1e8] and arms[0].seconds == [5.0, 10.0]
     text = write_summary(arms, cfg, tmp_path)
     assert "25x less" in text  # 1e8 / 4e6
-    assert "ddp has the lowest eval loss (2.500)" in text and "noloco sends 25x less than ddp for eval 2.900 (+0.400)" in text
+    assert "ddp has the lowest eval loss (2.500) and sends the most (100.0 MB per worker)" in text and "noloco sends 25x less than ddp for eval 2.900 (+0.400)" in text
     assert "trail DDP" in text  # the gap is read, with its cause
     assert (tmp_path / "compare.png").stat().st_size > 1000 and json.loads((tmp_path / "compare.json").read_text())["arms"]
 

@@ -100,8 +100,9 @@ def reading(arms: list[Arm], cfg: CompareConfig) -> str:
     by = {a.name: a.final for a in arms}
     best = min(arms, key=lambda a: a.final["eval_loss"])
     most = max(arms, key=lambda a: a.final["bytes_sent"])
+    sends = "sends" if best is most else f"{most.name} sends"
     text = [f"After {cfg.steps} steps on {cfg.workers} workers (global batch {cfg.global_batch_size}), "
-            f"{best.name} has the lowest eval loss ({best.final['eval_loss']:.3f}) and {most.name} sends the most "
+            f"{best.name} has the lowest eval loss ({best.final['eval_loss']:.3f}) and {sends} the most "
             f"({format_bytes(most.final['bytes_sent'])} per worker)."]
     for a in arms:
         if a.name == most.name or not a.final["bytes_sent"]:
@@ -112,8 +113,8 @@ def reading(arms: list[Arm], cfg: CompareConfig) -> str:
     rounds = cfg.steps // cfg.inner_steps
     if "ddp" in by and any(n not in SYNCS_EVERY_STEP and by[n]["eval_loss"] > by["ddp"]["eval_loss"] for n in by):
         text.append(f"The low-communication methods sync once every {cfg.inner_steps} steps ({rounds} outer steps in this run), "
-                    "so per step they trail DDP, which averages every gradient: that gap narrows with longer runs "
-                    "(steps=1000) and is the price of their traffic.")
+                    "so per step they trail DDP, which averages every gradient; that gap is the price of their traffic, "
+                    f"and whether longer runs close it is what `decentrain compare steps={10 * cfg.steps}` shows.")
     slow = link_seconds(most.final["bytes_sent"], cfg.link_mbit)
     text.append(f"On a {cfg.link_mbit:g} Mbit/s link between workers {most.name}'s traffic alone would take {slow:.0f} s, "
                 f"against {min(link_seconds(a.final['bytes_sent'], cfg.link_mbit) for a in arms):.1f} s for the leanest arm; "

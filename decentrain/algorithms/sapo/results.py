@@ -9,7 +9,6 @@ external groups are used) and held-out greedy accuracy (`heldout_greedy/*`, mean
 from __future__ import annotations
 
 import json
-import logging
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +19,6 @@ import torch.distributed as dist
 from decentrain.core.metrics import plot_curves, read_jsonl
 from decentrain.core.world import World
 
-logger = logging.getLogger(__name__)
 HELDOUT = "heldout_greedy/"
 
 
@@ -43,7 +41,8 @@ def heldout_mean(metrics: dict[str, Any]) -> float | None:
 
 
 def round_line(node_id: str, round_: int, metrics: dict[str, Any], swarm_reward: float | None) -> str:
-    """`round 12 node0 | own reward 0.31 (swarm 0.28) | batch 0.52 | external groups 4 of 6 received | held-out 0.21`."""
+    """`round 12 node0 | own reward 0.312 (swarm mean 0.280) | batch 0.500 | external groups 4 used of 6 received | held-out 0.250`
+    (the swarm's mean only in a collective job, held-out only in rounds that evaluated it)."""
     parts = [f"round {round_} {node_id}", f"own reward {metrics.get('reward', float('nan')):.3f}"
              + (f" (swarm mean {swarm_reward:.3f})" if swarm_reward is not None else ""),
              f"batch {metrics.get('batch_reward', float('nan')):.3f}",
