@@ -80,13 +80,13 @@ def read_arm(name: str, run_dir: Path) -> Arm:
 
 def table(arms: list[Arm], link_mbit: float) -> str:
     ref = arms[0].final["bytes_sent"]
-    lines = [f"{'algorithm':<11} {'step':>5} {'eval loss':>9} {'train s':>8} {'sent/worker':>12} {'vs ' + arms[0].name:>8} "
+    lines = [f"{'algorithm':<11} {'step':>5} {'eval loss':>9} {'train s':>8} {'sent/worker':>12} {'vs ' + arms[0].name:>10} "
              f"{f'at {link_mbit:g} Mbit/s':>14}"]
     for a in arms:
         f = a.final
         ratio = f"{ref / f['bytes_sent']:.0f}x less" if f["bytes_sent"] and a is not arms[0] else "-"
         lines.append(f"{a.name:<11} {f['step']:>5} {f['eval_loss']:>9.3f} {f['seconds']:>8.1f} {format_bytes(f['bytes_sent']):>12} "
-                     f"{ratio:>8} {link_seconds(f['bytes_sent'], link_mbit):>12.1f} s")
+                     f"{ratio:>10} {link_seconds(f['bytes_sent'], link_mbit):>12.1f} s")
     return "\n".join(lines)
 
 
@@ -110,6 +110,13 @@ def reading(arms: list[Arm], cfg: CompareConfig) -> str:
         f = a.final
         text.append(f"{a.name} sends {most.final['bytes_sent'] / f['bytes_sent']:.0f}x less than {most.name} "
                     f"for eval {f['eval_loss']:.3f} ({f['eval_loss'] - by[most.name]['eval_loss']:+.3f}).")
+    if most.name in SYNCS_EVERY_STEP and most.final["step"]:  # at equal traffic: how far the every-step arm got
+        per_step = most.final["bytes_sent"] / most.final["step"]
+        lean = [a for a in arms if a is not most and a.final["bytes_sent"]]
+        if lean and per_step:
+            text.append(f"{most.name} had sent as much as each of them sends in the whole run after "
+                        + ", ".join(f"{math.ceil(a.final['bytes_sent'] / per_step)} ({a.name})" for a in lean)
+                        + f" of its {most.final['step']} steps.")
     rounds = cfg.steps // cfg.inner_steps
     if "ddp" in by and any(n not in SYNCS_EVERY_STEP and by[n]["eval_loss"] > by["ddp"]["eval_loss"] for n in by):
         text.append(f"The low-communication methods sync once every {cfg.inner_steps} steps ({rounds} outer steps in this run), "
