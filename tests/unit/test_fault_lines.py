@@ -19,7 +19,7 @@ def test_a_dead_worker_is_logged_when_it_dies_and_named_in_the_summary(tmp_path,
         codes = launch_survivors([], 2, module="nu_worker", poll_s=0.05)
     assert codes == {0: 0, 1: 3}
     lines = [r.getMessage() for r in caplog.records]
-    assert any(m.startswith("rank 1 died (rank 1: exit 3)") for m in lines), lines
+    assert any(m.startswith("worker died (rank 1: exit 3)") for m in lines), lines
     assert any("1 of 2 workers finished; failed: rank 1: exit 3" in m for m in lines)
 
 
