@@ -1,7 +1,11 @@
 """Regenerate the README's reproduction table from the result JSONs (nothing typed by hand).
 
-    python -m benchmarks.repro_table            # rewrites the block between the markers in README.md
-    python -m benchmarks.repro_table --print    # print it only
+    python -m benchmarks.repro_table                    # rewrites the block between the markers in README.md
+    python -m benchmarks.repro_table --print            # print it only
+    python -m benchmarks.repro_table --print --details  # the long form: protocol, departures, every figure
+
+The README keeps one short line per benchmark (its headline figure, the target, met or not); the
+protocol, departures and every figure are in the result's TXT (and in `--details`).
 """
 
 from __future__ import annotations
@@ -215,11 +219,61 @@ def sapo_rows() -> list[str]:
     return out
 
 
+def _headline(name: str, rec: dict) -> str | None:
+    """The one figure a reader needs first, from the JSON; None: keep the long cell."""
+    f = rec.get("figures", {})
+    if name == "noloco_convergence" and "cells" in f:
+        return "NoLoCo − DiLoCo 2H final test loss (heavy-ball baseline): " + "; ".join(
+            f"{k} {fmt(c['comparisons']['paper_defaults_vs_hb']['delta_test_loss'], 3)}" for k, c in f["cells"].items())
+    if name == "comm_sync" and "fits" in f:
+        big = max(r["numel"] for r in f["rows"])
+        at = {(r["method"], r["n"]): r["median_s"] for r in f["rows"] if r["link"] == "emulated" and r["numel"] == big}
+        ns = sorted({n for _, n in at})
+        return (f"{big * 4 / 1e6:.0f} MB over an emulated WAN link at N = {' / '.join(map(str, ns))}: "
+                + "; ".join(f"{m} " + " / ".join(f"{at[(m, n)]:.1f}" for n in ns) + " s" for m in ("pair", "ring"))
+                + f"; fit at N=1000: pair {f['extrapolated_s']['emulated/pair/N=1000']:.0f} s, ring {f['extrapolated_s']['emulated/ring/N=1000']:.0f} s")
+    if name == "hdee_ensemble" and "headline" in f:
+        return "; ".join(f"{v}: {x['won']}/{x['domains']} domains won (raw {x['won_raw']})" for v, x in f["headline"].items())
+    if name == "hdee_schedule" and "per_budget" in f:
+        w = f["primary"]
+        return f"domains won of 7 per seed at {' / '.join(f['per_budget'])} steps/domain: " + " / ".join(
+            str(x["stats"][w]["wins_per_seed"]) for x in f["per_budget"].values())
+    if name == "hdee_scale_probe" and "per_budget" in f:
+        w, n = f["primary"], len(f["domains"])
+        return ", ".join(f"won {len(x['het_steps'][w]['won'])}/{n} at {b} steps/domain" for b, x in f["per_budget"].items())
+    if name == "sapo_learning" and "arms" in f:
+        return "; ".join(f"{k}: held-out gain {fmt(a['gain'], 3)}" for k, a in f["arms"].items())
+    if name == "sapo_swarm" and "batch_ratio_4_4" in f:
+        sp = f["splits"]
+        gain = f"{f['heldout_gain_ratio_4_4']:.2f}x" if f["heldout_gain_ratio_4_4"] is not None else "-"
+        return (f"4/4 held-out gain = {gain} 8/0's; batch cumulative reward 4/4 = {fmt(sp['4/4']['batch_ratio_to_8_0'], 2)}x 8/0 "
+                "(it rises by selection alone: see TXT)")
+    return None
+
+
+def _short_row(row: str) -> str:
+    """A long row -> `| benchmark | paper | headline | target | command | runtime | details |`."""
+    cells = [c.strip() for c in row.strip().strip("|").split(" | ")]  # cells may hold "|Δ|"
+    name = cells[0].split(" ")[0]
+    rec = _load(name)
+    headline = (_headline(name, rec) if rec else None) or cells[2]
+    txt = RESULTS / f"{name}.txt"
+    details = f"[TXT](benchmarks/results/{name}.txt)" if txt.exists() else "—"
+    return f"| {cells[0]} | {cells[1]} | {headline} | {cells[3]} | {cells[4]} | {cells[5]} | {cells[6]}, {details} |"
+
+
+def short_rows() -> list[str]:
+    long = rows()
+    return ["| benchmark | paper | ours (headline; mean ± std over seeds) | target | command | runtime on 2 shared cores | at, details |",
+            "|---|---|---|---|---|---|---|"] + [_short_row(r) for r in long[2:]]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--print", action="store_true")
+    ap.add_argument("--details", action="store_true", help="the long cells (protocol, departures, every figure)")
     args = ap.parse_args()
-    table = "\n".join(rows())
+    table = "\n".join(rows() if args.details else short_rows())
     if args.print:
         print(table)
         return
