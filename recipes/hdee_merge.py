@@ -46,12 +46,18 @@ def score(model, tokenizer, cfg: MergeConfig) -> dict:
     return out
 
 
-@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="hdee_merge")
-def main(dcfg: DictConfig) -> None:
+def to_config(dcfg: DictConfig) -> tuple[MergeConfig, bool]:
+    """The recipe's one conversion: (MergeConfig, whether to score after saving)."""
     raw = OmegaConf.to_container(dcfg, resolve=True)
     do_score = raw.pop("score", True)
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(MergeConfig), raw)), do_score
+
+
+@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="hdee_merge")
+def main(dcfg: DictConfig) -> None:
     try:  # the one conversion, and every check, before any model is loaded
-        cfg = from_ensemble(OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(MergeConfig), raw)))
+        cfg, do_score = to_config(dcfg)
+        cfg = from_ensemble(cfg)
         if not cfg.out_dir:
             raise ValueError("out_dir is unset (and no ensemble_dir to put it under)")
     except ValueError as e:

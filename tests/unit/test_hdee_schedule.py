@@ -126,3 +126,24 @@ def test_bench_tied_domains_and_specialisation_gate():
     assert ok["passed"] and ok["per_plan"]["het_steps"][0]["gain_over_noise"] == pytest.approx(100)
     bad = H.specialisation(runs([0.85, 1.0, 1.15]), seed, [["a0", "b0"]], factor=10)  # gain 1.0, noise 0.15
     assert not bad["passed"]
+
+
+def test_ensemble_bench_drops_the_lane_both_plans_share():
+    """hdee_ensemble: lane 1 (c_headers, changelogs) is M at 20 steps in homogeneous, het_steps (the 4 share)
+    and het_sizes alike: the same run, so its domains are ties, never wins (main counted changelogs'
+    +0.02 % +- 0.01 as a het_steps win)."""
+    from benchmarks import hdee_ensemble as E
+    from decentrain.config import register_hdee_configs
+
+    register_hdee_configs()
+    bench = E.BenchConfig()
+    cfgs = {v: E.compose_variant(bench, v, 0)[1] for v in E.VARIANTS}
+    assert E.structural_ties(cfgs["homogeneous"], cfgs["het_steps"]) == ["c_headers", "changelogs"]
+    domains = E.eval_domains(cfgs["homogeneous"])
+    hom = {d: {w: 10.0 for w in cfgs["homogeneous"].eval.weightings} for d in domains}
+    het = {d: {w: (10.0 - 2e-3 * (1 + i) if d == "changelogs" else 10.5) for i, w in enumerate(hom[d])} for d in domains}
+    perp = [{"homogeneous": hom, "het_steps": het, "het_sizes": hom}, {"homogeneous": hom, "het_steps": het, "het_sizes": hom}]
+    out = E.analyze(bench, cfgs, perp)
+    cached = out["per_plan"]["het_steps"]["cached"]
+    assert "changelogs" not in cached["won"] + cached["won_raw"] and cached["won_per_seed"] == [0, 0]
+    assert out["headline"]["het_steps"]["domains"] == len(domains) - 2
