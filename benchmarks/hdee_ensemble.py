@@ -38,7 +38,7 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from benchmarks.harness import Harness, fmt, header, mean_std, seeds_arg
+from benchmarks.harness import Harness, fmt, header, mean_std, reanalyse, seeds_arg
 from benchmarks.results_io import RESULTS
 from decentrain.algorithms.hdee.budget import plan_costs
 from decentrain.algorithms.hdee.config import check_plan, eval_domains, hdee_config_from_dict, plan_domains
@@ -191,23 +191,14 @@ def analyze(bench: BenchConfig, cfgs: dict, perplexity: list[dict]) -> dict:
 
 
 def regenerate(path: Path, allow_dirty: bool = False) -> None:
-    """Re-analyse a committed result from its per-seed perplexities (no training); `analysis_git_sha` names the code."""
-    import json
-    import os
+    """Re-analyse a committed result from its per-seed perplexities (no training); the runs' provenance is kept."""
+    def figures(rec: dict) -> dict:
+        bench = BenchConfig(**rec["config"]["bench"])
+        cfgs = {v: compose_variant(bench, v, 0)[1] for v in VARIANTS}
+        keep = {k: rec["figures"][k] for k in ("budget", "train_s", "eval_s") if k in rec["figures"]}
+        return {**analyze(bench, cfgs, rec["figures"]["per_seed_perplexity"]), **keep}
 
-    from benchmarks.harness import clean_sha, render
-
-    rec = json.loads(path.read_text())
-    bench = BenchConfig(**rec["config"]["bench"])
-    cfgs = {v: compose_variant(bench, v, 0)[1] for v in VARIANTS}
-    keep = {k: rec["figures"][k] for k in ("budget", "train_s", "eval_s") if k in rec["figures"]}
-    rec["figures"] = {**analyze(bench, cfgs, rec["figures"]["per_seed_perplexity"]), **keep}
-    sha, dirty = clean_sha(allow_dirty)
-    rec["analysis_git_sha"] = sha + ("-dirty" if dirty else "")
-    rec["not_for_commit"] = bool(rec.get("not_for_commit")) or dirty
-    path.with_suffix(".json.tmp").write_text(json.dumps(rec, indent=2))
-    os.replace(path.with_suffix(".json.tmp"), path)
-    print(render(path, text, plot)["txt"].read_text())
+    print(reanalyse(path, figures, text, plot, allow_dirty)["txt"].read_text())
 
 
 def paired_diffs(runs: list[dict], plan: str, weighting: str, domains: list[str], ties: list[str] = ()) -> dict:

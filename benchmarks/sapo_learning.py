@@ -21,15 +21,13 @@ trained on conf/task/sapo_mix.yaml), not 9 tasks.
 
 from __future__ import annotations
 
-import json
-import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 
-from benchmarks.harness import Harness, config_key, fmt, header, mean_std, config_parser, parse_config
+from benchmarks.harness import Harness, config_key, config_parser, fmt, header, mean_std, parse_config, reanalyse
 from benchmarks.results_io import RESULTS
 from benchmarks.sapo_swarm import LAST_EVALS, ROOT, BenchConfig as SwarmBench, _rows, _run, last_evals_mean, warm_start
 
@@ -237,25 +235,18 @@ def analyze(b: BenchConfig, nseeds: int, jobs: list[dict], res: list[dict]) -> d
 
 
 def regenerate(path: Path, allow_dirty: bool = False) -> dict[str, Path]:
-    """Re-analyse a committed result from its per-seed runs; `analysis_git_sha` names the code that did."""
-    from benchmarks.harness import clean_sha, render
+    """Re-analyse a committed result from its per-seed runs; the runs' provenance is kept."""
+    def figures(rec: dict) -> dict:
+        b, seeds = BenchConfig(**rec["config"]["bench"]), rec["config"]["seeds"]
+        jobs, res = [], []
+        for name, arm in rec["figures"]["arms"].items():
+            system, lr = name.split(" lr=")
+            for seed, run in zip(seeds, arm["per_seed"]):
+                jobs.append({"system": system, "lr": float(lr), "seed": seed})
+                res.append(run)
+        return {"sft": rec["figures"]["sft"], **analyze(b, len(seeds), jobs, res), "gate": GATE_TEXT}
 
-    rec = json.loads(path.read_text())
-    b, seeds = BenchConfig(**rec["config"]["bench"]), rec["config"]["seeds"]
-    jobs, res = [], []
-    for name, arm in rec["figures"]["arms"].items():
-        system, lr = name.split(" lr=")
-        for seed, run in zip(seeds, arm["per_seed"]):
-            jobs.append({"system": system, "lr": float(lr), "seed": seed})
-            res.append(run)
-    rec["figures"] = {"sft": rec["figures"]["sft"], **analyze(b, len(seeds), jobs, res), "gate": GATE_TEXT}
-    sha, dirty = clean_sha(allow_dirty)
-    rec["analysis_git_sha"] = sha + ("-dirty" if dirty else "")
-    rec["not_for_commit"] = bool(rec.get("not_for_commit")) or dirty
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(rec, indent=2, allow_nan=True))
-    os.replace(tmp, path)
-    return render(path, text, plot)
+    return reanalyse(path, figures, text, plot, allow_dirty)
 
 
 def text(rec: dict) -> str:

@@ -50,7 +50,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.harness import Harness, config_key, fmt, header, mean_std, config_parser, parse_config
+from benchmarks.harness import Harness, config_key, config_parser, fmt, header, mean_std, parse_config, reanalyse
 from benchmarks.results_io import RESULTS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -383,25 +383,15 @@ def sft_figures(sft: dict) -> dict:
 
 
 def regenerate(path: Path, allow_dirty: bool = False) -> dict[str, Path]:
-    """Re-analyse a committed result from its own per-run data: the runs and their provenance (git_sha,
-    hardware, compute) are kept; `analysis_git_sha` names the code that computed the figures."""
-    from benchmarks.harness import clean_sha, render
+    """Re-analyse a committed result from its own per-run data (runs_raw); the runs' provenance is kept."""
+    def figures(rec: dict) -> dict:
+        b, seeds, raw = BenchConfig(**rec["config"]["bench"]), rec["config"]["seeds"], rec["figures"]["runs_raw"]
+        runs = {(sp, s): raw[f"{sp}/seed{s}"] for s in seeds for sp in b.splits.split(",")}
+        sft = {k: v for k, v in rec["figures"]["sft"].items() if k not in ("start_sampled_accuracy", "start_mixed_share_g8")}
+        return {"sft": sft_figures(sft), **analyze(b, seeds, runs), "paper_cumulative_reward": PAPER, "target": TARGET_TEXT,
+                "runs_raw": raw}
 
-    rec = json.loads(path.read_text())
-    b = BenchConfig(**rec["config"]["bench"])
-    seeds = rec["config"]["seeds"]
-    raw = rec["figures"]["runs_raw"]
-    runs = {(sp, s): raw[f"{sp}/seed{s}"] for s in seeds for sp in b.splits.split(",")}
-    sft = {k: v for k, v in rec["figures"]["sft"].items() if k not in ("start_sampled_accuracy", "start_mixed_share_g8")}
-    rec["figures"] = {"sft": sft_figures(sft), **analyze(b, seeds, runs), "paper_cumulative_reward": PAPER,
-                      "target": TARGET_TEXT, "runs_raw": raw}
-    sha, dirty = clean_sha(allow_dirty)
-    rec["analysis_git_sha"] = sha + ("-dirty" if dirty else "")
-    rec["not_for_commit"] = bool(rec.get("not_for_commit")) or dirty
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(rec, indent=2, allow_nan=True))
-    os.replace(tmp, path)
-    return render(path, text, plot)
+    return reanalyse(path, figures, text, plot, allow_dirty)
 
 
 def _x(ms: dict | None, digits: int = 2) -> str:
