@@ -295,7 +295,13 @@ def probe_plot(rec: dict, png: Path) -> None:
 def text(rec: dict) -> str:
     f, b = rec["figures"], rec["config"]["bench"]
     domains = f["domains"]["in_training"] + f["domains"]["held_out"]
-    lines = [header(rec), "",
+    seed_domains = rec["config"].get("variants_seed0", {}).get("homogeneous", {}).get("plan", {}).get("seeds", [{}])[0].get("domains")
+    lines = [header(rec)]
+    if rec.get("analysis_git_sha"):
+        lines.append(f"figures re-analysed from the committed per-seed perplexities at {rec['analysis_git_sha'][:12]} "
+                     f"(runs made at {rec['git_sha'][:12]})")
+    lines += ["", f"seed trained on {seed_domains}" + ("" if seed_domains == ["general"] else
+                                                        " (the expert domains themselves: the run predates the general-text seed)"),
              f"seed steps {b['seed_steps']}, {b['steps']} steps per domain per expert (het_steps 3:4:5 of the same total), "
              f"test blocks per domain {b['eval_max_blocks'] or 'all'}, training seeds {rec['config']['seeds']}", "",
              "perplexity reduction vs homogeneous, % (paired per seed, mean ± std); * = won (mean > std); HO = held out"]
