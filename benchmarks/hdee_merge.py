@@ -23,8 +23,8 @@ Departures (DUME upcycles the experts into one MoE with per-layer ridge routers 
 attention; here whole experts are routed by one router over the seed's hidden states) are listed
 in decentrain/algorithms/hdee/routed.py.
 
-    python -m benchmarks.hdee_schedule --seed-steps 300 --parallel 3   # first: trains the experts
-    python -m benchmarks.hdee_merge                                     # ~10 min on 2 loaded cores
+    python -m benchmarks.hdee_schedule --seed-steps 80 --budgets 8 --parallel 3   # first: trains the experts
+    python -m benchmarks.hdee_merge --budget 8 --parallel 3                      # the committed run
 """
 
 from __future__ import annotations
@@ -170,7 +170,9 @@ def analyze(b: BenchConfig, sched: dict, runs: list[dict], seeds: list[int]) -> 
 
 
 def main() -> None:
-    b, nseeds, allow_dirty, fresh = parse_config(config_parser(BenchConfig, __doc__), BenchConfig)
+    ap = config_parser(BenchConfig, __doc__)
+    ap.add_argument("--parallel", type=int, default=1, help="seeds merged and scored at once (processes)")
+    b, nseeds, allow_dirty, fresh, parallel = parse_config(ap, BenchConfig, "parallel")
     sched = _schedule(b)
     seeds = list(range(nseeds))
     hz = Harness("hdee_merge", __file__, {"bench": asdict(b), "seeds": seeds, "experts_from": {
@@ -179,7 +181,7 @@ def main() -> None:
     chosen = pick_lambda(tune["tuning"])
     jobs = [{"bench": asdict(b), "seed": s, "lambda": {p: c["lambda"] for p, c in chosen.items()}, "schedule_sha": sched["git_sha"]}
             for s in seeds]
-    runs = hz.run_jobs(jobs, run_job, desc="hdee merge")
+    runs = hz.run_jobs(jobs, run_job, desc="hdee merge", parallel=parallel)
     figures = {"lambda": chosen, **analyze(b, sched, runs, seeds), "router_shape": runs[0]["router_shape"],
                "calibration_tokens": runs[0]["calibration_tokens"], "experts_from": {"benchmark": "hdee_schedule", "git_sha": sched["git_sha"],
                                                                                       "plan": PLAN, "budget": b.budget}}
