@@ -80,40 +80,65 @@ def merge_config(sched: dict, budget: int, seed: int, b: BenchConfig, lam: float
 
 
 @torch.no_grad()
-def _score(model, blocks: torch.Tensor) -> tuple[float, float]:
-    """(test log-ppl as the ensemble counts it, distinct experts per sequence) of a routed model."""
-    from benchmarks.hdee_schedule import test_logppl
+def expert_logprobs(model, blocks: torch.Tensor) -> torch.Tensor:
+    """[K, B, T-1] each frozen expert's token log-probs: computed once, whatever the router."""
+    from decentrain.core.ensemble import token_logprobs
 
-    return test_logppl(model, blocks), float(model.experts_run(blocks).mean())
+    return torch.stack([token_logprobs(e, blocks) for e in model.experts]).double()
+
+
+@torch.no_grad()
+def routed_score(model, blocks: torch.Tensor, expert_lp: torch.Tensor) -> tuple[float, float]:
+    """(test log-ppl as the ensemble counts it, distinct experts per sequence): the routed model's log-prob of
+    token t+1 is its chosen expert's, `model.choices` at position t (what its forward gathers)."""
+    k = model.choices(blocks)[:, :-1]
+    lp = expert_lp.gather(0, k[None]).squeeze(0)
+    return float(-lp.sum() / lp.numel()), float(model.experts_run(blocks[:, :-1]).mean())
 
 
 def run_job(job: dict) -> dict:
+    """One seed: the routed model (each pooling) built once through hdee.merge, scored on validation
+    blocks at every lambda (tuning job) or on the test blocks at the chosen lambda."""
     from decentrain.algorithms.hdee.config import eval_domains
-    from decentrain.algorithms.hdee.merge import build_routed
+    from decentrain.algorithms.hdee.merge import build_routed, calibration_blocks
+    from decentrain.core.ensemble import token_logprobs
     from decentrain.data.blocks import build_corpus
 
     torch.set_num_threads(1)
     b, seed = BenchConfig(**job["bench"]), job["seed"]
     sched = _schedule(b)
-    out: dict = {"tuning": {}, "routed": {}}
-    for pooling in ARMS:
-        mcfg, hcfg = merge_config(sched, b.budget, seed, b, float(job["lambda"][pooling]) if job.get("lambda") else 1.0, pooling)
-        model, tok = build_routed(mcfg)
-        corpus = build_corpus(dataclasses.replace(hcfg.data, domains=eval_domains(hcfg)), tok)
-        if job.get("tune"):  # every lambda from the same statistics: one d x d solve each, no text read again
-            expert_domains = [d for e in mcfg.experts for d in e.domains]
-            val = {d: corpus.split("val", d)[b.calibration_blocks: b.calibration_blocks + b.tune_blocks] for d in expert_domains}
+    lams = job.get("lambda") or {p: 1.0 for p in ARMS}
+    mcfg, hcfg = merge_config(sched, b.budget, seed, b, float(lams[ARMS[0]]), ARMS[0])
+    model, tok = build_routed(mcfg)
+    calib = calibration_blocks(mcfg, tok)
+    corpus = build_corpus(dataclasses.replace(hcfg.data, domains=eval_domains(hcfg)), tok)
+    out: dict = {"tuning": {}, "routed": {}, "router_shape": list(model.router_weight.shape),
+                 "calibration_tokens": int(model.router_counts.sum())}
+    if job.get("tune"):
+        expert_domains = [d for e in mcfg.experts for d in e.domains]
+        val = {d: corpus.split("val", d)[b.calibration_blocks: b.calibration_blocks + b.tune_blocks] for d in expert_domains}
+        lps = {d: expert_logprobs(model, v) for d, v in val.items()}
+        for pooling in ARMS:
+            model.recalibrate(calib, pooling)
             rows = {}
-            for lam in [float(x) for x in b.lambdas.split(",")]:
+            for lam in [float(x) for x in b.lambdas.split(",")]:  # one d x d solve each, no text read again
                 model.config.ridge_lambda = lam
                 model.refit()
-                rows[str(lam)] = float(np.mean([_score(model, v)[0] for v in val.values()]))
+                rows[str(lam)] = float(np.mean([routed_score(model, val[d], lps[d])[0] for d in val]))
             out["tuning"][pooling] = rows
-            continue
-        out["routed"][pooling] = {d: dict(zip(("logppl", "experts_run"), _score(model, corpus.split("test", d)[: b.eval_max_blocks])))
-                                  for d in eval_domains(hcfg)}
-        out["router_shape"] = list(model.router_weight.shape)
-        out["calibration_tokens"] = int(model.router_counts.sum())
+        return out
+    test = {d: corpus.split("test", d)[: b.eval_max_blocks] for d in eval_domains(hcfg)}
+    lps = {d: expert_logprobs(model, x) for d, x in test.items()}
+    for pooling in ARMS:
+        model.config.ridge_lambda = float(lams[pooling])
+        model.recalibrate(calib, pooling)
+        out["routed"][pooling] = {d: dict(zip(("logppl", "experts_run"), routed_score(model, x, lps[d]))) for d, x in test.items()}
+        # The shortcut above is the model's own forward: checked on one domain per pooling.
+        d0 = next(iter(test))
+        with torch.no_grad():
+            ref = -token_logprobs(model, test[d0]).double().mean().item()
+        if abs(ref - out["routed"][pooling][d0]["logppl"]) > 1e-5:
+            raise RuntimeError(f"routed log-ppl shortcut {out['routed'][pooling][d0]['logppl']} != forward {ref}")
     return out
 
 

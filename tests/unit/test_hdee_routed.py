@@ -150,3 +150,12 @@ def test_add_and_remove_expert_equal_a_merge_of_the_remaining():
     assert torch.allclose(two.router_weight, w[:, [0, 2, 1]], atol=1e-10)
     with pytest.raises(ValueError, match="already in the routed model"):
         two.add_expert("e1", experts[1], calib["e1"])
+
+
+def test_recalibrating_for_another_pooling_equals_a_merge_with_it():
+    from decentrain.algorithms.hdee.routed import merge
+
+    _, backbone, experts, calib, model = _routed(pooling="running_mean")
+    model.recalibrate(calib, "token")
+    fresh = merge(backbone, {"e0": experts[0], "e1": experts[1]}, calib, ridge_lambda=1e-2, pooling="token")
+    assert model.config.pooling == "token" and torch.allclose(model.router_weight, fresh.router_weight, atol=1e-10)

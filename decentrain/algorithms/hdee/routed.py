@@ -100,10 +100,22 @@ class RoutedExpertsForCausalLM(PreTrainedModel):
         return s
 
     def _set_stats(self, s: RouterStats) -> None:
+        d = self.config.hidden_size
         self.config.calibration_classes = s.classes
-        self.router_gram = torch.stack([s.gram[c] for c in s.classes])
-        self.router_sums = torch.stack([s.sums[c] for c in s.classes])
+        self.router_gram = torch.stack([s.gram[c] for c in s.classes]) if s.classes else torch.zeros(0, d, d, dtype=torch.float64)
+        self.router_sums = torch.stack([s.sums[c] for c in s.classes]) if s.classes else torch.zeros(0, d, dtype=torch.float64)
         self.router_counts = torch.tensor([float(s.counts[c]) for c in s.classes], dtype=torch.float64)
+
+    def recalibrate(self, calibration: dict[str, torch.Tensor], pooling: str | None = None) -> None:
+        """Fit the router afresh (optionally for another pooling: its features differ) from calibration blocks."""
+        if pooling is not None:
+            if pooling not in POOLINGS:
+                raise ValueError(f"pooling={pooling!r} is unknown; allowed: {list(POOLINGS)}")
+            self.config.pooling = pooling
+        self._set_stats(RouterStats())
+        for name, blocks in calibration.items():
+            self.calibrate(name, blocks)
+        self.refit()
 
     def refit(self) -> None:
         """W for the current experts from the stored statistics: one d x d solve, no text read."""
