@@ -427,7 +427,8 @@ def plot(rec: dict, png: Path) -> None:
         a.bar(x + (i - (len(budgets) - 1) / 2) * width, [d[k]["mean"] for k in domains], yerr=[d[k]["std"] for k in domains],
               width=width, capsize=2, label=f"{s} steps/domain")
     a.axhline(0, color="k", lw=0.8)
-    a.set_xticks(x, [d + (" (HO)" if d == f["held_out"] else "") for d in domains], rotation=45, ha="right")
+    tied = set(f["per_budget"][budgets[0]]["stats"][w].get("tied_domains", []))
+    a.set_xticks(x, [d + (" (HO)" if d == f["held_out"] else "") + (" (tie)" if d in tied else "") for d in domains], rotation=45, ha="right")
     a.set_ylabel(f"delta log-ppl het_steps - homogeneous ({w})")
     a.legend(fontsize=7)
     m = [f["per_budget"][s]["stats"][w]["mean_dlogppl"] for s in budgets]
