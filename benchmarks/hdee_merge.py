@@ -50,7 +50,7 @@ class BenchConfig:
     budget: int = 16  # hdee_schedule's steps per domain whose experts are merged
     calibration_blocks: int = 8  # per expert domain, from the validation split
     tune_blocks: int = 8  # per domain, the validation blocks after the calibration ones
-    lambdas: str = "1,100,10000,1000000,100000000"  # the grid for the ridge lambda (large lambda: W -> the class sums H^T Y / lambda)
+    lambdas: str = "0.0001,0.01,1,100,10000"  # the grid for the ridge lambda (large lambda: W -> the class sums H^T Y / lambda)
     eval_max_blocks: int = 16  # test blocks per domain: hdee_schedule's
     schedule_json: str = "benchmarks/results/hdee_schedule.json"  # the hdee_schedule result whose experts are merged
 
