@@ -93,6 +93,8 @@ def _last_phase_domains(f: dict, w: str) -> str:
 
 
 def hdee_rows() -> list[str]:
+    from benchmarks import hdee_schedule
+
     out = []
     rec = _load("hdee_schedule")
     if rec:
@@ -116,14 +118,15 @@ def hdee_rows() -> list[str]:
                 f"{b['schedule_factor']:g}x cosine whose checkpoints are the experts (het 3:4:5, homogeneous 4:4:4), "
                 f"{w} weighting, {len(rec['config']['seeds'])} seeds"
                 + (f", shared runs bit-equal when retrained: {chk['bit_equal']}" if chk else "")
-                + ". Matched: seed far longer than a phase, lr/10 + short warm-up, experts as checkpoints of one cosine, shared "
+                + f". Matched: {'seed far longer than a phase' if b['seed_steps'] >= 50 * int(budgets[-1]) else 'seed longer than a phase (paper 50:1)'}, lr/10 + short warm-up, experts as checkpoints of one cosine, shared "
                 "earlier iterations, disjoint difficulty-ranked lanes, raw win counts. Not matched: "
                 + "; ".join(f.get("departures", [])) + f". Result: {res}"
                 + (f"; trend slope {f['trend']['slope_per_doubling']:+.4f} per doubling of steps"
                    if f["trend"]["slope_per_doubling"] is not None else "")
                 + _last_phase_domains(f, w))
         out.append(f"| hdee_schedule | heterogeneous beats homogeneous in 20/21 cases | {ours} | each plan ≥ 80% of domains per seed, "
-                   f"mean Δ < 0: **{'met' if met else 'not met'}** | `python -m benchmarks.hdee_schedule` | {_runtime(rec)} | {_provenance(rec)} |")
+                   f"mean Δ < 0: **{'met' if met else 'not met'}** | {_command('hdee_schedule', rec, hdee_schedule.BenchConfig)} | "
+                   f"{_runtime(rec)} | {_provenance(rec)} |")
     else:
         out.append("| hdee_schedule | heterogeneous beats homogeneous in 20/21 cases | not measured yet (the paper's schedule, scaled "
                    "down: long shared seed, lr/10 domain phase, experts as checkpoints of one cosine, disjoint difficulty-ranked lanes) "
