@@ -22,8 +22,8 @@ from decentrain.algorithms.dei.config import DEIConfig, register_dei_configs
 from decentrain.algorithms.dei.run import run_node, summarize
 from decentrain.core.launcher import launch_survivors
 from decentrain.core.world import read_launch_env
+from recipes import conf_dir, run
 
-CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 register_dei_configs()
 log = logging.getLogger(__name__)
 
@@ -34,7 +34,7 @@ def to_config(dcfg: DictConfig) -> DEIConfig:
     return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(DEIConfig), raw))
 
 
-@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="dei")
+@hydra.main(version_base="1.3", config_path=str(conf_dir()), config_name="dei")
 def main(dcfg: DictConfig) -> None:
     try:  # bad config: one clear line, before any node starts
         cfg = to_config(dcfg)
@@ -57,4 +57,4 @@ def main(dcfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main, "dei")

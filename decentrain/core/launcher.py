@@ -157,6 +157,9 @@ def launch_survivors(argv: list[str], nproc: int, run_dir: str | os.PathLike | N
                     start(rank)
                 else:
                     codes[rank] = code
+                    if code != 0:  # said when it happens, not only in the summary at the end
+                        log.warning("worker died (%s); %d worker(s) still running, its partners skip it from their "
+                                    "next round", describe_exits({rank: code}), len(alive))
     except BaseException:  # Ctrl-C or a kill of the launcher: take the workers down with it
         stop_all(procs.values())
         raise

@@ -28,13 +28,16 @@ class Arrival:
     `sender` is the identity that signed the payload it came in, None for this node's own group:
     work on the group is charged to it, and only its own data can make the group unscorable.
     `item` is the entry this node built or rebuilt for it (what the verifier scores against);
-    `rewards`, once scored, this node's rewards of its completions.
+    `rewards`, once scored, this node's rewards of its completions. `sender_logprobs`: per
+    completion, the sender's sampling log-probs of its tokens as cut here, in this node's tokenizer
+    (checked by the node; None where not sent, not checkable or dropped): `loss.external_is`.
     """
 
     group: RolloutGroup
     sender: str | None = None
     item: Any = None
     rewards: tuple[float, ...] | None = None
+    sender_logprobs: tuple[tuple[float, ...] | None, ...] | None = None
 
 
 # The receiver's verifier: one reward per completion of a group. It may raise ValueError for an
@@ -66,6 +69,7 @@ class ScoredGroup:
     rewards: list[float]
     external: bool
     sender: str | None = None
+    sender_logprobs: tuple[tuple[float, ...] | None, ...] | None = None
 
 
 @dataclass
@@ -132,7 +136,7 @@ def build_swarm_batch(
         if max(rewards) == min(rewards):
             stats["external_equal_rewards"] += 1
             continue
-        usable.append(ScoredGroup(a.group, rewards, True, a.sender))
+        usable.append(ScoredGroup(a.group, rewards, True, a.sender, a.sender_logprobs))
 
     k = min(cfg.num_external, len(usable))
     if k:
@@ -154,6 +158,9 @@ class TokenizedBatch:
     completion_mask: Tensor
     rewards: Tensor  # [groups, G]
     prompts: list[str]  # one per group: the receiver's prompt text (SPO tracker key)
+    # [N, C] senders' sampling log-probs, with a mask of 1 where one is known; None: none known
+    sender_logps: Tensor | None = None
+    sender_mask: Tensor | None = None
 
 
 def pad_sequences(seqs: list[list[int]], pad_id: int, left: bool) -> tuple[Tensor, Tensor]:
@@ -187,14 +194,25 @@ def tokenize_batch(
     def encode(text: str) -> list[int]:
         return tokenizer(text, add_special_tokens=False)["input_ids"]
 
-    prompt_seqs, completion_seqs = [], []
+    prompt_seqs, completion_seqs, sender_seqs = [], [], []
     for prompt, s in zip(prompts, groups):
         p = encode(prompt)[-max_prompt_tokens:]
-        for c in s.group.completions:
+        sender = s.sender_logprobs or (None,) * len(s.group.completions)
+        for c, lp in zip(s.group.completions, sender, strict=True):
             prompt_seqs.append(p)
             completion_seqs.append(encode(c)[:max_completion_tokens])
+            # the node aligned them to these very tokens; anything else is not used
+            sender_seqs.append(lp if lp is not None and len(lp) == len(completion_seqs[-1]) else None)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     prompt_ids, prompt_mask = pad_sequences(prompt_seqs, pad_id, left=True)
     completion_ids, completion_mask = pad_sequences(completion_seqs, pad_id, left=False)
     rewards = torch.tensor([s.rewards for s in groups], dtype=torch.float32)
-    return TokenizedBatch(prompt_ids, prompt_mask, completion_ids, completion_mask, rewards, prompts)
+    tb = TokenizedBatch(prompt_ids, prompt_mask, completion_ids, completion_mask, rewards, prompts)
+    if any(lp is not None for lp in sender_seqs):
+        tb.sender_logps = torch.zeros(completion_ids.shape, dtype=torch.float32)
+        tb.sender_mask = torch.zeros_like(completion_mask)
+        for i, lp in enumerate(sender_seqs):
+            if lp:
+                tb.sender_logps[i, : len(lp)] = torch.tensor(lp, dtype=torch.float32)
+                tb.sender_mask[i, : len(lp)] = 1
+    return tb

@@ -13,6 +13,11 @@ charged to it (`SenderBudget`, per sender and per round in total); a peer over i
 loses its groups for the round, and nothing a peer sends raises out of `run_round`. Completions, own and peers', are cut at the
 stop string and at this node's `max_new_tokens` before they are scored, and that cut text is
 what is trained. Payloads are signed with this node's Ed25519 key.
+
+With `loss.external_is`, a node sends its sampling log-probs and tokenizer fingerprint, and uses a
+peer's only where the fingerprint is its own and each completion re-tokenises here to exactly as
+many tokens as log-probs were sent; they are cut with the text (`_sender_logprobs`). Otherwise
+they are dropped and counted (`logprob_drops`) and the group trains uncorrected.
 """
 
 from __future__ import annotations
@@ -32,7 +37,8 @@ from decentrain.algorithms.sapo.budget import SenderBudget
 from decentrain.algorithms.sapo.config import SAPOConfig
 from decentrain.algorithms.sapo.exchange import PeerRecord, RolloutExchange
 from decentrain.algorithms.sapo.generation import build_generation_backend, clip_to_tokens, completion_logprobs
-from decentrain.algorithms.sapo.grpo import LossNorm, build_advantage_estimator, policy_loss
+from decentrain.algorithms.sapo.grpo import LossNorm, build_advantage_estimator, policy_loss, truncated_is_weight
+from decentrain.algorithms.sapo.offpolicy import align_logprobs, tokenizer_fingerprint
 from decentrain.core.identity import NodeIdentity
 from decentrain.algorithms.sapo.payload import PayloadDecoder, RolloutGroup, RolloutPayload, encode_payload
 from decentrain.models.factory import build_model, build_tokenizer
@@ -41,12 +47,12 @@ from decentrain.tasks import EntryRef, PromptTemplate, TaskItem, TaskMixture, Ve
 logger = logging.getLogger(__name__)
 
 
-def group_of(item: TaskItem, completions: tuple[str, ...]) -> RolloutGroup:
+def group_of(item: TaskItem, completions: tuple[str, ...], logprobs: tuple | None = None) -> RolloutGroup:
     """The wire form of a local group: the entry's address and question, never its answer."""
     ref = item.ref
     if ref is None:
         raise ValueError("only items built by a TaskMixture can be shared")
-    return RolloutGroup(ref.task, ref.config, ref.seed, ref.size, ref.index, item.question, completions)
+    return RolloutGroup(ref.task, ref.config, ref.seed, ref.size, ref.index, item.question, completions, logprobs)
 
 
 def entry_ref(group: RolloutGroup) -> EntryRef:
@@ -102,6 +108,8 @@ class SAPONode:
         self.advantage = build_advantage_estimator(cfg.loss)
         self.decoder = PayloadDecoder(cfg.payload, key=cfg.swarm_key)
         self.group_drops: Counter[str] = Counter()  # peers' groups that were not used, by reason
+        self.logprob_drops: Counter[str] = Counter()  # peers' log-probs that were not used, by reason
+        self.tokenizer_id = tokenizer_fingerprint(self.tokenizer)
         self._local: list[Arrival] = []  # this round's own groups, as scored and trained here
         self.budget = SenderBudget(cfg.payload.sender_budget_s, round_limit_s=cfg.payload.round_budget_s)
         self.rng = np.random.default_rng(self.seed)
@@ -144,7 +152,22 @@ class SAPONode:
         and to this node's `max_new_tokens` in its own tokenizer: the text scored and trained here."""
         cap = self.cfg.sampling.max_new_tokens
         completions = tuple(clip_to_tokens(self.template.cut(c), self.tokenizer, cap) for c in group.completions)
-        return group if completions == group.completions else dataclasses.replace(group, completions=completions)
+        if completions == group.completions and group.logprobs is None:
+            return group
+        # the sender's log-probs are of the uncut text: only `_sender_logprobs` may carry them over
+        return dataclasses.replace(group, completions=completions, logprobs=None)
+
+    def _sender_logprobs(self, sent: RolloutGroup, clipped: RolloutGroup, tokenizer_id: str | None) -> tuple | None:
+        """The sender's log-probs of `clipped`'s tokens here (`offpolicy.align_logprobs`), or None, counted."""
+        if not self.cfg.loss.external_is or sent.logprobs is None:
+            return None
+        if tokenizer_id != self.tokenizer_id:
+            self.logprob_drops["no_tokenizer" if tokenizer_id is None else "tokenizer_mismatch"] += 1
+            return None
+        aligned = align_logprobs(self.tokenizer, sent.completions, clipped.completions, sent.logprobs)
+        if aligned is None:
+            self.logprob_drops["token_count_mismatch"] += 1
+        return aligned
 
     # -- the round -------------------------------------------------------------------------------
 
@@ -156,16 +179,20 @@ class SAPONode:
             items = [pool[int(i)] for i in self.rng.choice(len(pool), size=n, replace=False, p=p)]
         else:
             items = self.mixture.sample(n, self.rng)
-        completions = self.backend.generate(
-            [self.template(it.question) for it in items], self.cfg.loss.num_generations, seed=self.seed * 100_003 + round_
-        )
-        groups = [group_of(it, tuple(c)) for it, c in zip(items, completions)]
+        prompts, g, seed = [self.template(it.question) for it in items], self.cfg.loss.num_generations, self.seed * 100_003 + round_
+        if self.cfg.loss.external_is:  # peers correct against what this node sampled with
+            completions, logprobs = self.backend.generate_scored(prompts, g, seed=seed)
+        else:
+            completions, logprobs = self.backend.generate(prompts, g, seed=seed), [None] * len(items)
+        groups = [group_of(it, tuple(c), None if lp is None else tuple(lp))
+                  for it, c, lp in zip(items, completions, logprobs)]
         self._local = [Arrival(self.clip(g), None, it) for g, it in zip(groups, items)]
         return groups
 
     def share(self, round_: int, local: list[RolloutGroup]) -> list[Arrival]:
         """Publish `local`; return the peers' groups that rebuild here, each owned by its signer."""
-        payload = RolloutPayload(self.identity.node_id, round_, time.time(), tuple(local), name=self.node_id)
+        payload = RolloutPayload(self.identity.node_id, round_, time.time(), tuple(local), name=self.node_id,
+                                 tokenizer=self.tokenizer_id if self.cfg.loss.external_is else None)
         seen_groups = dict(self.group_drops)
 
         def when(rec: PeerRecord) -> tuple[int, float | None]:
@@ -178,11 +205,15 @@ class SAPONode:
 
         wire = encode_payload(payload, self.identity, self.cfg.swarm_key)
         by_sender: dict[str, list[RolloutGroup]] = {}
+        tokenizer_of: dict[int, str | None] = {}  # id(group) -> the fingerprint its payload declared
         for rec in self.exchange.exchange(round_, wire, is_valid=is_valid):
             current, now = when(rec)
             decoded = self.decoder(rec.data, current_round=current, source=rec.source, now=now)
             if decoded is not None and decoded.node_id != self.identity.node_id:
                 by_sender.setdefault(decoded.node_id, []).extend(decoded.groups)
+                tokenizer_of.update((id(g), decoded.tokenizer) for g in decoded.groups)
+                if self.cfg.loss.external_is:  # otherwise they are not used, checked or not
+                    self.logprob_drops.update(decoded.logprob_drops)
         external: list[Arrival] = []
         owner: dict[tuple, str | None] = {_same_group(a.group): None for a in self._local}  # None: this node
         copies: dict[tuple, list[str]] = {}  # later senders of a kept group
@@ -207,12 +238,13 @@ class SAPONode:
                             copies.setdefault(key, []).append(sender)
                             continue
                         item = self.mixture.rebuild(entry_ref(g), g.question, self.cfg.payload.max_dataset_size)
+                        logprobs = self._sender_logprobs(g, clipped, tokenizer_of.get(id(g)))
                 except Exception as e:  # EntryMismatch (has a reason); anything else a peer's group triggers is its cost too
                     self.group_drops[getattr(e, "reason", "rebuild_error")] += 1
                     self.budget.charge(sender, self.cfg.payload.mismatch_cost_s)
                     continue
                 owner[key] = sender
-                arrival = Arrival(clipped, sender, item)
+                arrival = Arrival(clipped, sender, item, sender_logprobs=logprobs)
                 if self.cfg.batch.num_external:  # scored now, so every budget decision is made here
                     try:
                         arrival = dataclasses.replace(arrival, rewards=tuple(self.rewards(arrival)))
@@ -238,7 +270,7 @@ class SAPONode:
                 if heir is None:
                     self.group_drops["sender_over_budget"] += 1
                     continue
-                a = dataclasses.replace(a, sender=heir)
+                a = dataclasses.replace(a, sender=heir, sender_logprobs=None)  # they were the dropped sender's
             kept.append(a)
         return kept
 
@@ -250,11 +282,16 @@ class SAPONode:
         mb = cfg.train.micro_batch_size
         temperature = cfg.sampling.temperature or 1.0
         norm = LossNorm.from_mask(tb.completion_mask, mb)
+        # peers' sampling log-probs and where they are known ([N, C] each), for `loss.external_is`
+        sender = None if not cfg.loss.external_is or tb.sender_logps is None else [
+            tb.sender_logps.to(self.device), tb.sender_mask.to(self.device)]
         if cfg.loss.beta == 0 and cfg.loss.loss_type != "bnpo":
             # A completion with zero advantage adds nothing to the gradient when there is no KL term,
             # so it is skipped; `norm` still counts it, so the loss equals the full batch's.
             keep = advantages != 0
             tensors, advantages = _trim_padding([t[keep] for t in tensors]), advantages[keep]
+            if sender is not None:
+                sender = [t[keep][:, : tensors[2].size(1)] for t in sender]
         old_logps = ref_logps = None
         with torch.no_grad():
             if cfg.loss.num_iterations > 1:  # the ratio is 1 on the first pass otherwise
@@ -269,15 +306,23 @@ class SAPONode:
         loss_sum = torch.zeros((), device=self.device)
         clip_sum = torch.zeros((), device=self.device)
         grad_sum = torch.zeros((), device=self.device)
-        for _ in range(cfg.loss.num_iterations):
+        weights: list[torch.Tensor] = []  # the IS weights of peers' tokens, first pass (they do not change)
+        for it in range(cfg.loss.num_iterations):
             self.optimizer.zero_grad(set_to_none=True)
             for i in range(0, n, mb):
                 sl = slice(i, i + mb)
                 logps = completion_logprobs(self.model, *(t[sl] for t in tensors), mb, temperature)
+                is_weights = None
+                if sender is not None:  # pi_old: this node's policy before the step, as the ratio's
+                    old = logps.detach() if old_logps is None else old_logps[sl]
+                    is_weights = truncated_is_weight(old, sender[0][sl], sender[1][sl], cfg.loss.external_is_cap)
+                    if it == 0:
+                        weights.append(is_weights[sender[1][sl].bool()])
                 loss, stats = policy_loss(
                     logps, advantages[sl], tensors[3][sl], cfg.loss, norm,
                     old_logps=None if old_logps is None else old_logps[sl],
                     ref_logps=None if ref_logps is None else ref_logps[sl],
+                    is_weights=is_weights,
                 )
                 loss.backward()
                 loss_sum += loss.detach().float()
@@ -287,7 +332,11 @@ class SAPONode:
             self.optimizer.step()
         totals["loss"], totals["clip_ratio"], totals["grad_norm"] = torch.stack([loss_sum, clip_sum, grad_sum]).tolist()
         iters = cfg.loss.num_iterations
-        return {k: v if k == "trained_completions" else v / iters for k, v in totals.items()}
+        out = {k: v if k == "trained_completions" else v / iters for k, v in totals.items()}
+        if weights and (w := torch.cat(weights)).numel():
+            out.update(is_tokens=float(w.numel()), is_weight_mean=w.mean().item(), is_weight_min=w.min().item(),
+                       is_weight_max=w.max().item(), is_capped=(w >= cfg.loss.external_is_cap).float().mean().item())
+        return out
 
     def run_round(self) -> dict[str, Any]:
         """One full round; returns its metrics."""
@@ -325,6 +374,8 @@ class SAPONode:
             "payloads_dropped": self.decoder.drops.total,
             **{f"dropped/{k}": v for k, v in self.decoder.drops.as_dict().items()},
             "groups_dropped": sum(self.group_drops.values()),
+            "logprobs_dropped": sum(self.logprob_drops.values()),
+            **{f"dropped_logprobs/{k}": v for k, v in self.logprob_drops.items()},
             **{f"dropped_groups/{k}": v for k, v in self.group_drops.items()},
             "time_generate": t1 - t0,
             "time_exchange": t2 - t1,
@@ -360,6 +411,7 @@ class SAPONode:
             "torch_rng": torch.get_rng_state(),
             "drops": self.decoder.drops.as_dict(),
             "group_drops": dict(self.group_drops),
+            "logprob_drops": dict(self.logprob_drops),
             "high_water": dict(self.decoder.high_water),  # replay marks survive a restart
             "accepted": dict(self.decoder.accepted),
             "sender_merit": dict(self.budget.merit),  # the round budget's split survives a restart
@@ -375,6 +427,7 @@ class SAPONode:
         torch.set_rng_state(state["torch_rng"])
         self.decoder.drops.counts.update(state["drops"])
         self.group_drops.update(state.get("group_drops", {}))
+        self.logprob_drops.update(state.get("logprob_drops", {}))
         self.decoder.high_water.update({k: (int(r), float(t)) for k, (r, t) in state.get("high_water", {}).items()})
         self.decoder.accepted.update({k: int(n) for k, n in state.get("accepted", {}).items()})
         self.budget.merit.update({k: float(v) for k, v in state.get("sender_merit", {}).items()})
