@@ -2,27 +2,23 @@
 
 import dataclasses
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from hdee_helpers import save_random_experts, tiny_cfg
+
+from decentrain.testing import run_recipe, save_random_experts, tiny_hdee_config
 
 from decentrain.algorithms.hdee.config import save_config
 from decentrain.algorithms.hdee.train import model_dir
 from decentrain.core.ensemble import token_logprobs
 from decentrain.models.factory import ModelConfig, build_model, build_tokenizer, save_model
 
-ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.integration
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
 
 
 def _ensemble(tmp_path: Path) -> Path:
-    cfg = tiny_cfg(tmp_path / "ens", widths=(64, 64))  # two experts of one seed: licenses, arithmetic
+    cfg = tiny_hdee_config(tmp_path / "ens", widths=(64, 64))  # two experts of one seed: licenses, arithmetic
     tok = build_tokenizer(cfg.model)
     save_random_experts(cfg, tok)
     torch.manual_seed(7)
@@ -33,9 +29,7 @@ def _ensemble(tmp_path: Path) -> Path:
 
 def test_merge_recipe_saves_a_routed_model_that_loads_like_any_decentrain_model(tmp_path):
     ens = _ensemble(tmp_path)
-    proc = subprocess.run([sys.executable, "-m", "recipes.hdee_merge", f"ensemble_dir={ens}", "calibration_blocks=4"],
-                          cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=240)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    run_recipe("recipes.hdee_merge", f"ensemble_dir={ens}", "calibration_blocks=4")
     out = ens / "routed"
     assert (out / "model.safetensors").exists() and (out / "config.json").exists()
     scored = json.loads((out / "score_test.json").read_text())
@@ -54,7 +48,5 @@ def test_merge_recipe_saves_a_routed_model_that_loads_like_any_decentrain_model(
 
 
 def test_merge_recipe_refuses_bad_config_in_one_line(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "recipes.hdee_merge", "calibration_split=test", f"ensemble_dir={tmp_path}"],
-                          cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
-    assert proc.returncode != 0
+    proc = run_recipe("recipes.hdee_merge", "calibration_split=test", f"ensemble_dir={tmp_path}", ok=False, timeout=120)
     assert "config error: calibration_split='test' must be 'train' or 'val'" in proc.stderr

@@ -15,7 +15,7 @@ import time
 import pytest
 import torch
 
-from sapo_helpers import FixedExchange, tiny_sapo_config
+from decentrain.testing import FixedExchange, tiny_sapo_config
 
 from decentrain.algorithms.sapo.batching import ScoredGroup, pad_sequences
 from decentrain.algorithms.sapo.generation import completion_logprobs

@@ -9,7 +9,7 @@ from decentrain.algorithms.sapo.evaluation import RLEvalConfig
 from decentrain.algorithms.sapo.results import round_line
 from decentrain.algorithms.sapo.trainer import run_sapo
 from decentrain.core.world import World
-from tests.sapo_helpers import tiny_sapo_config
+from decentrain.testing import tiny_sapo_config
 
 
 def test_round_line_names_own_swarm_batch_external_and_heldout():
