@@ -10,8 +10,8 @@ replacement" must come from the launchers, not from anything a store client can 
   with compare_set (set once: whoever writes it first owns it, no later write replaces it) and
   puts there, and into that worker's environment, its signature of (job, r, i).
 - Workers get the public key by environment. A heal request carries the requester's token; a
-  donor serves it only if the signature holds, the record is that same token, no later
-  incarnation of the rank was started, and it has not served that incarnation before.
+  donor serves it only if the signature holds, no later incarnation of the rank was started
+  (a validly signed record above it), and it has not served that incarnation before.
 
 Departure from "an HMAC with a per-job secret": a signature, because a donor must check tokens
 and an HMAC key that checks can also forge; with Ed25519 a worker's store client cannot mint a
@@ -69,8 +69,12 @@ class LauncherKey:
         return cls(secret.encode())
 
     @property
+    def public_key(self) -> Ed25519PublicKey:
+        return self._key.public_key()
+
+    @property
     def public_hex(self) -> str:
-        return self._key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw).hex()
+        return self.public_key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw).hex()
 
     def sign(self, job: str, rank: int, incarnation: int) -> str:
         return self._key.sign(_message(job, rank, incarnation)).hex()
@@ -123,11 +127,20 @@ class IncarnationCheck:
             return False
 
     def started(self, store: dist.Store, rank: int, incarnation: int, token: str) -> bool:
-        """Signed, recorded by the launcher under that incarnation, and not superseded by a later one."""
-        if not self.signed(rank, incarnation, token) or _record(store, rank, incarnation) != token:
+        """Signed for this rank's incarnation, and no later incarnation of it was started.
+
+        What a store client writes cannot change the answer: an overwritten or pre-written record
+        holds no valid signature, so it neither vouches for a request nor supersedes one.
+        """
+        if not self.signed(rank, incarnation, token):
             return False
-        later = _record(store, rank, incarnation + 1)
-        return later is None or not self.signed(rank, incarnation + 1, later)
+        for later in range(incarnation + 1, incarnation + 1 + _MAX_CLAIMS):  # numbers a claim skipped are garbage
+            record = _record(store, rank, later)
+            if record is None:
+                return True
+            if self.signed(rank, later, record):
+                return False
+        return True
 
 
 def _record(store: dist.Store, rank: int, incarnation: int) -> str | None:
