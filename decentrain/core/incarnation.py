@@ -127,20 +127,22 @@ class IncarnationCheck:
             return False
 
     def started(self, store: dist.Store, rank: int, incarnation: int, token: str) -> bool:
-        """Signed for this rank's incarnation, and no later incarnation of it was started.
+        """Signed for this rank's incarnation, and no later incarnation of it was started."""
+        return self.signed(rank, incarnation, token) and not self.superseded(store, rank, incarnation)
+
+    def superseded(self, store: dist.Store, rank: int, incarnation: int) -> bool:
+        """A launcher started a later incarnation of `rank` (this one is dead or about to be).
 
         What a store client writes cannot change the answer: an overwritten or pre-written record
-        holds no valid signature, so it neither vouches for a request nor supersedes one.
+        holds no valid signature, so it neither supersedes an incarnation nor vouches for one.
         """
-        if not self.signed(rank, incarnation, token):
-            return False
-        for later in range(incarnation + 1, incarnation + 1 + _MAX_CLAIMS):  # numbers a claim skipped are garbage
+        for later in range(incarnation + 1, incarnation + 1 + _MAX_CLAIMS):  # numbers a claim skipped hold garbage
             record = _record(store, rank, later)
             if record is None:
-                return True
-            if self.signed(rank, later, record):
                 return False
-        return True
+            if self.signed(rank, later, record):
+                return True
+        return False
 
 
 def _record(store: dist.Store, rank: int, incarnation: int) -> str | None:

@@ -150,6 +150,10 @@ class Membership:
             out.append((rank, inc))
         return out
 
+    def replaced(self, rank: int, inc: int) -> bool:
+        """A launcher started a later incarnation of `rank` than `inc` (whose progress keys are a dead worker's)."""
+        return self.authority is not None and self.authority.superseded(self.launcher_store or self.store, rank, inc)
+
     def _launched(self, rank: int, inc: int, token: str) -> bool:
         """The launchers signed and recorded this incarnation, and started none after it."""
         return self.authority is not None and self.authority.started(self.launcher_store or self.store, rank, inc, token)

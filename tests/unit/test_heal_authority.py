@@ -136,3 +136,17 @@ def test_the_launcher_gives_workers_the_public_key_and_their_token_never_the_sec
         assert SECRET_ENV not in env and env[PUBLIC_KEY_ENV] == key.public_hex
         check = IncarnationCheck(env["TORCHELASTIC_RUN_ID"], key.public_key)
         assert check.signed(rank, 0, env[TOKEN_ENV]) and not check.signed(1 - rank, 0, env[TOKEN_ENV])
+
+
+def test_a_replacement_asks_no_rank_whose_incarnation_a_launcher_replaced():
+    """A lost host takes several ranks: their old progress keys must not make them donors (each would cost an attempt)."""
+    from decentrain.algorithms.noloco.healing import Healer
+
+    store, key = _store(), LauncherKey(b"s" * 32)
+    _launched_world(store, key)
+    for rank, done in ((0, 5), (1, 4), (3, 7)):  # rank 3 was furthest along when its host died
+        _member(store, key, rank, 0).publish(done)
+    key.claim(store, JOB, 3)  # the new host's launcher started rank 3 again (and rank 2, the asker)
+    inc, token = key.claim(store, JOB, 2)
+    healer = Healer(_member(store, key, 2, inc, token), pairs=None, get_state=dict, load_state=lambda s: None)
+    assert healer._donors(set()) == [(0, 0), (1, 0)]
