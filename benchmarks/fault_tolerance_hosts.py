@@ -22,8 +22,8 @@ installed here), only 100 Mbit uplinks; all namespaces share one 2-core machine 
 so the replacement's start-up (a fresh Python + torch) competes with the survivors for CPU,
 which lowers their rate (a conservative bias for the target).
 
-    python -m benchmarks.fault_tolerance_hosts --seeds 2            # as root, ~20 min on 2 loaded cores
-    python -m benchmarks.fault_tolerance_hosts --seeds 1 --steps 80 --allow-dirty   # smoke
+    python -m benchmarks.fault_tolerance_hosts --seeds 2            # as root, ~30 min on 2 loaded cores
+    python -m benchmarks.fault_tolerance_hosts --seeds 1 --steps 400 --allow-dirty   # smoke (the replacement may come too late)
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ import json
 import os
 import signal
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -188,8 +189,8 @@ def text(rec: dict) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=400)
-    ap.add_argument("--h", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=2000)  # the survivors must outlast a replacement's start-up
+    ap.add_argument("--h", type=int, default=8)
     ap.add_argument("--deadline-s", type=float, default=5.0)
     ap.add_argument("--rate", default="100mbit")
     ap.add_argument("--seeds", type=int, default=2)
@@ -197,6 +198,7 @@ def main() -> None:
     args = ap.parse_args()
     if (why := netns_available()) is not None:
         ap.error(why)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # namespaces and processes are removed on the way out
     config = {"steps": args.steps, "h": args.h, "deadline_s": args.deadline_s, "rate": args.rate,
               "seeds": list(range(args.seeds)), "nodes": NODES, "nproc": NPROC}
     h = Harness("fault_tolerance_hosts", __file__, config, allow_dirty=args.allow_dirty)
