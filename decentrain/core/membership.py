@@ -12,8 +12,8 @@ Partners read these before and while waiting on each other (see `PairExchange`),
 stopped or lagging rank costs at most one deadline wait, and a rank that wakes far behind
 can see where the live ranks are. Everything read is untrusted: a malformed value reads as
 "unknown", never raises; the live round is a median, so one lying rank cannot move it.
-This is decentrain's own (torchft's Lighthouse needs a separate server process and a
-quorum per step; a store the launcher already hosts needs neither).
+This is decentrain's own (torchft's Lighthouse needs a quorum per step; gossip needs none: the
+store is enough, the launcher's on one host, the job store over several, core/job_store.py).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import torch.distributed as dist
 
-from decentrain.core.incarnation import INCARNATION_KEY, IncarnationCheck  # noqa: F401 -- INCARNATION_KEY: re-exported
+from decentrain.core.incarnation import IncarnationCheck
 
 log = logging.getLogger(__name__)
 
