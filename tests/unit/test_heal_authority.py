@@ -150,3 +150,9 @@ def test_a_replacement_asks_no_rank_whose_incarnation_a_launcher_replaced():
     inc, token = key.claim(store, JOB, 2)
     healer = Healer(_member(store, key, 2, inc, token), pairs=None, get_state=dict, load_state=lambda s: None)
     assert healer._donors(set()) == [(0, 0), (1, 0)]
+
+
+def test_the_forged_and_replayed_requests_are_refused_as_an_ordinary_user_too():
+    from tests.privilege import rerun_unprivileged
+
+    rerun_unprivileged(__file__, "forged_incarnation_record or replayed_heal_request or another_key")

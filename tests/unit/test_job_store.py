@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import threading
 from pathlib import Path
 
@@ -15,6 +13,7 @@ from decentrain.core.incarnation import SECRET_ENV
 from decentrain.core.job_store import connect, parse_endpoint
 from decentrain.core.launch_config import LauncherConfig
 from decentrain.core.launcher import HostSlot, launch_survivors
+from store_helpers import start_store
 
 # a worker that says it is up, then waits to be stopped (the test synchronises on its file, not on time)
 WORKER = """
@@ -22,16 +21,6 @@ import os, signal, sys
 open(sys.argv[1] + "." + os.environ["RANK"], "w").write(os.environ["DECENTRAIN_INCARNATION"])
 signal.pause()
 """
-
-
-def start_store(tmp_path: Path) -> tuple[subprocess.Popen, str]:
-    ready = tmp_path / "store.addr"
-    proc = subprocess.Popen([sys.executable, "-m", "decentrain.core.job_store", "--host", "127.0.0.1", "--port", "0",
-                             "--ready-file", str(ready)], stderr=subprocess.PIPE, text=True)
-    while not ready.exists():
-        assert proc.poll() is None, proc.stderr.read()
-        threading.Event().wait(0.05)
-    return proc, ready.read_text().strip()
 
 
 @pytest.mark.parametrize("bad", ["", "host", "host:", ":29400", "host:0", "host:70000", "host:29a"])
