@@ -293,6 +293,21 @@ def render(json_path: Path, text_fn: Callable[[dict], str], plot_fn: Callable[[d
     return paths
 
 
+def reanalyse(json_path: Path, figures_fn: Callable[[dict], dict[str, Any]], text_fn: Callable[[dict], str],
+              plot_fn: Callable[[dict, Path], None] | None = None, allow_dirty: bool = False) -> dict[str, Path]:
+    """Recompute a result's figures from its own per-run data (`figures_fn(record)`), running nothing: the runs'
+    provenance (git_sha, hardware, compute) stays, `analysis_git_sha` names the code that computed the figures."""
+    rec = json.loads(Path(json_path).read_text())
+    rec["figures"] = figures_fn(rec)
+    sha, dirty = clean_sha(allow_dirty)
+    rec["analysis_git_sha"] = sha + ("-dirty" if dirty else "")
+    rec["not_for_commit"] = bool(rec.get("not_for_commit")) or dirty
+    tmp = Path(json_path).with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(rec, indent=2, default=_json_default, allow_nan=True))
+    os.replace(tmp, json_path)
+    return render(json_path, text_fn, plot_fn)
+
+
 def header(record: dict) -> str:
     """The provenance lines every TXT starts with."""
     hw = record.get("hardware", {})

@@ -38,7 +38,8 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from benchmarks.harness import Harness, fmt, header, mean_std, seeds_arg
+from benchmarks.harness import Harness, fmt, header, mean_std, reanalyse, seeds_arg
+from benchmarks.results_io import RESULTS
 from decentrain.algorithms.hdee.budget import plan_costs
 from decentrain.algorithms.hdee.config import check_plan, eval_domains, hdee_config_from_dict, plan_domains
 from decentrain.config import register_hdee_configs
@@ -126,11 +127,14 @@ def main() -> None:
     p.add_argument("--parallel", type=int, default=3, help="training seeds run at once (processes)")
     p.add_argument("--probe-steps", type=int, nargs="+", default=None,
                    help="scale probe instead: homogeneous vs het_steps at each of these steps per domain")
+    p.add_argument("--regenerate", action="store_true", help="re-analyse benchmarks/results/hdee_ensemble.json (no training)")
     args = vars(p.parse_args())
     nseeds, allow_dirty, fresh, parallel = args.pop("seeds"), args.pop("allow_dirty"), args.pop("fresh"), args.pop("parallel")
-    probe = args.pop("probe_steps")
+    probe, regen = args.pop("probe_steps"), args.pop("regenerate")
     bench = BenchConfig(**args)
     register_hdee_configs()
+    if regen:
+        return regenerate(RESULTS / "hdee_ensemble.json", allow_dirty)
     if probe:
         return scale_probe(bench, probe, nseeds, parallel, allow_dirty, fresh)
     configs = {v: compose_variant(bench, v, 0) for v in VARIANTS}
@@ -144,39 +148,67 @@ def main() -> None:
               "variants_seed0": {v: raw for v, (raw, _) in configs.items()}}
     hz = Harness("hdee_ensemble", __file__, config, allow_dirty=allow_dirty, fresh=fresh)
     runs = hz.run_jobs([{"bench": asdict(bench), "seed": s} for s in range(nseeds)], run_seed, desc="hdee seeds", parallel=parallel)
-
-    cfg = configs["homogeneous"][1]
-    trained, domains = plan_domains(cfg), eval_domains(cfg)
-    weightings = list(cfg.eval.weightings)
-    per_plan = {}
-    for v in HET:
-        per_plan[v] = {}
-        for w in weightings:
-            pd = paired_diffs(runs, v, w, domains)
-            per_seed = [sum(r["perplexity"][v][d][w] < r["perplexity"]["homogeneous"][d][w] for d in domains) for r in runs]
-            per_plan[v][w] = {**pd, "won_per_seed": per_seed, "target_met": len(pd["won"]) >= TARGET_SHARE * len(domains)}
-    figures = {
-        "domains": {"in_training": [d for d in domains if d in trained], "held_out": [d for d in domains if d not in trained]},
-        "per_seed_perplexity": [r["perplexity"] for r in runs],
-        "per_plan": per_plan, "budget": budgets,
-        "train_s": {v: mean_std([r["train_s"][v] for r in runs]) for v in VARIANTS},
-        "eval_s": {v: mean_std([r["eval_s"][v] for r in runs]) for v in VARIANTS},
-        "headline": {v: {"weighting": bench.primary, "won": len(per_plan[v][bench.primary]["won"]),
-                         "won_raw": len(per_plan[v][bench.primary]["won_raw"]), "domains": len(domains),
-                         "target": f">= {TARGET_SHARE:.0%} of domains", "target_met": per_plan[v][bench.primary]["target_met"]}
-                     for v in HET},
-    }
+    figures = {**analyze(bench, {v: c for v, (_, c) in configs.items()}, [r["perplexity"] for r in runs]), "budget": budgets,
+               "train_s": {v: mean_std([r["train_s"][v] for r in runs]) for v in VARIANTS},
+               "eval_s": {v: mean_std([r["eval_s"][v] for r in runs]) for v in VARIANTS}}
     paths = hz.write(figures, text, plot)
     print(paths["txt"].read_text())
 
 
-def paired_diffs(runs: list[dict], plan: str, weighting: str, domains: list[str]) -> dict:
+def structural_ties(hom, het) -> list[str]:
+    """Domains every one of whose lanes is the same run in both plans (same seed, domains, steps and width, so the
+    same weights): they differ only through the other experts and count as neither a win nor a loss."""
+    def lanes_of(cfg, d):
+        return [(lane.domains, lane.steps, lane.intermediate_size, asdict(cfg.plan.seed(lane.seed)))
+                for lane in cfg.plan.lanes if d in lane.domains]
+
+    return [d for d in plan_domains(hom) if lanes_of(hom, d) and lanes_of(hom, d) == lanes_of(het, d)]
+
+
+def analyze(bench: BenchConfig, cfgs: dict, perplexity: list[dict]) -> dict:
+    """Per het plan and weighting: paired differences, wins over the domains that are not structural ties."""
+    runs = [{"perplexity": p} for p in perplexity]
+    cfg = cfgs["homogeneous"]
+    trained, domains = plan_domains(cfg), eval_domains(cfg)
+    per_plan, ties = {}, {}
+    for v in HET:
+        ties[v] = structural_ties(cfg, cfgs[v])
+        counted = [d for d in domains if d not in ties[v]]
+        per_plan[v] = {}
+        for w in cfg.eval.weightings:
+            pd = paired_diffs(runs, v, w, domains, ties[v])
+            per_seed = [sum(r["perplexity"][v][d][w] < r["perplexity"]["homogeneous"][d][w] for d in counted) for r in runs]
+            per_plan[v][w] = {**pd, "won_per_seed": per_seed, "counted": counted,
+                              "target_met": len(pd["won"]) >= TARGET_SHARE * len(counted)}
+    return {
+        "domains": {"in_training": [d for d in domains if d in trained], "held_out": [d for d in domains if d not in trained]},
+        "structural_ties": ties, "per_seed_perplexity": perplexity, "per_plan": per_plan,
+        "headline": {v: {"weighting": bench.primary, "won": len(per_plan[v][bench.primary]["won"]),
+                         "won_raw": len(per_plan[v][bench.primary]["won_raw"]), "domains": len(per_plan[v][bench.primary]["counted"]),
+                         "ties_dropped": ties[v], "target": f">= {TARGET_SHARE:.0%} of the non-tied domains",
+                         "target_met": per_plan[v][bench.primary]["target_met"]} for v in HET},
+    }
+
+
+def regenerate(path: Path, allow_dirty: bool = False) -> None:
+    """Re-analyse a committed result from its per-seed perplexities (no training); the runs' provenance is kept."""
+    def figures(rec: dict) -> dict:
+        bench = BenchConfig(**rec["config"]["bench"])
+        cfgs = {v: compose_variant(bench, v, 0)[1] for v in VARIANTS}
+        keep = {k: rec["figures"][k] for k in ("budget", "train_s", "eval_s") if k in rec["figures"]}
+        return {**analyze(bench, cfgs, rec["figures"]["per_seed_perplexity"]), **keep}
+
+    print(reanalyse(path, figures, text, plot, allow_dirty)["txt"].read_text())
+
+
+def paired_diffs(runs: list[dict], plan: str, weighting: str, domains: list[str], ties: list[str] = ()) -> dict:
     """Per domain (homogeneous − plan) / homogeneous perplexity in %, paired per seed; won: mean > std and > 0
-    (with one seed std is 0, so won is the raw count)."""
+    (with one seed std is 0, so won is the raw count). Structural ties are shown but never won or lost."""
     diffs = {d: mean_std([100 * (r["perplexity"]["homogeneous"][d][weighting] - r["perplexity"][plan][d][weighting])
                           / r["perplexity"]["homogeneous"][d][weighting] for r in runs]) for d in domains}
-    return {"diff_pct": diffs, "won": [d for d in domains if diffs[d]["mean"] > max(diffs[d]["std"], 0.0)],
-            "won_raw": [d for d in domains if diffs[d]["mean"] > 0],
+    counted = [d for d in domains if d not in ties]
+    return {"diff_pct": diffs, "won": [d for d in counted if diffs[d]["mean"] > max(diffs[d]["std"], 0.0)],
+            "won_raw": [d for d in counted if diffs[d]["mean"] > 0],
             "mean_over_domains_pct": mean_std([sum(100 * (r["perplexity"]["homogeneous"][d][weighting] - r["perplexity"][plan][d][weighting])
                                                    / r["perplexity"]["homogeneous"][d][weighting] for d in domains) / len(domains)
                                                for r in runs])}
@@ -263,7 +295,13 @@ def probe_plot(rec: dict, png: Path) -> None:
 def text(rec: dict) -> str:
     f, b = rec["figures"], rec["config"]["bench"]
     domains = f["domains"]["in_training"] + f["domains"]["held_out"]
-    lines = [header(rec), "",
+    seed_domains = rec["config"].get("variants_seed0", {}).get("homogeneous", {}).get("plan", {}).get("seeds", [{}])[0].get("domains")
+    lines = [header(rec)]
+    if rec.get("analysis_git_sha"):
+        lines.append(f"figures re-analysed from the committed per-seed perplexities at {rec['analysis_git_sha'][:12]} "
+                     f"(runs made at {rec['git_sha'][:12]})")
+    lines += ["", f"seed trained on {seed_domains}" + ("" if seed_domains == ["general"] else
+                                                        " (the expert domains themselves: the run predates the general-text seed)"),
              f"seed steps {b['seed_steps']}, {b['steps']} steps per domain per expert (het_steps 3:4:5 of the same total), "
              f"test blocks per domain {b['eval_max_blocks'] or 'all'}, training seeds {rec['config']['seeds']}", "",
              "perplexity reduction vs homogeneous, % (paired per seed, mean ± std); * = won (mean > std); HO = held out"]
@@ -278,11 +316,14 @@ def text(rec: dict) -> str:
             lines.append(f"  {d:<13}{' HO' if d in f['domains']['held_out'] else '   '}" + "".join(f"{c:>22}" for c in cells))
         for v in f["per_plan"]:
             r = f["per_plan"][v][w]
-            lines.append(f"  {v}: won {len(r['won'])}/{len(domains)} (raw mean>0: {len(r['won_raw'])}/{len(domains)}; "
-                         f"per seed {r['won_per_seed']}){'  target met' if r['target_met'] else ''}")
+            n = len(r.get("counted", domains))
+            lines.append(f"  {v}: won {len(r['won'])}/{n} (raw mean>0: {len(r['won_raw'])}/{n}; per seed {r['won_per_seed']})"
+                         + (f"; structural ties dropped: {f['structural_ties'][v]}" if f.get("structural_ties", {}).get(v) else "")
+                         + ("  target met" if r["target_met"] else ""))
     lines.append("")
     for v, h in f["headline"].items():
-        lines.append(f"headline ({h['weighting']}): {v} wins {h['won']}/{h['domains']} (raw {h['won_raw']}), "
+        lines.append(f"headline ({h['weighting']}): {v} wins {h['won']}/{h['domains']} (raw {h['won_raw']}"
+                     + (f"; ties dropped {h['ties_dropped']}" if h.get("ties_dropped") else "") + "), "
                      f"target {h['target']} (paper 20/21): {'MET' if h['target_met'] else 'NOT MET'}")
     lines.append("train/eval seconds per seed (shared, loaded 2-core machine): "
                  + ", ".join(f"{v} {f['train_s'][v]['mean']:.0f}/{f['eval_s'][v]['mean']:.0f}" for v in f["train_s"]))

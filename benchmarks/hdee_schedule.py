@@ -2,8 +2,9 @@
 
 The paper's protocol (arXiv 2502.19385; the released configs, gensyn-ai/hdee `configs/hdee_3_iterations`),
 and what this run does with it:
-  - one seed, trained far longer than a domain phase (paper 20k : 400 steps, 50:1); here one
-    `seed_steps`-step seed shared by every plan, budget and seed (1600 : 8/16/32 = 200/100/50 : 1);
+  - one seed on general text disjoint from the expert domains (paper: OpenWebText; here the offline
+    corpus's `general` domain, packages' README/NEWS prose), trained far longer than a domain phase
+    (paper 20k : 400 steps, 50:1); here one `seed_steps`-step seed shared by every plan, budget and seed;
   - each domain phase is continued pre-training at the seed's lr / 10 with a short warm-up (paper
     6e-5 -> 3e-5 after 50 of 600 steps; here 2e-4 -> 1e-4, warm-up 1/8 of the homogeneous steps),
     `conf/hdee_plan/*_schedule.yaml`'s expert_optim;
@@ -17,28 +18,39 @@ and what this run does with it:
     identical configs are trained once and shared by both plans (the iteration-0 runs and the 4-share
     lane), and the first job trains the 4-share lane again to check that the shared run is bit-equal;
   - lanes hold disjoint domains; difficulty rule: the seed's validation loss per domain. The six
-    training domains are ranked by it, easiest first, and taken two per lane in rank order (the
+    expert domains are ranked by it, easiest first, and taken two per lane in rank order (the
     easier first); the lane with the two easiest gets the 3-share last phase, the hardest the 5-share.
     python_tests is held out (no seed or expert trains on it).
 Every seed and expert run goes through the library's job path (`hdee.train.run_stage` ->
 `common.pretrain.run_pretraining`), and the ensembles through `hdee.evaluate.EnsembleScorer`.
 Seeds (`--seeds`) change the experts' data order (train.seed), not the seed model.
 
-Statistics per budget: per-seed raw win counts over the 7 domains (the paper's statistic: het
-perplexity below homogeneous), the paired mean delta log-perplexity over domains (het - homogeneous;
-negative favours het) as mean +- std over seeds, a two-sided exact sign test over all (domain, seed)
-pairs (not independent across seeds: they share the domains), and the trend of the mean delta over
-the budgets (least-squares slope per doubling of the steps).
+Specialisation gate, before any plan comparison: on each of its lane's domains, each plan's final
+expert must beat the seed (test log-perplexity, seed minus expert) by more than `gate_factor` (10) x
+the seed-to-seed noise, the std over training seeds of that expert's log-perplexity on the domain.
+A budget whose experts fail it is reported, and its plan comparison is marked inadmissible.
+
+Structural ties: a domain whose lane's final expert is the same run in both plans (the 4-share lane:
+its whole chain is configured alike, trained once and shared) differs between plans only through the
+other experts' weights, so it leaves the win counts, the mean delta and the sign test.
+
+Statistics per budget over the remaining domains: per-seed win counts (het perplexity below
+homogeneous), the paired mean delta log-perplexity over domains (het - homogeneous; negative
+favours het) as mean +- std over seeds, a two-sided exact sign test over all (domain, seed) pairs
+(not independent across seeds: they share the domains), and the trend of the mean delta over the
+budgets (least-squares slope per doubling of the steps). Target: each het plan wins >= 80 % of the
+counted domains on every seed, with the gate passed.
 
 Departures (also in the TXT): a ~0.9M-param byte Llama and ~200 kB per domain (paper 90-135M
-params on M2D2/S2ORC/Wiki corpora); the seed trains on the six training domains (paper: OpenWebText,
-disjoint from the domains; this corpus has no general-text domain); 2 domain iterations per lane
+params on M2D2/S2ORC/Wiki corpora); the seed's general text is ~200 kB of packages' README/NEWS prose
+(paper: OpenWebText); 2 domain iterations per lane
 (paper 3); 3 experts; one seed model (seeds vary the experts' data order only); 16 test blocks of
 128 bytes per domain; het_sizes not run (it needs one long seed per width, three times the seed
-compute). Cost: about an hour on 2 shared cores (the seed ~25 min, each seed's three budgets ~12 min).
+compute).
 
-    python -m benchmarks.hdee_schedule                        # 3 budgets x 3 seeds
-    python -m benchmarks.hdee_schedule --budgets 8 --seeds 1 --seed-steps 40 --allow-dirty   # smoke
+    python -m benchmarks.hdee_schedule --seed-steps 80 --budgets 8 --parallel 3   # the committed run (sized to a load of ~30 on 2 cores)
+    python -m benchmarks.hdee_schedule --budgets 8,16,32      # the trend over budgets (3x the cost)
+    python -m benchmarks.hdee_schedule --budgets 8 --seeds 2 --seed-steps 40 --allow-dirty   # smoke
 """
 
 from __future__ import annotations
@@ -61,8 +73,10 @@ from benchmarks.harness import Harness, fmt, header, mean_std, config_parser, pa
 from decentrain.algorithms.common.trainer import evaluate
 from decentrain.algorithms.hdee.config import check_plan, hdee_config_from_dict
 from decentrain.algorithms.hdee.evaluate import EnsembleScorer
-from decentrain.algorithms.hdee.plan import LaneConfig
+from decentrain.algorithms.hdee.config import eval_domains
+from decentrain.algorithms.hdee.plan import LaneConfig, run_name
 from decentrain.algorithms.hdee.train import model_dir, run_stage
+from decentrain.core.ensemble import token_logprobs
 from decentrain.config import register_hdee_configs
 from decentrain.core.world import World
 from decentrain.data.blocks import build_corpus
@@ -73,12 +87,13 @@ PLANS = ("homogeneous", "het_steps")
 SHARES = (3, 4, 5)  # the paper's 300/400/500
 HELD_OUT = "python_tests"
 PRIMARY = "cached"
+TARGET_SHARE = 0.8
 DEPARTURES = [
     "~0.9M-param byte-level Llama, ~200 kB per domain (paper: 90-135M params, M2D2/S2ORC/Wiki corpora)",
-    "the seed trains on the six training domains (paper: OpenWebText, disjoint from the domains; no general-text domain here)",
+    "the seed trains on ~200 kB of packages' README/NEWS prose (the corpus's `general` domain; paper: OpenWebText), disjoint from the expert domains",
     "2 domain iterations per lane (paper 3), 3 experts, 7 evaluated domains (6 trained + python_tests held out; paper 9 trained)",
     "one seed model; seeds vary the experts' data order only",
-    "16 test blocks of 128 bytes per domain; the cached prior sees up to 100 validation blocks",
+    "16 test blocks of 128 bytes per domain; the cached prior sees 32 validation blocks (paper: 100 sequences)",
     "het_sizes not run (one long seed per width: three times the seed compute)",
 ]
 
@@ -86,10 +101,13 @@ DEPARTURES = [
 @dataclass
 class BenchConfig:
     seed_steps: int = 1600  # >= 50:1 against every budget's domain phase, as the paper's 20k:400
-    budgets: str = "8,16,32"  # homogeneous steps per domain; het_steps gets 3:4:5 shares of the same total
+    seed_domains: str = "general"  # the seed's text, disjoint from the expert domains (comma-separated)
+    budgets: str = "16"  # homogeneous steps per domain; het_steps gets 3:4:5 shares of the same total
+    gate_factor: float = 10.0  # each expert beats the seed on its domains by > this x the seed-to-seed noise
     schedule_factor: float = 1.5  # the shared cosine spans this x the homogeneous steps (paper 600 / 400)
     warmup_fraction: float = 0.125  # of the homogeneous steps (paper 50 / 400)
     eval_max_blocks: int = 16  # test blocks per domain
+    prior_sequences: int = 32  # validation sequences the cached prior sees (paper: 100; the prior dominates the eval cost)
     work_dir: str = "runs/bench/hdee_schedule"
 
 
@@ -101,7 +119,13 @@ def _compose(overrides: list[str]):
 
 def base_config(b: BenchConfig, ensemble_dir: Path, seed: int = 0):
     return _compose(["hdee_plan=homogeneous_schedule", f"ensemble_dir={ensemble_dir}", f"train.seed={seed}",
-                     f"plan.seeds.0.steps={b.seed_steps}", f"eval.max_blocks={b.eval_max_blocks}"])
+                     f"plan.seeds.0.steps={b.seed_steps}", f"plan.seeds.0.domains=[{b.seed_domains}]",
+                     f"eval.max_blocks={b.eval_max_blocks}", f"eval.prior_sequences={b.prior_sequences}"])
+
+
+def expert_domains(cfg) -> list[str]:
+    """The domains experts train on: every evaluated domain but the held-out one and the seed's."""
+    return [d for d in eval_domains(cfg) if d != HELD_OUT and d not in cfg.plan.seeds[0].domains]
 
 
 def final_phase_steps(budget: int, variant: str) -> list[int]:
@@ -144,8 +168,19 @@ def _same_weights(a: Path, b: Path) -> bool:
     return x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x)
 
 
+@torch.no_grad()
+def test_logppl(model, blocks: torch.Tensor, batch: int = 16) -> float:
+    """Test log-perplexity as EnsembleScorer counts it: minus the summed token log-prob over all tokens."""
+    total, tokens = 0.0, 0
+    for b in blocks.split(batch):
+        lp = token_logprobs(model, b)
+        total, tokens = total + lp.double().sum().item(), tokens + lp.numel()
+    return -total / tokens
+
+
 def train_seed_model(b: BenchConfig) -> dict:
-    """The shared seed (trained once), and its validation loss per training domain: the difficulty ranking."""
+    """The shared seed (trained once), its validation loss per expert domain (the difficulty ranking) and
+    its test log-perplexity on every evaluated domain (the specialisation gate's reference)."""
     cfg = base_config(b, ROOT / b.work_dir / "seed_model")
     shutil.rmtree(cfg.ensemble_dir, ignore_errors=True)  # only the harness cache resumes: never another config's seed
     with contextlib.redirect_stdout(io.StringIO()):
@@ -155,9 +190,13 @@ def train_seed_model(b: BenchConfig) -> dict:
     mcfg = ModelConfig(**{**asdict(cfg.model), "pretrained": str(path), "tokenizer": str(path)})
     tok = build_tokenizer(mcfg)
     model = build_model(mcfg, tok)
-    corpus = build_corpus(dataclasses.replace(cfg.data, domains=list(seed.domains)), tok)
-    val_loss = evaluate(model, {d: corpus.split("val", d) for d in seed.domains}, 16, torch.device("cpu"))
-    return {"path": str(path), "val_loss": {d: float(v) for d, v in val_loss.items()}}
+    model.eval()
+    corpus = build_corpus(dataclasses.replace(cfg.data, domains=eval_domains(cfg)), tok)
+    val_loss = evaluate(model, {d: corpus.split("val", d) for d in expert_domains(cfg)}, 16, torch.device("cpu"))
+    test = {d: test_logppl(model, corpus.split(cfg.eval.split, d)[: b.eval_max_blocks or None], cfg.eval.batch_size)
+            for d in eval_domains(cfg)}
+    return {"path": str(path), "domains": list(seed.domains), "val_loss": {d: float(v) for d, v in val_loss.items()},
+            "test_logppl": test}
 
 
 def lanes_by_difficulty(val_loss: dict[str, float]) -> list[list[str]]:
@@ -181,6 +220,7 @@ def run_job(job: dict) -> dict:
     cfgs = {v: plan_config(b, v, budget, job["lanes"], seed) for v in PLANS}
     shared = shared_runs(cfgs["homogeneous"], cfgs["het_steps"])
     out: dict = {"perplexity": {}, "experts": {}, "train_s": {}, "shared_runs": shared,
+                 "tied_domains": tied_domains(cfgs["homogeneous"], shared),
                  "vs_baseline": {v: check_plan(c) for v, c in cfgs.items()}}  # matched compute, before training
     for v, cfg in cfgs.items():
         shutil.rmtree(cfg.ensemble_dir, ignore_errors=True)  # only the harness cache resumes
@@ -202,6 +242,33 @@ def run_job(job: dict) -> dict:
     return out
 
 
+def tied_domains(cfg, shared: list[str]) -> list[str]:
+    """Domains whose lane's final expert is one shared run in both plans: structural ties."""
+    finals = cfg.plan.final_experts()
+    return [d for k, lane in enumerate(cfg.plan.lanes) if finals[k] in shared for d in lane.domains]
+
+
+def specialisation(runs: list[dict], seed_logppl: dict[str, float], lanes: list[list[str]], factor: float) -> dict:
+    """Per plan, lane and domain: the final expert's gain over the seed (seed minus expert test log-ppl,
+    mean over seeds), the seed-to-seed noise (std over training seeds of the expert's log-ppl) and
+    whether gain > factor x noise. Every expert must pass before the plans are compared."""
+    out: dict = {"factor": factor, "per_plan": {}, "passed": True}
+    for v in PLANS:
+        rows = []
+        for k, domains in enumerate(lanes):
+            name = run_name(k, len(domains) - 1, "M")
+            for d in domains:
+                lp = [math.log(r["experts"][v][d][name]) for r in runs]
+                gain = [seed_logppl[d] - x for x in lp]
+                noise = float(np.std(lp, ddof=1)) if len(lp) > 1 else float("nan")
+                ok = bool(len(lp) > 1 and np.mean(gain) > factor * noise)
+                rows.append({"lane": k, "expert": name, "domain": d, "gain": mean_std(gain), "noise": noise,
+                             "gain_over_noise": float(np.mean(gain) / noise) if noise > 0 else None, "passed": ok})
+                out["passed"] &= ok
+        out["per_plan"][v] = rows
+    return out
+
+
 def sign_test(deltas: list[float]) -> dict:
     """Two-sided exact sign test of the deltas against 0 (ties dropped)."""
     neg, pos = sum(d < 0 for d in deltas), sum(d > 0 for d in deltas)
@@ -212,16 +279,22 @@ def sign_test(deltas: list[float]) -> dict:
 
 
 def budget_stats(runs: list[dict], weighting: str) -> dict:
+    """Paired het - homogeneous statistics; structural ties (`tied_domains`) are shown per domain but
+    count as neither a win nor a loss: they leave the win counts, the mean delta and the sign test."""
     domains = list(runs[0]["perplexity"]["homogeneous"])
-    dlog = [[math.log(r["perplexity"]["het_steps"][d][weighting]) - math.log(r["perplexity"]["homogeneous"][d][weighting])
-             for d in domains] for r in runs]  # [seed][domain]
+    tied = set(runs[0].get("tied_domains", []))
+    dlog = [{d: math.log(r["perplexity"]["het_steps"][d][weighting]) - math.log(r["perplexity"]["homogeneous"][d][weighting])
+             for d in domains} for r in runs]  # [seed]{domain}
+    counted = [d for d in domains if d not in tied]
+    rows = [[row[d] for d in counted] for row in dlog]
     return {
-        "domains": domains,
-        "wins_per_seed": [sum(x < 0 for x in row) for row in dlog],
-        "mean_dlogppl_per_seed": [float(np.mean(row)) for row in dlog],
-        "mean_dlogppl": mean_std([float(np.mean(row)) for row in dlog]),
-        "dlogppl_per_domain": {d: mean_std([row[i] for row in dlog]) for i, d in enumerate(domains)},
-        "sign_test": sign_test([x for row in dlog for x in row]),
+        "domains": domains, "counted_domains": counted, "tied_domains": sorted(tied),
+        "wins_per_seed": [sum(x < 0 for x in row) for row in rows],
+        "win_share_per_seed": [sum(x < 0 for x in row) / len(row) if row else None for row in rows],
+        "mean_dlogppl_per_seed": [float(np.mean(row)) for row in rows],
+        "mean_dlogppl": mean_std([float(np.mean(row)) for row in rows]),
+        "dlogppl_per_domain": {d: mean_std([row[d] for row in dlog]) for d in domains},
+        "sign_test": sign_test([x for row in rows for x in row]),
     }
 
 
@@ -243,21 +316,27 @@ def main() -> None:
     for s in budgets:
         runs = [r for j, r in zip(jobs, res) if j["budget"] == s]
         weightings = list(next(iter(runs[0]["perplexity"]["homogeneous"].values())))
-        per_budget[str(s)] = {"stats": {w: budget_stats(runs, w) for w in weightings},
+        stats = {w: budget_stats(runs, w) for w in weightings}
+        gate = specialisation(runs, seed_job["test_logppl"], lanes, b.gate_factor)
+        shares = stats[PRIMARY]["win_share_per_seed"]
+        per_budget[str(s)] = {"specialisation": gate, "stats": stats,
+                              "target_met": gate["passed"] and all(x is not None and x >= TARGET_SHARE for x in shares),
                               "per_seed_perplexity": [r["perplexity"] for r in runs],
                               "per_seed_experts": [r["experts"] for r in runs],
                               "vs_baseline": runs[0]["vs_baseline"],
                               "train_s": {v: mean_std([r["train_s"][v] for r in runs]) for v in PLANS}}
     means = [per_budget[str(s)]["stats"][PRIMARY]["mean_dlogppl"]["mean"] for s in budgets]
     slope = float(np.polyfit(np.log2(budgets), means, 1)[0]) if len(budgets) > 1 else None
-    figures = {"seed_val_loss": seed_job["val_loss"], "lanes": [{"domains": ds, "share": sh} for ds, sh in zip(lanes, SHARES)],
+    figures = {"seed_domains": seed_job["domains"], "seed_test_logppl": seed_job["test_logppl"],
+               "seed_val_loss": seed_job["val_loss"], "lanes": [{"domains": ds, "share": sh} for ds, sh in zip(lanes, SHARES)],
                "held_out": HELD_OUT, "primary": PRIMARY, "per_budget": per_budget,
                "trend": {"budgets": budgets, "mean_dlogppl": means, "slope_per_doubling": slope},
                "shared_runs": res[0]["shared_runs"],
                "shared_run_check": next((r["shared_run_check"] for r in res if "shared_run_check" in r), None),
                "final_phase_steps": {str(s): {v: final_phase_steps(s, v) for v in PLANS} for s in budgets},
                "departures": DEPARTURES,
-               "target": "each het plan wins >= 80% of domains per seed with a negative paired mean delta log-ppl"}
+               "target": f"every expert beats the seed by > {b.gate_factor:g}x the seed-to-seed noise on its domains; then "
+                         f"het_steps wins >= {TARGET_SHARE:.0%} of the non-tied domains on every seed"}
     paths = hz.write(figures, text, plot)
     print(paths["txt"].read_text())
 
@@ -278,14 +357,36 @@ def text(rec: dict) -> str:
              "lanes (ranked by the seed's validation loss, easiest first): " + "; ".join(
                  f"{lane['share']} shares: " + " -> ".join(f"{d} ({f['seed_val_loss'][d]:.3f})" for d in lane["domains"]) for lane in f["lanes"])
              + f"; held out: {f['held_out']}", "",
-             "departures from the paper's protocol: " + "; ".join(f.get("departures", [])), "",
-             f"het_steps vs homogeneous, weighting {w}: delta log-perplexity (het - homogeneous; < 0 favours het)",
-             "| steps/domain (hom; het 3:4:5) | wins per seed (of 7) | paired mean delta log-ppl over domains | sign test het better/worse, p |",
-             "|---|---|---|---|"]
+             "departures from the paper's protocol: " + "; ".join(f.get("departures", [])), ""]
+    if "seed_test_logppl" in f:
+        lines.append(f"seed trained on {f['seed_domains']}; its test log-ppl: "
+                     + ", ".join(f"{d} {v:.3f}" for d, v in f["seed_test_logppl"].items()))
+    for s, r in f["per_budget"].items():
+        g = r.get("specialisation")
+        if not g:
+            continue
+        lines += ["", f"specialisation gate, budget {s}: expert gain over the seed on its own domains (seed - expert test "
+                      f"log-ppl, mean ± std over seeds) against {g['factor']:g}x the seed-to-seed noise (std over training "
+                      f"seeds of the expert's log-ppl): {'PASSED' if g['passed'] else 'FAILED, the plan comparison below is inadmissible'}",
+                  "| plan | expert | domain | gain | noise | gain / noise | passed |", "|---|---|---|---|---|---|---|"]
+        for v, rows in g["per_plan"].items():
+            for x in rows:
+                ratio = "-" if x["gain_over_noise"] is None else f"{x['gain_over_noise']:.0f}"
+                lines.append(f"| {v} | {x['expert']} | {x['domain']} | {fmt(x['gain'], 4)} | {x['noise']:.4f} | {ratio} | {x['passed']} |")
+    lines += ["", f"het_steps vs homogeneous, weighting {w}: delta log-perplexity (het - homogeneous; < 0 favours het); "
+                  "structural ties (the lane whose final expert is one run in both plans) leave the counts and the test",
+              "| steps/domain (hom; het 3:4:5) | ties dropped | wins per seed (of counted) | paired mean delta log-ppl over counted | "
+              "sign test het better/worse, p | mean delta detectable (n seeds, paired t, 5%) | target |",
+              "|---|---|---|---|---|---|---|"]
     for s, r in f["per_budget"].items():
         st = r["stats"][w]
         t = st["sign_test"]
-        lines.append(f"| {s} | {st['wins_per_seed']} | {fmt(st['mean_dlogppl'], 4)} | {t['het_better']}/{t['het_worse']}, p={t['p_two_sided']:.3f} |")
+        n = len(st["wins_per_seed"])
+        detect = _detectable(st["mean_dlogppl"])
+        lines.append(f"| {s} | {st.get('tied_domains', [])} | {st['wins_per_seed']} of {len(st.get('counted_domains', st['domains']))} | "
+                     f"{fmt(st['mean_dlogppl'], 4)} | {t['het_better']}/{t['het_worse']}, p={t['p_two_sided']:.3f} | "
+                     f"{'-' if detect is None else f'|delta| > {detect:.4f} (n={n})'} | "
+                     f"{'-' if 'target_met' not in r else 'MET' if r['target_met'] else 'NOT MET'} |")
     tr = f["trend"]
     lines += ["", "trend of the mean delta over budgets: " + ", ".join(f"{s}: {m:+.4f}" for s, m in zip(tr["budgets"], tr["mean_dlogppl"]))
               + (f"; slope {tr['slope_per_doubling']:+.4f} per doubling of steps" if tr["slope_per_doubling"] is not None else ""),
@@ -303,6 +404,14 @@ def text(rec: dict) -> str:
     return "\n".join(lines)
 
 
+def _detectable(ms: dict) -> float | None:
+    """The paired mean delta a two-sided 5 % t-test on these seeds would just call: t_(0.975, n-1) x std / sqrt(n)."""
+    from scipy.stats import t
+
+    n = ms["n"]
+    return float(t.ppf(0.975, n - 1) * ms["std"] / math.sqrt(n)) if n > 1 else None
+
+
 def plot(rec: dict, png: Path) -> None:
     import matplotlib.pyplot as plt
 
@@ -318,7 +427,8 @@ def plot(rec: dict, png: Path) -> None:
         a.bar(x + (i - (len(budgets) - 1) / 2) * width, [d[k]["mean"] for k in domains], yerr=[d[k]["std"] for k in domains],
               width=width, capsize=2, label=f"{s} steps/domain")
     a.axhline(0, color="k", lw=0.8)
-    a.set_xticks(x, [d + (" (HO)" if d == f["held_out"] else "") for d in domains], rotation=45, ha="right")
+    tied = set(f["per_budget"][budgets[0]]["stats"][w].get("tied_domains", []))
+    a.set_xticks(x, [d + (" (HO)" if d == f["held_out"] else "") + (" (tie)" if d in tied else "") for d in domains], rotation=45, ha="right")
     a.set_ylabel(f"delta log-ppl het_steps - homogeneous ({w})")
     a.legend(fontsize=7)
     m = [f["per_budget"][s]["stats"][w]["mean_dlogppl"] for s in budgets]

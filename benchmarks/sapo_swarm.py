@@ -5,8 +5,20 @@ split and seed, a collective swarm of N nodes started by the ordinary recipe
 (`python -m recipes.rl`), all from that checkpoint, for the same number of rounds. Seeds change
 the RL run (question draws, sampling, node seeds), not the warm start. A node's reward per round
 is the mean verifier reward of its own G completions; its cumulative reward is the sum over
-rounds; a run's figure is the sum over its nodes. The headline is 4/4 over 8/0 per seed
-(paired by seed), mean ± std over seeds; target >= 1.5x (paper: 1093.31 / 561.79 = 1.95x).
+rounds; a run's figure is the sum over its nodes.
+
+Primary figures (they measure learning): the nodes' own-rollout reward, and held-out greedy
+accuracy, the mean of the last 3 evaluations after the start (every task, and per task where the
+run logged them), its gain over the start, and 4/4's gain over 8/0's, paired by seed; target
+(issue 18): 4/4's held-out gain >= 1.5x 8/0's.
+
+Secondary: the paper's statistic, the batch-mean cumulative reward (genrl's train/rewards, external
+groups included). It rises by selection alone: kept external groups passed the zero-advantage
+filter, so they hold a correct answer more often than a node's own. Beside it, what selection
+alone gives with no learning, from the run's own per-round data: the batch ratio to 8/0 if the
+nodes' own reward stayed at 8/0's, (I + J rho) / (I + J), with rho = the run's reward per
+external completion over its reward per own completion. The batch mean is never a match with
+the paper: the paper's ratio is the same selection on another policy.
 
 Every knob (lr, task mix, warm start, G, rounds) is the same for every split: only I/J differ.
 Diagnostics, per split and over rounds: the share of local groups with mixed rewards (the groups
@@ -22,6 +34,7 @@ interrupted benchmark resumes the unfinished run where it stopped.
     python -m benchmarks.sapo_swarm --rounds 30                      # the committed result (90 min on 2 loaded cores)
     python -m benchmarks.sapo_swarm --splits 8/0,4/4                 # the headline pair only
     python -m benchmarks.sapo_swarm --nodes 2 --rounds 3 --sft-steps 20 --seeds 1 --allow-dirty   # smoke run
+    python -m benchmarks.sapo_swarm --regenerate                     # re-analyse the committed JSON's per-run data (no runs)
 """
 
 from __future__ import annotations
@@ -37,7 +50,8 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.harness import Harness, config_key, fmt, header, mean_std, config_parser, parse_config
+from benchmarks.harness import Harness, config_key, config_parser, fmt, header, mean_std, parse_config, reanalyse
+from benchmarks.results_io import RESULTS
 
 ROOT = Path(__file__).resolve().parents[1]
 PAPER = {"8/0": 561.79, "6/2": 854.43, "4/4": 1093.31, "2/6": 945.87}
@@ -137,6 +151,9 @@ def run_job(job: dict) -> dict:
             "reward": col("reward"),
             "batch_reward": col("batch_reward"),  # genrl's train/rewards: mean over the training batch
             "heldout": {int(r["step"]): r["heldout_greedy/mean"] for r in all_rows if "heldout_greedy/mean" in r},
+            "heldout_tasks": {int(r["step"]): {k.split("/", 1)[1]: v for k, v in r.items()
+                                               if k.startswith("heldout_greedy/") and k != "heldout_greedy/mean"}
+                              for r in all_rows if "heldout_greedy/mean" in r},
             "local_groups": col("local_groups"),
             "local_mixed_groups": col("local_mixed_groups"),
             "external_received": col("external_received"),
@@ -171,6 +188,35 @@ def drawdowns(curve: np.ndarray, window: int | None = None) -> dict[str, float]:
     return {"max_drawdown": float((peak - s).max()), "total_fall": float(falls.sum()), "total_rise": float(np.clip(np.diff(s), 0, None).sum())}
 
 
+LAST_EVALS = 3  # held-out accuracy: the mean of the last 3 evaluations after the start
+
+
+def last_evals_mean(curve: dict, steps: list[int], k: int = LAST_EVALS) -> float:
+    """Mean of a node's held-out accuracy at the last k evaluation steps after the start (step 0)."""
+    after = [s for s in steps if s > 0][-k:] or steps[-1:]
+    return float(np.mean([curve.get(s, curve.get(str(s))) for s in after]))
+
+
+def external_reward_rate(nodes: dict) -> float | None:
+    """Reward per external completion the nodes trained on, pooled over rounds and nodes.
+
+    A round's batch mean covers L own groups (the reward the node logs for them) and E external ones,
+    all of G completions: batch x (L + E) = own x L + external x E."""
+    num, den = 0.0, 0.0
+    for v in nodes.values():
+        for b, r, l, e in zip(v["batch_reward"], v["reward"], v["local_groups"], v["external_groups"]):
+            if e > 0:
+                num += b * (l + e) - r * l
+                den += e
+    return num / den if den else None
+
+
+def selection_only_ratio(i: int, j: int, own_rate: float, external_rate: float | None) -> float:
+    """Batch-mean ratio to 8/0 with no learning: own reward at 8/0's, external groups at rho x it."""
+    rho = external_rate / own_rate if external_rate is not None and own_rate > 0 else 1.0
+    return (i + j * rho) / (i + j)
+
+
 def summarize_run(run: dict, num_external: int) -> dict:
     nodes = run["nodes"]
     reward = np.array([v["reward"] for v in nodes.values()])  # [nodes, rounds]
@@ -185,7 +231,20 @@ def summarize_run(run: dict, num_external: int) -> dict:
     batch = np.array([v["batch_reward"] for v in nodes.values()])
     steps = sorted(set.intersection(*(set(int(k) for k in v["heldout"]) for v in nodes.values())))
     heldout = np.array([[v["heldout"].get(k, v["heldout"].get(str(k))) for k in steps] for v in nodes.values()])  # [nodes, evals]
+    last = np.array([last_evals_mean(v["heldout"], steps) for v in nodes.values()])
+    tasks = {}
+    if all(v.get("heldout_tasks") for v in nodes.values()):
+        names = sorted(next(iter(next(iter(nodes.values()))["heldout_tasks"].values())))
+        for t in names:
+            curves = [{int(k): x[t] for k, x in v["heldout_tasks"].items()} for v in nodes.values()]
+            tasks[t] = {"start": float(np.mean([c[steps[0]] for c in curves])),
+                        "last3": float(np.mean([last_evals_mean(c, steps) for c in curves]))}
+            tasks[t]["gain"] = tasks[t]["last3"] - tasks[t]["start"]
+    ext_rate = external_reward_rate(nodes) if num_external else None
     return {
+        "own_reward_rate": float(reward.mean()), "external_reward_rate": ext_rate,
+        "heldout_last3": float(last.mean()), "heldout_last3_gain": float((last - heldout[:, 0]).mean()),
+        "heldout_last3_steps": [s for s in steps if s > 0][-LAST_EVALS:], "heldout_tasks": tasks,
         "batch_cumulative_reward": float(batch.sum()),  # the paper's statistic (genrl's train/rewards, summed)
         "heldout_steps": steps, "heldout_per_eval": heldout.mean(0).round(4).tolist(),
         "heldout_start": float(heldout[:, 0].mean()), "heldout_final": float(heldout[:, -1].mean()),
@@ -228,7 +287,16 @@ def analyze(b: BenchConfig, seeds: list[int], runs: dict[tuple[str, int], dict])
     out: dict = {"splits": {}}
     for sp in splits:
         rs = per[sp]
+        i, j = (int(x) for x in sp.split("/"))
         out["splits"][sp] = {
+            "own_reward_rate": mean_std([r["own_reward_rate"] for r in rs]),
+            "heldout_last3": mean_std([r["heldout_last3"] for r in rs]),
+            "heldout_last3_gain": mean_std([r["heldout_last3_gain"] for r in rs]),
+            "heldout_last3_steps": rs[0]["heldout_last3_steps"],
+            "heldout_tasks": {t: {k: mean_std([r["heldout_tasks"][t][k] for r in rs]) for k in ("start", "last3", "gain")}
+                              for t in rs[0]["heldout_tasks"]} if all(r["heldout_tasks"] for r in rs) else {},
+            "external_reward_rate": mean_std([r["external_reward_rate"] for r in rs]) if j else None,
+            "selection_only_batch_ratio": mean_std([selection_only_ratio(i, j, r["own_reward_rate"], r["external_reward_rate"]) for r in rs]),
             "batch_cumulative_reward": mean_std([r["batch_cumulative_reward"] for r in rs]),
             "heldout_start": mean_std([r["heldout_start"] for r in rs]),
             "heldout_final": mean_std([r["heldout_final"] for r in rs]),
@@ -253,10 +321,12 @@ def analyze(b: BenchConfig, seeds: list[int], runs: dict[tuple[str, int], dict])
             out["splits"][sp]["ratio_to_8_0"] = mean_std(ratios)
             out["splits"][sp]["batch_ratio_to_8_0"] = mean_std(
                 [r["batch_cumulative_reward"] / base["batch_cumulative_reward"] for r, base in zip(rs, per["8/0"])])
-            # Held-out gain over 8/0's: a ratio of means (a per-seed ratio of small gains is unstable).
-            base_gain = np.mean([base["heldout_gain"] for base in per["8/0"]])
-            out["splits"][sp]["heldout_gain_ratio_to_8_0"] = float(np.mean([r["heldout_gain"] for r in rs]) / base_gain) if base_gain else None
-            out["splits"][sp]["paired_vs_8_0"] = {k: paired(rs, per["8/0"], k) for k in ("heldout_gain", "batch_cumulative_reward", "swarm_cumulative_reward")}
+            # Held-out gain (mean of the last 3 evaluations minus the start) over 8/0's: a ratio of means
+            # (a per-seed ratio of small gains is unstable).
+            base_gain = np.mean([base["heldout_last3_gain"] for base in per["8/0"]])
+            out["splits"][sp]["heldout_gain_ratio_to_8_0"] = float(np.mean([r["heldout_last3_gain"] for r in rs]) / base_gain) if base_gain else None
+            out["splits"][sp]["paired_vs_8_0"] = {k: paired(rs, per["8/0"], k) for k in
+                                                  ("heldout_last3_gain", "swarm_cumulative_reward", "batch_cumulative_reward")}
             diff = np.mean([np.array(r["mean_reward_per_round"]) - np.array(base["mean_reward_per_round"])
                             for r, base in zip(rs, per["8/0"])], 0)
             out["splits"][sp]["reward_minus_8_0_per_round"] = diff.round(5).tolist()
@@ -268,13 +338,20 @@ def analyze(b: BenchConfig, seeds: list[int], runs: dict[tuple[str, int], dict])
         out["ratio_4_4"] = out["splits"]["4/4"]["ratio_to_8_0"]
         out["batch_ratio_4_4"] = out["splits"]["4/4"]["batch_ratio_to_8_0"]
         out["heldout_gain_ratio_4_4"] = out["splits"]["4/4"]["heldout_gain_ratio_to_8_0"]
-        # Issue 18's target: 4/4's held-out accuracy gain >= 1.5x 8/0's.
+        out["selection_only_batch_ratio_4_4"] = out["splits"]["4/4"]["selection_only_batch_ratio"]
+        # Issue 18's target: 4/4's held-out accuracy gain (last-3 mean minus start) >= 1.5x 8/0's.
         out["target_met"] = out["heldout_gain_ratio_4_4"] is not None and out["heldout_gain_ratio_4_4"] >= TARGET
     return out
 
 
 def main() -> None:
-    b, nseeds, allow_dirty, fresh = parse_config(config_parser(BenchConfig, __doc__), BenchConfig)
+    ap = config_parser(BenchConfig, __doc__)
+    ap.add_argument("--regenerate", action="store_true",
+                    help="re-analyse benchmarks/results/sapo_swarm.json's per-run data (runs_raw) with this code; runs nothing")
+    b, nseeds, allow_dirty, fresh, regen = parse_config(ap, BenchConfig, "regenerate")
+    if regen:
+        print(regenerate(RESULTS / "sapo_swarm.json", allow_dirty)["txt"].read_text())
+        return
     seeds = list(range(nseeds))
     splits = b.splits.split(",")
     hz = Harness("sapo_swarm", __file__, {"bench": asdict(b), "seeds": seeds, "sft_overrides": sft_overrides(b),
@@ -288,114 +365,178 @@ def main() -> None:
     jobs = [{"bench": asdict(b), "split": sp, "seed": s, "model_dir": model_rel} for s in seeds for sp in splits]
     results = hz.run_jobs(jobs, run_job, desc=f"sapo swarm ({b.nodes} nodes x {b.rounds} rounds)")
     runs = {(j["split"], j["seed"]): r for j, r in zip(jobs, results)}
-    acc = sft["accuracy"]
-    prompts = sum(a["prompts"] for a in acc.values())
-    figures = {
-        "sft": {**sft, "wall_s_this_invocation": sft_wall,
-                "start_sampled_accuracy": float(np.mean([a["sampled_accuracy"] for a in acc.values()])),
-                "start_mixed_share_g8": sum(a["mixed_groups"] for a in acc.values()) / prompts},
-        **analyze(b, seeds, runs),
-        "paper_cumulative_reward": PAPER, "target": f"4/4 >= {TARGET}x 8/0 (mean over seeds)",
-        "runs_raw": {f"{sp}/seed{s}": runs[sp, s] for s in seeds for sp in splits},
-    }
+    figures = {"sft": {**sft_figures(sft), "wall_s_this_invocation": sft_wall}, **analyze(b, seeds, runs),
+               "paper_cumulative_reward": PAPER, "target": TARGET_TEXT,
+               "runs_raw": {f"{sp}/seed{s}": runs[sp, s] for s in seeds for sp in splits}}
     paths = hz.write(figures, text, plot)
     print(paths["txt"].read_text())
+
+
+TARGET_TEXT = f"4/4's held-out gain (last-3 mean minus start) >= {TARGET}x 8/0's (ratio of means over seeds)"
+
+
+def sft_figures(sft: dict) -> dict:
+    acc = sft["accuracy"]
+    prompts = sum(a["prompts"] for a in acc.values())
+    return {**sft, "start_sampled_accuracy": float(np.mean([a["sampled_accuracy"] for a in acc.values()])),
+            "start_mixed_share_g8": sum(a["mixed_groups"] for a in acc.values()) / prompts}
+
+
+def regenerate(path: Path, allow_dirty: bool = False) -> dict[str, Path]:
+    """Re-analyse a committed result from its own per-run data (runs_raw); the runs' provenance is kept."""
+    def figures(rec: dict) -> dict:
+        b, seeds, raw = BenchConfig(**rec["config"]["bench"]), rec["config"]["seeds"], rec["figures"]["runs_raw"]
+        runs = {(sp, s): raw[f"{sp}/seed{s}"] for s in seeds for sp in b.splits.split(",")}
+        sft = {k: v for k, v in rec["figures"]["sft"].items() if k not in ("start_sampled_accuracy", "start_mixed_share_g8")}
+        return {"sft": sft_figures(sft), **analyze(b, seeds, runs), "paper_cumulative_reward": PAPER, "target": TARGET_TEXT,
+                "runs_raw": raw}
+
+    return reanalyse(path, figures, text, plot, allow_dirty)
+
+
+def _x(ms: dict | None, digits: int = 2) -> str:
+    return "1" if ms is None else f"{fmt(ms, digits)}x"
+
+
+def _p(v: dict) -> str:
+    return f", paired t={v['t']:.2f} p={v['p']:.3f}" if "t" in v else ""
 
 
 def text(rec: dict) -> str:
     f, b = rec["figures"], rec["config"]["bench"]
     sft = f["sft"]
-    lines = [header(rec), "",
-             f"{b['nodes']} nodes x {b['rounds']} rounds, G=8, RL task mix conf/task/{b.get('rl_task', b['task'])}.yaml (warm start on "
-             f"conf/task/{b['task']}.yaml), exact-match reward, T={b['temperature']}, "
-             f"top-k off, RL lr {b['lr']}, max_new_tokens {b['max_new_tokens']}, seeds {rec['config']['seeds']}",
-             f"warm start: {sft['steps']} SFT steps; sampled accuracy " + ", ".join(
-                 f"{t} {a['sampled_accuracy']:.1%}" for t, a in sft["accuracy"].items())
-             + f" (mean {sft['start_sampled_accuracy']:.1%}, T=1); prompts with mixed rewards at G=8: {sft['start_mixed_share_g8']:.1%}",
-             f"RL start (first 5 rounds of every run, T={b['temperature']}): exact accuracy "
-             + (fmt(f["rl_start"]["accuracy"], 3) if f["rl_start"]["accuracy"] else "-")
-             + f", share of local groups with mixed rewards {fmt(f['rl_start']['local_mixed_share'], 3)}", "",
-             "| I/J | swarm cum. reward | per node | ratio to 8/0 (per seed) | paper | local mixed | ext. signal | ext. used/round | "
-             "reward first 10 -> last 10% | max drawdown | round s |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    sp0 = next(iter(f["splits"].values()))
+    last = sp0.get("heldout_last3_steps", [])
+    lines = [header(rec)]
+    if rec.get("analysis_git_sha"):
+        lines.append(f"figures re-analysed from the committed per-run data at {rec['analysis_git_sha'][:12]} (runs made at {rec['git_sha'][:12]})")
+    lines += ["",
+              f"{b['nodes']} nodes x {b['rounds']} rounds, G=8, RL task mix conf/task/{b.get('rl_task', b['task'])}.yaml (warm start on "
+              f"conf/task/{b['task']}.yaml), exact-match reward, T={b['temperature']}, "
+              f"top-k off, RL lr {b['lr']}, max_new_tokens {b['max_new_tokens']}, seeds {rec['config']['seeds']}",
+              f"warm start: {sft['steps']} SFT steps; sampled accuracy " + ", ".join(
+                  f"{t} {a['sampled_accuracy']:.1%}" for t, a in sft["accuracy"].items())
+              + f" (mean {sft['start_sampled_accuracy']:.1%}, T=1); prompts with mixed rewards at G=8: {sft['start_mixed_share_g8']:.1%}",
+              f"RL start (first 5 rounds of every run, T={b['temperature']}): exact accuracy "
+              + (fmt(f["rl_start"]["accuracy"], 3) if f["rl_start"]["accuracy"] else "-")
+              + f", share of local groups with mixed rewards {fmt(f['rl_start']['local_mixed_share'], 3)}", "",
+              f"PRIMARY (learning): the nodes' own-rollout reward and held-out greedy accuracy (mean over nodes; 'last 3' = the "
+              f"mean of the last {LAST_EVALS} evaluations after the start, here rounds {last}; every task averaged)",
+              "| I/J | own reward per completion | own-rollout cum. reward | ratio to 8/0 | held-out start | held-out last 3 | "
+              "gain | gain / 8/0's | gain minus 8/0's (paired) |",
+              "|---|---|---|---|---|---|---|---|---|"]
     for sp, r in f["splits"].items():
-        ratio = r.get("ratio_to_8_0")
-        rtxt = f"{fmt(ratio, 2)}x ({', '.join(f'{v:.2f}' for v in ratio['values'])})" if ratio else "1"
-        paper = f"{PAPER[sp] / PAPER['8/0']:.2f}x" if sp in PAPER else "-"
-        ext = fmt(r["external_signal_share"], 2) if r["external_signal_share"] else "-"
-        t = np.mean([s["mean_round_time_s"]["round"] for s in r["per_seed"]])
-        lines.append(f"| {sp} | {fmt(r['swarm_cumulative_reward'], 1)} | {fmt(r['mean_cumulative_reward_per_node'], 1)} | {rtxt} | {paper} | "
-                     f"{fmt(r['local_mixed_share'], 2)} | {ext} | {fmt(r['external_used_per_round'], 2)} | "
-                     f"{r['reward_first_10']['mean']:.3f} -> {r['reward_last_10pct']['mean']:.3f} | {fmt(r['max_drawdown'], 3)} | {t:.2f} |")
-    lines += ["", "Side by side: the paper's cumulative reward (genrl's train/rewards: mean over the training batch, external "
-              "groups included, summed over rounds and nodes), the nodes' own-rollout reward, and held-out greedy accuracy "
-              "(mean over nodes, start -> final).",
-              "| I/J | paper's cum. reward (batch) | ratio to 8/0 (paper 8/0=1) | own-rollout cum. reward | ratio to 8/0 | held-out start -> final | held-out gain | gain / 8/0's |",
-              "|---|---|---|---|---|---|---|---|"]
-    for sp, r in f["splits"].items():
-        br, orr = r.get("batch_ratio_to_8_0"), r.get("ratio_to_8_0")
         gr = r.get("heldout_gain_ratio_to_8_0")
-        paper = f" (paper {PAPER[sp] / PAPER['8/0']:.2f}x)" if sp in PAPER else ""
-        lines.append(f"| {sp} | {fmt(r['batch_cumulative_reward'], 1)} | {(fmt(br, 2) + 'x') if br else '1'}{paper} | "
-                     f"{fmt(r['swarm_cumulative_reward'], 1)} | {(fmt(orr, 2) + 'x') if orr else '1'} | "
-                     f"{r['heldout_start']['mean']:.3f} -> {r['heldout_final']['mean']:.3f} | {fmt(r['heldout_gain'], 3)} | "
-                     f"{'-' if gr is None and sp == '8/0' else ('1' if sp == '8/0' else f'{gr:.2f}x' if gr is not None else 'n/a (8/0 gain 0)')} |")
+        pv = r.get("paired_vs_8_0", {}).get("heldout_last3_gain")
+        lines.append(f"| {sp} | {fmt(r['own_reward_rate'], 3)} | {fmt(r['swarm_cumulative_reward'], 1)} | {_x(r.get('ratio_to_8_0'))} | "
+                     f"{r['heldout_start']['mean']:.3f} | {fmt(r['heldout_last3'], 3)} | {fmt(r['heldout_last3_gain'], 3)} | "
+                     f"{'1' if sp == '8/0' else f'{gr:.2f}x' if gr is not None else 'n/a (8/0 gain 0)'} | "
+                     f"{'-' if pv is None else fmt(pv['diff'], 3) + _p(pv)} |")
+    tasks = sp0.get("heldout_tasks") or {}
+    if tasks:
+        lines += ["", "held-out per task (start -> last 3, gain):"]
+        for sp, r in f["splits"].items():
+            lines.append(f"  {sp}: " + "; ".join(f"{t} {v['start']['mean']:.3f} -> {v['last3']['mean']:.3f} ({v['gain']['mean']:+.3f})"
+                                               for t, v in r["heldout_tasks"].items()))
+    else:
+        lines += ["", "held-out per task: not in this run's data (the runs logged the mean over tasks only); later runs record each task"]
     for sp, r in f["splits"].items():
         if "paired_vs_8_0" in r:
-            parts = []
-            for k, v in r["paired_vs_8_0"].items():
-                test = f", paired t={v['t']:.2f} p={v['p']:.3f}" if "t" in v else ""
-                parts.append(f"{k} {fmt(v['diff'], 3)}{test}")
-            lines.append(f"{sp} minus 8/0 per seed (n={next(iter(r['paired_vs_8_0'].values()))['n']}): " + "; ".join(parts))
+            v = r["paired_vs_8_0"]["swarm_cumulative_reward"]
+            lines.append(f"{sp} minus 8/0, own-rollout cum. reward per seed (n={v['n']}): {fmt(v['diff'], 2)}{_p(v)}")
+    lines += ["", "SECONDARY (selection, not learning): the batch-mean cumulative reward (genrl's train/rewards: mean over the "
+                  "training batch, external groups included, summed over rounds and nodes) beside what selection alone gives with "
+                  "no learning, (I + J rho) / (I + J), rho = this run's reward per external completion / per own completion. "
+                  "Not a match with the paper: the paper's ratio carries the same selection.",
+              "| I/J | batch-mean cum. reward | batch ratio to 8/0 | no-learning (selection-only) ratio | own reward per completion | "
+              "external reward per completion | paper's batch ratio (for reference) |",
+              "|---|---|---|---|---|---|---|"]
+    for sp, r in f["splits"].items():
+        paper = f"{PAPER[sp] / PAPER['8/0']:.2f}x" if sp in PAPER else "-"
+        ext = fmt(r["external_reward_rate"], 3) if r.get("external_reward_rate") else "-"
+        lines.append(f"| {sp} | {fmt(r['batch_cumulative_reward'], 1)} | {_x(r.get('batch_ratio_to_8_0'))} | "
+                     f"{fmt(r['selection_only_batch_ratio'], 2)}x | {fmt(r['own_reward_rate'], 3)} | {ext} | {paper} |")
+    lines += ["", "diagnostics:",
+              "| I/J | local mixed | ext. signal | ext. used/round | own reward first 10 -> last 10% | max drawdown | round s |",
+              "|---|---|---|---|---|---|---|"]
+    for sp, r in f["splits"].items():
+        ext = fmt(r["external_signal_share"], 2) if r["external_signal_share"] else "-"
+        t = np.mean([s["mean_round_time_s"]["round"] for s in r["per_seed"]])
+        lines.append(f"| {sp} | {fmt(r['local_mixed_share'], 2)} | {ext} | {fmt(r['external_used_per_round'], 2)} | "
+                     f"{r['reward_first_10']['mean']:.3f} -> {r['reward_last_10pct']['mean']:.3f} | {fmt(r['max_drawdown'], 3)} | {t:.2f} |")
     if "ratio_4_4" in f:
         g = f["heldout_gain_ratio_4_4"]
-        lines += ["", f"target: 4/4's held-out gain >= {TARGET}x 8/0's: {('%.2fx' % g) if g is not None else 'n/a'} -> "
-                      f"{'MET' if f['target_met'] else 'NOT MET'}; paper's cumulative-reward ratio 4/4 / 8/0 "
-                      f"{fmt(f['batch_ratio_4_4'], 2)}x (paper 1.95x); own-rollout ratio {fmt(f['ratio_4_4'], 2)}x"]
-    lines += ["local mixed = share of a node's own groups with non-equal rewards; ext. signal = share of received peer groups "
+        lines += ["", f"target: {f.get('target', TARGET_TEXT)}: {('%.2fx' % g) if g is not None else 'n/a'} -> "
+                      f"{'MET' if f['target_met'] else 'NOT MET'}; own-rollout ratio 4/4 / 8/0 {fmt(f['ratio_4_4'], 2)}x; "
+                      f"batch-mean ratio {fmt(f['batch_ratio_4_4'], 2)}x against {fmt(f['selection_only_batch_ratio_4_4'], 2)}x "
+                      "from selection alone"]
+    n = len(rec["config"]["seeds"])
+    lines += [f"detectable with n={n} seeds (paired t, 5%, two-sided): a held-out gain difference above t(0.975, n-1) x its std / sqrt(n) "
+              "= " + ", ".join(f"{sp} {_detectable(r['paired_vs_8_0']['heldout_last3_gain']['diff']):.3f}"
+                               for sp, r in f["splits"].items() if "paired_vs_8_0" in r),
+              "local mixed = share of a node's own groups with non-equal rewards; ext. signal = share of received peer groups "
               "with non-equal rewards (the ones J draws from); max drawdown = largest fall of the "
-              f"{SMOOTH}-round moving average of mean reward from its running peak."]
+              f"{SMOOTH}-round moving average of own reward from its running peak."]
     return "\n".join(lines)
+
+
+def _detectable(ms: dict) -> float:
+    from scipy.stats import t
+
+    n = ms["n"]
+    return float(t.ppf(0.975, n - 1) * ms["std"] / np.sqrt(n)) if n > 1 else float("nan")
 
 
 def plot(rec: dict, png: Path) -> None:
     import matplotlib.pyplot as plt
 
     f = rec["figures"]
-    fig, axes = plt.subplots(2, 2, figsize=(12, 8))
-    (a, bx), (c, d) = axes
+    fig, axes = plt.subplots(2, 3, figsize=(17, 8))
+    (a, bx, c), (d, e, g) = axes
+    splits = list(f["splits"])
     for sp, r in f["splits"].items():
         cum = np.array([np.cumsum(s["mean_reward_per_round"]) * len(s["per_node_cumulative_reward"]) for s in r["per_seed"]])
         x = np.arange(1, cum.shape[1] + 1)
         line, = a.plot(x, cum.mean(0), label=f"I/J={sp}")
-        a.fill_between(x, cum.mean(0) - cum.std(0), cum.mean(0) + cum.std(0), color=line.get_color(), alpha=0.2)
-        curve = np.array(r["mean_reward_per_round"])
-        bx.plot(*_sx(curve), color=line.get_color(), label=f"I/J={sp}")
-        for node in f["runs_raw"][f"{sp}/seed{rec['config']['seeds'][0]}"]["nodes"].values():
-            rw = np.array(node["reward"])
-            c.plot(*_sx(rw), color=line.get_color(), lw=0.7, alpha=0.6)
-        d.plot(*_sx(np.mean([s["local_mixed_share_per_round"] for s in r["per_seed"]], 0)),
-               color=line.get_color(), label=f"{sp} local mixed")
-        if r["per_seed"][0]["external_signal_share_per_round"]:
-            d.plot(*_sx(np.mean([s["external_signal_share_per_round"] for s in r["per_seed"]], 0)),
-                   color=line.get_color(), ls="--", label=f"{sp} external with signal")
+        col = line.get_color()
+        a.fill_between(x, cum.mean(0) - cum.std(0), cum.mean(0) + cum.std(0), color=col, alpha=0.2)
+        bx.plot(*_sx(np.array(r["mean_reward_per_round"])), color=col, label=f"I/J={sp}")
         if "reward_minus_8_0_per_round" in r:
-            diff = np.array(r["reward_minus_8_0_per_round"])
-            bx.plot(*_sx(diff), color=line.get_color(), ls=":", label=f"{sp} minus 8/0")
+            bx.plot(*_sx(np.array(r["reward_minus_8_0_per_round"])), color=col, ls=":", label=f"{sp} minus 8/0")
+        hs = np.array([s["heldout_per_eval"] for s in r["per_seed"]])
+        c.errorbar(r["heldout_steps"], hs.mean(0), yerr=hs.std(0), color=col, marker="o", capsize=2, label=f"I/J={sp}")
+        e.plot(*_sx(np.mean([s["local_mixed_share_per_round"] for s in r["per_seed"]], 0)), color=col, label=f"{sp} local mixed")
+        if r["per_seed"][0]["external_signal_share_per_round"]:
+            e.plot(*_sx(np.mean([s["external_signal_share_per_round"] for s in r["per_seed"]], 0)),
+                   color=col, ls="--", label=f"{sp} external with signal")
+        for node in f["runs_raw"][f"{sp}/seed{rec['config']['seeds'][0]}"]["nodes"].values():
+            g.plot(*_sx(np.array(node["reward"])), color=col, lw=0.7, alpha=0.6)
+    xs = np.arange(len(splits))
+    own = [f["splits"][sp].get("ratio_to_8_0") or {"mean": 1.0, "std": 0.0} for sp in splits]
+    batch = [f["splits"][sp].get("batch_ratio_to_8_0") or {"mean": 1.0, "std": 0.0} for sp in splits]
+    sel = [f["splits"][sp]["selection_only_batch_ratio"] for sp in splits]
+    for k, (vals, lab) in enumerate([(own, "own-rollout (learning)"), (batch, "batch mean (paper's statistic)"),
+                                     (sel, "batch mean, selection alone (no learning)")]):
+        d.bar(xs + (k - 1) * 0.27, [v["mean"] for v in vals], yerr=[v["std"] for v in vals], width=0.27, capsize=2, label=lab)
+    d.axhline(1, color="k", lw=0.6)
+    d.set_xticks(xs, splits)
     bx.axhline(0, color="k", lw=0.6)
-    a.set(xlabel="round", ylabel="swarm cumulative reward (mean ± std over seeds)", title="cumulative reward")
-    bx.set(xlabel="round", ylabel=f"mean reward per node ({SMOOTH}-round avg)", title="reward per round (dotted: minus 8/0)")
-    c.set(xlabel="round", ylabel=f"reward ({SMOOTH}-round avg)", title=f"per-node reward, seed {rec['config']['seeds'][0]}")
-    d.set(xlabel="round", ylabel=f"share of groups ({SMOOTH}-round avg)", title="groups with mixed rewards (GRPO signal)")
+    a.set(xlabel="round", ylabel="own-rollout cumulative reward (mean ± std over seeds)", title="own-rollout cumulative reward")
+    bx.set(xlabel="round", ylabel=f"own reward per node ({SMOOTH}-round avg)", title="own reward per round (dotted: minus 8/0)")
+    c.set(xlabel="round", ylabel="held-out greedy accuracy", title="held-out accuracy")
+    d.set(xlabel="I/J", ylabel="ratio to 8/0", title="ratio to 8/0: learning vs the batch mean vs selection alone")
+    e.set(xlabel="round", ylabel=f"share of groups ({SMOOTH}-round avg)", title="groups with mixed rewards (GRPO signal)")
+    g.set(xlabel="round", ylabel=f"own reward ({SMOOTH}-round avg)", title=f"per-node own reward, seed {rec['config']['seeds'][0]}")
     for ax in axes.flat:
         ax.grid(alpha=0.3)
-    for ax in (a, bx, d):
+    for ax in (a, bx, c, d, e):
         ax.legend(fontsize=7)
-    ratio = f.get("ratio_4_4")
+    ratio, gain = f.get("ratio_4_4"), f.get("heldout_gain_ratio_4_4")
     fig.suptitle(f"SAPO swarm, {rec['config']['bench']['nodes']} nodes, {len(rec['config']['seeds'])} seeds"
-                 + (f": 4/4 = {fmt(ratio, 2)}x 8/0" if ratio else "") + f" @ {rec['git_sha'][:10]}")
+                 + (f": 4/4 own-rollout = {fmt(ratio, 2)}x 8/0, held-out gain = {gain:.2f}x 8/0's" if ratio and gain is not None else "")
+                 + f" @ {rec['git_sha'][:10]}")
     fig.tight_layout()
-    fig.savefig(png, dpi=110)
+    fig.savefig(png, dpi=100)
     plt.close(fig)
 
 

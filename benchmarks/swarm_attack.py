@@ -72,7 +72,7 @@ class Framer:
         self.p = p
         self.new = getattr(p, "_MAGIC", b"DTR1") != b"DTR1"
         if self.new:
-            from decentrain.algorithms.sapo.identity import NodeIdentity
+            from decentrain.core.identity import NodeIdentity
 
             self.identity = NodeIdentity.generate()
             self.node_id = self.identity.node_id

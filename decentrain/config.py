@@ -10,7 +10,9 @@ Hydra's ConfigStore. Nothing in decentrain/ imports it; recipes, tests and bench
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import fields
+from pathlib import Path
 from typing import Any
 
 from omegaconf import OmegaConf
@@ -26,7 +28,7 @@ from decentrain.models.factory import ModelConfig
 
 # callers above the library (recipes, tests, benchmarks) import the run's schemas from here
 __all__ = ["LAUNCHERS", "SCHEDULES", "LauncherConfig", "LoopConfig", "OptimConfig", "TrainConfig", "check_data_fits",
-           "check_run_dir", "config_from_dict", "register_configs", "register_hdee_configs", "validate"]
+           "check_overrides", "check_run_dir", "config_from_dict", "register_configs", "register_hdee_configs", "validate"]
 
 
 def _typed(cls: type, values: dict[str, Any], where: str):
@@ -77,3 +79,76 @@ def register_hdee_configs() -> None:
 
     register_configs()  # model_schema, data_schema, logger_schema, launcher_schema
     ConfigStore.instance().store(name="hdee_schema", node=HdeeConfig)
+
+
+def _group_options(conf_dir: Path, group: str) -> list[str]:
+    """The YAML options of config group `group` (`a/b` nests); ConfigStore `*_schema` entries are not options."""
+    return sorted(p.stem for p in (conf_dir / group).glob("*.yaml"))
+
+
+def _close(word: str, choices: list[str], prefix: str = "") -> str:
+    close = difflib.get_close_matches(word, choices, n=3, cutoff=0.5)
+    return f"did you mean {' or '.join(prefix + c for c in close)}? " if close else ""
+
+
+def _unknown_key(tree: Any, key: str) -> str | None:
+    """Why `key` (dotted) names nothing in the composed config `tree` (plain containers), or None."""
+    node, done = tree, []
+    for part in key.split("."):
+        if isinstance(node, list):
+            return None  # list entries (nodes.0.model) are checked by their schema
+        if not isinstance(node, dict):
+            return f"{'.'.join(done)} is a value, not a section" if done else None
+        if part not in node:
+            where = ".".join(done)
+            names = sorted(str(k) for k in node)
+            return (f"{key} is not a config key; {_close(part, names, where + '.' if where else '')}"
+                    f"{where + ' has' if where else 'top-level keys are'}: {', '.join(names)}")
+        node, done = node[part], [*done, part]
+    return None
+
+
+def check_overrides(conf_dir: Path, config_name: str, args: list[str]) -> str | None:
+    """One line naming a mistyped override key or group option (close matches first), or None.
+
+    Hydra's own answers point the wrong way for a typo: an unknown key gets "use +train.stepz=10"
+    (which adds the typo), an unknown option lists the `*_schema` entries of the ConfigStore. Keys
+    are checked against the config composed with the command's group choices, so an algorithm's own
+    keys exist when `algorithm=` picks it. `+key=` / `++key=` / `~key` are Hydra's explicit forms and
+    pass; so does anything Hydra itself would reject for syntax (its message says where).
+    """
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    if any(a.startswith("-") and a not in ("-m", "--multirun") for a in args):
+        return None  # --cfg, --config-name, ...: Hydra's own modes
+    try:
+        parsed = OverridesParser.create().parse_overrides([a for a in args if not a.startswith("-")])
+    except Exception:  # noqa: BLE001 -- a syntax error: Hydra reports it with the position
+        return None
+    choices, keys = [], []
+    for o in parsed:
+        key = o.key_or_group
+        if key.split(".")[0].split("/")[0] == "hydra" or o.is_add() or o.is_force_add() or o.is_delete():
+            continue
+        if (conf_dir / key).is_dir():
+            options = _group_options(conf_dir, key)
+            values = list(o.sweep_string_iterator()) if o.is_sweep_override() else [o.get_value_element_as_str()]
+            for v in values:
+                if v not in options and v != "null":
+                    return f"{key}={v} is not an option; {_close(v, options)}options: {', '.join(options)}"
+            choices.append(f"{o.get_key_element()}={values[0]}")
+        elif "/" not in key:
+            keys.append(key)
+    if not keys:
+        return None
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(str(conf_dir), version_base="1.3"):
+            tree = OmegaConf.to_container(compose(config_name, overrides=choices), resolve=False)
+    except Exception:  # noqa: BLE001 -- whatever fails to compose, Hydra reports in its own run
+        return None
+    finally:
+        GlobalHydra.instance().clear()
+    return next((why for why in map(lambda k: _unknown_key(tree, k), keys) if why), None)

@@ -34,4 +34,14 @@ start_node 0 "${@}"
 for _ in $(seq 600); do [[ -s "$PEERS" ]] && break; sleep 0.1; done
 [[ -s "$PEERS" ]] || { echo "node0 did not start a DHT; see $RUN_DIR/node0.log" >&2; exit 1; }
 for i in $(seq 1 $((N - 1))); do start_node "$i" "${@}"; done
+# Every node appends its addresses to peers.txt once its DHT is up: wait until all N have (or warn).
+# Node 0 is already running its rounds; until its peers are up it trains on its own groups only.
+count_nodes() { grep -o '/p2p/[A-Za-z0-9]*' "$PEERS" 2>/dev/null | sort -u | wc -l; }
+for _ in $(seq "${PEER_WAIT_S:-120}"); do (( $(count_nodes) >= N )) && break; sleep 1; done
+if (( $(count_nodes) >= N )); then
+  echo "swarm: all $N nodes reachable (peers in $PEERS)"
+else
+  echo "swarm: WARNING only $(count_nodes) of $N nodes reachable after ${PEER_WAIT_S:-120}s; the others' logs: $RUN_DIR/node*.log" >&2
+fi
+echo "swarm: per-round lines in $RUN_DIR/node*.log; at the end each node writes $RUN_DIR/node<i>/summary.json and reward.png"
 wait "${pids[@]}"

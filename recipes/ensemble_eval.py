@@ -21,8 +21,9 @@ from decentrain.algorithms.hdee.config import hdee_config_from_dict, load_saved_
 from decentrain.algorithms.hdee.evaluate import EnsembleScorer, check_saved_plan, expert_refs, format_table
 from decentrain.config import register_hdee_configs
 from decentrain.core.world import init_world
+from recipes import conf_dir
 
-CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+CONF_DIR = conf_dir()
 register_hdee_configs()
 
 

@@ -30,8 +30,9 @@ from decentrain.algorithms.hdee.train import run_stage
 from decentrain.config import register_hdee_configs
 from decentrain.core.launcher import check_placement, exit_survivor, launch_job
 from decentrain.core.world import init_world, read_launch_env
+from recipes import conf_dir
 
-CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+CONF_DIR = conf_dir()
 MODULE = "recipes.hdee_train"
 register_hdee_configs()
 

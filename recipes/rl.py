@@ -22,8 +22,10 @@ from decentrain.algorithms.sapo.trainer import run_sapo
 from decentrain.core.bytes_comm import agree_run_dir
 from decentrain.core.launcher import check_placement, launch_workers
 from decentrain.core.world import init_world, local_world, read_launch_env
+from decentrain.models.factory import check_model_paths
+from recipes import conf_dir, run
 
-CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+CONF_DIR = conf_dir()
 register_sapo_configs()
 
 
@@ -37,6 +39,8 @@ def to_config(dcfg: DictConfig) -> SAPOConfig:
 def main(dcfg: DictConfig) -> None:
     try:  # bad config: one clear line, before any process or DHT starts
         cfg = to_config(dcfg)
+        for i in range(max(1, len(cfg.nodes))):  # a mistyped checkpoint path fails here, not after hub retries
+            check_model_paths(cfg.for_node(i).model, f"nodes[{i}].model" if cfg.nodes else "model")
     except ValueError as e:
         sys.exit(f"config error: {e}")
     # SIGTERM (launch/sapo_swarm.sh, Slurm) unwinds normally, so the hivemind DHT process is shut down.
@@ -67,4 +71,4 @@ def main(dcfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main, "rl")

@@ -14,8 +14,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from decentrain.algorithms.sapo.config import SFTConfig, register_sapo_configs
 from decentrain.algorithms.sapo.sft import run_sft
+from recipes import conf_dir, run
 
-CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+CONF_DIR = conf_dir()
 register_sapo_configs()
 
 
@@ -32,4 +33,4 @@ def main(dcfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main, "sft")

@@ -20,8 +20,9 @@ from decentrain.core.bytes_comm import agree_run_dir
 from decentrain.core.ft_launch import launch_replica_groups
 from decentrain.core.launcher import check_placement, exit_survivor, launch_job
 from decentrain.core.world import init_world, read_launch_env
+from recipes import conf_dir, run
 
-CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+CONF_DIR = conf_dir()
 MODULE = "recipes.train"
 register_configs()
 
@@ -71,4 +72,4 @@ def main(dcfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main, "config")

@@ -81,6 +81,12 @@ class Algorithm:
     def on_train_end(self, model: torch.nn.Module) -> None:
         pass
 
+    def bytes_sent(self) -> int | None:
+        """Bytes this replica has put on the wire so far (cumulative, this process), or None if it
+        cannot tell. The trainer logs it as `comm/bytes_sent`; a sync that reports its own
+        `outer/bytes_sent` metric is counted from that instead."""
+        return None
+
     def state_dict(self) -> dict[str, Any]:
         return {}
 

@@ -19,7 +19,7 @@ from decentrain.core.deadline import AdaptiveDeadlineConfig, ArrivalWindow
 from decentrain.core.exchange import ExchangeStats, PairExchange
 from decentrain.core.membership import Membership, job_prefix
 from decentrain.core.pairs import PairGroups
-from decentrain.core.transport import Transport, Work
+from decentrain.core.transport import Transport, Work, all_gather_bytes_sent
 from decentrain.core.world import World
 
 
@@ -107,6 +107,7 @@ class TorchTransport(Transport):
         return out, dist.all_gather(out, t, group=self.world.group, async_op=True)
 
     def all_gather_bytes(self, data: bytes, max_bytes: int = 64 << 20) -> GatheredBytes:
+        self.stats.bytes_sent += all_gather_bytes_sent(len(data) + 8, self.world_size)  # + its int64 length
         return _all_gather_bytes(self.world, data, max_bytes)
 
     def all_reduce_min(self, value: float) -> float:

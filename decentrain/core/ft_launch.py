@@ -59,6 +59,9 @@ def launch_replica_groups(argv: list[str], replicas: int, nproc: int, run_dir: s
                                  env={"RUST_LOG": "warn", **os.environ, "PYTHONUNBUFFERED": "1"}) for i in range(replicas)}
     Path(run_dir).mkdir(parents=True, exist_ok=True)
     (Path(run_dir) / "replicas.json").write_text(json.dumps({"lighthouse": address, "torchrun": {str(i): p.pid for i, p in procs.items()}}))
+    last = replicas - 1
+    log.info("to see a group die, restart and heal, kill group %d's workers (its torchrun restarts them): "
+             "pkill -KILL -P %d   (every group's torchrun pid: %s)", last, procs[last].pid, Path(run_dir) / "replicas.json")
     try:
         while any(p.poll() is None for p in procs.values()):
             time.sleep(poll_s)
@@ -69,6 +72,9 @@ def launch_replica_groups(argv: list[str], replicas: int, nproc: int, run_dir: s
         if lighthouse is not None:
             lighthouse.shutdown()
     codes = {i: p.returncode for i, p in procs.items()}
+    for i, c in sorted(codes.items()):
+        if c != 0:
+            log.warning("replica group %d failed for good (exit %d): torchrun's --max-restarts=%d used up", i, c, max_restarts)
     failed = {i: c for i, c in codes.items() if c != 0}
     if len(failed) == replicas:
         raise RuntimeError(f"every replica group failed: exit codes {failed}")

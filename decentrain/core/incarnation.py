@@ -28,9 +28,9 @@ from dataclasses import dataclass
 from typing import Mapping
 
 import torch.distributed as dist
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from decentrain.core.identity import NodeIdentity, is_public_key_hex, verify_signature
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +55,7 @@ class LauncherKey:
     def __init__(self, secret: bytes):
         if len(secret) < 16:
             raise ValueError(f"{SECRET_ENV} must hold at least 16 bytes of secret (got {len(secret)})")
-        self._key = Ed25519PrivateKey.from_private_bytes(hashlib.sha256(b"decentrain-launcher\x00" + secret).digest())
+        self._id = NodeIdentity(Ed25519PrivateKey.from_private_bytes(hashlib.sha256(b"decentrain-launcher\x00" + secret).digest()))
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ, *, required: bool = False) -> "LauncherKey":
@@ -69,15 +69,11 @@ class LauncherKey:
         return cls(secret.encode())
 
     @property
-    def public_key(self) -> Ed25519PublicKey:
-        return self._key.public_key()
-
-    @property
     def public_hex(self) -> str:
-        return self.public_key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw).hex()
+        return self._id.node_id
 
     def sign(self, job: str, rank: int, incarnation: int) -> str:
-        return self._key.sign(_message(job, rank, incarnation)).hex()
+        return self._id.sign(_message(job, rank, incarnation)).decode("ascii")
 
     def claim(self, store: dist.Store, job: str, rank: int) -> tuple[int, str]:
         """Take the next incarnation of `rank` in `store`: (incarnation, its token).
@@ -103,28 +99,25 @@ class IncarnationCheck:
     """A worker's side: its own token, and a check of others' against the launchers' public key."""
 
     job: str
-    public_key: Ed25519PublicKey
+    public_hex: str  # the launchers' Ed25519 public key
     token: str = ""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> "IncarnationCheck | None":
         """None when no launcher key was given (then no heal request is honoured)."""
-        try:
-            raw = bytes.fromhex(env.get(PUBLIC_KEY_ENV, ""))
-            return cls(env.get(JOB_ENV, ""), Ed25519PublicKey.from_public_bytes(raw), env.get(TOKEN_ENV, "")) if raw else None
-        except ValueError:
+        public = env.get(PUBLIC_KEY_ENV, "")
+        if not public:
+            return None
+        if not is_public_key_hex(public):
             log.warning("%s is not a hex Ed25519 public key: no heal request will be honoured", PUBLIC_KEY_ENV)
             return None
+        return cls(env.get(JOB_ENV, ""), public, env.get(TOKEN_ENV, ""))
 
     def signed(self, rank: int, incarnation: int, token: str) -> bool:
         """True iff `token` is the launchers' signature of this rank's incarnation; never raises."""
-        if not (isinstance(token, str) and len(token) == _SIG_HEX):
+        if not (isinstance(token, str) and len(token) == _SIG_HEX and token.isascii()):
             return False
-        try:
-            self.public_key.verify(bytes.fromhex(token), _message(self.job, rank, incarnation))
-            return True
-        except (ValueError, InvalidSignature):
-            return False
+        return verify_signature(self.public_hex, token.encode("ascii"), _message(self.job, rank, incarnation))
 
     def started(self, store: dist.Store, rank: int, incarnation: int, token: str) -> bool:
         """Signed for this rank's incarnation, and no later incarnation of it was started."""

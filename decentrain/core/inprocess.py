@@ -19,7 +19,7 @@ import torch
 
 from decentrain.core.bytes_comm import GatheredBytes, PayloadTooLarge, accepted_lengths
 from decentrain.core.exchange import ExchangeStats
-from decentrain.core.transport import Transport, Work
+from decentrain.core.transport import Transport, Work, all_gather_bytes_sent
 
 _SKIP = object()  # what a replica that skips a round leaves in its partners' mailboxes
 
@@ -174,6 +174,7 @@ class InProcessTransport(Transport):
 
     def all_gather_bytes(self, data: bytes, max_bytes: int = 64 << 20) -> GatheredBytes:
         oversized = len(data) > max_bytes
+        self.stats.bytes_sent += all_gather_bytes_sent(len(data) + 8, self.world_size)  # + its int64 length, as over gloo
         items = self.hub.collect(self._post(b"" if oversized else bytes(data)))
         lengths, dropped = accepted_lengths([len(b) for b in items], max_bytes)
         out = GatheredBytes([b if n else b"" for b, n in zip(items, lengths)], dropped)

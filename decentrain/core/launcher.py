@@ -186,15 +186,18 @@ def launch_survivors(argv: list[str], nproc: int, run_dir: str | os.PathLike | N
                 code = p.poll()
                 if code is None or rank in codes:
                     continue
+                running = [r for r, q in procs.items() if r != rank and q.poll() is None]
                 # on one host a replacement needs a live local peer; on several, peers may live elsewhere
-                alive = slot is not None or any(q.poll() is None for r, q in procs.items() if r != rank)
-                if code != 0 and restarts[rank] < max_restarts and alive:
+                if code != 0 and restarts[rank] < max_restarts and (running or slot is not None):
                     restarts[rank] += 1
                     log.warning("rank %d failed (%s); starting replacement %d of %d", rank,
                                 describe_exits({rank: code}), restarts[rank], max_restarts)
                     start(rank)
                 else:
                     codes[rank] = code
+                    if code != 0:  # said when it happens, not only in the summary at the end
+                        log.warning("worker died (%s); %d worker(s) still running, its partners skip it from their "
+                                    "next round", describe_exits({rank: code}), len(running))
     except BaseException:  # Ctrl-C, a kill of the launcher, the job store gone: take the workers down with it
         stop_all(procs.values())
         raise

@@ -58,6 +58,46 @@ def accumulate_metrics(pending: dict[str, float], new: dict[str, float]) -> dict
     return out
 
 
+class CommMeter:
+    """Bytes this replica sent: the run's total and each step's share (`comm/bytes_sent`).
+
+    Each step it reads the algorithm's cumulative counter (`Algorithm.bytes_sent`: the transport's
+    count, or DDP's) and takes the difference; a step whose sync reported its own `outer/bytes_sent`
+    (payloads sent outside the transport) counts that instead, never both.
+    """
+
+    def __init__(self, total: int = 0):
+        self.total = total  # restored from a checkpoint on resume
+        self._last: int | None = None
+
+    @property
+    def active(self) -> bool:
+        """The algorithm can tell what it sent: the run logs and prints bytes."""
+        return self._last is not None
+
+    def start(self, counter: int | None) -> None:
+        self._last = counter
+
+    def step(self, reported: float | None, counter: int | None) -> float | None:
+        delta = None if counter is None or self._last is None else counter - self._last
+        if counter is not None:
+            self._last = counter
+        sent = reported if reported is not None else delta
+        if sent is None:
+            return None
+        self.total += int(sent)
+        return float(sent)
+
+
+def format_bytes(n: float) -> str:
+    """1234567 -> '1.2 MB' (decimal units, as link rates are quoted)."""
+    for unit in ("B", "kB", "MB"):
+        if abs(n) < 1000:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.2f} GB"
+
+
 def _fmt(v: Any) -> str:
     return f"{v:.4g}" if isinstance(v, float) else str(v)
 
@@ -242,8 +282,9 @@ def read_jsonl(path: Path) -> list[dict]:
         return [json.loads(line) for line in f if line.strip()]
 
 
-def plot_curves(records: Iterable[dict], keys: list[str], out_png: Path, title: str = "") -> Path:
-    """One line per key against step (records missing a key are skipped)."""
+def plot_curves(records: Iterable[dict], keys: list[str], out_png: Path, title: str = "", *, xlabel: str = "step",
+                ylabel: str = "loss", labels: dict[str, str] | None = None) -> Path:
+    """One line per key against step (records missing a key are skipped); `labels` renames keys in the legend."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -254,9 +295,9 @@ def plot_curves(records: Iterable[dict], keys: list[str], out_png: Path, title: 
     for key in keys:
         pts = [(r["step"], r[key]) for r in records if r.get(key) is not None]
         if pts:
-            ax.plot(*zip(*pts), label=key, marker="o" if len(pts) < 30 else None)
-    ax.set_xlabel("step")
-    ax.set_ylabel("loss")
+            ax.plot(*zip(*pts), label=(labels or {}).get(key, key), marker="o" if len(pts) < 30 else None)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend()

@@ -26,6 +26,18 @@ from decentrain.core.bytes_comm import GatheredBytes
 from decentrain.core.exchange import ExchangeStats
 
 
+def ring_all_reduce_bytes(nbytes: int, n: int) -> int:
+    """What one rank sends in a ring all-reduce of `nbytes` over `n` ranks: 2(n-1)/n of the payload
+    (reduce-scatter, then all-gather)."""
+    return 2 * (n - 1) * nbytes // n if n > 1 else 0
+
+
+def all_gather_bytes_sent(nbytes: int, n: int) -> int:
+    """What one rank sends in an all-gather of its `nbytes` to `n - 1` others (a ring forwards
+    each rank's part n-1 times in total; per rank that is n-1 parts of its size)."""
+    return (n - 1) * nbytes if n > 1 else 0
+
+
 class Work(Protocol):
     def wait(self) -> Any: ...
 
@@ -75,7 +87,7 @@ class Transport(ABC):
 
     rank: int
     world_size: int
-    stats: ExchangeStats
+    stats: ExchangeStats  # stats.bytes_sent: every byte this replica put on the wire, any operation
 
     # -- gossip ---------------------------------------------------------------------------
     @abstractmethod
@@ -119,9 +131,11 @@ class Transport(ABC):
         like = [torch.empty(t.shape, dtype=torch.float32, device=flat.device) for t in tensors]
         if codec is None:
             works = [self.all_reduce_sum(flat)] if n > 1 else []
+            self.stats.bytes_sent += ring_all_reduce_bytes(flat.numel() * flat.element_size(), n)
             return PendingMean(works, [[flat]], like, None, n)
         parts, works = [], []
         for part in codec.encode(flat):  # one flat payload: chunks may span tensor boundaries
+            self.stats.bytes_sent += all_gather_bytes_sent(part.numel() * part.element_size(), n)
             if n > 1:
                 gathered, work = self.all_gather(part)
                 works.append(work)

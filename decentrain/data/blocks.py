@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import difflib
+import glob
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -46,6 +50,22 @@ class DataConfig:
             raise ValueError("data.val_fraction and data.test_fraction must be in [0, 1) and sum below 1")
 
 
+def check_data_files(cfg: DataConfig) -> None:
+    """Every `data.hf_data_files` entry (a path or glob) names at least one local file; one-line ValueError."""
+    for entry in cfg.hf_data_files or []:
+        if "://" in entry or glob.glob(os.path.expanduser(entry), recursive=True):
+            continue  # a remote URL is the `datasets` loader's business
+        where = Path(entry).expanduser().parent
+        close = difflib.get_close_matches(Path(entry).name, sorted(p.name for p in where.iterdir()), n=3) if where.is_dir() else []
+        hint = f"; did you mean {', '.join(str(where / c) for c in close)}?" if close else f" (looked in {where.resolve()})"
+        raise ValueError(f"data.hf_data_files: {entry} matches no file{hint}")
+
+
+def builds_locally(cfg: DataConfig) -> bool:
+    """The corpus comes from this machine (offline domains, or local files): cheap to check before start."""
+    return cfg.source == "offline" or bool(cfg.hf_data_files and all("://" not in f for f in cfg.hf_data_files))
+
+
 def encode(tokenizer, text: str) -> np.ndarray:
     """Token ids without special tokens; ByT5 is bytes + 3, done with numpy for speed."""
     if isinstance(tokenizer, ByT5Tokenizer):
@@ -71,7 +91,8 @@ def split_blocks(blocks: torch.Tensor, val_fraction: float, test_fraction: float
     n_test = max(1, round(n * test_fraction)) if test_fraction > 0 else 0
     n_val = max(1, round(n * val_fraction)) if val_fraction > 0 else 0
     if n_test + n_val >= n:
-        raise ValueError(f"only {n} blocks: too few for val/test splits; raise data.max_bytes_per_domain or lower data.seq_len")
+        raise ValueError(f"only {n} blocks of data.seq_len tokens: too few for train/val/test splits; "
+                         "more text (offline: raise data.max_bytes_per_domain) or a lower data.seq_len")
     n_train = n - n_val - n_test
     return {"train": blocks[:n_train], "val": blocks[n_train : n_train + n_val], "test": blocks[n_train + n_val :]}
 

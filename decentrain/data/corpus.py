@@ -7,6 +7,9 @@ Domains (each a list of documents, read in a fixed order):
   c_headers      C headers under /usr/include
   licenses       license texts: /usr/share/common-licenses and packages' copyright files
   changelogs     Debian package changelogs (/usr/share/doc/*/changelog.Debian.gz)
+  general        packages' prose documentation: README, NEWS, TODO, AUTHORS under /usr/share/doc
+                 (no changelog or copyright file: disjoint from changelogs and licenses); HDEE's
+                 general-text seed domain
   arithmetic     reasoning-gym problems with their answers (generated, seeded)
 """
 
@@ -87,6 +90,21 @@ def licenses(max_bytes: int, seed: int) -> Documents:
 @DOMAINS.register("changelogs")
 def changelogs(max_bytes: int, seed: int) -> Documents:
     return _read_files(list(Path("/usr/share/doc").glob("*/changelog.Debian.gz")), max_bytes, seed, opener=gzip.open)
+
+
+@DOMAINS.register("general")
+def general(max_bytes: int, seed: int) -> Documents:
+    # Prose, not code or legal text: the general-text split an HDEE seed trains on, disjoint from
+    # every other domain's files (changelog.Debian and copyright files belong to their own domains).
+    prose = ("README", "NEWS", "TODO", "AUTHORS")
+    files = [p for p in Path("/usr/share/doc").glob("*/*") if p.is_file() and p.name.split(".")[0] in prose
+             and not p.name.startswith(("NEWS.Debian", "README.Debian")) and ".htm" not in p.name]
+    plain = [p for p in files if p.suffix != ".gz"]
+    docs = _read_files(plain, max_bytes, seed)
+    got = sum(map(len, docs))
+    if got < max_bytes:
+        docs += _read_files([p for p in files if p.suffix == ".gz"], max_bytes - got, seed, opener=gzip.open)
+    return docs
 
 
 @DOMAINS.register("arithmetic")

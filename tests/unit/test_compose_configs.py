@@ -7,6 +7,9 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
+import recipes.compare
+import recipes.dei
+import recipes.hdee_merge
 import recipes.hdee_train  # noqa: F401  (each recipe registers its schemas on import)
 import recipes.rl
 import recipes.sft  # noqa: F401
@@ -16,8 +19,11 @@ from decentrain.config import config_from_dict
 
 # each primary config and the one conversion its recipe applies
 CONVERTERS = {
+    "compare": recipes.compare.to_config,
+    "dei": recipes.dei.to_config,
     "config": lambda cfg: config_from_dict(OmegaConf.to_container(cfg, resolve=True)),
     "hdee": lambda cfg: hdee_config_from_dict(OmegaConf.to_container(cfg, resolve=True)),
+    "hdee_merge": recipes.hdee_merge.to_config,
     "rl": recipes.rl.to_config,
     "sft": lambda cfg: OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(recipes.sft.SFTConfig), OmegaConf.to_container(cfg, resolve=True))),
 }

@@ -86,3 +86,64 @@ def test_bench_last_phase_steps_and_shared_runs():
     hom = plan([16, 16, 16])
     hom.plan.lanes[0] = LaneConfig(domains=["a0", "b0", "c0"], steps=[16, 16, 16], intermediate_size=8)
     assert [n for n in H.shared_runs(hom, het) if n.startswith("lane0")] == []
+
+
+def test_bench_structural_ties_are_neither_wins_nor_losses():
+    """A domain whose lane's final expert is one shared run in both plans differs only by the other experts'
+    weights (1e-5 to 1e-8 in the committed runs): it must leave the win counts, the mean and the sign test."""
+    from benchmarks import hdee_schedule as H
+
+    def ppl(x, y, z):
+        return {"x": {"cached": x}, "y": {"cached": y}, "z": {"cached": z}}
+
+    # x: het better; y: het worse; z: the shared lane's domain, a hair better for het on every seed.
+    runs = [{"perplexity": {"homogeneous": ppl(10.0, 10.0, 10.0), "het_steps": ppl(9.0, 11.0, 10.0 - 1e-6)},
+             "tied_domains": ["z"]}] * 3
+    st = H.budget_stats(runs, "cached")
+    assert st["counted_domains"] == ["x", "y"] and st["tied_domains"] == ["z"]
+    assert st["wins_per_seed"] == [1, 1, 1] and st["win_share_per_seed"] == [0.5, 0.5, 0.5]
+    assert st["sign_test"] == {"het_better": 3, "het_worse": 3, "p_two_sided": 1.0}
+    assert st["mean_dlogppl"]["mean"] == pytest.approx((math.log(0.9) + math.log(1.1)) / 2)
+    assert "z" in st["dlogppl_per_domain"]  # still shown per domain
+
+
+def test_bench_tied_domains_and_specialisation_gate():
+    from types import SimpleNamespace
+
+    from benchmarks import hdee_schedule as H
+    from decentrain.algorithms.hdee.plan import EnsemblePlan, LaneConfig, SeedConfig
+
+    lanes = [LaneConfig(domains=[f"a{k}", f"b{k}"], steps=[16, 16], intermediate_size=8) for k in range(3)]
+    cfg = SimpleNamespace(plan=EnsemblePlan(seeds=[SeedConfig(intermediate_size=8)], lanes=lanes, tokens_per_step=1))
+    assert H.tied_domains(cfg, ["lane0-it0-M", "lane1-it0-M", "lane1-it1-M"]) == ["a1", "b1"]  # only a shared FINAL expert ties
+    # Gate: seed log-ppl 2.0 on both domains of one lane; the expert reaches exp(1.0) +- a little over seeds.
+    seed = {"a0": 2.0, "b0": 2.0}
+
+    def runs(vals):
+        return [{"experts": {v: {d: {"lane0-it1-M": math.exp(x)} for d in seed} for v in H.PLANS}} for x in vals]
+
+    ok = H.specialisation(runs([0.99, 1.0, 1.01]), seed, [["a0", "b0"]], factor=10)  # gain 1.0, noise 0.01
+    assert ok["passed"] and ok["per_plan"]["het_steps"][0]["gain_over_noise"] == pytest.approx(100)
+    bad = H.specialisation(runs([0.85, 1.0, 1.15]), seed, [["a0", "b0"]], factor=10)  # gain 1.0, noise 0.15
+    assert not bad["passed"]
+
+
+def test_ensemble_bench_drops_the_lane_both_plans_share():
+    """hdee_ensemble: lane 1 (c_headers, changelogs) is M at 20 steps in homogeneous, het_steps (the 4 share)
+    and het_sizes alike: the same run, so its domains are ties, never wins (main counted changelogs'
+    +0.02 % +- 0.01 as a het_steps win)."""
+    from benchmarks import hdee_ensemble as E
+    from decentrain.config import register_hdee_configs
+
+    register_hdee_configs()
+    bench = E.BenchConfig()
+    cfgs = {v: E.compose_variant(bench, v, 0)[1] for v in E.VARIANTS}
+    assert E.structural_ties(cfgs["homogeneous"], cfgs["het_steps"]) == ["c_headers", "changelogs"]
+    domains = E.eval_domains(cfgs["homogeneous"])
+    hom = {d: {w: 10.0 for w in cfgs["homogeneous"].eval.weightings} for d in domains}
+    het = {d: {w: (10.0 - 2e-3 * (1 + i) if d == "changelogs" else 10.5) for i, w in enumerate(hom[d])} for d in domains}
+    perp = [{"homogeneous": hom, "het_steps": het, "het_sizes": hom}, {"homogeneous": hom, "het_steps": het, "het_sizes": hom}]
+    out = E.analyze(bench, cfgs, perp)
+    cached = out["per_plan"]["het_steps"]["cached"]
+    assert "changelogs" not in cached["won"] + cached["won_raw"] and cached["won_per_seed"] == [0, 0]
+    assert out["headline"]["het_steps"]["domains"] == len(domains) - 2

@@ -38,7 +38,7 @@ def _launched_world(store, key: LauncherKey, world: int = 4) -> dict[int, str]:
 
 
 def _member(store, key: LauncherKey | None, rank: int, inc: int, token: str = "") -> Membership:
-    check = IncarnationCheck(JOB, (key or LauncherKey(b"x" * 32)).public_key, token)
+    check = IncarnationCheck(JOB, (key or LauncherKey(b"x" * 32)).public_hex, token)
     return Membership(store, rank=rank, world_size=4, incarnation=inc, authority=check)
 
 
@@ -134,7 +134,7 @@ def test_the_launcher_gives_workers_the_public_key_and_their_token_never_the_sec
     for rank in (0, 1):
         env = json.loads((tmp_path / f"env.{rank}").read_text())
         assert SECRET_ENV not in env and env[PUBLIC_KEY_ENV] == key.public_hex
-        check = IncarnationCheck(env["TORCHELASTIC_RUN_ID"], key.public_key)
+        check = IncarnationCheck(env["TORCHELASTIC_RUN_ID"], key.public_hex)
         assert check.signed(rank, 0, env[TOKEN_ENV]) and not check.signed(1 - rank, 0, env[TOKEN_ENV])
 
 

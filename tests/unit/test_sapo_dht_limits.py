@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from decentrain.algorithms.sapo.identity import NodeIdentity
+from decentrain.core.identity import NodeIdentity
 from decentrain.algorithms.sapo.payload import PayloadDecoder, PayloadLimits, RolloutPayload, encode_payload
 from decentrain.algorithms.sapo.peer_selection import PeerSelector
 from dist_helpers import run_in_threads

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from decentrain.algorithms.sapo.identity import NodeIdentity, check_node_name, safe_label
+from decentrain.core.identity import NodeIdentity, check_node_name, safe_label
 from decentrain.algorithms.sapo.payload import (
     REJECT_REASONS,
     SCHEMA_VERSION,

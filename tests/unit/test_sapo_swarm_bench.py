@@ -59,7 +59,7 @@ def test_signal_shares_and_paired_ratios():
     assert out["ratio_4_4"]["mean"] == pytest.approx(1.75)
     # The paper's statistic (batch reward) beside the own-rollout one; the target is on held-out gain.
     assert four["batch_ratio_to_8_0"]["values"] == pytest.approx([4.0, 3.0])
-    assert eight["heldout_gain"]["mean"] == pytest.approx(0.1) and four["heldout_gain"]["mean"] == pytest.approx(0.2)
+    assert eight["heldout_last3_gain"]["mean"] == pytest.approx(0.1) and four["heldout_last3_gain"]["mean"] == pytest.approx(0.2)
     assert out["heldout_gain_ratio_4_4"] == pytest.approx(2.0)
     assert out["target_met"] is True
     assert four["reward_minus_8_0_per_round"] == pytest.approx([0.1, 0.1])
@@ -68,8 +68,26 @@ def test_signal_shares_and_paired_ratios():
     pb = four["paired_vs_8_0"]["batch_cumulative_reward"]
     assert pb["diff"]["values"] == pytest.approx([1.2, 1.6]) and pb["n"] == 2
     assert pb["t"] == pytest.approx(7.0) and pb["p"] == pytest.approx(1 - 2 * np.arctan(7.0) / np.pi)
-    assert "t" not in four["paired_vs_8_0"]["heldout_gain"]  # equal differences (0.1, 0.1): no spread, no test
+    assert "t" not in four["paired_vs_8_0"]["heldout_last3_gain"]  # equal differences (0.1, 0.1): no spread, no test
+    # Selection alone: a batch of 4 own groups at 0.2 and 3 external ones holds 0.4 x 7, so an external completion
+    # earns (2.8 - 0.8) / 3 = 2/3 (seed 1: (4.2 - 1.2) / 3 = 1), rho = 10/3 on both seeds: (4 + 4 rho) / 8 = 13/6.
+    assert four["external_reward_rate"]["values"] == pytest.approx([2 / 3, 1.0])
+    assert four["selection_only_batch_ratio"]["values"] == pytest.approx([13 / 6, 13 / 6])
+    assert eight["selection_only_batch_ratio"]["values"] == pytest.approx([1.0, 1.0]) and eight["external_reward_rate"] is None
     assert out["rl_start"]["accuracy"]["mean"] == pytest.approx((0.05 + 0.1 + 0.1 + 0.15) / 4)
+
+
+def test_heldout_is_the_mean_of_the_last_three_evaluations_after_the_start():
+    curve = {"0": 0.1, "10": 0.9, "20": 0.2, "30": 0.3, "40": 0.4}  # JSON keys come back as strings
+    assert S.last_evals_mean(curve, [0, 10, 20, 30, 40]) == pytest.approx(0.3)
+    assert S.last_evals_mean(curve, [0, 10]) == pytest.approx(0.9)  # fewer evaluations: those after the start
+    assert S.last_evals_mean({0: 0.1}, [0]) == pytest.approx(0.1)
+    # Per task where the run logged them: start -> last-3 mean and the gain.
+    node = _node([0.1, 0.1], [0, 0], local=8, heldout=(0.2, 0.4))
+    node["heldout_tasks"] = {"0": {"a": 0.1, "b": 0.3}, "2": {"a": 0.5, "b": 0.3}}
+    out = S.summarize_run({"wall_s": 1.0, "nodes": {"node0": node}}, 0)
+    assert out["heldout_tasks"]["a"] == pytest.approx({"start": 0.1, "last3": 0.5, "gain": 0.4})
+    assert out["heldout_tasks"]["b"]["gain"] == pytest.approx(0.0)
 
 
 def test_rl_overrides_pin_the_learning_setup():
@@ -80,13 +98,17 @@ def test_rl_overrides_pin_the_learning_setup():
 def test_learning_gate_summary_by_hand():
     from benchmarks import sapo_learning as L
 
-    # Two seeds: held-out greedy 0.2 -> 0.35 and 0.2 -> 0.3 (JSON keys come back as strings): mean gain 0.125, gate met.
-    runs = [{"heldout": {"0": 0.2, "25": 0.3, "50": 0.35}, "reward": [0.1] * 10 + [0.3] * 10, "wall_s": 1.0},
-            {"heldout": {"0": 0.2, "25": 0.2, "50": 0.3}, "reward": [0.1] * 20, "wall_s": 1.0}]
+    # Two seeds (JSON keys come back as strings); held-out = the mean of the evaluations after the start (up to 3):
+    # 0.2 -> (0.35 + 0.35) / 2 and 0.2 -> (0.3 + 0.3) / 2: gains 0.15 and 0.1, mean 0.125, gate met.
+    runs = [{"heldout": {"0": 0.2, "25": 0.35, "50": 0.35}, "reward": [0.1] * 10 + [0.3] * 10, "wall_s": 1.0,
+             "heldout_per_task": {"0": {"a": 0.1}, "25": {"a": 0.3}, "50": {"a": 0.5}}},
+            {"heldout": {"0": 0.2, "25": 0.3, "50": 0.3}, "reward": [0.1] * 20, "wall_s": 1.0,
+             "heldout_per_task": {"0": {"a": 0.1}, "25": {"a": 0.1}, "50": {"a": 0.1}}}]
     s = L.summarize(runs)
-    assert s["steps"] == [0, 25, 50]
+    assert s["steps"] == [0, 25, 50] and s["last3_steps"] == [25, 50]
     assert s["gain"]["values"] == pytest.approx([0.15, 0.1]) and s["gate_met"] is True
+    assert s["tasks"]["a"]["gain"]["values"] == pytest.approx([0.3, 0.0])
     assert s["best"]["values"] == pytest.approx([0.35, 0.3])
     assert s["reward_last_10"]["values"] == pytest.approx([0.3, 0.1])
-    runs[0]["heldout"]["50"] = 0.25
+    runs[0]["heldout"]["50"] = 0.15  # the final evaluation alone no longer decides: last-3 mean 0.25
     assert L.summarize(runs)["gate_met"] is False  # mean gain 0.075 < 0.10

@@ -21,8 +21,8 @@ from decentrain.core.checks import check_range
 from decentrain.core.launch_config import LauncherConfig
 from decentrain.core.metrics import LoggerConfig
 from decentrain.core.world import DEVICES
-from decentrain.data.blocks import DataConfig, build_corpus
-from decentrain.models.factory import ModelConfig, build_tokenizer
+from decentrain.data.blocks import DataConfig, build_corpus, builds_locally, check_data_files
+from decentrain.models.factory import ModelConfig, build_tokenizer, check_model_paths
 
 
 @dataclass
@@ -74,8 +74,10 @@ class TrainConfig:
 
 
 def check_data_fits(cfg: TrainConfig) -> None:
-    """The built-in corpus has room for one global batch of `seq_len` blocks (hf sources are checked by the workers)."""
-    if cfg.data.source != "offline":
+    """A corpus built on this machine (offline, local files) has room for one global batch of `seq_len`
+    blocks (hub datasets are checked by the workers)."""
+    check_data_files(cfg.data)
+    if not builds_locally(cfg.data):
         return
     try:
         corpus = build_corpus(cfg.data, build_tokenizer(cfg.model))
@@ -98,6 +100,7 @@ def check_run_dir(run_dir: str | None) -> None:
 def validate(cfg: TrainConfig, world_size: int) -> None:
     """Checks that need the world size or the data; run before any process group starts."""
     check_run_dir(cfg.run_dir)
+    check_model_paths(cfg.model)  # a mistyped path fails here, not after the workers' hub retries
     check_data_fits(cfg)
     expected = cfg.launcher.world_size
     if expected is not None and expected != world_size:

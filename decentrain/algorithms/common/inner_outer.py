@@ -92,6 +92,9 @@ class InnerOuterAlgorithm(Algorithm):
             self.transport = TorchTransport(self.world)
         return self.transport
 
+    def bytes_sent(self) -> int | None:
+        return self.comm().stats.bytes_sent  # the transport counts every operation
+
     @classmethod
     def check_steps(cls, cfg: InnerOuterConfig, steps: int) -> None:
         if cfg.adaptive_inner_steps and steps % cfg.inner_steps:

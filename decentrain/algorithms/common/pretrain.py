@@ -18,7 +18,7 @@ from decentrain.algorithms.common.config import TrainConfig
 from decentrain.algorithms.common.ft import FT_ALGORITHMS, ReplicaGroup, replica_sampler
 from decentrain.algorithms.common.trainer import Trainer, TrainResult, seed_everything
 from decentrain.core.mesh import replica_layout
-from decentrain.core.metrics import MetricsLogger, drop_rows_after, plot_curves, read_jsonl
+from decentrain.core.metrics import MetricsLogger, drop_rows_after, format_bytes, plot_curves, read_jsonl
 from decentrain.core.world import World
 from decentrain.data.blocks import build_corpus
 from decentrain.models.factory import build_model, build_tokenizer, num_params, save_model
@@ -65,6 +65,9 @@ def run_pretraining(cfg: TrainConfig, world: World, run_dir: Path, config_dict: 
     if world.is_main:
         shards = f" ({layout.replicas} replicas x {layout.shards} shards, {cfg.engine.name})" if layout.shards > 1 else ""
         where = f"resumed from step {resumed}" if resumed is not None else "from scratch"
+        restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+        if group is not None and restarts:  # torchrun restarted this group alone: it heals from a live one
+            where = f"restarted (restart {restarts}), healing from a live group at its first quorum"
         log.info(
             f"[decentrain] {cfg.algorithm.name}: {num_params(model) / 1e6:.2f}M params, world {world.world_size}{shards}, "
             f"{len(trainer.train_blocks)} train blocks of {cfg.data.seq_len} tokens, {where}; run dir {run_dir}"
@@ -84,6 +87,7 @@ def run_pretraining(cfg: TrainConfig, world: World, run_dir: Path, config_dict: 
         metrics = run_dir / "metrics.jsonl"
         if metrics.exists():
             plot_curves(read_jsonl(metrics), ["train/loss", "eval/loss"], run_dir / "loss.png", title=f"{cfg.algorithm.name} on {world.world_size} ranks")
+        sent = "" if result.bytes_sent is None else f", sent {format_bytes(result.bytes_sent)} per worker"
         log.info(f"[decentrain] done: step {result.final_step}, train loss {result.train_loss:.4f}, "
-                 f"eval loss {sum(result.eval_loss.values()) / max(1, len(result.eval_loss)):.4f}, {result.seconds:.1f}s")
+                 f"eval loss {sum(result.eval_loss.values()) / max(1, len(result.eval_loss)):.4f}, {result.seconds:.1f}s{sent}")
     return result

@@ -25,8 +25,8 @@ from decentrain.algorithms.common.engines import ENGINES, EngineConfig, OptimCon
 from decentrain.core.checkpoint import Checkpointer
 from decentrain.core.mesh import ReplicaLayout, replica_layout
 from decentrain.algorithms.common.speed import apply_compile, autocast, resolve_precision, set_tf32, weight_dtype
-from decentrain.core.metrics import (LoggerConfig, MetricsLogger, Throughput, accumulate_metrics, flops_per_token,
-                                     peak_flops)
+from decentrain.core.metrics import (CommMeter, LoggerConfig, MetricsLogger, Throughput, accumulate_metrics,
+                                     flops_per_token, peak_flops)
 from decentrain.core.world import World
 from decentrain.data.blocks import Corpus, ShardedSampler
 
@@ -94,6 +94,7 @@ class TrainResult:
     train_loss: float
     eval_loss: dict[str, float]
     seconds: float
+    bytes_sent: int | None = None  # this replica's, over the whole run (resumed runs included); None: unknown
 
 
 class Trainer:
@@ -122,6 +123,7 @@ class Trainer:
         self.checkpointer = Checkpointer(run_dir / "checkpoints", world.rank, world.world_size, keep=loop.keep_checkpoints)
         self.step = 0
         self.step_times: list[float] = []
+        self.bytes_meter = CommMeter()
         seq = self.train_blocks.shape[1]
         tokens_rank = loop.global_batch_size // world.world_size * seq
         name = torch.cuda.get_device_name(world.device) if world.device.type == "cuda" else ""
@@ -145,6 +147,7 @@ class Trainer:
             "sampler": self.sampler.state_dict(),
             "algorithm": self.algorithm.state_dict(),
             "rng": rng_state(self.world.device),
+            "comm_bytes": self.bytes_meter.total,
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -154,6 +157,7 @@ class Trainer:
         self.sampler.load_state_dict(state["sampler"])
         self.algorithm.load_state_dict(state["algorithm"])
         set_rng_state(state["rng"], self.world.device)
+        self.bytes_meter.total = int(state.get("comm_bytes", 0))  # older checkpoints: counted from here
 
     def heal_state(self) -> dict:
         """What a replacement pulls from a live peer: all of state_dict but the RNG (each rank keeps its own)."""
@@ -226,6 +230,7 @@ class Trainer:
         self.algorithm.attach_trainer_state(self.heal_state, self.load_heal_state)
         self.algorithm.on_train_start(self.engine.outer_model, self.engine.optimizer)
         self.engine.weights_changed()  # the start-up broadcast
+        self.bytes_meter.start(self.algorithm.bytes_sent())
         logger.advance(self.step)
         loss, eval_loss = float("nan"), {}
         last = cfg.stop_at or cfg.steps
@@ -236,13 +241,13 @@ class Trainer:
             with self.throughput.measure():
                 loss_t = self.train_step(model)
                 self.step += 1
-                metrics = accumulate_metrics(
-                    metrics, self.algorithm.after_optimizer_step(self.step, self.engine.outer_model, self.engine.optimizer))
+                metrics = accumulate_metrics(metrics, self._with_bytes(
+                    self.algorithm.after_optimizer_step(self.step, self.engine.outer_model, self.engine.optimizer)))
                 self.engine.weights_changed()
                 stop = self.algorithm.should_stop(self.step, cfg.steps)
                 final = self.step == cfg.steps or stop
                 if final:  # an overlapped outer step still in flight lands before the final evaluation
-                    metrics = accumulate_metrics(metrics, self.algorithm.drain(self.engine.outer_model))
+                    metrics = accumulate_metrics(metrics, self._with_bytes(self.algorithm.drain(self.engine.outer_model)))
                     self.engine.weights_changed()
                 log_now = self.step % self.logger_cfg.log_every == 0 or final or self.step == last
                 evaluating = self.step % cfg.eval_every == 0 or final
@@ -254,7 +259,9 @@ class Trainer:
                     self.throughput.drain()  # this step's queued device work belongs to the clock, not to eval
             if log_now:
                 logger.advance(1, loss=loss)
-                logger.log(self.step, {"train/loss": loss, "lr": self.engine.lr(), **metrics, **self.throughput.read()})
+                totals = {"comm/bytes_sent_total": float(self.bytes_meter.total)} if self.bytes_meter.active else {}
+                totals["time/train_s"] = time.perf_counter() - start_time  # wall time since fit() began (curves vs time)
+                logger.log(self.step, {"train/loss": loss, "lr": self.engine.lr(), **metrics, **totals, **self.throughput.read()})
                 metrics = {}
             else:
                 logger.advance(1)
@@ -265,4 +272,10 @@ class Trainer:
             if saving:
                 self.save()
         self.algorithm.on_train_end(self.engine.outer_model)
-        return TrainResult(self.step, loss, eval_loss, time.perf_counter() - start_time)
+        return TrainResult(self.step, loss, eval_loss, time.perf_counter() - start_time,
+                           self.bytes_meter.total if self.bytes_meter.active else None)
+
+    def _with_bytes(self, metrics: dict[str, float]) -> dict[str, float]:
+        """A step's metrics plus `comm/bytes_sent`, what this replica sent in that step (summed per log line)."""
+        sent = self.bytes_meter.step(metrics.get("outer/bytes_sent"), self.algorithm.bytes_sent())
+        return metrics if not sent else {**metrics, "comm/bytes_sent": sent}

@@ -9,6 +9,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from decentrain.algorithms.base import Algorithm, AlgorithmConfig, register_algorithm
+from decentrain.core.transport import ring_all_reduce_bytes
 
 
 @dataclass
@@ -29,10 +30,14 @@ class DDP(Algorithm):
 
     cfg: DDPConfig
     syncs_every_step = True
+    _sent = 0
+    _per_step = 0  # every step all-reduces every gradient once (the trainer's no_sync spares the others)
 
     def wrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
         if not self.world.is_distributed:
             return model
+        grads = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+        self._per_step = ring_all_reduce_bytes(grads, self.world.world_size)
         device_ids = [self.world.device.index] if self.world.device.type == "cuda" else None
         return DistributedDataParallel(
             model,
@@ -53,6 +58,13 @@ class DDP(Algorithm):
         # every later step with the same layout. Costs one forward/backward per resume, nothing per step.
         if self.cfg.exact_resume and isinstance(model, DistributedDataParallel):
             backward_once()
+
+    def after_optimizer_step(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, float]:
+        self._sent += self._per_step
+        return {}
+
+    def bytes_sent(self) -> int | None:
+        return self._sent
 
     def no_sync(self, model: torch.nn.Module):
         return model.no_sync() if isinstance(model, DistributedDataParallel) else contextlib.nullcontext()

@@ -7,4 +7,7 @@ config    the typed run config (Hydra schema `hdee_schema`) and the pre-training
 train     seed training and expert branching on the shared Trainer
 jobs      seeds and lanes as independent local processes
 evaluate  expert-parallel ensemble evaluation and text scoring
+router    the closed-form ridge-regression router (DUME) and its per-class statistics
+routed    the experts merged into one routed causal LM (a PreTrainedModel with its own config)
+merge     building the routed model of a trained ensemble (the hdee_merge recipe's job)
 """

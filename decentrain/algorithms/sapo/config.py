@@ -15,7 +15,7 @@ from decentrain.algorithms.sapo.evaluation import RLEvalConfig
 from decentrain.algorithms.sapo.exchange import EXCHANGES, ExchangeConfig
 from decentrain.algorithms.sapo.generation import SamplingConfig
 from decentrain.algorithms.sapo.grpo import SAPOLossConfig
-from decentrain.algorithms.sapo.identity import check_node_name
+from decentrain.core.identity import check_node_name
 from decentrain.algorithms.sapo.payload import PayloadLimits, check_swarm_key
 from decentrain.core.metrics import LoggerConfig
 from decentrain.core.world import DEVICES

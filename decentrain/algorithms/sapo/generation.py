@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import importlib.util
+import os
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -18,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from decentrain.algorithms.sapo.batching import pad_sequences
 from decentrain.core.registry import Registry
 
 GEN_DTYPES = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -58,8 +60,16 @@ class SamplingConfig:
             raise ValueError(f"sampling.cache={self.cache!r} is unknown; allowed: {list(CACHES)}")
 
 
+# Per prompt, G completions and for each the sampler's log-probs of its tokens (None: not available).
+Scored = tuple[list[list[str]], list[list[tuple[float, ...] | None]]]
+
+
 class GenerationBackend(Protocol):
-    """Returns, for each prompt, `num_generations` completion strings (the prompt not included)."""
+    """Returns, for each prompt, `num_generations` completion strings (the prompt not included).
+
+    `generate_scored` also returns the log-prob the sampling policy gave each token of each
+    completion, in this tokenizer (what a peer's `loss.external_is` corrects against).
+    """
 
     def generate(
         self,
@@ -70,6 +80,13 @@ class GenerationBackend(Protocol):
         top_p: float,
         seed: int,
     ) -> list[list[str]]: ...
+
+    def generate_scored(
+        self,
+        prompts: list[str],
+        num_generations: int,
+        seed: int,
+    ) -> Scored: ...
 
 
 GENERATION_BACKENDS: Registry[type] = Registry("sampling.backend")
@@ -85,6 +102,36 @@ def _cut_at_stop(text: str, stop: str | None) -> str:
     if stop and (i := text.find(stop)) >= 0:
         return text[: i + len(stop)]
     return text
+
+
+def clip_to_tokens(text: str, tokenizer: Any, max_tokens: int) -> str:
+    """The longest prefix of `text` that `tokenizer` encodes in at most `max_tokens` tokens.
+
+    A receiver cuts peers' completions (and its own) to its own generation cap with this, before
+    scoring and before training, so the text scored is exactly the text trained.
+    """
+    def length(t: str) -> int:
+        return len(tokenizer(t, add_special_tokens=False)["input_ids"])
+
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    if len(ids) <= max_tokens:
+        return text
+    decoded = tokenizer.decode(ids[:max_tokens], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+    # decoding need not give a prefix back (a split multi-byte character decodes to U+FFFD)
+    n = len(os.path.commonprefix([decoded, text]))
+    while n and length(text[:n]) > max_tokens:
+        n -= 1
+    return text[:n]
+
+
+def sampled_text_ids(tokenizer: Any, text: str, sampled_ids: list[int]) -> list[int] | None:
+    """The ids of `text` in `tokenizer` if they are the first tokens sampled, else None.
+
+    A completion is sent as text (decoded without special tokens, cut at the stop string), so its
+    sampled log-probs are usable only where re-tokenising the text gives back the sampled tokens.
+    """
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    return ids if ids == sampled_ids[: len(ids)] else None
 
 
 def sampling_kwargs(cfg: SamplingConfig, temperature: float, top_p: float, tokenizer: Any) -> dict[str, Any]:
@@ -131,7 +178,6 @@ class HFGenerationBackend:
     def static_cache(self, device: torch.device) -> bool:
         return self.cfg.cache == "static" or (self.cfg.cache == "auto" and device.type == "cuda")
 
-    @torch.no_grad()
     def generate(
         self,
         prompts: list[str],
@@ -141,6 +187,48 @@ class HFGenerationBackend:
         top_p: float | None = None,
         seed: int = 0,
     ) -> list[list[str]]:
+        texts, _ = self._sample(prompts, num_generations, max_new_tokens, temperature, top_p, seed)
+        return [texts[i : i + num_generations] for i in range(0, len(texts), num_generations)]
+
+    @torch.no_grad()
+    def generate_scored(self, prompts: list[str], num_generations: int, seed: int = 0) -> Scored:
+        """`generate` plus each completion's token log-probs under the policy that sampled it.
+
+        They are recomputed by one teacher-forced pass of the generation model over the tokens it
+        sampled (log-softmax of logits / temperature, as the trainer computes them), not read from
+        `generate(output_scores=True)`: those hold [rows, vocab] per step (GBs for a 150k vocab)
+        and are taken after top-k/top-p, which the trainer's log-probs are not.
+        """
+        texts, sampled = self._sample(prompts, num_generations, None, None, None, seed)
+        flat_prompts = [p for p in prompts for _ in range(num_generations)]
+        ids = [sampled_text_ids(self.tokenizer, t, s) for t, s in zip(texts, sampled)]
+        usable = [i for i, x in enumerate(ids) if x is not None]
+        logprobs: list[tuple[float, ...] | None] = [None] * len(texts)
+        if usable:
+            encode = lambda t: self.tokenizer(t, add_special_tokens=False)["input_ids"]  # noqa: E731
+            prompt_ids, prompt_mask = pad_sequences([encode(flat_prompts[i]) for i in usable], self.pad_id, left=True)
+            completion_ids, completion_mask = pad_sequences([ids[i] for i in usable], self.pad_id, left=False)
+            device = next(self.model.parameters()).device
+            model = self.rollout_model(device)
+            was_training = model.training
+            model.eval()
+            try:
+                logps = completion_logprobs(
+                    model, prompt_ids.to(device), prompt_mask.to(device), completion_ids.to(device),
+                    completion_mask.to(device), self.cfg.batch_size, self.cfg.temperature or 1.0,
+                ).cpu()
+            finally:
+                model.train(was_training)
+            for row, i in enumerate(usable):
+                logprobs[i] = tuple(logps[row, : len(ids[i])].tolist())
+        g = num_generations
+        return ([texts[i : i + g] for i in range(0, len(texts), g)],
+                [logprobs[i : i + g] for i in range(0, len(texts), g)])
+
+    @torch.no_grad()
+    def _sample(self, prompts: list[str], num_generations: int, max_new_tokens: int | None,
+                temperature: float | None, top_p: float | None, seed: int) -> tuple[list[str], list[list[int]]]:
+        """Flat, prompt-major completion texts (cut at the stop string) and the token ids sampled."""
         cfg = self.cfg
         max_new_tokens = cfg.max_new_tokens if max_new_tokens is None else max_new_tokens
         temperature = cfg.temperature if temperature is None else temperature
@@ -155,6 +243,7 @@ class HFGenerationBackend:
         if static:
             kwargs["cache_implementation"] = "static"
         texts: list[str] = []
+        sampled: list[list[int]] = []
         was_training = model.training
         model.eval()
         try:
@@ -166,14 +255,15 @@ class HFGenerationBackend:
                     # a static cache is compiled per shape: a short last batch is filled up with
                     # copies of its last prompt (their completions are dropped)
                     rows = batch + batch[-1:] * (cfg.batch_size - len(batch)) if static else batch
-                    texts += self._generate_batch(model, rows, device, max_new_tokens, kwargs, static)[: len(batch)]
+                    out_texts, out_ids = self._generate_batch(model, rows, device, max_new_tokens, kwargs, static)
+                    texts += out_texts[: len(batch)]
+                    sampled += out_ids[: len(batch)]
         finally:
             model.train(was_training)
-        texts = [_cut_at_stop(t, cfg.stop) for t in texts]
-        return [texts[i : i + num_generations] for i in range(0, len(texts), num_generations)]
+        return [_cut_at_stop(t, cfg.stop) for t in texts], sampled
 
     def _generate_batch(self, model: Any, prompts: list[str], device: torch.device, max_new_tokens: int,
-                        kwargs: dict[str, Any], static: bool) -> list[str]:
+                        kwargs: dict[str, Any], static: bool) -> tuple[list[str], list[list[int]]]:
         enc = self.tokenizer(
             prompts, add_special_tokens=False, padding=True, padding_side="left", return_tensors="pt",
             pad_to_multiple_of=PROMPT_WIDTH_MULTIPLE if static else None,
@@ -181,7 +271,8 @@ class HFGenerationBackend:
         out = model.generate(
             **enc, max_new_tokens=max_new_tokens, use_cache=True, pad_token_id=self.pad_id, **kwargs
         )
-        return self.tokenizer.batch_decode(out[:, enc["input_ids"].size(1) :], skip_special_tokens=True)
+        new = out[:, enc["input_ids"].size(1) :]
+        return self.tokenizer.batch_decode(new, skip_special_tokens=True), new.tolist()
 
 
 def completion_logprobs(

@@ -7,6 +7,12 @@ Wire format: a one-line ASCII header, then the UTF-8 JSON body.
      "groups":[{"task":"chain_sum","config":<16 hex>,"seed":1,"size":10000,"index":42,
                 "question":"...","completions":["...", ...]}]}
 
+Optional (`loss.external_is`): a payload-level "tokenizer" (16 hex, `offpolicy.tokenizer_fingerprint`)
+and a group-level "logprobs": G entries, each null or the sender's sampling log-probs of that
+completion's tokens. They are numbers a receiver uses or drops, never a reason to refuse a payload:
+a bad entry drops the payload's or group's log-probs (`RolloutPayload.logprob_drops` says why) and
+the group is still used; only the byte and value caps apply to them as to everything else.
+
 A group names a reasoning-gym entry (task, task-config hash, dataset seed, size, index) instead
 of carrying an answer: the receiver rebuilds the entry, answer and metadata locally and scores
 against that (decentrain/tasks/mixture.py). The signature covers the body bytes as sent, so no
@@ -30,7 +36,8 @@ from collections import Counter, OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
-from decentrain.algorithms.sapo.identity import (
+from decentrain.algorithms.sapo.offpolicy import check_logprobs
+from decentrain.core.identity import (
     PUBLIC_KEY_HEX_LEN,
     SIGNATURE_HEX_LEN,
     NodeIdentity,
@@ -48,6 +55,8 @@ _HMAC_HEX_LEN = 64
 _MAX_HEADER = len(_MAGIC) + 3 + PUBLIC_KEY_HEX_LEN + SIGNATURE_HEX_LEN + _HMAC_HEX_LEN
 _PAYLOAD_FIELDS = ("version", "node_id", "name", "round", "timestamp", "groups")
 _GROUP_FIELDS = ("task", "config", "seed", "size", "index", "question", "completions")
+_OPTIONAL_PAYLOAD_FIELDS = ("tokenizer",)
+_OPTIONAL_GROUP_FIELDS = ("logprobs",)
 _CONFIG_ID = re.compile(r"[0-9a-f]{16}")
 _MAX_INT_DIGITS = 18  # every legitimate integer fits; a 400-digit one is refused while parsing
 MAX_ROUND = 1 << 40
@@ -98,6 +107,9 @@ class RolloutGroup:
     index: int
     question: str
     completions: tuple[str, ...]
+    # The sender's sampling log-probs of each completion's tokens (None: not sent or dropped);
+    # only trusted after the receiver's own checks (node.py, `loss.external_is`).
+    logprobs: tuple[tuple[float, ...] | None, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -108,6 +120,8 @@ class RolloutPayload:
     groups: tuple[RolloutGroup, ...]
     name: str = "node"  # human-readable, for logs only; ids are what count
     version: int = SCHEMA_VERSION
+    tokenizer: str | None = None  # the sender's declared tokenizer fingerprint (16 hex), unverified
+    logprob_drops: tuple[str, ...] = ()  # one LOGPROB_DROP_REASONS entry per dropped set of log-probs
 
     @property
     def key(self) -> tuple[int, str]:
@@ -132,16 +146,26 @@ class PayloadLimits:
     sender_budget_s: float = 2.0
     mismatch_cost_s: float = 0.25  # per group that does not rebuild (wrong question, address, task)
     malformed_cost_s: float = 0.01  # per answer that does not parse in its task's format
+    # What all senders together may cost per round, split among them by merit (budget.py): fresh
+    # identities are free to make, so without it N of them would cost N x sender_budget_s.
+    round_budget_s: float = 8.0
+    # Optional sender log-probs (`loss.external_is`): at most this many per completion, and this
+    # many in a whole payload (what the value count before parsing allows on top of the rest).
+    max_logprob_tokens: int = 512
+    max_logprob_values: int = 65536
 
     def __post_init__(self) -> None:
-        for name in ("sender_budget_s", "mismatch_cost_s", "malformed_cost_s"):
+        for name in ("sender_budget_s", "mismatch_cost_s", "malformed_cost_s", "round_budget_s"):
             value = getattr(self, name)
-            if not (math.isfinite(value) and value >= 0) or (name == "sender_budget_s" and value == 0):
-                raise ValueError(f"payload.{name}={value} must be finite and {'> 0' if name == 'sender_budget_s' else '>= 0'}")
+            positive = name in ("sender_budget_s", "round_budget_s")
+            if not (math.isfinite(value) and value >= 0) or (positive and value == 0):
+                raise ValueError(f"payload.{name}={value} must be finite and {'> 0' if positive else '>= 0'}")
         for name in ("num_generations", "max_bytes", "max_groups", "max_string_chars", "max_dataset_size",
-                     "max_peers_tracked"):
+                     "max_peers_tracked", "max_logprob_tokens"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"payload.{name}={getattr(self, name)} must be > 0")
+        if self.max_logprob_values < 0:
+            raise ValueError(f"payload.max_logprob_values={self.max_logprob_values} must be >= 0")
         if self.ttl_rounds < 0:
             raise ValueError(f"payload.ttl_rounds={self.ttl_rounds} must be >= 0")
         if not (math.isfinite(self.max_age_s) and self.max_age_s > 0):
@@ -150,7 +174,13 @@ class PayloadLimits:
     @property
     def max_values(self) -> int:
         """An upper bound on the JSON values (and structural characters) of a valid payload."""
-        return 32 + self.max_groups * (2 * len(_GROUP_FIELDS) + self.num_generations + 4)
+        fields = len(_GROUP_FIELDS) + len(_OPTIONAL_GROUP_FIELDS)
+        return 34 + self.max_groups * (2 * fields + 2 * self.num_generations + 4)
+
+    @property
+    def max_containers(self) -> int:
+        """An upper bound on the arrays and objects of a valid payload (each group's log-probs: G + 1)."""
+        return 4 + self.max_groups * (self.num_generations + 4)
 
 
 @dataclass(frozen=True)
@@ -194,6 +224,11 @@ def encode_payload(payload: RolloutPayload, identity: NodeIdentity, key: bytes |
             for g in payload.groups
         ],
     }
+    if payload.tokenizer is not None:
+        obj["tokenizer"] = payload.tokenizer
+    for g, wire in zip(payload.groups, obj["groups"]):
+        if g.logprobs is not None:  # 6 decimals: well under the fp32 noise of a log-prob, a third of the bytes
+            wire["logprobs"] = [None if lp is None else [round(float(x), 6) for x in lp] for lp in g.logprobs]
     body = json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
     header = b" ".join([_MAGIC, identity.node_id.encode("ascii"), identity.sign(body)])
     key = check_swarm_key(key)
@@ -204,31 +239,39 @@ def encode_payload(payload: RolloutPayload, identity: NodeIdentity, key: bytes |
 
 # -- parsing -------------------------------------------------------------------------------------
 
-def _count_values(body: bytes, limit: int, max_chars: int) -> None:
+def _count_values(body: bytes, limits: PayloadLimits) -> None:
     """Refuse bodies with more JSON values than any valid payload, before parsing them.
 
     Parsing time grows with the number of values, not bytes: 1 MiB of `[]` takes ~60 ms to
     parse. Everything here runs in C over the bytes: drop escaped backslashes and quotes, then
     the even pieces between quotes are outside strings, where `, : [ {` count the values.
     For valid JSON the count is exact; invalid JSON is refused by the parser afterwards.
+    Arrays and objects (`[ {`, which nest) and strings have the tight bounds of the fields;
+    separators (`, :`) also `max_logprob_values` more, the numbers of optional log-probs.
     """
-    def structural(b: bytes) -> int:
-        return b.count(b",") + b.count(b":") + b.count(b"[") + b.count(b"{")
+    limit, containers = limits.max_values, limits.max_containers
+    separators = limit + limits.max_logprob_values
+
+    def excess(b: bytes) -> str | None:
+        if (n := b.count(b"[") + b.count(b"{")) > containers:
+            return f"{n} arrays/objects > {containers}"
+        if (n := b.count(b",") + b.count(b":")) > separators:
+            return f"{n} values > {separators}"
+        return None
 
     # Upper bound on unescaped quotes: a quote after one backslash is escaped, after two may not be.
     quotes = body.count(b'"') - body.count(b'\\"') + body.count(b'\\\\"')
-    if structural(body) <= limit and quotes <= 2 * limit:
+    if excess(body) is None and quotes <= 2 * limit:
         return  # counting string contents too, it is already within the bound (the usual case)
     s = body.replace(b"\\\\", b"").replace(b'\\"', b"")
     if s.count(b'"') > 2 * limit:
         raise _Reject("too_many_values", "too many strings")
     pieces = s.split(b'"')
-    n = structural(b"".join(pieces[0::2]))
-    if n > limit:
-        raise _Reject("too_many_values", f"{n} > {limit}")
+    if (why := excess(b"".join(pieces[0::2]))) is not None:
+        raise _Reject("too_many_values", why)
     # Odd pieces are string contents; an encoded char takes at most 6 bytes (\u00XX).
-    if len(pieces) > 1 and max(map(len, pieces[1::2])) > 6 * max_chars:
-        raise _Reject("string_too_long", f"a string over {6 * max_chars} bytes")
+    if len(pieces) > 1 and max(map(len, pieces[1::2])) > 6 * limits.max_string_chars:
+        raise _Reject("string_too_long", f"a string over {6 * limits.max_string_chars} bytes")
 
 
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -268,19 +311,19 @@ def _check_int(value: Any, what: str, lo: int, hi: int) -> int:
     return value
 
 
-def _check_fields(obj: Any, fields: tuple[str, ...], what: str) -> dict[str, Any]:
+def _check_fields(obj: Any, fields: tuple[str, ...], what: str, optional: tuple[str, ...] = ()) -> dict[str, Any]:
     if type(obj) is not dict:
         raise _Reject("wrong_type", f"{what} is {type(obj).__name__}, not an object")
     if missing := set(fields) - obj.keys():
         raise _Reject("missing_field", f"{what} lacks {sorted(missing)}")
-    if extra := obj.keys() - set(fields):
+    if extra := obj.keys() - set(fields) - set(optional):
         raise _Reject("unexpected_field", f"{what} has {safe_label(sorted(extra)[:5])}")
     return obj
 
 
-def _check_group(obj: Any, index: int, limits: PayloadLimits) -> RolloutGroup:
+def _check_group(obj: Any, index: int, limits: PayloadLimits, drops: list[str]) -> RolloutGroup:
     what = f"groups[{index}]"
-    g = _check_fields(obj, _GROUP_FIELDS, what)
+    g = _check_fields(obj, _GROUP_FIELDS, what, _OPTIONAL_GROUP_FIELDS)
     task = _check_str(g["task"], f"{what}.task", limits)
     config = _check_str(g["config"], f"{what}.config", limits)
     if not _CONFIG_ID.fullmatch(config):
@@ -295,7 +338,12 @@ def _check_group(obj: Any, index: int, limits: PayloadLimits) -> RolloutGroup:
     if len(completions) != limits.num_generations:
         raise _Reject("wrong_num_generations", f"{what} has {len(completions)} != {limits.num_generations}")
     completions = tuple(_check_str(c, f"{what}.completions[]", limits) for c in completions)
-    return RolloutGroup(task, config, seed, size, entry, question, completions)
+    logprobs = None
+    if "logprobs" in g:
+        logprobs, why = check_logprobs(g["logprobs"], limits.num_generations, limits.max_logprob_tokens)
+        if why is not None:
+            drops.append(why)
+    return RolloutGroup(task, config, seed, size, entry, question, completions, logprobs)
 
 
 def _decode(data: Any, limits: PayloadLimits, current_round: int, key: bytes | None,
@@ -313,7 +361,7 @@ def _decode(data: Any, limits: PayloadLimits, current_round: int, key: bytes | N
             and (len(parts) == 3 or len(parts[3]) == _HMAC_HEX_LEN)):
         raise _Reject("bad_frame", repr(data[:16]))
     body = data[end + 1:]
-    _count_values(body, limits.max_values, limits.max_string_chars)
+    _count_values(body, limits)
     if key is not None:  # membership first: a keyed swarm drops outsiders before any public-key math
         if len(parts) != 4:
             raise _Reject("unsigned")
@@ -340,7 +388,7 @@ def _decode(data: Any, limits: PayloadLimits, current_round: int, key: bytes | N
 
     if type(obj) is dict and "version" in obj and (type(obj["version"]) is not int or obj["version"] != SCHEMA_VERSION):
         raise _Reject("bad_version", safe_label(obj["version"], 16))
-    obj = _check_fields(obj, _PAYLOAD_FIELDS, "payload")
+    obj = _check_fields(obj, _PAYLOAD_FIELDS, "payload", _OPTIONAL_PAYLOAD_FIELDS)
     if obj["node_id"] != node_id:
         raise _Reject("bad_id", "body node_id is not the signing key")
     if (why := check_node_name(obj["name"])) is not None:
@@ -367,12 +415,20 @@ def _decode(data: Any, limits: PayloadLimits, current_round: int, key: bytes | N
         raise _Reject("wrong_type", "groups is not a list")
     if len(groups) > limits.max_groups:
         raise _Reject("too_many_groups", f"{len(groups)} > {limits.max_groups}")
+    drops: list[str] = []
+    tokenizer = obj.get("tokenizer")
+    if tokenizer is not None and not (type(tokenizer) is str and _CONFIG_ID.fullmatch(tokenizer)):
+        drops.append("bad_tokenizer_id")  # without a fingerprint, the receiver uses no log-probs
+        tokenizer = None
+    checked = tuple(_check_group(g, i, limits, drops) for i, g in enumerate(groups))
     return RolloutPayload(
         node_id=node_id,
         name=obj["name"],
         round=round_,
         timestamp=float(timestamp),
-        groups=tuple(_check_group(g, i, limits) for i, g in enumerate(groups)),
+        groups=checked,
+        tokenizer=tokenizer,
+        logprob_drops=tuple(drops),
     )
 
 

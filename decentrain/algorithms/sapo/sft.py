@@ -8,6 +8,7 @@ accuracy (a few %) that some groups have mixed rewards; the loss over the whole 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import time
 from pathlib import Path
@@ -23,6 +24,8 @@ from decentrain.core.metrics import MetricsLogger
 from decentrain.core.world import local_world
 from decentrain.models.factory import build_model, build_tokenizer, num_params, save_model
 from decentrain.tasks import PromptTemplate, TaskItem, TaskMixConfig, TaskMixture, Verifier
+
+logger = logging.getLogger(__name__)
 
 IGNORE_INDEX = -100
 
@@ -108,6 +111,10 @@ def run_sft(cfg: SFTConfig, run_dir: Path) -> dict[str, Any]:
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optimizer.step()
             log.advance(1, loss=loss.item())
+            if step + 1 == min(10, cfg.sft.steps):  # measured, then extrapolated: the default SFT takes minutes
+                per_step = (time.perf_counter() - start) / (step + 1)
+                logger.info("SFT: %d steps at %.2f s/step here: about %.0f min in all, then the per-task evaluation",
+                            cfg.sft.steps, per_step, per_step * cfg.sft.steps / 60)
             if (step + 1) % cfg.sft.log_every == 0 or step + 1 == cfg.sft.steps:
                 log.log(step + 1, {"loss": loss.item(), "lr": optimizer.param_groups[0]["lr"]})
         train_s = time.perf_counter() - start

@@ -19,8 +19,9 @@ from typing import Any
 from decentrain.algorithms.sapo.config import SAPOConfig
 from decentrain.algorithms.sapo.evaluation import greedy_accuracy, heldout_items
 from decentrain.algorithms.sapo.exchange import build_exchange
-from decentrain.algorithms.sapo.identity import NodeIdentity
+from decentrain.core.identity import NodeIdentity
 from decentrain.algorithms.sapo.node import SAPONode
+from decentrain.algorithms.sapo.results import round_line, summarize, summary_line, swarm_mean
 from decentrain.core.checkpoint import Checkpointer
 from decentrain.core.metrics import MetricsLogger, drop_rows_after
 from decentrain.core.world import World
@@ -68,6 +69,7 @@ def run_sapo(cfg: SAPOConfig, world: World, run_dir: Path, on_round=None) -> dic
     log = MetricsLogger(dataclasses.replace(cfg.logger, all_ranks=True, progress=False), node_dir, rank=0,
                         config=dataclasses.asdict(cfg))
     last = cfg.train.stop_at or cfg.train.rounds
+    collective = world.is_distributed and exchange.joins_process_group
     metrics: dict[str, Any] = {}
     every = cfg.eval.every
     heldout = heldout_items(cfg.task, cfg.eval.prompts_per_task, cfg.eval.seed_offset) if every else {}
@@ -83,8 +85,11 @@ def run_sapo(cfg: SAPOConfig, world: World, run_dir: Path, on_round=None) -> dic
             metrics = node.run_round()
             if every and (node.round % every == 0 or node.round == cfg.train.rounds):
                 metrics.update(evaluate())
-            console = index == 0 and (node.round % cfg.logger.log_every == 0 or node.round == last)
-            log.log(node.round, metrics, console=console)
+            # the collective job's ranks agree on the swarm's mean own reward; node 0 prints it
+            swarm = swarm_mean(world, float(metrics.get("reward", 0.0))) if collective else None
+            log.log(node.round, metrics, console=False)  # every field: metrics.jsonl; the console gets one short line
+            if (index == 0 or not collective) and (node.round % cfg.logger.log_every == 0 or node.round == last):
+                logger.info(round_line(node_id, node.round, metrics, swarm))
             if on_round is not None:
                 on_round(node, metrics)
             if cfg.train.checkpoint_every and (node.round % cfg.train.checkpoint_every == 0 or node.round == last):
@@ -95,4 +100,5 @@ def run_sapo(cfg: SAPOConfig, world: World, run_dir: Path, on_round=None) -> dic
         log.close()
         exchange.close()
         node.close()
+    logger.info("%s (results: %s)", summary_line(summarize(node_dir, node_id)), node_dir)
     return {"node_id": node_id, "rounds": node.round, "cumulative_reward": node.cumulative_reward, **metrics}

@@ -65,3 +65,10 @@ class VLLMGenerationBackend:
             cfg.temperature if temperature is None else temperature, cfg.top_p if top_p is None else top_p, seed))
         outputs = self.llm.generate(prompts, params, use_tqdm=False)
         return [[_cut_at_stop(c.text, cfg.stop) for c in out.outputs] for out in outputs]
+
+    def generate_scored(self, prompts: list[str], num_generations: int, seed: int = 0):
+        """Completions without log-probs: vLLM's per-token logprobs are, by default, of the raw
+        logits before temperature, not what the trainer computes, so none are sent (peers train
+        these groups uncorrected) rather than numbers that mean something else."""
+        texts = self.generate(prompts, num_generations, seed=seed)
+        return texts, [[None] * len(t) for t in texts]

@@ -62,6 +62,9 @@ def replica_sampler(num_blocks: int, batch_per_group: int, world: World, group: 
     return ShardedSampler(num_blocks, batch_per_group * group.replicas, rank, world.world_size * group.replicas, seed)
 
 
+HEALED_FROM = "healed_from_group"  # the donor's replica id, added to the heal state it sends
+
+
 def build_manager(world: World, group: ReplicaGroup, state_dict: Callable[[], Any], load_state_dict: Callable[[Any], None],
                   use_async_quorum: bool = False):
     """torchft.Manager for this rank; its gloo group spans the same rank of every live replica group.
@@ -75,11 +78,21 @@ def build_manager(world: World, group: ReplicaGroup, state_dict: Callable[[], An
 
     ft = group.ft
     timeout = timedelta(seconds=ft.timeout_s)
+
+    def tagged_state() -> Any:  # the donor names itself, so that the healed group can say where it came from
+        return {**state_dict(), HEALED_FROM: group.replica_id}
+
+    def load_and_say(state: Any) -> None:
+        donor = state.pop(HEALED_FROM, None) if isinstance(state, dict) else None
+        load_state_dict(state)
+        donor = f"group {donor}" if isinstance(donor, int) else "a live group"
+        log.warning("replica group %d healed from %s at step %s", group.replica_id, donor, state.get("step", "?"))
+
     manager = Manager(
         pg=ProcessGroupGloo(timeout=timeout),
         min_replica_size=ft.min_replicas,
-        load_state_dict=load_state_dict,
-        state_dict=state_dict,
+        load_state_dict=load_and_say,
+        state_dict=tagged_state,
         replica_id=f"replica_{group.replica_id}",
         rank=world.rank,
         world_size=world.world_size,

@@ -1,0 +1,162 @@
+"""`decentrain compare`: several pre-training algorithms at one layout, read side by side.
+
+Each arm is an ordinary run of the pre-training recipe (the caller starts it; this module never
+trains), at the same workers, global batch, steps, model, data and seed; only `algorithm=` (and
+its H) differs. This module holds the config, each arm's overrides, and the reading of the arms'
+`metrics.jsonl`: eval loss against step, wall time and bytes sent per worker (rank 0's
+`comm/bytes_sent_total`), a table, a figure and a paragraph generated from those numbers.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from decentrain.core.metrics import format_bytes, read_jsonl
+
+SYNCS_EVERY_STEP = {"ddp"}  # arms that take no H: they all-reduce gradients every step
+
+
+@dataclass
+class CompareConfig:
+    algorithms: list[str] = field(default_factory=lambda: ["ddp", "diloco", "noloco", "sparseloco"])
+    workers: int = 4  # launcher.nproc_per_node of every arm (replicas)
+    steps: int = 200
+    global_batch_size: int = 32
+    micro_batch_size: int = 8
+    inner_steps: int = 20  # H of every inner/outer arm
+    eval_every: int = 20
+    link_mbit: float = 100.0  # a slow link between workers, for the transfer-time column
+    overrides: list[str] = field(default_factory=list)  # more Hydra overrides for every arm, e.g. [model=qwen2_tiny]
+    run_dir: str = "runs/compare"
+
+    def __post_init__(self) -> None:
+        for name in ("workers", "steps", "global_batch_size", "micro_batch_size", "inner_steps", "eval_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
+        if not self.algorithms:
+            raise ValueError("algorithms=[] names no arm; e.g. algorithms=[ddp,noloco]")
+        if not (math.isfinite(self.link_mbit) and self.link_mbit > 0):
+            raise ValueError(f"link_mbit={self.link_mbit} must be a finite number > 0")
+
+
+def arm_overrides(cfg: CompareConfig, algorithm: str, run_dir: Path) -> list[str]:
+    """The recipe's overrides for one arm: the shared layout, then this arm's algorithm."""
+    out = [f"algorithm={algorithm}", f"launcher.nproc_per_node={cfg.workers}", f"train.steps={cfg.steps}",
+           f"train.global_batch_size={cfg.global_batch_size}", f"train.micro_batch_size={cfg.micro_batch_size}",
+           f"train.eval_every={cfg.eval_every}", "train.device=cpu", "logger.progress=false", "resume=false",
+           f"run_dir={run_dir}", f"hydra.run.dir={run_dir}"]
+    if algorithm not in SYNCS_EVERY_STEP:
+        out.append(f"algorithm.inner_steps={cfg.inner_steps}")
+    return [*out, *cfg.overrides]
+
+
+@dataclass
+class Arm:
+    name: str
+    step: list[int]  # at each evaluation
+    eval_loss: list[float]
+    seconds: list[float]  # time/train_s of the log line at that step
+    bytes_sent: list[float]  # rank 0's cumulative bytes at that step
+
+    @property
+    def final(self) -> dict[str, float]:
+        return {"step": self.step[-1], "eval_loss": self.eval_loss[-1], "seconds": self.seconds[-1],
+                "bytes_sent": self.bytes_sent[-1]}
+
+
+def read_arm(name: str, run_dir: Path) -> Arm:
+    """Eval points of one arm's rank-0 metrics, each with the wall time and bytes of its step's log line."""
+    rows = read_jsonl(run_dir / "metrics.jsonl")
+    train = {r["step"]: r for r in rows if "train/loss" in r}
+    points = [(r["step"], r["eval/loss"]) for r in rows if r.get("eval/loss") is not None and r["step"] in train]
+    if not points:
+        raise ValueError(f"{run_dir / 'metrics.jsonl'} has no evaluation: the {name} arm did not finish")
+    return Arm(name, [s for s, _ in points], [v for _, v in points], [train[s].get("time/train_s", math.nan) for s, _ in points],
+               [train[s].get("comm/bytes_sent_total", 0.0) for s, _ in points])
+
+
+def table(arms: list[Arm], link_mbit: float) -> str:
+    ref = arms[0].final["bytes_sent"]
+    lines = [f"{'algorithm':<11} {'step':>5} {'eval loss':>9} {'train s':>8} {'sent/worker':>12} {'vs ' + arms[0].name:>10} "
+             f"{f'at {link_mbit:g} Mbit/s':>14}"]
+    for a in arms:
+        f = a.final
+        ratio = f"{ref / f['bytes_sent']:.0f}x less" if f["bytes_sent"] and a is not arms[0] else "-"
+        lines.append(f"{a.name:<11} {f['step']:>5} {f['eval_loss']:>9.3f} {f['seconds']:>8.1f} {format_bytes(f['bytes_sent']):>12} "
+                     f"{ratio:>10} {link_seconds(f['bytes_sent'], link_mbit):>12.1f} s")
+    return "\n".join(lines)
+
+
+def link_seconds(nbytes: float, link_mbit: float) -> float:
+    """The floor of sending `nbytes` over one uplink of `link_mbit`: bytes / link rate."""
+    return nbytes * 8 / (link_mbit * 1e6)
+
+
+def reading(arms: list[Arm], cfg: CompareConfig) -> str:
+    """One paragraph from the numbers: who reached what loss per step, and at what traffic."""
+    by = {a.name: a.final for a in arms}
+    best = min(arms, key=lambda a: a.final["eval_loss"])
+    most = max(arms, key=lambda a: a.final["bytes_sent"])
+    sends = "sends" if best is most else f"{most.name} sends"
+    text = [f"After {cfg.steps} steps on {cfg.workers} workers (global batch {cfg.global_batch_size}), "
+            f"{best.name} has the lowest eval loss ({best.final['eval_loss']:.3f}) and {sends} the most "
+            f"({format_bytes(most.final['bytes_sent'])} per worker)."]
+    for a in arms:
+        if a.name == most.name or not a.final["bytes_sent"]:
+            continue
+        f = a.final
+        text.append(f"{a.name} sends {most.final['bytes_sent'] / f['bytes_sent']:.0f}x less than {most.name} "
+                    f"for eval {f['eval_loss']:.3f} ({f['eval_loss'] - by[most.name]['eval_loss']:+.3f}).")
+    if most.name in SYNCS_EVERY_STEP and most.final["step"]:  # at equal traffic: how far the every-step arm got
+        per_step = most.final["bytes_sent"] / most.final["step"]
+        lean = [a for a in arms if a is not most and a.final["bytes_sent"]]
+        if lean and per_step:
+            text.append(f"{most.name} had sent as much as each of them sends in the whole run after "
+                        + ", ".join(f"{math.ceil(a.final['bytes_sent'] / per_step)} ({a.name})" for a in lean)
+                        + f" of its {most.final['step']} steps.")
+    rounds = cfg.steps // cfg.inner_steps
+    if "ddp" in by and any(n not in SYNCS_EVERY_STEP and by[n]["eval_loss"] > by["ddp"]["eval_loss"] for n in by):
+        text.append(f"The low-communication methods sync once every {cfg.inner_steps} steps ({rounds} outer steps in this run), "
+                    "so per step they trail DDP, which averages every gradient; that gap is the price of their traffic, "
+                    f"and whether longer runs close it is what `decentrain compare steps={10 * cfg.steps}` shows.")
+    slow = link_seconds(most.final["bytes_sent"], cfg.link_mbit)
+    text.append(f"On a {cfg.link_mbit:g} Mbit/s link between workers {most.name}'s traffic alone would take {slow:.0f} s, "
+                f"against {min(link_seconds(a.final['bytes_sent'], cfg.link_mbit) for a in arms):.1f} s for the leanest arm; "
+                "here the workers share one machine over loopback, so wall time measures compute, not the network.")
+    return " ".join(text)
+
+
+def plot(arms: list[Arm], out_png: Path, title: str) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2), sharey=True)
+    for a in arms:
+        for ax, x in zip(axes, (a.step, a.seconds, [max(b, 1.0) / 1e6 for b in a.bytes_sent])):
+            ax.plot(x, a.eval_loss, marker="o", ms=3, label=a.name)
+    for ax, label in zip(axes, ("step", "training wall time (s, one shared machine)", "MB sent per worker (log)")):
+        ax.set_xlabel(label)
+        ax.grid(alpha=0.3)
+    axes[2].set_xscale("log")
+    axes[0].set_ylabel("eval loss")
+    axes[0].legend()
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(out_png, dpi=120)
+    plt.close(fig)
+    return out_png
+
+
+def write_summary(arms: list[Arm], cfg: CompareConfig, out_dir: Path) -> str:
+    """compare.json, compare.png and compare.txt in `out_dir`; returns the text printed."""
+    title = f"{', '.join(a.name for a in arms)}: {cfg.workers} workers, batch {cfg.global_batch_size}, {cfg.steps} steps"
+    plot(arms, out_dir / "compare.png", title)
+    text = f"{table(arms, cfg.link_mbit)}\n\n{reading(arms, cfg)}\n"
+    (out_dir / "compare.txt").write_text(text)
+    (out_dir / "compare.json").write_text(json.dumps({"config": asdict(cfg), "arms": [asdict(a) for a in arms]}, indent=1))
+    return text

@@ -1,0 +1,102 @@
+"""Typed configuration of a DEI search: the search itself, Core War, sharing, and one operator per node."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from decentrain.algorithms.dei.archive import BIN_EDGES
+from decentrain.algorithms.dei.operators import OperatorConfig
+from decentrain.algorithms.dei.pmars import PMarsConfig
+from decentrain.algorithms.dei.redcode import RedcodeLimits
+from decentrain.algorithms.dei.sharing import ShareConfig
+
+
+@dataclass
+class SearchConfig:
+    """DRQ's round structure (`drq.py` Args), per node."""
+
+    rounds: int = 3  # DRQ n_rounds: each round's archive is evolved against the champions so far
+    iters: int = 16  # DRQ n_iters: model calls per round after the initial population
+    n_init: int = 4  # DRQ n_init: new warriors written at a round's start
+    sample_new_percent: float = 0.1  # DRQ: chance an iteration writes a new warrior instead of mutating an elite
+    last_k_opps: int | None = None  # DRQ: only the last k champions as opponents (None: all)
+    fitness_threshold: float | None = None  # DRQ: a round whose best passes this stops early (None: never)
+    axes: list[str] = field(default_factory=lambda: ["uo", "pl"])
+    initial_opponents: list[str] = field(default_factory=lambda: ["imp", "dwarf"])  # shipped names or paths
+    calls: int | None = None  # model calls this node may make in the whole run (None: rounds x (n_init + iters))
+
+    def __post_init__(self) -> None:
+        for name in ("rounds", "iters"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ValueError(f"search.{name}={getattr(self, name)!r} must be an integer >= 1")
+        if not isinstance(self.n_init, int) or self.n_init < 0:
+            raise ValueError(f"search.n_init={self.n_init!r} must be an integer >= 0")
+        if not (isinstance(self.sample_new_percent, (int, float)) and 0 <= self.sample_new_percent <= 1):
+            raise ValueError(f"search.sample_new_percent={self.sample_new_percent!r} must be in [0, 1]")
+        if self.last_k_opps is not None and self.last_k_opps < 1:
+            raise ValueError(f"search.last_k_opps={self.last_k_opps} must be >= 1 or null")
+        if self.fitness_threshold is not None and not math.isfinite(self.fitness_threshold):
+            raise ValueError(f"search.fitness_threshold={self.fitness_threshold} must be finite or null")
+        if len(self.axes) != 2 or any(a not in BIN_EDGES for a in self.axes):
+            raise ValueError(f"search.axes={list(self.axes)} must be two of {sorted(BIN_EDGES)}")
+        if not self.initial_opponents:
+            raise ValueError("search.initial_opponents must name at least one warrior")
+        if self.calls is not None and self.calls < 1:
+            raise ValueError(f"search.calls={self.calls} must be >= 1 or null")
+
+    @property
+    def budget(self) -> int:
+        return self.calls if self.calls is not None else self.rounds * (self.n_init + self.iters)
+
+
+@dataclass
+class DEIConfig:
+    num_nodes: int = 4
+    search: SearchConfig = field(default_factory=SearchConfig)
+    pmars: PMarsConfig = field(default_factory=PMarsConfig)
+    redcode: RedcodeLimits = field(default_factory=RedcodeLimits)
+    share: ShareConfig = field(default_factory=ShareConfig)
+    operator: OperatorConfig = field(default_factory=OperatorConfig)  # every node's, unless `nodes` overrides it
+    nodes: list[dict[str, Any]] = field(default_factory=list)  # nodes[i]: node i's operator fields
+    seed: int = 0
+    threads: int = 1
+    run_dir: str = "runs/dei"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.num_nodes, int) or not 1 <= self.num_nodes <= 64:
+            raise ValueError(f"num_nodes={self.num_nodes!r} must be in [1, 64]")
+        if len(self.nodes) > self.num_nodes:
+            raise ValueError(f"nodes has {len(self.nodes)} entries for num_nodes={self.num_nodes}")
+        if self.redcode.core_size != self.pmars.core_size:
+            raise ValueError(f"redcode.core_size={self.redcode.core_size} must equal pmars.core_size="
+                             f"{self.pmars.core_size}")
+        if self.redcode.max_instructions > self.pmars.max_length:
+            raise ValueError(f"redcode.max_instructions={self.redcode.max_instructions} must be <= "
+                             f"pmars.max_length={self.pmars.max_length}")
+        for i in range(len(self.nodes)):
+            self.node_operator(i)  # each node's operator validates before any node starts
+
+    def node_operator(self, i: int) -> OperatorConfig:
+        """Node i's operator: `operator` with `nodes[i]`'s fields (and `nodes[i].model`'s) over it."""
+        from omegaconf import OmegaConf  # the one merge rule Hydra users know
+
+        base = OmegaConf.structured(self.operator)
+        override = self.nodes[i] if i < len(self.nodes) else {}
+        if not isinstance(override, dict):
+            raise ValueError(f"nodes[{i}] must be a mapping of operator fields")
+        unknown = set(override) - set(OperatorConfig.__dataclass_fields__)
+        if unknown:
+            raise ValueError(f"nodes[{i}].{sorted(unknown)[0]} is not an operator field")
+        try:
+            return OmegaConf.to_object(OmegaConf.merge(base, override))
+        except ValueError as e:
+            raise ValueError(f"nodes[{i}]: {e}") from None
+
+
+def register_dei_configs() -> None:
+    """Store the schema in Hydra's ConfigStore (`dei_schema`)."""
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(name="dei_schema", node=DEIConfig)

@@ -1,0 +1,63 @@
+"""`decentrain compare [overrides]` (or `python -m recipes.compare`): DDP, DiLoCo, NoLoCo and
+SparseLoCo at one layout, one after another, then their curves side by side.
+
+Each arm is the ordinary pre-training recipe in its own process (`python -m recipes.train`,
+which starts its workers through the same launcher as `decentrain`), writing `<run_dir>/<arm>/`.
+Its console goes to `<run_dir>/<arm>.log`. Then `compare.png`, `compare.txt` (the table and
+a paragraph that reads it) and `compare.json` land in `<run_dir>`.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import hydra
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig, OmegaConf
+
+from decentrain.algorithms.common.comparison import CompareConfig, arm_overrides, read_arm, write_summary
+from recipes import conf_dir, run
+
+ConfigStore.instance().store(name="compare_schema", node=CompareConfig)
+
+
+def run_arm(cfg: CompareConfig, name: str, run_dir: Path) -> None:
+    log = run_dir / f"{name}.log"
+    argv = [sys.executable, "-m", "recipes.train", *arm_overrides(cfg, name, run_dir / name)]
+    start = time.perf_counter()
+    print(f"[compare] {name}: training ({cfg.workers} workers, {cfg.steps} steps); log {log}", flush=True)
+    with open(log, "w") as out:
+        code = subprocess.call(argv, stdout=out, stderr=subprocess.STDOUT)
+    lines = log.read_text(errors="replace").splitlines()
+    done = next((line.split("[decentrain] ", 1)[1] for line in reversed(lines) if "[decentrain] done:" in line), None)
+    if code != 0 or done is None:
+        tail = "\n".join(lines[-15:])
+        sys.exit(f"[compare] {name} failed (exit {code}); the end of {log}:\n{tail}")
+    print(f"[compare] {name}: {done} ({time.perf_counter() - start:.0f}s with start-up)", flush=True)
+
+
+def to_config(dcfg: DictConfig) -> CompareConfig:
+    """The one conversion: Hydra's config to the typed dataclass (validation runs here)."""
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(CompareConfig), OmegaConf.to_container(dcfg, resolve=True)))
+
+
+@hydra.main(version_base="1.3", config_path=str(conf_dir()), config_name="compare")
+def main(dcfg: DictConfig) -> None:
+    try:  # bad config: one clear line, before any arm starts
+        cfg = to_config(dcfg)
+    except ValueError as e:
+        sys.exit(f"config error: {e}")
+    run_dir = Path(cfg.run_dir).resolve()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    for name in cfg.algorithms:
+        run_arm(cfg, name, run_dir)
+    arms = [read_arm(name, run_dir / name) for name in cfg.algorithms]
+    print(write_summary(arms, cfg, run_dir), flush=True)
+    print(f"[compare] figure {run_dir / 'compare.png'}; table and reading {run_dir / 'compare.txt'}")
+
+
+if __name__ == "__main__":
+    run(main, "compare")

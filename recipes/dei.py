@@ -1,0 +1,60 @@
+"""DEI recipe: `python -m recipes.dei [overrides]`: a distributed quality-diversity search in Core War.
+
+Outside torchrun it starts `num_nodes` local nodes that survive each other's death (a dead node
+costs its peers its elites, not the run); each node runs DRQ's rounds with its own language
+model and shares its best elites through the job's store at each round's end. At the end this
+process merges the nodes' final archives and writes `summary.json` (QD-score and coverage,
+each node's figures, and every elite re-evaluated against the initial opponents).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+
+from decentrain.algorithms.dei.config import DEIConfig, register_dei_configs
+from decentrain.algorithms.dei.run import run_node, summarize
+from decentrain.core.launcher import launch_survivors
+from decentrain.core.world import read_launch_env
+from recipes import conf_dir, run
+
+register_dei_configs()
+log = logging.getLogger(__name__)
+
+
+def to_config(dcfg: DictConfig) -> DEIConfig:
+    """The one conversion: Hydra's config to typed dataclasses (validation runs here, before start)."""
+    raw = OmegaConf.to_container(dcfg, resolve=True)
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(DEIConfig), raw))
+
+
+@hydra.main(version_base="1.3", config_path=str(conf_dir()), config_name="dei")
+def main(dcfg: DictConfig) -> None:
+    try:  # bad config: one clear line, before any node starts
+        cfg = to_config(dcfg)
+    except ValueError as e:
+        sys.exit(f"config error: {e}")
+    run_dir = Path(cfg.run_dir).resolve()
+    if read_launch_env().under_torchrun or cfg.num_nodes == 1:
+        run_node(cfg, run_dir)
+        if cfg.num_nodes > 1:
+            return
+    else:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(dcfg, resolve=True))
+        launch_survivors([*HydraConfig.get().overrides.task, f"run_dir={run_dir}", f"hydra.run.dir={run_dir}"],
+                         cfg.num_nodes, run_dir, module="recipes.dei")
+    summary = summarize(cfg, run_dir)
+    print(f"DEI: {summary['nodes_finished']} node(s), merged archive QD-score {summary['merged']['qd_score']:.2f}, "
+          f"coverage {summary['merged']['coverage']:.1%} ({summary['merged']['cells']} cells); "
+          f"{run_dir / 'summary.json'}")
+
+
+if __name__ == "__main__":
+    run(main, "dei")

@@ -1,0 +1,78 @@
+"""Merge a trained HDEE ensemble's experts into one routed model (DUME's closed-form ridge router).
+
+    python -m recipes.hdee_merge ensemble_dir=runs/hdee/homogeneous
+    python -m recipes.hdee_merge ensemble_dir=runs/hdee/homogeneous pooling=token ridge_lambda=10
+
+The router is fit on `calibration_blocks` validation blocks per expert domain; the experts stay
+frozen. The model is saved with save_pretrained (safetensors) to out_dir and loads with
+`RoutedExpertsForCausalLM.from_pretrained(out_dir)`. With score=true the recipe prints the test
+log-perplexity per domain of the routed model beside each expert's, and the experts it ran per
+sequence.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+import hydra
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from decentrain.algorithms.hdee.merge import MergeConfig, build_routed, from_ensemble, save_routed
+from decentrain.config import register_configs
+from decentrain.core.ensemble import token_logprobs
+from decentrain.data.blocks import build_corpus
+
+CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+register_configs()
+
+
+def score(model, tokenizer, cfg: MergeConfig) -> dict:
+    """Test log-perplexity per expert domain: the routed model, each expert alone, and experts run per sequence."""
+    domains = [d for e in cfg.experts for d in e.domains]
+    corpus = build_corpus(dataclasses.replace(cfg.data, domains=domains), tokenizer)
+    out = {}
+    with torch.no_grad():
+        for d in domains:
+            blocks = corpus.split("test", d)[:64]
+            row = {"routed": -token_logprobs(model, blocks).double().mean().item(),
+                   "experts_run_per_sequence": model.experts_run(blocks).mean().item()}
+            for name, expert in zip(model.config.expert_names, model.experts):
+                row[name] = -token_logprobs(expert, blocks).double().mean().item()
+            out[d] = row
+    return out
+
+
+def to_config(dcfg: DictConfig) -> tuple[MergeConfig, bool]:
+    """The recipe's one conversion: (MergeConfig, whether to score after saving)."""
+    raw = OmegaConf.to_container(dcfg, resolve=True)
+    do_score = raw.pop("score", True)
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(MergeConfig), raw)), do_score
+
+
+@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="hdee_merge")
+def main(dcfg: DictConfig) -> None:
+    try:  # the one conversion, and every check, before any model is loaded
+        cfg, do_score = to_config(dcfg)
+        cfg = from_ensemble(cfg)
+        if not cfg.out_dir:
+            raise ValueError("out_dir is unset (and no ensemble_dir to put it under)")
+    except ValueError as e:
+        sys.exit(f"config error: {e}")
+    torch.manual_seed(0)
+    model, tokenizer = build_routed(cfg)
+    out = save_routed(model, tokenizer, cfg.out_dir)
+    print(f"[hdee] routed model: experts {model.config.expert_names}, router {tuple(model.router_weight.shape)}, "
+          f"saved to {out}", flush=True)
+    if do_score:
+        res = score(model, tokenizer, cfg)
+        (out / "score_test.json").write_text(json.dumps(res, indent=1))
+        for d, row in res.items():
+            print(f"  {d:<16} " + "  ".join(f"{k} {v:.4f}" for k, v in row.items()), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,53 @@
+"""`decentrain compare`: every arm gets the same layout, and the table, the reading and the figure
+come from the arms' own metrics.jsonl (rank 0's eval loss, wall time and cumulative bytes)."""
+
+import json
+
+import pytest
+
+from decentrain.algorithms.common.comparison import CompareConfig, arm_overrides, read_arm, write_summary
+
+
+def test_arms_share_the_layout_and_differ_only_in_the_algorithm(tmp_path):
+    cfg = CompareConfig(workers=2, steps=40, inner_steps=10, overrides=["model=qwen2_tiny"])
+    ddp, noloco = arm_overrides(cfg, "ddp", tmp_path / "ddp"), arm_overrides(cfg, "noloco", tmp_path / "noloco")
+    shared = {"launcher.nproc_per_node=2", "train.steps=40", "train.global_batch_size=32", "model=qwen2_tiny", "resume=false"}
+    assert shared <= set(ddp) and shared <= set(noloco)
+    assert set(noloco) - set(ddp) == {"algorithm=noloco", "algorithm.inner_steps=10", f"run_dir={tmp_path / 'noloco'}",
+                                      f"hydra.run.dir={tmp_path / 'noloco'}"}
+    assert not any(o.startswith("algorithm.inner_steps") for o in ddp)  # DDP syncs every step
+
+
+def test_bad_values_name_the_field():
+    with pytest.raises(ValueError, match="workers=0"):
+        CompareConfig(workers=0)
+    with pytest.raises(ValueError, match="algorithms"):
+        CompareConfig(algorithms=[])
+
+
+def _write(run_dir, rows):
+    run_dir.mkdir(parents=True)
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_summary_reads_the_metrics_and_says_who_sent_what(tmp_path):
+    _write(tmp_path / "ddp", [{"step": 10, "train/loss": 3.0, "time/train_s": 5.0, "comm/bytes_sent_total": 5e7},
+                             {"step": 10, "eval/loss": 3.1},
+                             {"step": 20, "train/loss": 2.0, "time/train_s": 10.0, "comm/bytes_sent_total": 1e8},
+                             {"step": 20, "eval/loss": 2.5}])
+    _write(tmp_path / "noloco", [{"step": 20, "train/loss": 2.6, "time/train_s": 12.0, "comm/bytes_sent_total": 4e6},
+                                {"step": 20, "eval/loss": 2.9}])
+    cfg = CompareConfig(algorithms=["ddp", "noloco"], steps=20, inner_steps=10)
+    arms = [read_arm(a, tmp_path / a) for a in cfg.algorithms]
+    assert arms[0].step == [10, 20] and arms[0].bytes_sent == [5e7, 1e8] and arms[0].seconds == [5.0, 10.0]
+    text = write_summary(arms, cfg, tmp_path)
+    assert "25x less" in text  # 1e8 / 4e6
+    assert "ddp has the lowest eval loss (2.500) and sends the most (100.0 MB per worker)" in text and "noloco sends 25x less than ddp for eval 2.900 (+0.400)" in text
+    assert "trail DDP" in text  # the gap is read, with its cause
+    assert (tmp_path / "compare.png").stat().st_size > 1000 and json.loads((tmp_path / "compare.json").read_text())["arms"]
+
+
+def test_an_arm_without_evaluation_is_named(tmp_path):
+    _write(tmp_path / "diloco", [{"step": 10, "train/loss": 3.0}])
+    with pytest.raises(ValueError, match="the diloco arm did not finish"):
+        read_arm("diloco", tmp_path / "diloco")
