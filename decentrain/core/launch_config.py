@@ -6,7 +6,9 @@ from dataclasses import dataclass, field
 
 from decentrain.core.ft_config import TorchFTConfig, check_fault_tolerance
 
-LAUNCHERS = ("local", "torchrun")
+# local: start the workers here; torchrun: already under torchrun; hosts: this host's share of a job
+# over several hosts (launch/multinode.sh, launch/slurm.sbatch; docs/multihost.md)
+LAUNCHERS = ("local", "torchrun", "hosts")
 
 
 @dataclass
@@ -22,6 +24,11 @@ class LauncherConfig:
     fault_tolerance: str = "none"  # none | torchft (core/ft_config.py)
     replicas: int = 1  # torchft: replica groups, each its own torchrun job of nproc_per_node ranks
     torchft: TorchFTConfig = field(default_factory=TorchFTConfig)
+    # launcher=hosts: the job store's HOST:PORT (gossip algorithms; core/job_store.py), this host's
+    # place among nnodes, and the job's id (the same on every host)
+    store: str = ""
+    node_rank: int = 0
+    job_id: str = ""
 
     def __post_init__(self) -> None:
         if self.name not in LAUNCHERS:
@@ -33,8 +40,25 @@ class LauncherConfig:
         if self.name == "local" and self.nnodes != 1:
             raise ValueError(f"launcher.nnodes={self.nnodes}: launcher=local starts workers on this machine only; "
                              "for several nodes use launch/multinode.sh (torchrun, launcher=torchrun)")
+        if self.name == "hosts":
+            check_hosts(self)
+        elif self.store:
+            raise ValueError(f"launcher.store={self.store!r} is for launcher=hosts only (a job over several hosts)")
         check_fault_tolerance(self.fault_tolerance, self.replicas, self.torchft)
 
     @property
     def world_size(self) -> int | None:
         return None if self.nproc_per_node is None else self.nproc_per_node * self.nnodes
+
+
+def check_hosts(cfg: LauncherConfig) -> None:
+    """launcher=hosts: a job store address, a node rank in range, a job id and a rank count (ValueError, one line)."""
+    from decentrain.core.job_store import parse_endpoint  # torch.distributed: only when this launcher is used
+
+    parse_endpoint(cfg.store)
+    if not 0 <= cfg.node_rank < cfg.nnodes:
+        raise ValueError(f"launcher.node_rank={cfg.node_rank} must be in [0, launcher.nnodes={cfg.nnodes})")
+    if not cfg.job_id or not cfg.job_id.replace("-", "").replace("_", "").replace(".", "").isalnum():
+        raise ValueError(f"launcher.job_id={cfg.job_id!r} must be a non-empty id ([A-Za-z0-9._-]), the same on every host")
+    if cfg.nproc_per_node is None:
+        raise ValueError("launcher.nproc_per_node=null: launcher=hosts starts the ranks itself; give the count")

@@ -12,8 +12,8 @@ Partners read these before and while waiting on each other (see `PairExchange`),
 stopped or lagging rank costs at most one deadline wait, and a rank that wakes far behind
 can see where the live ranks are. Everything read is untrusted: a malformed value reads as
 "unknown", never raises; the live round is a median, so one lying rank cannot move it.
-This is decentrain's own (torchft's Lighthouse needs a separate server process and a
-quorum per step; a store the launcher already hosts needs neither).
+This is decentrain's own (torchft's Lighthouse needs a quorum per step; gossip needs none: the
+store is enough, the launcher's on one host, the job store over several, core/job_store.py).
 """
 
 from __future__ import annotations
@@ -26,13 +26,11 @@ from dataclasses import dataclass, field
 
 import torch.distributed as dist
 
+from decentrain.core.incarnation import IncarnationCheck
+
 log = logging.getLogger(__name__)
 
 _MAX_VALUE = 1 << 40  # rounds/incarnations beyond this are nonsense from a peer: read as unknown
-# `<INCARNATION_KEY>/<rank>`: the incarnation `launch_survivors` last started for that rank. A heal
-# request is honoured only from a rank whose incarnation there matches: anyone who can write the
-# store can post a request, only the launcher restarts ranks.
-INCARNATION_KEY = "launcher/incarnation"
 
 
 def job_prefix(store: dist.Store, rank: int, incarnation: int) -> str:
@@ -80,7 +78,10 @@ class Membership:
     # where the launcher records incarnations: the job's whole store, above this job's namespace
     # (None: `store` itself)
     launcher_store: dist.Store | None = None
+    # the launchers' public key and this rank's token (core/incarnation.py); None: no heal request is honoured
+    authority: IncarnationCheck | None = field(default_factory=IncarnationCheck.from_env)
     _served: int | None = field(default=None, repr=False)  # heal requests already taken
+    _granted: set = field(default_factory=set, repr=False)  # (rank, incarnation) served once: a replay is not
     _seen: dict = field(default_factory=dict, repr=False)  # peer -> (heartbeat value, monotonic time it last changed)
     _stop: threading.Event = field(default_factory=threading.Event, repr=False)
     _thread: threading.Thread | None = field(default=None, repr=False)
@@ -111,11 +112,12 @@ class Membership:
         if self._thread is not None:
             self._thread.join(timeout=5 * self.interval_s + 5)
 
-    # -- heal requests: `heal/<donor>/n` counts them, `heal/<donor>/<i>` = "rank,incarnation" ----
+    # -- heal requests: `heal/<donor>/n` counts them, `heal/<donor>/<i>` = "rank,incarnation,token" ----
     def request_heal(self, donor: int) -> None:
         n = self._safe(self.store.add, f"heal/{donor}/n", 1)
         if n is not None:
-            self._safe(self.store.set, f"heal/{donor}/{n}", f"{self.rank},{self.incarnation}")
+            token = self.authority.token if self.authority is not None else ""
+            self._safe(self.store.set, f"heal/{donor}/{n}", f"{self.rank},{self.incarnation},{token}")
 
     def heal_requests(self) -> list[tuple[int, int]]:
         """(rank, incarnation) of replacements that asked this rank for its state since the last call."""
@@ -130,24 +132,31 @@ class Membership:
             self._served += 1
             raw = self._safe(self.store.get, key)
             try:
-                rank, inc = (int(x) for x in raw.decode("ascii").split(","))
-            except (AttributeError, UnicodeDecodeError, ValueError):
+                rank_s, inc_s, token = raw[:512].decode("ascii").split(",")
+                rank, inc = int(rank_s), int(inc_s)
+            except (AttributeError, TypeError, UnicodeDecodeError, ValueError):
                 continue
             if not (0 <= rank < self.world_size and rank != self.rank and 0 < inc < _MAX_VALUE):
                 continue
-            if (rank, inc) in out or not self._launched(rank, inc):
-                log.warning("rank %d: ignoring a heal request from rank %d incarnation %d, which the launcher did "
-                            "not start", self.rank, rank, inc)
+            if (rank, inc) in self._granted:
+                log.warning("rank %d: ignoring a repeated heal request of rank %d incarnation %d (served once)",
+                            self.rank, rank, inc)
                 continue
+            if not self._launched(rank, inc, token):
+                log.warning("rank %d: ignoring a heal request from rank %d incarnation %d, which no launcher "
+                            "started", self.rank, rank, inc)
+                continue
+            self._granted.add((rank, inc))
             out.append((rank, inc))
         return out
 
-    def _launched(self, rank: int, inc: int) -> bool:
-        key, store = f"{INCARNATION_KEY}/{rank}", self.launcher_store or self.store
-        if not self._safe(store.check, [key]):
-            return False
-        raw = self._safe(store.get, key)
-        return isinstance(raw, bytes) and raw.decode("ascii", "replace") == str(inc)
+    def replaced(self, rank: int, inc: int) -> bool:
+        """A launcher started a later incarnation of `rank` than `inc` (whose progress keys are a dead worker's)."""
+        return self.authority is not None and self.authority.superseded(self.launcher_store or self.store, rank, inc)
+
+    def _launched(self, rank: int, inc: int, token: str) -> bool:
+        """The launchers signed and recorded this incarnation, and started none after it."""
+        return self.authority is not None and self.authority.started(self.launcher_store or self.store, rank, inc, token)
 
     # -- reading ----------------------------------------------------------------------
     def progress(self, peer: int) -> Progress | None:

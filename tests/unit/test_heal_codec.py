@@ -69,15 +69,20 @@ def test_heal_requests_are_honoured_only_from_ranks_the_launcher_restarted():
 
     import torch.distributed as dist
 
-    from decentrain.core.membership import INCARNATION_KEY, Membership
+    from decentrain.core.incarnation import IncarnationCheck, LauncherKey
+    from decentrain.core.membership import Membership
 
     store = dist.HashStore()
     store.set_timeout(timedelta(seconds=5))
-    donor = Membership(store, rank=0, world_size=4)
+    key = LauncherKey(b"k" * 32)
+    check = IncarnationCheck("job", key.public_hex)
+    for rank in range(4):
+        key.claim(store, "job", rank)  # incarnation 0 of every rank
+    inc, token = key.claim(store, "job", 2)  # the launcher restarted rank 2 once
+    donor = Membership(store, rank=0, world_size=4, authority=check)
     donor.heal_requests()  # requests before this process are stale
-    store.set(f"{INCARNATION_KEY}/2", "1")  # the launcher restarted rank 2 once
-    for rank, inc in ((2, 1), (2, 1), (3, 1), (2, 2), (1, 5)):  # 1 real request, 1 duplicate, 3 forged
-        Membership(store, rank=rank, world_size=4, incarnation=inc).request_heal(0)
+    for rank, i, tok in ((2, inc, token), (2, inc, token), (3, 1, token), (2, 2, token), (1, 5, "")):  # 1 real, 1 duplicate, 3 forged
+        Membership(store, rank=rank, world_size=4, incarnation=i, authority=IncarnationCheck("job", check.public_hex, tok)).request_heal(0)
     assert donor.heal_requests() == [(2, 1)]
 
 

@@ -84,10 +84,15 @@ class Healer:
 
     # -- replacement side ---------------------------------------------------------------
     def _donors(self, tried: set[int]) -> list[tuple[int, int]]:
-        """(rank, incarnation) of live peers, furthest along first."""
+        """(rank, incarnation) of live peers, furthest along first.
+
+        A rank whose published incarnation a launcher has replaced is dead (a whole host lost
+        takes several ranks, whose replacements start together): asking it would cost an attempt.
+        """
         m = self.membership
         live = [(p.done, r, p.incarnation) for r in range(m.world_size)
-                if r != m.rank and r not in tried and (p := m.progress(r)) is not None and not p.finished]
+                if r != m.rank and r not in tried and (p := m.progress(r)) is not None and not p.finished
+                and not m.replaced(r, p.incarnation)]
         return [(r, inc) for _, r, inc in sorted(live, key=lambda x: (-x[0], x[1]))]
 
     def heal(self, timeout_s: float) -> tuple[int, float]:

@@ -190,6 +190,7 @@ class NoLoCo(InnerOuterAlgorithm):
                 p.grad = torch.zeros_like(p)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        self.outer.step([torch.zeros_like(s) for s in self.outer.slow])  # the outer optimizer's state too (momentum)
         donor, seconds = self.healer.heal(self.cfg.heal_timeout_s)
         log.info("healed from rank %d in %.2fs: round %d, phi crc %08x", donor, seconds, self.round,
                  tensors_crc(self._resume["outer"]["slow"]))

@@ -1,0 +1,90 @@
+"""The job store of a multi-host gossip job (core/job_store.py) and each host's launcher as its client."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from pathlib import Path
+
+import pytest
+
+from decentrain.core.incarnation import SECRET_ENV
+from decentrain.core.job_store import connect, parse_endpoint
+from decentrain.core.launch_config import LauncherConfig
+from decentrain.core.launcher import HostSlot, launch_survivors
+from store_helpers import start_store
+
+# a worker that says it is up, then waits to be stopped (the test synchronises on its file, not on time)
+WORKER = """
+import os, signal, sys
+open(sys.argv[1] + "." + os.environ["RANK"], "w").write(os.environ["DECENTRAIN_INCARNATION"])
+signal.pause()
+"""
+
+
+@pytest.mark.parametrize("bad", ["", "host", "host:", ":29400", "host:0", "host:70000", "host:29a"])
+def test_a_bad_store_address_fails_in_one_line_naming_the_field(bad):
+    with pytest.raises(ValueError, match=r"^launcher\.store="):
+        LauncherConfig(name="hosts", nnodes=2, store=bad, job_id="j")
+
+
+def test_hosts_launcher_config_checks_node_rank_and_job_id():
+    with pytest.raises(ValueError, match=r"^launcher\.node_rank=2"):
+        LauncherConfig(name="hosts", nnodes=2, store="h:1", node_rank=2, job_id="j")
+    with pytest.raises(ValueError, match=r"^launcher\.job_id="):
+        LauncherConfig(name="hosts", nnodes=2, store="h:1", job_id="a b")
+    with pytest.raises(ValueError, match=r"^launcher\.store="):
+        LauncherConfig(name="local", store="h:1")
+    assert parse_endpoint("[::1]:29400") == ("::1", 29400)
+
+
+def test_a_dead_job_store_stops_every_host_launcher_and_its_workers_with_one_line(tmp_path, monkeypatch):
+    (tmp_path / "waiter.py").write_text(WORKER)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setenv(SECRET_ENV, "s" * 32)
+    store, addr = start_store(tmp_path)
+    errors: dict[int, BaseException] = {}
+
+    def host(node: int) -> None:
+        try:
+            launch_survivors([str(tmp_path / f"up{node}")], 1, tmp_path, module="waiter",
+                             slot=HostSlot(addr, node, 2, "job"))
+        except RuntimeError as e:
+            errors[node] = e
+
+    hosts = [threading.Thread(target=host, args=(n,)) for n in (0, 1)]
+    try:
+        for t in hosts:
+            t.start()
+        while not all((tmp_path / f"up{n}.{n}").exists() for n in (0, 1)):  # each host's rank started
+            assert all(t.is_alive() for t in hosts), errors
+            threading.Event().wait(0.05)
+        assert [(tmp_path / f"up{n}.{n}").read_text() for n in (0, 1)] == ["0", "0"]
+        store.send_signal(signal.SIGKILL)
+        for t in hosts:
+            t.join(60)
+    finally:
+        store.kill()
+    assert set(errors) == {0, 1}
+    for e in errors.values():
+        assert str(e).startswith(f"the job store at {addr} is gone") and "resume=true" in str(e) and "\n" not in str(e)
+    for node in (0, 1):  # the workers went down with their launchers
+        pid = int(__import__("json").loads((tmp_path / f"workers.node{node}.json").read_text())[str(node)])
+        assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text()
+
+
+def test_a_host_started_for_a_node_rank_again_starts_replacements(tmp_path, monkeypatch):
+    """The second launcher of node 1 (a machine started in a dead host's place) gets incarnation 1."""
+    (tmp_path / "once.py").write_text("import os, sys\nopen(sys.argv[1] + '.' + os.environ['RANK'], 'w')"
+                                      ".write(os.environ['DECENTRAIN_INCARNATION'])\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setenv(SECRET_ENV, "s" * 32)
+    store, addr = start_store(tmp_path)
+    try:
+        for attempt in ("a", "b"):
+            assert launch_survivors([str(tmp_path / attempt)], 2, module="once", slot=HostSlot(addr, 1, 2, "job")) == {2: 0, 3: 0}
+        assert [(tmp_path / f"{a}.{r}").read_text() for a in "ab" for r in (2, 3)] == ["0", "0", "1", "1"]
+        assert connect(addr).add("decentrain/attempt0/shared/launcher/incarnation/3/next", 0) == 2
+    finally:
+        store.kill()
