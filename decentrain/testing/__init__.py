@@ -3,7 +3,8 @@ tests of a new algorithm or recipe, need to run code the way it runs for real.
 
     from decentrain.testing import run_ranks, run_recipe, lighthouse
 
-- processes: `run_ranks` (N gloo ranks in fresh processes), `run_in_threads`, `run_in_fresh_process`, `free_port`
+- processes: `run_ranks` (N gloo ranks in fresh processes), `run_in_threads`, `run_in_fresh_process`, `free_port`,
+  `start_store` (a job store on loopback)
 - recipes: `run_recipe(module, *overrides)` (`python -m recipes.<name>` from the checkout), `run_train`
   (recipes.train on a tiny model), `recipe_killing_a_worker`, and readers of a run's metrics
 - torchft: `lighthouse` (a LighthouseServer for a `with` block) and a torchft-style replica-group harness
@@ -22,7 +23,7 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "processes": ["free_port", "run_ranks", "run_in_fresh_process", "run_in_threads"],
+    "processes": ["free_port", "run_ranks", "run_in_fresh_process", "run_in_threads", "start_store"],
     "gossip": ["average"],
     "recipes": ["ROOT", "TINY", "TINY_RL", "metrics", "recipe_command", "recipe_env", "recipe_killing_a_worker",
                 "run_recipe", "run_train", "train_losses", "worker_ready"],

@@ -131,3 +131,14 @@ def run_in_threads(fn: Callable[[int], Any], n: int, timeout: float = 60.0) -> l
     stuck = [r for r, t in enumerate(threads) if t.is_alive()]
     assert not errors and not stuck, f"ranks that raised: {errors}; ranks still running after {timeout} s: {stuck}"
     return [out[r] for r in range(n)]
+
+
+def start_store(tmp_path: Path) -> tuple[subprocess.Popen, str]:
+    """Start the store; returns (process, HOST:PORT) once it accepts clients (its ready file)."""
+    ready = tmp_path / "store.addr"
+    proc = subprocess.Popen([sys.executable, "-m", "decentrain.core.job_store", "--host", "127.0.0.1", "--port", "0",
+                             "--ready-file", str(ready)], stderr=subprocess.PIPE, text=True)
+    while not ready.exists():
+        assert proc.poll() is None, proc.stderr.read()
+        threading.Event().wait(0.05)
+    return proc, ready.read_text().strip()

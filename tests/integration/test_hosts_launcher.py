@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from recipe_helpers import ROOT, TINY, metrics
-from store_helpers import start_store
+from decentrain.testing import start_store
 
 pytestmark = pytest.mark.integration
 

@@ -153,6 +153,6 @@ def test_a_replacement_asks_no_rank_whose_incarnation_a_launcher_replaced():
 
 
 def test_the_forged_and_replayed_requests_are_refused_as_an_ordinary_user_too():
-    from tests.privilege import rerun_unprivileged
+    from decentrain.testing import rerun_unprivileged
 
     rerun_unprivileged(__file__, "forged_incarnation_record or replayed_heal_request or another_key")

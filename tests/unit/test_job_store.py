@@ -13,7 +13,7 @@ from decentrain.core.incarnation import SECRET_ENV
 from decentrain.core.job_store import connect, parse_endpoint
 from decentrain.core.launch_config import LauncherConfig
 from decentrain.core.launcher import HostSlot, launch_survivors
-from store_helpers import start_store
+from decentrain.testing import start_store
 
 # a worker that says it is up, then waits to be stopped (the test synchronises on its file, not on time)
 WORKER = """
