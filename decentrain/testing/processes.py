@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
+import sys
 import threading
 import traceback
+from pathlib import Path
 from typing import Any, Callable
 
 import torch.multiprocessing as mp
