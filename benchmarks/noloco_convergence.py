@@ -8,10 +8,12 @@ NoLoCo up to 4 % faster convergence):
     diloco_2H     DiLoCo, 2H, heavy-ball SGD outer (the paper's baseline), tuned
     diloco_H      DiLoCo at NoLoCo's H (equal H: equal sync count), tuned
     ddp           one gradient all-reduce per step (one replica with the global batch): the quality reference
-  1. tuning seed (0), at one N: a bracketing outer lr x momentum grid per tuned arm, chosen on the
-     *validation* split (final loss, mean over all replicas). Each grid starts as a 3x3 window around
-     the paper's defaults on a fixed ladder; while the winner sits on an edge the window grows one
-     ladder step that way (a winner left on the ladder's end is reported as not bracketed);
+  1. tuning seed (0), at one N: a bracketing outer lr x momentum grid per tuned arm on fixed ladders,
+     chosen on the *validation* split (final loss, mean over all replicas). A pattern search: the paper's
+     point and its 4 ladder neighbours, then the unevaluated neighbours of the best point, until the
+     winner's neighbours on both axes were all run and lost (bracketed) or the rounds run out (a winner
+     left with an unrun neighbour or at a ladder's end is reported as not bracketed). Why not the full
+     lr x momentum product: on 2 shared cores one N=8 run costs ~40 CPU-s, 9 points x 3 arms did not fit;
   2. fresh seeds (1..S): every arm at its winner; final *test* loss of every replica, averaged
      (and perplexity exp(loss) averaged over replicas, as the paper), the replicas' averaged model;
   3. the mechanism, paired per seed: the final-loss difference NoLoCo - DiLoCo (and each - DDP) with
@@ -30,7 +32,7 @@ multi-process gloo run. The curves are the Trainer's own evaluation, logged by e
 
     python -m benchmarks.noloco_convergence                      # the protocol at this file's defaults (N=8)
     python -m benchmarks.noloco_convergence --workers 8 16       # and N=16 at N=8's tuned outer optimizers
-    python -m benchmarks.noloco_convergence --workers 4 --inner-steps 2 --steps 16 --grid-steps 1 --seeds 1 --allow-dirty  # smoke
+    python -m benchmarks.noloco_convergence --workers 4 --inner-steps 2 --steps 16 --grid-rounds 2 --seeds 2 --allow-dirty  # smoke
 """
 
 from __future__ import annotations
@@ -207,25 +209,18 @@ def steps_to_best(curves: dict[str, dict], reference: list[str]) -> dict[str, An
 
 
 # -- the bracketing grid ----------------------------------------------------------------
-def centred_window(ladder: list[float], centre: float) -> list[int]:
-    """[lo, hi] ladder indices of the 3 points around `centre` (clipped to the ladder)."""
-    i = min(max(ladder.index(centre), 1), len(ladder) - 2)
-    return [i - 1, i + 1]
+def neighbours(point: tuple[int, int]) -> list[tuple[int, int]]:
+    """The ladder points one step from (lr index, momentum index) along each axis (fewer at a ladder's end)."""
+    i, j = point
+    out = [(i - 1, j), (i + 1, j), (i, j - 1), (i, j + 1)]
+    return [(a, b) for a, b in out if 0 <= a < len(LR_LADDER) and 0 <= b < len(MOM_LADDER)]
 
 
-def widen(window: list[int], best: int, size: int) -> tuple[list[int], bool]:
-    """Grow a [lo, hi] ladder window one step past the edge the winner `best` sits on.
-    (window, grown?); not grown when the winner is inside or the ladder has no further point."""
-    lo, hi = window
-    if best == lo and lo > 0:
-        return [lo - 1, hi], True
-    if best == hi and hi < size - 1:
-        return [lo, hi + 1], True
-    return window, False
-
-
-def on_edge(best: int, window: list[int]) -> bool:
-    return best in window
+def open_axes(point: tuple[int, int], seen: set) -> list[str]:
+    """The axes on which `point` is not bracketed: a neighbour is unevaluated or the ladder ends there."""
+    i, j = point
+    return [ax for ax, pair in (("lr", ((i - 1, j), (i + 1, j))), ("momentum", ((i, j - 1), (i, j + 1))))
+            if not all(q in seen for q in pair)]
 
 
 # -- communication model (secondary) ----------------------------------------------------
@@ -250,35 +245,32 @@ COMPARISONS = {  # name -> (x, y): x - y paired by seed
 }
 
 
-def tune(hz: Harness, make_job, n: int, max_widen: int, parallel: int) -> dict[str, Any]:
-    """Step 1: each tuned arm's bracketing grid on the tuning seed (0), widened while its winner is on an edge."""
-    windows = {a: {"lr": centred_window(LR_LADDER, PAPER[ARMS[a][0]][0]), "mom": centred_window(MOM_LADDER, PAPER[ARMS[a][0]][1])}
-               for a in TUNED}
-    for rnd in range(max_widen + 1):
-        cells = {(a, i, j): make_job(a, {"lr": LR_LADDER[i], "momentum": MOM_LADDER[j]}, n, 0)
-                 for a in TUNED for i in range(windows[a]["lr"][0], windows[a]["lr"][1] + 1)
-                 for j in range(windows[a]["mom"][0], windows[a]["mom"][1] + 1)}
-        res = dict(zip(cells, hz.run_jobs(list(cells.values()), train_run, desc=f"grid round {rnd} (seed 0, val)", parallel=parallel)))
-        loss = {k: r["final_val_loss"] if math.isfinite(r["final_val_loss"]) else math.inf for k, r in res.items()}
-        best = {a: min((k for k in loss if k[0] == a), key=loss.get) for a in TUNED}
-        grown = False
-        for a, (_, i, j) in best.items():
-            if rnd == max_widen:
-                break
-            windows[a]["lr"], g_lr = widen(windows[a]["lr"], i, len(LR_LADDER))
-            windows[a]["mom"], g_mom = widen(windows[a]["mom"], j, len(MOM_LADDER))
-            grown |= g_lr or g_mom
-        if not grown:
+def tune(hz: Harness, make_job, n: int, max_rounds: int, parallel: int) -> dict[str, Any]:
+    """Step 1: each tuned arm's bracketing grid on the tuning seed (0). A pattern search on the ladders: the paper's
+    point and its 4 neighbours, then, while the best point has an unevaluated neighbour, those neighbours (at most
+    `max_rounds` rounds). The winner is bracketed when both its neighbours on each axis were evaluated and lost."""
+    todo = {a: {(LR_LADDER.index(PAPER[ARMS[a][0]][0]), MOM_LADDER.index(PAPER[ARMS[a][0]][1]))} for a in TUNED}
+    todo = {a: pts | set(neighbours(next(iter(pts)))) for a, pts in todo.items()}
+    loss: dict[tuple, float] = {}
+    rounds = dict.fromkeys(TUNED, 0)  # rounds in which the arm had points to run
+    for rnd in range(max_rounds):
+        rounds = {a: rounds[a] + bool(todo[a]) for a in TUNED}
+        cells = {(a, i, j): make_job(a, {"lr": LR_LADDER[i], "momentum": MOM_LADDER[j]}, n, 0) for a in TUNED for i, j in sorted(todo[a])}
+        for k, r in zip(cells, hz.run_jobs(list(cells.values()), train_run, desc=f"grid round {rnd} (seed 0, val)", parallel=parallel)):
+            loss[k] = r["final_val_loss"] if math.isfinite(r["final_val_loss"]) else math.inf
+        best = {a: min((k[1:] for k in loss if k[0] == a), key=lambda p, a=a: loss[(a, *p)]) for a in TUNED}
+        todo = {a: {q for q in neighbours(best[a]) if (a, *q) not in loss} for a in TUNED}
+        if not any(todo.values()):
             break
     out = {}
     for a in TUNED:
-        _, i, j = best[a]
-        out[a] = {"rows": [{"outer_lr": LR_LADDER[k[1]], "outer_momentum": MOM_LADDER[k[2]], "final_val_loss": res[k]["final_val_loss"]}
-                           for k in res if k[0] == a],
+        i, j = best[a]
+        seen = {k[1:] for k in loss if k[0] == a}
+        edge = open_axes((i, j), seen)
+        out[a] = {"rows": [{"outer_lr": LR_LADDER[k[1]], "outer_momentum": MOM_LADDER[k[2]], "final_val_loss": v}
+                           for k, v in sorted(loss.items()) if k[0] == a],
                   "best": {**RULE[ARMS[a][0]], "lr": LR_LADDER[i], "momentum": MOM_LADDER[j]},
-                  "bracketed": not on_edge(i, windows[a]["lr"]) and not on_edge(j, windows[a]["mom"]),
-                  "edge": [ax for ax, k in (("lr", i), ("momentum", j)) if on_edge(k, windows[a]["lr" if ax == "lr" else "mom"])],
-                  "rounds": rnd + 1}
+                  "bracketed": not edge, "edge": edge, "rounds": rounds[a]}
     return out
 
 
@@ -341,7 +333,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--eval-blocks", type=int, default=16, help="val blocks per domain for the curves (eval every 2H)")
     ap.add_argument("--final-blocks", type=int, default=64, help="val/test blocks per domain for the final losses")
-    ap.add_argument("--grid-steps", type=int, default=3, help="times a grid may widen past an edge winner")
+    ap.add_argument("--grid-rounds", type=int, default=2, help="pattern-search rounds of each arm's grid (round 0: 5 points)")
     ap.add_argument("--pairing-seed", type=int, default=-1, help="NoLoCo partner stream; -1: the official sequence")
     ap.add_argument("--parallel", type=int, default=2, help="runs at once (processes)")
     seeds_arg(ap)
@@ -357,7 +349,7 @@ def main() -> None:
     config = {"protocol": {**base, "noloco_H": h, "diloco_2H": 2 * h}, "model": MODEL, "workers": args.workers,
               "arms": {k: list(v) for k, v in ARMS.items()}, "tuning": {"seed": 0, "at_workers": tune_n, "lr_ladder": LR_LADDER,
                                                                        "momentum_ladder": MOM_LADDER, "centres": PAPER,
-                                                                       "rules": RULE, "max_widen": args.grid_steps},
+                                                                       "rules": RULE, "max_rounds": args.grid_rounds},
               "seeds": seeds, "selection": "final val loss, mean over all replicas, tuning seed 0",
               "comm_fits": {k: fits[k] for k in ("emulated/pair", "emulated/ring")}, "emulation": "in-process replicas"}
     hz = Harness("noloco_convergence", __file__, config, allow_dirty=args.allow_dirty, fresh=args.fresh)
@@ -367,7 +359,7 @@ def main() -> None:
         j = {**base, "workers": n, "algorithm": algo, "seed": seed}
         return j if algo == "ddp" else {**j, "inner_steps": mult * h, "outer_optimizer": {**RULE[algo], **opt}}
 
-    grid = tune(hz, make_job, tune_n, args.grid_steps, args.parallel)
+    grid = tune(hz, make_job, tune_n, args.grid_rounds, args.parallel)
     best = {a: grid[a]["best"] for a in TUNED}
     # N-major then seed-major, so a cut-short run has whole (N, seed)s
     jobs = {(n, a, s): make_job(a, best.get(a), n, s) for n in args.workers for s in seeds for a in ARMS}

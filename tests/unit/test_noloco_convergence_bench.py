@@ -1,5 +1,5 @@
 """The NoLoCo-protocol benchmark's own arithmetic: replica averaging, curve means, the paired test and what it
-can detect, steps to DiLoCo's best final loss, and the bracketing grid that widens past an edge winner."""
+can detect, steps to DiLoCo's best final loss, and the bracketing grid's pattern search."""
 
 import math
 
@@ -8,8 +8,8 @@ import torch
 from scipy.stats import t as student
 from scipy.stats import ttest_rel
 
-from benchmarks.noloco_convergence import (LR_LADDER, MOM_LADDER, TUNED, average_state, centred_window, first_step_at,
-                                           mean_curve, paired_test, steps_to_best, tune, verdict, widen)
+from benchmarks.noloco_convergence import (LR_LADDER, TUNED, average_state, first_step_at, mean_curve, neighbours, open_axes,
+                                           paired_test, steps_to_best, tune, verdict)
 
 pytestmark = pytest.mark.unit
 
@@ -68,13 +68,13 @@ def test_steps_to_best_targets_the_lower_of_the_reference_finals():
     assert out["steps"]["diloco_H"] == 20.0 and out["steps"]["diloco_2H"] is None and out["steps"]["ddp"] is None
 
 
-def test_widen_grows_one_step_past_an_edge_winner_until_the_ladder_ends():
-    assert centred_window(LR_LADDER, 0.7) == [2, 4]
-    assert centred_window(MOM_LADDER, 0.0) == [0, 2]  # clipped to the ladder
-    assert widen([2, 4], 4, 7) == ([2, 5], True)
-    assert widen([2, 4], 2, 7) == ([1, 4], True)
-    assert widen([2, 4], 3, 7) == ([2, 4], False)
-    assert widen([4, 6], 6, 7) == ([4, 6], False)  # the ladder's last point: nothing further
+def test_neighbours_and_open_axes_know_the_ladders_ends():
+    assert sorted(neighbours((3, 3))) == [(2, 3), (3, 2), (3, 4), (4, 3)]
+    assert sorted(neighbours((len(LR_LADDER) - 1, 0))) == [(len(LR_LADDER) - 2, 0), (len(LR_LADDER) - 1, 1)]
+    seen = {(3, 3), (2, 3), (4, 3), (3, 2)}
+    assert open_axes((3, 3), seen) == ["momentum"]
+    assert open_axes((3, 3), seen | {(3, 4)}) == []
+    assert open_axes((len(LR_LADDER) - 1, 3), {(len(LR_LADDER) - 2, 3), (len(LR_LADDER) - 1, 2), (len(LR_LADDER) - 1, 4)}) == ["lr"]
 
 
 class _BowlHarness:
@@ -97,19 +97,21 @@ def _job(arm, opt, n, seed):
     return {"arm": arm, "workers": n, "seed": seed, "outer_optimizer": opt}
 
 
-def test_tune_widens_until_the_winner_is_inside_and_flags_a_ladder_end():
+def test_tune_walks_until_the_winner_is_bracketed_and_flags_a_ladder_end():
     at = {"noloco_H": (1.4, 0.8), "diloco_2H": (0.7, 0.3), "diloco_H": (2.0, 0.3)}
     hz = _BowlHarness(at)
-    grid = tune(hz, _job, 8, max_widen=3, parallel=1)
+    grid = tune(hz, _job, 8, max_rounds=6, parallel=1)
     assert {a: (g["best"]["lr"], g["best"]["momentum"]) for a, g in grid.items()} == at
-    assert grid["noloco_H"]["bracketed"] and grid["noloco_H"]["rounds"] >= 2  # started 0.5-1.0 x 0.3-0.7
-    assert grid["diloco_2H"]["bracketed"] and len(grid["diloco_2H"]["rows"]) == 9  # the paper's point, inside from the start
+    assert grid["noloco_H"]["bracketed"] and grid["noloco_H"]["rounds"] == 5  # 4 ladder moves from 0.7/0.5, then its neighbours
+    # the paper's point wins: its 4 neighbours bracket it, nothing else is run
+    assert grid["diloco_2H"]["bracketed"] and len(grid["diloco_2H"]["rows"]) == 5
     assert not grid["diloco_H"]["bracketed"] and grid["diloco_H"]["edge"] == ["lr"]  # 2.0 is the ladder's (and config's) end
     assert all(j["seed"] == 0 and j["workers"] == 8 for j in hz.jobs) and set(TUNED) == set(grid)
+    assert len(hz.jobs) == len({(j["arm"], j["outer_optimizer"]["lr"], j["outer_optimizer"]["momentum"]) for j in hz.jobs})  # each once
 
 
-def test_tune_stops_widening_after_max_widen_rounds():
+def test_tune_stops_after_max_rounds_and_says_the_winner_is_open():
     hz = _BowlHarness({"noloco_H": (2.0, 0.9), "diloco_2H": (0.25, 0.0), "diloco_H": (0.7, 0.3)})
-    grid = tune(hz, _job, 8, max_widen=1, parallel=1)
-    assert grid["noloco_H"]["rounds"] == 2 and not grid["noloco_H"]["bracketed"]
-    assert (grid["noloco_H"]["best"]["lr"], grid["noloco_H"]["best"]["momentum"]) == (1.4, 0.8)  # one widening only
+    grid = tune(hz, _job, 8, max_rounds=2, parallel=1)
+    assert grid["noloco_H"]["rounds"] == 2 and not grid["noloco_H"]["bracketed"] and grid["noloco_H"]["edge"]
+    assert grid["diloco_H"]["bracketed"]
