@@ -44,25 +44,9 @@ def rows() -> list[str]:
            "|---|---|---|---|---|---|---|"]
     rec = _load("noloco_convergence")
     if rec and "cells" in rec["figures"]:
-        f, p = rec["figures"], rec["config"]["protocol"]
-        cells = []
-        for key, c in f["cells"].items():
-            x = c["comparisons"]["paper_defaults_vs_hb"]
-            nest = c["comparisons"]["paper_defaults_vs_nesterov"]["delta_test_loss"]
-            bb = c["comparisons"]["best_vs_best"]["delta_test_loss"]
-            n_seeds = len(x["wan_to_diloco_final"])
-            wan = f"{fmt(x['wan_ratio'], 2)}x WAN s ({x['seeds_reached']}/{n_seeds} seeds reach it)" if x["wan_ratio"] else "never reaches it"
-            cells.append(f"{key} ({c['params'] / 1e3:.0f}k): Δ {fmt(x['delta_test_loss'], 3)} vs heavy-ball, "
-                         f"{fmt(nest, 3)} vs Nesterov, best-vs-best {fmt(bb, 3)}; to DiLoCo's final loss {wan}")
-        ours = (f"NoLoCo H={p['noloco_H']} − DiLoCo 2H={p['diloco_2H']}, final test loss over all replicas, paired per seed "
-                f"({len(rec['config']['seeds'])} seeds, {f['steps']} steps, paper defaults unless named; equal "
-                f"{len(rec['config']['grid']['outer_lr'])}x{len(rec['config']['grid']['outer_momentum'])} grid at "
-                f"{rec['config']['grid']['at']}): " + "; ".join(cells)
-                + ". Matches the paper's protocol in: 1:2 H ratio, paper outer defaults (heavy-ball DiLoCo baseline), "
-                "DP 4-16 replicas, all-replica loss. Departs in: model size (tens of k params), H, steps, data (see TXT)")
-        out.append(f"| noloco_convergence | NoLoCo (H=50) up to 4% faster convergence than DiLoCo (H=100) | {ours} | "
-                   f"at N=16: NoLoCo ≤ DiLoCo loss and ≤ 0.5x its WAN s: **{'met' if f['target_met'] else 'not met'}** | "
-                   f"`python -m benchmarks.noloco_convergence` | {_runtime(rec)} | {_provenance(rec)} |")
+        from benchmarks.noloco_convergence import readme_row
+
+        out.append(f"{readme_row(rec)} {_runtime(rec)} | {_provenance(rec)} |")
     rec = _load("comm_sync")
     if rec and "fits" in rec["figures"]:
         f = rec["figures"]
