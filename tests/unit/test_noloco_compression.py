@@ -5,16 +5,27 @@ import torch
 
 from decentrain.algorithms.common.outer_optimizers import OuterOptimizerConfig
 from decentrain.algorithms.noloco import NoLoCo, NoLoCoConfig
-from decentrain.algorithms.noloco.compressed_gossip import CompressedGossip, NoLoCoCompressionConfig, step_direction
+from decentrain.algorithms.noloco.compressed_gossip import CompressedGossip, Decoded, NoLoCoCompressionConfig, step_direction
 from decentrain.core.world import World
 from dist_helpers import run_in_threads
 
 
 def test_step_direction_by_hand():
-    # ĝ = mean_G D(c) − (mean_G D(s) − D(s_i)): c = [1, 2], [3, 0] -> [2, 1]; s_i = [0, 4], s_j = [2, 0] -> pull [1, −2]
-    g = step_direction(torch.tensor([1.0, 2.0]), torch.tensor([0.0, 4.0]), [(torch.tensor([3.0, 0.0]), torch.tensor([2.0, 0.0]))])
+    # ĝ = learn − (mean_G D(s) − D(s_i)): s_i = [0, 4], s_j = [2, 0] -> pull [1, −2]
+    g = step_direction(torch.tensor([2.0, 1.0]), torch.tensor([0.0, 4.0]), [torch.tensor([2.0, 0.0])])
     assert g.tolist() == [1.0, 3.0]
     assert step_direction(torch.tensor([1.0, 2.0]), torch.tensor([0.0, 4.0]), []).tolist() == [1.0, 2.0]  # alone: own c
+
+
+@pytest.mark.parametrize("aggregation, expected", [("mean_over_senders", [1.0, 2.0, 3.0]), ("sum_over_replicas", [0.5, 1.0, 3.0])])
+def test_learning_term_averages_each_index_over_its_senders(aggregation, expected):
+    """Own c sent indices 0 and 2, the partner's index 1 and 2: an index one side sent moves by its full value."""
+    gossip = CompressedGossip(NoLoCoCompressionConfig(enabled=True, chunk_size=4, topk=2, bits=8, state_topk=2,
+                                                      aggregation=aggregation),
+                              torch.zeros(3))
+    own = Decoded(torch.tensor([1.0, 0.0, 2.0]), torch.tensor([1.0, 0.0, 1.0]), torch.zeros(3))
+    partner = Decoded(torch.tensor([0.0, 2.0, 4.0]), torch.tensor([0.0, 1.0, 1.0]), torch.zeros(3))
+    assert gossip.learning_term([own, partner]).tolist() == expected
 
 
 def test_lossless_messages_give_uncompressed_noloco_pseudo_gradient():
@@ -24,7 +35,7 @@ def test_lossless_messages_give_uncompressed_noloco_pseudo_gradient():
     theta = [p - 0.1 * torch.randn(8, generator=g) for p in phi]
     delta = [p - t for p, t in zip(phi, theta)]
     anchor = torch.randn(8, generator=g)
-    g_hat = step_direction(delta[0], phi[0] - anchor, [(d, p - anchor) for d, p in zip(delta[1:], phi[1:])])
+    g_hat = step_direction(sum(delta) / 3, phi[0] - anchor, [p - anchor for p in phi[1:]])
     assert torch.allclose(g_hat, phi[0] - sum(theta) / 3, atol=1e-6)
 
 
@@ -54,7 +65,7 @@ def test_compression_refuses_the_general_form_and_a_stallable_anchor():
 
 def test_a_payload_that_fails_decoding_is_reported_not_raised():
     gossip = CompressedGossip(NoLoCoCompressionConfig(enabled=True, chunk_size=8, topk=2, state_topk=2), torch.zeros(20))
-    c, s, _, _ = gossip.messages(torch.randn(20), torch.randn(20), round_idx=3)
+    c, s, _ = gossip.messages(torch.randn(20), torch.randn(20), round_idx=3)
     assert gossip.decode_pair(c, s, 3)[0] is not None
     assert "round" in gossip.decode_pair(c, s, 4)[1]  # a replayed round
     bad = s.clone()

@@ -83,3 +83,45 @@ def test_resume_continues_bit_exactly_and_needs_the_error_buffer():
     assert torch.equal(resumed.weight, straight.weight)
     dropped, _ = _run(cfg, 12, state, drop_error=True)
     assert not torch.equal(dropped.weight, straight.weight)
+
+
+def _two_replicas(cfg, drifts):
+    """One sync of two SparseLoCo replicas over the in-process transport; each replica's weights after it."""
+    from decentrain.core.inprocess import InProcessHub
+    from dist_helpers import run_in_threads
+
+    hub = InProcessHub(2)
+
+    def replica(rank):
+        model = _model([1.0, 1.0, 1.0, 1.0])
+        algo = SparseLoCo(cfg, World(rank=rank, world_size=2))
+        algo.transport = hub.transport(rank)
+        algo.on_train_start(model, None)
+        _set(model, [1.0 - d for d in drifts[rank]])  # Δ_r = φ − θ_r = drifts[rank]
+        algo.after_optimizer_step(1, model, None)
+        return model.weight.detach().flatten().tolist()
+
+    return run_in_threads(replica, 2)
+
+
+@pytest.mark.parametrize("aggregation, expected", [
+    # disjoint top-1 indices: each entry moves by the full value its one sender sent (the reference's rule)
+    ("mean_over_senders", [0.6, 1.0, 1.3, 1.0]),
+    # the paper's literal 1/R: each entry moves by half of it, while the sender's error buffer dropped all of it
+    ("sum_over_replicas", [0.8, 1.0, 1.15, 1.0]),
+])
+def test_disjoint_indices_move_by_what_their_sender_sent(aggregation, expected):
+    cfg = SparseLoCoConfig(inner_steps=1, chunk_size=4, topk=1, bits=8, aggregation=aggregation)
+    w0, w1 = _two_replicas(cfg, [[0.4, 0.0, 0.0, 0.0], [0.0, 0.0, -0.3, 0.0]])
+    assert w0 == pytest.approx(expected, abs=1e-6) and w1 == w0
+
+
+def test_an_index_both_replicas_sent_moves_by_their_mean():
+    cfg = SparseLoCoConfig(inner_steps=1, chunk_size=4, topk=1, bits=8)
+    w0, w1 = _two_replicas(cfg, [[0.4, 0.0, 0.0, 0.0], [0.2, 0.0, 0.0, 0.0]])
+    assert w0 == pytest.approx([0.7, 1.0, 1.0, 1.0], abs=1e-6) and w1 == w0
+
+
+def test_unknown_aggregation_names_the_field():
+    with pytest.raises(ValueError, match=r"algorithm.aggregation='median' is unknown; allowed: \['mean_over_senders', 'sum_over_replicas'\]"):
+        SparseLoCoConfig(aggregation="median")

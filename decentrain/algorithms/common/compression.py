@@ -10,9 +10,17 @@ replica r at outer round t, with R replicas:
     e_r ← β·e_r + Δ_r                   accumulate: what was not sent is sent later
     c_r  = Q_b(TopK_k(e_r))             the k largest |e| of each chunk of C entries, b-bit values
     e_r ← e_r − D(c_r)                  keep exactly the compression error (D: decode)
-    Δ̄   = (1/R)·Σ_r D(c_r)             every replica decodes every payload (all-gather)
+    Δ̄_j = Σ_r D(c_r)_j / |S_j|         S_j = the replicas whose c_r carries index j (Δ̄_j = 0 if none):
+                                         the mean over the senders of each index, as the reference code
+                                         aggregates (templar's TopKCompressor.decompress/batch_decompress,
+                                         `scatter_reduce_(..., reduce="mean", include_self=False)`)
     θ_t  = θ_{t−1} − α·Δ̄               SparseLoCo's outer step: plain SGD, the decayed
                                          EF accumulator stands in for outer momentum
+
+Aggregation, picked by name (`AGGREGATIONS`): "mean_over_senders" (above, the default) or
+"sum_over_replicas", Δ̄ = (1/R)·Σ_r D(c_r), the paper's text. With little overlap between the
+replicas' indices the latter moves each entry by about 1/R of what its sender sent, while the
+sender's e has already dropped all of it: the effective outer step shrinks like α/R.
 
 Q_b, the per-chunk symmetric quantiser of the kept values v (one fp32 scale s per chunk,
 L = 2^b levels evenly spaced over [−s, s], both ends included):
@@ -37,11 +45,14 @@ uint16 (so C ≤ 65536), sorted within their chunk.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor
+
+from decentrain.core.registry import Registry
 
 BITS = (2, 4, 8)
 MAX_CHUNK = 1 << 16  # indices travel as uint16
@@ -150,6 +161,30 @@ def decompress(c: SparseChunks, spec: CompressionSpec) -> Tensor:
     out = torch.zeros(spec.num_chunks, spec.chunk, dtype=torch.float32, device=c.scale.device)
     out.scatter_(1, c.idx, dequantize_symmetric(c.codes, c.scale, spec.bits))
     return out.view(-1)[: spec.numel]
+
+
+def sent_mask(c: SparseChunks, spec: CompressionSpec) -> Tensor:
+    """1 where c carries an index (whatever value it decodes to), 0 elsewhere: dense flat fp32."""
+    out = torch.zeros(spec.num_chunks, spec.chunk, dtype=torch.float32, device=c.scale.device)
+    out.scatter_(1, c.idx, 1.0)
+    return out.view(-1)[: spec.numel]
+
+
+Aggregation = Callable[[Sequence[Tensor], Sequence[Tensor]], Tensor]
+AGGREGATIONS: Registry[Aggregation] = Registry("algorithm.aggregation")
+
+
+@AGGREGATIONS.register("mean_over_senders")
+def mean_over_senders(values: Sequence[Tensor], masks: Sequence[Tensor]) -> Tensor:
+    """Δ̄_j = Σ_r D(c_r)_j / |S_j| (0 where nobody sent j), from each payload's D(c) and `sent_mask`."""
+    count = torch.stack(list(masks)).sum(0)
+    return torch.stack(list(values)).sum(0) / count.clamp_min(1.0)
+
+
+@AGGREGATIONS.register("sum_over_replicas")
+def sum_over_replicas(values: Sequence[Tensor], masks: Sequence[Tensor]) -> Tensor:
+    """Δ̄ = (1/R)·Σ_r D(c_r) over the R payloads given (the paper's text)."""
+    return torch.stack(list(values)).sum(0) / len(values)
 
 
 class ErrorFeedback:

@@ -2,9 +2,12 @@
 
 Every H inner steps each replica folds its pseudo-gradient into its fp32 error buffer,
 sends the top-k entries of each chunk as b-bit codes (common/compression.py has the
-equations), all-gathers everybody's payload as bytes (core/bytes_comm.py: sizes are
-agreed first and capped at the one size an honest payload has, nothing is unpickled),
-decodes and averages them in rank order, and takes the outer step on the slow weights.
+equations), all-gathers everybody's payload as bytes through the transport (over
+torch.distributed, core/bytes_comm.py: sizes are agreed first and capped at the one size
+an honest payload has, nothing is unpickled), decodes them in rank order, averages each
+index over the replicas that sent it (`algorithm.aggregation`: "mean_over_senders", the
+reference code's rule; "sum_over_replicas", the paper's 1/R), and takes the outer step on
+the slow weights.
 Every replica sums the same decoded bytes in the same order, so the slow weights stay
 identical on all replicas without any further collective.
 
@@ -28,12 +31,12 @@ import torch
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from decentrain.algorithms.base import register_algorithm
-from decentrain.algorithms.common.compression import BITS, MAX_CHUNK, CompressionSpec, ErrorFeedback, decompress
+from decentrain.algorithms.common.compression import (AGGREGATIONS, BITS, MAX_CHUNK, CompressionSpec, ErrorFeedback,
+                                                      decompress, sent_mask)
 from decentrain.algorithms.common.inner_outer import InnerOuterAlgorithm, InnerOuterConfig
 from decentrain.algorithms.common.outer import OuterOptimizer
 from decentrain.algorithms.common.outer_optimizers import OuterOptimizerConfig
 from decentrain.algorithms.common.sparse_payload import decode, encode, payload_bytes
-from decentrain.core.bytes_comm import all_gather_bytes
 from decentrain.core.checks import check_range
 
 logger = logging.getLogger(__name__)
@@ -50,12 +53,14 @@ class SparseLoCoConfig(InnerOuterConfig):
     chunk_size: int = 4096  # C: entries per top-k chunk
     topk: int = 64  # k kept per chunk (64/4096 = 1.56 % density)
     bits: int = 2  # b: value bits (2, 4 or 8) with one fp32 scale per chunk
+    aggregation: str = "mean_over_senders"  # or "sum_over_replicas" (the paper's 1/R); common/compression.py
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.adaptive_inner_steps:
             raise ValueError("algorithm.adaptive_inner_steps is not supported by sparseloco; allowed: false")
         check_range("algorithm.ef_decay", self.ef_decay, 0, 1)
+        AGGREGATIONS.get(self.aggregation, field="algorithm.aggregation")
         check_range("algorithm.chunk_size", self.chunk_size, 1, MAX_CHUNK)
         check_range("algorithm.topk", self.topk, 1, self.chunk_size)
         if self.bits not in BITS:
@@ -76,6 +81,7 @@ class SparseLoCo(InnerOuterAlgorithm):
         self.spec = CompressionSpec(numel, min(self.cfg.chunk_size, numel), min(self.cfg.topk, self.cfg.chunk_size, numel),
                                     self.cfg.bits)
         self.ef = ErrorFeedback(self.spec, self.cfg.ef_decay, self.world.device)
+        self.aggregate = AGGREGATIONS.get(self.cfg.aggregation)
         self.dropped = 0  # payloads dropped over the run
         if self.world.is_main:
             logger.info("sparseloco: %d parameters, %d chunks of %d, top-%d, %d-bit: %d payload bytes vs %d dense fp32 (%.1fx)",
@@ -85,19 +91,19 @@ class SparseLoCo(InnerOuterAlgorithm):
     def outer_step(self, model: torch.nn.Module) -> dict[str, float]:
         delta = _flatten_dense_tensors(self.outer.pseudo_gradient(self.params))
         payload = encode(self.ef.step(delta), self.spec, self.round)
-        gathered = all_gather_bytes(self.world, payload, max_bytes=payload_bytes(self.spec))
-        total = torch.zeros(self.spec.numel, dtype=torch.float32, device=self.world.device)
-        kept, dropped = 0, 0
+        gathered = self.comm().all_gather_bytes(payload, max_bytes=payload_bytes(self.spec))
+        values, masks, dropped = [], [], 0
         for rank, data in enumerate(gathered):
             chunks, why = decode(data, self.spec, self.round)
             if chunks is None:
                 dropped += 1
                 logger.warning("sparseloco round %d: dropped rank %d's payload: %s", self.round, rank, why)
                 continue
-            total += decompress(chunks, self.spec).to(total.device)
-            kept += 1
+            values.append(decompress(chunks, self.spec).to(delta.device))
+            masks.append(sent_mask(chunks, self.spec).to(delta.device))
         self.dropped += dropped
-        mean = total / max(kept, 1)  # our own payload is always among them unless the wire broke it
+        # our own payload is always among them unless the wire broke it
+        mean = self.aggregate(values, masks) if values else torch.zeros_like(delta)
         self.outer.step(_unflatten_dense_tensors(mean, self.outer.slow))
         self.outer.copy_to(self.params)
         n = len(gathered)
