@@ -33,7 +33,10 @@ the heartbeat stall rule (`stall_s=null`); eval loss is rank 0's replica (NoLoCo
 The SparseLoCo configuration is whatever `algorithm.*` defaults the recorded SHA has, plus the
 fields set in `_algorithm` (its record's `config` lists them).
 
-    nohup python -m benchmarks.compressed_sync --parallel 3 > runs/compressed_sync.log 2>&1 &   # what results/ holds
+    nohup python -m benchmarks.compressed_sync --parallel 3 > runs/compressed_sync.log 2>&1 &   # the full protocol
+    # what results/ holds: N=2 of the above at 4724cef; N=4 reduced to fit the shared box (see the TXT)
+    nohup python -m benchmarks.compressed_sync --ranks 4 --methods diloco sparseloco --h-grid diloco:20 sparseloco:5 \
+        --lr-start diloco:0.5 sparseloco:1.4 --max-extend 0 --parallel 2 --name compressed_sync_n4 > runs/n4.log 2>&1 &
     python -m benchmarks.compressed_sync --steps 40 --ranks 2 --seeds 1 --allow-dirty             # smoke
 """
 
@@ -120,9 +123,9 @@ def train_run(job: dict[str, Any]) -> dict[str, Any]:
 
 
 # -- tuning --------------------------------------------------------------------------------------
-def start_grid(method: str) -> list[float]:
-    i = LADDER.index(START[method])
-    return list(LADDER[i - 1:i + 2])
+def start_grid(method: str, start: dict[str, float] | None = None) -> list[float]:
+    i = LADDER.index((start or START)[method])
+    return list(LADDER[max(i - 1, 0):i + 2])
 
 
 def next_rungs(grid: list[float], finals: dict[float, float]) -> list[float]:
@@ -136,9 +139,10 @@ def next_rungs(grid: list[float], finals: dict[float, float]) -> list[float]:
     return []
 
 
-def tune(harness: Harness, shared: dict[str, Any], n: int, seed: int, max_extend: int, parallel: int) -> dict[str, Any]:
+def tune(harness: Harness, shared: dict[str, Any], n: int, seed: int, max_extend: int, parallel: int,
+         plan: dict[str, Any]) -> dict[str, Any]:
     """Per method and H: the lr grid run on `seed`, extended at an edge; the best lr and whether it is bracketed."""
-    cells = {(m, h): start_grid(m) for m in METHODS if n >= MIN_RANKS[m] for h in H_GRID[m]}
+    cells = {(m, h): start_grid(m, plan["start"]) for m in plan["methods"] if n >= MIN_RANKS[m] for h in plan["h_grid"][m]}
     finals: dict[tuple[str, int], dict[float, float]] = {c: {} for c in cells}
     for extension in range(max_extend + 1):
         jobs = [{**shared, "ranks": n, "method": m, "h": h, "lr": lr, "seed": seed}
@@ -275,22 +279,27 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--equal-h", type=int, default=20)
     ap.add_argument("--max-extend", type=int, default=1, help="edge extensions of an lr grid")
     ap.add_argument("--parallel", type=int, default=1, help="runs at once (worker processes)")
+    ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    ap.add_argument("--h-grid", nargs="+", default=[], metavar="METHOD:H,H", help="replace a method's H grid")
+    ap.add_argument("--lr-start", nargs="+", default=[], metavar="METHOD:LR", help="centre a method's first lr grid on a rung")
     ap.add_argument("--name", default="compressed_sync")
     args = ap.parse_args(argv)
+    h_grid = {**H_GRID, **{m: tuple(int(h) for h in hs.split(",")) for m, hs in (x.split(":") for x in args.h_grid)}}
+    plan = {"methods": args.methods, "h_grid": h_grid,
+            "start": {**START, **{m: float(lr) for m, lr in (x.split(":") for x in args.lr_start)}}}
     config = {"steps": args.steps, "ranks": args.ranks, "tune_seed": args.tune_seed, "eval_seeds": list(range(args.seeds)),
-              "equal_h": args.equal_h, "max_extend": args.max_extend, "ladder": LADDER, "h_grid": H_GRID,
+              "equal_h": args.equal_h, "max_extend": args.max_extend, "ladder": LADDER, "plan": plan,
               "hidden": 64, "layers": 2, "heads": 2, "intermediate": 176, "seq_len": 64, "max_bytes": 100_000,
               "domains": ["python_stdlib", "python_docs", "licenses"], "batch": 16, "inner_lr": 1e-3, "warmup": 20,
               "eval_every": 20, "eval_seqs": 32, "topk": 64, "bits": 2, "ef_decay": 0.95, "state_topk": 32,
               "state_bits": 4, "anchor_every": 10}
     harness = Harness(args.name, __file__, config, allow_dirty=args.allow_dirty, fresh=args.fresh)
-    shared = {k: v for k, v in config.items() if k not in ("ranks", "tune_seed", "eval_seeds", "max_extend", "ladder", "h_grid")}
-    if any(args.equal_h not in hs for hs in H_GRID.values()):
-        raise SystemExit(f"--equal-h {args.equal_h} must be in every method's H grid {H_GRID}")
+    shared = {k: v for k, v in config.items() if k not in ("ranks", "tune_seed", "eval_seeds", "max_extend", "ladder", "plan")}
     figures: dict[str, Any] = {}
     for n in args.ranks:  # one N after the other: a run cut short still has a whole N
-        tuned = tune(harness, shared, n, args.tune_seed, args.max_extend, args.parallel)
-        variants = {(m, h) for m in tuned for h in (args.equal_h, tuned[m]["best_h"])}
+        tuned = tune(harness, shared, n, args.tune_seed, args.max_extend, args.parallel, plan)
+        # equal H where the method's grid has it (a reduced --h-grid may not), and its own best H
+        variants = {(m, h) for m in tuned for h in (args.equal_h, tuned[m]["best_h"]) if str(h) in tuned[m]}
         jobs = [{**shared, "ranks": n, "method": m, "h": h, "lr": tuned[m][str(h)]["lr"], "seed": s}
                 for m, h in sorted(variants) for s in config["eval_seeds"]]
         results = harness.run_jobs(jobs, train_run, desc=f"seeds N={n}", parallel=args.parallel)

@@ -32,7 +32,8 @@ def test_config_errors_name_the_field_and_range(kw, msg):
 
 
 def test_outer_step_applies_the_decoded_topk_and_keeps_the_rest_as_error():
-    cfg = SparseLoCoConfig(inner_steps=2, outer_lr=0.5, chunk_size=4, topk=1, bits=2, ef_decay=0.5)
+    cfg = SparseLoCoConfig(inner_steps=2, outer_lr=0.5, tiling="flat", chunk_size=4, topk=1, bits=2, ef_decay=0.5,
+                           quantizer="maxabs")
     model = _model([1.0, 1.0, 1.0, 1.0])
     algo = SparseLoCo(cfg, World())
     algo.on_train_start(model, None)
@@ -125,3 +126,41 @@ def test_an_index_both_replicas_sent_moves_by_their_mean():
 def test_unknown_aggregation_names_the_field():
     with pytest.raises(ValueError, match=r"algorithm.aggregation='median' is unknown; allowed: \['mean_over_senders', 'sum_over_replicas'\]"):
         SparseLoCoConfig(aggregation="median")
+
+
+def test_defaults_are_the_reference_codes():
+    """templar's hparams: 64×64 tiles per tensor, top-64 per tile, 2-bit statistical quantiser, β 0.95, α 1, mean over senders."""
+    cfg = SparseLoCoConfig()
+    assert (cfg.tiling, cfg.tile_size, cfg.topk, cfg.bits, cfg.quantizer, cfg.ef_decay, cfg.aggregation) == \
+        ("tensor", 64, 64, 2, "statistical", 0.95, "mean_over_senders")
+    assert (cfg.outer_optimizer.name, cfg.outer_optimizer.lr, cfg.outer_optimizer.momentum) == ("sgd", 1.0, 0.0)
+
+
+def test_tensor_tiling_sends_the_same_share_of_every_tensor():
+    """A 128×96 matrix is four 64×48 tiles with k = 48 each; the 1-D bias two pieces of 64 with k = 1 each."""
+    model = torch.nn.Linear(96, 128)
+    algo = SparseLoCo(SparseLoCoConfig(inner_steps=1), World())
+    algo.on_train_start(model, None)
+    assert [(g.n, g.length, g.k) for g in algo.spec.groups] == [(4, 64 * 48, 48), (2, 64, 1)]
+    delta = torch.randn(128 * 96 + 128)  # Δ = φ − θ
+    with torch.no_grad():
+        model.weight.sub_(delta[:128 * 96].view(128, 96))
+        model.bias.sub_(delta[128 * 96:])
+    m = algo.after_optimizer_step(1, model, None)
+    assert m["outer/payload_bytes"] == 32 + 2 * (4 * 48 + 2) + 4 * 2 * 5 + -(-(4 * 48 + 2) * 2 // 8)
+    sent = ((algo.ef.error - delta).abs() > 1e-3).float()  # e = Δ − D(c): only what was sent differs from Δ
+    w, b = sent[:128 * 96].view(128, 96), sent[128 * 96:]
+    for rows in (slice(0, 64), slice(64, 128)):
+        for cols in (slice(0, 48), slice(48, 96)):
+            assert w[rows, cols].sum() == 48
+    assert b[:64].sum() == 1 and b[64:].sum() == 1
+
+
+@pytest.mark.parametrize("kw, msg", [
+    ({"tiling": "rows"}, r"algorithm.tiling='rows' is unknown; allowed: \['flat', 'tensor'\]"),
+    ({"quantizer": "lloyd"}, r"algorithm.quantizer='lloyd' is unknown; allowed: \['maxabs', 'statistical'\]"),
+    ({"topk": 5000}, r"algorithm.topk=5000 must be a finite number in \[1, 4096\]"),
+])
+def test_layout_config_errors_name_the_field(kw, msg):
+    with pytest.raises(ValueError, match=msg):
+        SparseLoCoConfig(**kw)

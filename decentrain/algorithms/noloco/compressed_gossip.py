@@ -47,7 +47,10 @@ index + b bits per kept value, one fp32 scale per chunk, a 32-byte header) plus,
 rounds, its share of a ring all-gather of the s payloads. Departures, named: NoLoCo's
 "no collective after start-up" becomes one all-gather of small payloads every K rounds
 (anchor_every=0 turns it off: the anchor stays A_0 and s grows with training); the γ ≠ β
-general form is not supported compressed.
+general form is not supported compressed; both messages use flat chunks of `chunk_size` and the
+max-abs quantiser (common/compression.py's `flat` layout, not SparseLoCo's per-tensor tiles and
+statistical quantiser: the consensus message is a state difference whose chunks need one scale
+each, and the two messages share the chunk layout).
 """
 
 from __future__ import annotations
@@ -99,7 +102,7 @@ class NoLoCoCompressionConfig:
 
 def _spec(numel: int, chunk: int, k: int, bits: int) -> CompressionSpec:
     chunk = min(chunk, numel)
-    return CompressionSpec(numel, chunk, min(k, chunk), bits)
+    return CompressionSpec.flat(numel, chunk, min(k, chunk), bits, "maxabs")
 
 
 def _as_tensor(data: bytes) -> Tensor:
