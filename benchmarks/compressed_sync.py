@@ -34,9 +34,10 @@ The SparseLoCo configuration is whatever `algorithm.*` defaults the recorded SHA
 fields set in `_algorithm` (its record's `config` lists them).
 
     nohup python -m benchmarks.compressed_sync --parallel 3 > runs/compressed_sync.log 2>&1 &   # the full protocol
-    # what results/ holds: N=2 of the above at 4724cef; N=4 reduced to fit the shared box (see the TXT)
+    # what results/ holds: compressed_sync = N=2 of the above at 4724cef (SparseLoCo then: flat 4096 chunks, max-abs);
+    # compressed_sync_n4 = N=4 reduced to fit the shared box, at 7eddf4b (SparseLoCo: 64x64 tiles, statistical):
     nohup python -m benchmarks.compressed_sync --ranks 4 --methods diloco sparseloco --h-grid diloco:20 sparseloco:5 \
-        --lr-start diloco:0.5 sparseloco:1.4 --max-extend 0 --parallel 2 --name compressed_sync_n4 > runs/n4.log 2>&1 &
+        --lr-start diloco:0.35 sparseloco:1.4 --max-extend 0 --parallel 2 --name compressed_sync_n4 > runs/n4.log 2>&1 &
     python -m benchmarks.compressed_sync --steps 40 --ranks 2 --seeds 1 --allow-dirty             # smoke
 """
 
