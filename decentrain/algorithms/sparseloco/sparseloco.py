@@ -2,9 +2,10 @@
 
 Every H inner steps each replica folds its pseudo-gradient into its fp32 error buffer,
 sends the top-k entries of each tile as b-bit codes (common/compression.py has the
-equations, common/sparse_quantizers.py the quantisers), all-gathers everybody's payload as bytes through the transport (over
-torch.distributed, core/bytes_comm.py: sizes are agreed first and capped at the one size
-an honest payload has, nothing is unpickled), decodes them in rank order, averages each
+equations, common/sparse_quantizers.py the quantisers), all-gathers everybody's payload
+as bytes through the transport (over torch.distributed, core/bytes_comm.py: sizes are
+agreed first and capped at the one size an honest payload has, nothing is unpickled),
+decodes them in rank order, averages each
 index over the replicas that sent it (`algorithm.aggregation`: "mean_over_senders", the
 reference code's rule; "sum_over_replicas", the paper's 1/R), and takes the outer step on
 the slow weights.
