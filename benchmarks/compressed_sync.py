@@ -1,226 +1,271 @@
-"""compressed_sync: eval loss against bytes sent: DiLoCo, SparseLoCo, NoLoCo and compressed NoLoCo.
+"""compressed_sync: bytes each method sends to reach DiLoCo's best final loss: DiLoCo, SparseLoCo, compressed NoLoCo.
 
-Each run is the library's own pre-training job (`run_pretraining`, the function behind
-`decentrain`) on N local gloo processes, a small Llama on the offline corpus, CPU. The
-two methods share everything but `algorithm`: same model, data, seed, inner AdamW, H.
+Each run is the library's own training loop (`Trainer` and the algorithm's hooks) with N
+replicas as threads over the in-process transport (algorithms/common/inprocess_replicas.py),
+a small Llama on the offline corpus, CPU. Methods share everything but `algorithm`: model,
+data, seed, inner AdamW, global batch (split over the N replicas), steps.
 
-Bytes are counted per replica and per sync, two ways:
-  - payload: what one replica contributes. SparseLoCo logs it (`outer/payload_bytes`,
-    the encoded message, header included); DiLoCo's is the dense fp32 pseudo-gradient,
-    4·numel bytes (diloco.py logs no byte count, so it is computed from the model).
-  - wire: what one rank transmits. SparseLoCo logs it (`outer/bytes_sent`: a ring
-    all-gather forwards each of the N−1 other blocks once, plus 8-byte size
-    announcements); DiLoCo's ring all-reduce sends 2·(N−1)/N·4·numel.
-  NoLoCo (`noloco`) sends its fast weights to its one partner: 4·numel + 8 bytes (its pace)
-    per sync, payload and wire alike; compressed NoLoCo (`noloco_c`, algorithm.compression,
-    noloco/compressed_gossip.py) logs both (`outer/payload_bytes`: its two messages;
-    `outer/bytes_sent`: those to its partner plus, every K rounds, its share of the
-    anchor all-gather).
-Variants (`--variants method:H ...`): DiLoCo at H=20 (the baseline), SparseLoCo and
-compressed NoLoCo at the same H or at H=5 (same compute, 4x the syncs, each ~70-110x
-smaller), NoLoCo uncompressed. NoLoCo's eval loss is rank 0's replica (replicas differ).
-The headline ratio is bytes to first reach within 1 % of DiLoCo's final eval loss
-(seed-mean curves, evaluated every max(H, 20) steps, right after a sync).
+Protocol (per N):
+  1. tuning seed: per method and H, an outer-lr grid on a fixed ladder; a winner on the grid's
+     edge extends the grid by the next rung that way (at most `--max-extend` times), so the
+     chosen lr is bracketed or the TXT says it is not. Each method's own best H is the H whose
+     tuned lr gives the lowest final eval loss; equal H is `--equal-h` for every method.
+  2. `--seeds` other seeds for every method at its tuned lr, at equal H and at its best H.
+  3. DiLoCo's best final loss = the seed mean of its better H; target = that + 1 %. Per variant:
+     bytes one replica sends until its seed-mean eval curve first reaches the target, the ratio
+     to DiLoCo's bytes to the same target, final loss mean ± std, and the paired (same seed)
+     final-loss difference to DiLoCo-best with a paired t-test, its 95 % interval, and the
+     smallest difference the run can detect (80 % power, two-sided 5 %).
 
-Departures from the SparseLoCo paper's protocol, named: a 0.15M-parameter model (not 512M),
-200 steps on three offline domains (~10-40 syncs where the paper has thousands), N replicas on one CPU, hyperparameters not tuned here (DiLoCo at its
-paper's 0.7 / 0.9 Nesterov, SparseLoCo at its 1.0 / β = 0.95, NoLoCo compressed or not at
-NoLoCo's 0.7 / 0.5), chunks over the flat parameter vector (see common/compression.py);
-NoLoCo at N=2 always pairs the same two replicas (no gossip mixing); NoLoCo runs without
-the heartbeat stall rule (`stall_s=null`: a clean run on a loaded box must not drop rounds).
+Bytes per replica and sync, two ways: payload (what one replica contributes: SparseLoCo's and
+compressed NoLoCo's logged `outer/payload_bytes`, header included; DiLoCo's dense fp32
+pseudo-gradient, 4·numel) and wire (what one rank transmits: the logged `outer/bytes_sent`, a
+ring all-gather forwarding each other block once; DiLoCo's ring all-reduce 2·(N−1)/N·4·numel).
+The headline is payload bytes, as the SparseLoCo paper counts; wire is given beside it.
 
-    python -m benchmarks.compressed_sync                           # 3 seeds (~40 min on 2 idle cores)
-    python -m benchmarks.compressed_sync --seeds 1 --steps 160 --parallel 3   # what results/ holds (a loaded box)
-    python -m benchmarks.compressed_sync --seeds 1 --steps 40 --allow-dirty   # smoke
-    python -m benchmarks.compressed_sync --seeds 3 --steps 160 --parallel 3 \
-        --variants diloco:20 sparseloco:5 noloco:20 noloco_c:20 noloco_c:5      # what results/ holds now (~30 min, loaded box)
+Departures from the SparseLoCo paper's protocol, named: a 0.15M-parameter model (not 512M), 640
+steps on three offline domains, N replicas on one shared CPU; only the outer lr is tuned (inner
+AdamW, DiLoCo's Nesterov momentum 0.9, SparseLoCo's β = 0.95 and density, compressed NoLoCo's
+momentum 0.5 and message sizes are fixed); the H grid is two values per method; compressed NoLoCo
+runs at N ≥ 4 only (at N = 2 the same pair meets every round, the consensus message is identically
+zero, DESIGN.md); uncompressed NoLoCo is benchmarks/noloco_convergence.py's; NoLoCo runs without
+the heartbeat stall rule (`stall_s=null`); eval loss is rank 0's replica (NoLoCo's replicas differ).
+The SparseLoCo configuration is whatever `algorithm.*` defaults the recorded SHA has, plus the
+fields set in `_algorithm` (its record's `config` lists them).
+
+    nohup python -m benchmarks.compressed_sync --parallel 3 > runs/compressed_sync.log 2>&1 &   # the full protocol
+    # what results/ holds: compressed_sync = N=2 of the above at 4724cef (SparseLoCo then: flat 4096 chunks, max-abs);
+    # compressed_sync_n4 = N=4 reduced to fit the shared box, at 7eddf4b (SparseLoCo: 64x64 tiles, statistical):
+    nohup python -m benchmarks.compressed_sync --ranks 4 --methods diloco sparseloco --h-grid diloco:20 sparseloco:5 \
+        --lr-start diloco:0.35 sparseloco:1.4 --max-extend 0 --parallel 2 --name compressed_sync_n4 > runs/n4.log 2>&1 &
+    python -m benchmarks.compressed_sync --steps 40 --ranks 2 --seeds 1 --allow-dirty             # smoke
 """
 
 from __future__ import annotations
 
 import argparse
-import os
+import math
 import tempfile
-import traceback
 from pathlib import Path
 from typing import Any
 
 from benchmarks.harness import Harness, fmt, header, mean_std, seeds_arg
 
-METHODS = ("diloco", "sparseloco", "noloco", "noloco_c")
+METHODS = ("diloco", "sparseloco", "noloco_c")
+# outer-lr ladder every grid is cut from (the outer optimizers accept (0, 2])
+LADDER = (0.125, 0.25, 0.35, 0.5, 0.7, 1.0, 1.4, 2.0)
+START = {"diloco": 0.7, "sparseloco": 1.0, "noloco_c": 0.7}  # each grid starts at this rung ± 1
+H_GRID = {"diloco": (10, 20), "sparseloco": (5, 20), "noloco_c": (5, 20)}
+MIN_RANKS = {"diloco": 2, "sparseloco": 2, "noloco_c": 4}
 
 
 def _algorithm(job: dict[str, Any]) -> dict[str, Any]:
-    if job["method"] == "diloco":
-        return {"name": "diloco", "inner_steps": job["h"], "outer_lr": 0.7, "outer_momentum": 0.9, "nesterov": True}
-    if job["method"] in ("noloco", "noloco_c"):
-        algo = {"name": "noloco", "inner_steps": job["h"], "outer_lr": 0.7, "outer_momentum": 0.5, "stall_s": None}
-        if job["method"] == "noloco_c":
-            algo["compression"] = {"enabled": True, "ef_decay": job["ef_decay"], "chunk_size": job["chunk"], "topk": job["topk"],
-                                   "bits": job["bits"], "state_topk": job["state_topk"], "state_bits": job["state_bits"],
-                                   "anchor_every": job["anchor_every"]}
-        return algo
-    return {"name": "sparseloco", "inner_steps": job["h"], "outer_lr": job["sl_outer_lr"], "ef_decay": job["ef_decay"],
-            "chunk_size": job["chunk"], "topk": job["topk"], "bits": job["bits"]}
+    m, h, lr = job["method"], job["h"], job["lr"]
+    if m == "diloco":
+        return {"name": "diloco", "inner_steps": h, "outer_lr": lr, "outer_momentum": 0.9, "nesterov": True}
+    if m == "noloco_c":
+        return {"name": "noloco", "inner_steps": h, "outer_lr": lr, "outer_momentum": 0.5, "stall_s": None,
+                "compression": {"enabled": True, "ef_decay": job["ef_decay"], "topk": job["topk"], "bits": job["bits"],
+                                "state_topk": job["state_topk"], "state_bits": job["state_bits"],
+                                "anchor_every": job["anchor_every"]}}
+    return {"name": "sparseloco", "inner_steps": h, "outer_lr": lr, "ef_decay": job["ef_decay"], "topk": job["topk"],
+            "bits": job["bits"]}
 
 
 def _config(job: dict[str, Any]) -> dict[str, Any]:
+    micro = job["batch"] // job["ranks"]
     return {
         "algorithm": _algorithm(job),
         "model": {"hidden_size": job["hidden"], "num_layers": job["layers"], "num_heads": job["heads"],
                   "intermediate_size": job["intermediate"], "max_seq_len": job["seq_len"]},
         "data": {"seq_len": job["seq_len"], "max_bytes_per_domain": job["max_bytes"], "domains": job["domains"]},
         "optim": {"lr": job["inner_lr"], "warmup_steps": job["warmup"]},
-        "train": {"steps": job["steps"], "global_batch_size": job["batch"], "micro_batch_size": job["batch"] // job["ranks"],
-                  "eval_every": max(job["h"], 20), "eval_batches": job["eval_batches"], "checkpoint_every": 10**6,
-                  "threads": 1, "seed": job["seed"], "device": "cpu"},
-        "logger": {"progress": False, "log_every": job["h"]},
-        "launcher": {"name": "torchrun", "nproc_per_node": None},
+        # the same held-out sequences at every N: eval_batches × micro_batch_size per domain
+        "train": {"steps": job["steps"], "global_batch_size": job["batch"], "micro_batch_size": micro,
+                  "eval_every": max(job["h"], job["eval_every"]), "eval_batches": max(1, job["eval_seqs"] // micro),
+                  "checkpoint_every": 10**6, "threads": 1, "seed": job["seed"], "device": "cpu"},
+        "logger": {"progress": False, "console": False, "log_every": job["h"]},
     }
 
 
-def _rank_entry(rank: int, n: int, port: int, job: dict[str, Any], run_dir: str, queue) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(n),
-                      LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(n), OMP_NUM_THREADS="1")
-    import torch.distributed as dist
-
-    from decentrain.algorithms.common.pretrain import run_pretraining
-    from decentrain.config import config_from_dict
-    from decentrain.core.world import init_world
-
-    world = init_world(backend="gloo", timeout_s=600, threads=1)
-    try:
-        run_pretraining(config_from_dict(_config(job)), world, Path(run_dir))
-        queue.put((rank, "ok"))
-    except BaseException:
-        queue.put((rank, traceback.format_exc()))
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+def sync_bytes(method: str, rows: list[dict[str, Any]], numel: int, n: int) -> tuple[list[int], list[float], list[float]]:
+    """(sync steps, payload bytes, wire bytes) of one replica's metrics rows."""
+    if method == "diloco":
+        steps = [r["step"] for r in rows if "outer/pseudo_grad_norm" in r]
+        return steps, [4.0 * numel] * len(steps), [2.0 * (n - 1) / n * 4 * numel] * len(steps)
+    syncs = [r for r in rows if "outer/bytes_sent" in r]
+    if any(r.get("outer/payload_dropped") or r.get("outer/partner_missed") for r in syncs):
+        raise RuntimeError("a payload or partner was dropped in a clean run")
+    return [r["step"] for r in syncs], [r["outer/payload_bytes"] for r in syncs], [r["outer/bytes_sent"] for r in syncs]
 
 
 def train_run(job: dict[str, Any]) -> dict[str, Any]:
-    """One multi-process run; returns rank 0's eval curve and per-sync byte counts."""
-    import socket
+    """One run of N in-process replicas: rank 0's eval curve with cumulative bytes at each eval step."""
+    import torch
 
-    import torch.multiprocessing as mp
-
+    from decentrain.algorithms.common.inprocess_replicas import run_replicas_in_process
+    from decentrain.config import config_from_dict
     from decentrain.core.metrics import read_jsonl
-    from decentrain.models.factory import ModelConfig, build_model, build_tokenizer
+    from decentrain.models.factory import build_model, build_tokenizer
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    with tempfile.TemporaryDirectory(prefix="compressed_sync_") as run_dir:
-        ctx = mp.get_context("spawn")
-        queue = ctx.Queue()
-        procs = [ctx.Process(target=_rank_entry, args=(r, job["ranks"], port, job, run_dir, queue)) for r in range(job["ranks"])]
-        for p in procs:
-            p.start()
-        errors = [msg for _, msg in (queue.get(timeout=3600) for _ in procs) if msg != "ok"]
-        for p in procs:
-            p.join(timeout=60)
-        if errors:
-            raise RuntimeError(errors[0])
-        rows = read_jsonl(Path(run_dir) / "metrics.jsonl")
-    mc = ModelConfig(**_config(job)["model"])
-    numel = sum(p.numel() for p in build_model(mc, build_tokenizer(mc)).parameters())
-    n = job["ranks"]
-    evals = [(r["step"], r["eval/loss"]) for r in rows if "eval/loss" in r]
-    if job["method"] == "diloco":
-        syncs = [r["step"] for r in rows if "outer/pseudo_grad_norm" in r]
-        payload = [4.0 * numel] * len(syncs)
-        wire = [2.0 * (n - 1) / n * 4 * numel] * len(syncs)
-    elif job["method"] == "noloco":
-        sync_rows = [r for r in rows if "outer/partner_missed" in r]
-        syncs = [r["step"] for r in sync_rows]
-        payload = wire = [4.0 * numel + 8] * len(syncs)  # fast weights + the 2-float pace, to one partner
-        if any(r["outer/partner_missed"] for r in sync_rows):
-            raise RuntimeError("a partner was missed in a clean run")
-    else:
-        sync_rows = [r for r in rows if "outer/bytes_sent" in r]
-        syncs = [r["step"] for r in sync_rows]
-        payload = [r["outer/payload_bytes"] for r in sync_rows]
-        wire = [r["outer/bytes_sent"] for r in sync_rows]
-        if any(r["outer/payload_dropped"] for r in sync_rows):
-            raise RuntimeError("a payload was dropped in a clean run")
-    return {"numel": numel, "evals": evals, "syncs": syncs, "payload_bytes": payload, "wire_bytes": wire}
+    torch.set_num_threads(1)
+    cfg = config_from_dict(_config(job))
+    with tempfile.TemporaryDirectory(prefix="compressed_sync_") as d:
+        runs = run_replicas_in_process(cfg, job["ranks"], Path(d))
+        rows = read_jsonl(Path(d) / "metrics.jsonl")
+    numel = sum(p.numel() for p in build_model(cfg.model, build_tokenizer(cfg.model)).parameters())
+    steps, payload, wire = sync_bytes(job["method"], rows, numel, job["ranks"])
+    curve = []
+    for r in rows:
+        if "eval/loss" in r:
+            done = [i for i, s in enumerate(steps) if s <= r["step"]]
+            curve.append([r["step"], r["eval/loss"], sum(payload[i] for i in done), sum(wire[i] for i in done)])
+    return {"numel": numel, "curve": curve, "syncs": len(steps), "final": curve[-1][1]}
 
 
-def _cumulative_at(res: dict[str, Any], key: str, step: int) -> float:
-    return float(sum(b for s, b in zip(res["syncs"], res[key]) if s <= step))
+# -- tuning --------------------------------------------------------------------------------------
+def start_grid(method: str, start: dict[str, float] | None = None) -> list[float]:
+    i = LADDER.index((start or START)[method])
+    return list(LADDER[max(i - 1, 0):i + 2])
 
 
-def _bytes_to(curve: list[tuple[int, float]], results: list[dict[str, Any]], key: str, target: float) -> float | None:
-    """Seed-mean cumulative bytes at the first eval step whose seed-mean loss is <= target."""
-    for step, loss in curve:
+def next_rungs(grid: list[float], finals: dict[float, float]) -> list[float]:
+    """The rung to add when the best lr is on the grid's edge (none when it is inside or the ladder ends)."""
+    best = min(grid, key=lambda lr: finals[lr])
+    i = LADDER.index(best)
+    if best == min(grid) and i > 0:
+        return [LADDER[i - 1]]
+    if best == max(grid) and i + 1 < len(LADDER):
+        return [LADDER[i + 1]]
+    return []
+
+
+def tune(harness: Harness, shared: dict[str, Any], n: int, seed: int, max_extend: int, parallel: int,
+         plan: dict[str, Any]) -> dict[str, Any]:
+    """Per method and H: the lr grid run on `seed`, extended at an edge; the best lr and whether it is bracketed."""
+    cells = {(m, h): start_grid(m, plan["start"]) for m in plan["methods"] if n >= MIN_RANKS[m] for h in plan["h_grid"][m]}
+    finals: dict[tuple[str, int], dict[float, float]] = {c: {} for c in cells}
+    for extension in range(max_extend + 1):
+        jobs = [{**shared, "ranks": n, "method": m, "h": h, "lr": lr, "seed": seed}
+                for (m, h), grid in cells.items() for lr in grid if lr not in finals[(m, h)]]
+        for j, r in zip(jobs, harness.run_jobs(jobs, train_run, desc=f"tune N={n}", parallel=parallel)):
+            finals[(j["method"], j["h"])][j["lr"]] = r["final"]
+        grow = {c: next_rungs(grid, finals[c]) for c, grid in cells.items()}
+        if extension == max_extend or not any(grow.values()):
+            break
+        cells = {c: sorted(grid + grow[c]) for c, grid in cells.items()}
+    out: dict[str, Any] = {}
+    for (m, h), grid in cells.items():
+        best = min(grid, key=lambda lr: finals[(m, h)][lr])
+        out.setdefault(m, {})[str(h)] = {"grid": grid, "finals": [finals[(m, h)][lr] for lr in grid], "lr": best,
+                                         "bracketed": min(grid) < best < max(grid)}
+    for m, by_h in out.items():
+        best_h = min(by_h, key=lambda h: min(by_h[h]["finals"]))
+        out[m]["best_h"] = int(best_h)
+    return out
+
+
+# -- figures -------------------------------------------------------------------------------------
+def seed_mean_curve(runs: list[dict[str, Any]]) -> list[list[float]]:
+    """[step, mean loss, mean payload bytes, mean wire bytes] over seeds, at the eval steps they share."""
+    return [[c[0][0], *(sum(x) / len(x) for x in zip(*(cc[1:] for cc in c)))] for c in zip(*(r["curve"] for r in runs))]
+
+
+def bytes_to(curve: list[list[float]], target: float) -> tuple[float, float, float] | None:
+    """(step, payload, wire) at the first point of a curve at or below `target`."""
+    for step, loss, payload, wire in curve:
         if loss <= target:
-            return sum(_cumulative_at(r, key, step) for r in results) / len(results)
+            return step, payload, wire
     return None
 
 
-def figures_from(results: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
-    """Per variant (label -> its seeds' runs, "diloco" the baseline): final loss, bytes, ratios to DiLoCo."""
-    curves = {}
-    for m, runs in results.items():
-        steps = [s for s, _ in runs[0]["evals"]]
-        curves[m] = [(s, sum(dict(r["evals"])[s] for r in runs) / len(runs)) for s in steps]
-    base = results["diloco"]
-    target = 1.01 * mean_std([r["evals"][-1][1] for r in base])["mean"]
-    out: dict[str, Any] = {"target_loss": target, "numel": base[0]["numel"], "variants": {}}
-    for m, runs in results.items():
-        v: dict[str, Any] = {
-            "final_eval_loss": mean_std([r["evals"][-1][1] for r in runs]),
-            "curve": [[s, loss, sum(_cumulative_at(r, "payload_bytes", s) for r in runs) / len(runs)] for s, loss in curves[m]],
-            "payload_ratio_per_sync": base[0]["payload_bytes"][0] / runs[0]["payload_bytes"][0],
-            "wire_ratio_per_sync": base[0]["wire_bytes"][0] / runs[0]["wire_bytes"][0],
-            "total_payload_bytes": sum(_cumulative_at(r, "payload_bytes", 10**12) for r in runs) / len(runs),
-        }
-        for key in ("payload_bytes", "wire_bytes"):
-            to, to_base = _bytes_to(curves[m], runs, key, target), _bytes_to(curves["diloco"], base, key, target)
-            v[f"{key}_to_target"] = to
-            v[f"{key}_ratio_to_target"] = to_base / to if to else None
-        # paired per-seed final-loss difference (same seed, same data order)
-        v["final_loss_diff_vs_diloco"] = mean_std([r["evals"][-1][1] - d["evals"][-1][1] for d, r in zip(base, runs)])
-        out["variants"][m] = v
+def paired(diffs: list[float]) -> dict[str, Any]:
+    """Paired t-test of per-seed differences: mean, 95 % interval, p, and the smallest difference it can detect."""
+    from scipy import stats
+
+    n = len(diffs)
+    ms = mean_std(diffs)
+    if n < 2:
+        return {**ms, "p": None, "ci95": None, "detectable": None}
+    se = ms["std"] / math.sqrt(n)
+    t975, t80 = stats.t.ppf(0.975, n - 1), stats.t.ppf(0.80, n - 1)
+    p = float(stats.ttest_1samp(diffs, 0.0).pvalue) if se > 0 else (0.0 if ms["mean"] else 1.0)
+    return {**ms, "p": p, "ci95": [ms["mean"] - t975 * se, ms["mean"] + t975 * se], "detectable": (t975 + t80) * se}
+
+
+def figures_for(n: int, tuning: dict[str, Any], runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """One N's figures; `runs` maps 'method H=h' to its seeds' results (seed order)."""
+    d_best = f"diloco H={tuning['diloco']['best_h']}"
+    finals = {v: [r["final"] for r in rs] for v, rs in runs.items()}
+    best_diloco = min((v for v in runs if v.startswith("diloco")), key=lambda v: mean_std(finals[v])["mean"])
+    target = 1.01 * mean_std(finals[best_diloco])["mean"]
+    base = bytes_to(seed_mean_curve(runs[best_diloco]), target)
+    out: dict[str, Any] = {"ranks": n, "numel": next(iter(runs.values()))[0]["numel"], "diloco_best": best_diloco,
+                           "diloco_best_tuning": d_best, "target_loss": target, "variants": {}}
+    for v, rs in runs.items():
+        curve = seed_mean_curve(rs)
+        hit = bytes_to(curve, target)
+        row = {"final": mean_std(finals[v]), "curve": curve, "syncs": rs[0]["syncs"],
+               "payload_per_sync": curve[-1][2] / max(rs[0]["syncs"], 1), "wire_per_sync": curve[-1][3] / max(rs[0]["syncs"], 1),
+               "vs_diloco_best": paired([a - b for a, b in zip(finals[v], finals[best_diloco])]),
+               "to_target": None if hit is None else {"step": hit[0], "payload": hit[1], "wire": hit[2],
+                                                       "payload_ratio": base[1] / hit[1] if hit[1] else None,
+                                                       "wire_ratio": base[2] / hit[2] if hit[2] else None}}
+        out["variants"][v] = row
+    compressed = [(v, r["to_target"]["payload_ratio"]) for v, r in out["variants"].items()
+                  if not v.startswith("diloco") and r["to_target"] is not None]
+    out["best_ratio"] = max(compressed, key=lambda x: x[1]) if compressed else None
     return out
 
 
 def text(record: dict) -> str:
-    f, c = record["figures"], record["config"]
+    c = record["config"]
     lines = [header(record), "",
-             f"{c['ranks']} replicas, {f['numel']:,} parameters, {c['steps']} steps, {c['seeds']} seed(s); "
-             f"SparseLoCo top-{c['topk']}/{c['chunk']} ({100 * c['topk'] / c['chunk']:.2f} %), {c['bits']}-bit, β={c['ef_decay']}; "
-             f"compressed NoLoCo: the same for Δ, top-{c.get('state_topk')}/{c['chunk']} {c.get('state_bits')}-bit for φ − A, "
-             f"re-anchor every {c.get('anchor_every')} rounds",
-             f"target: within 1 % of DiLoCo's final eval loss = {f['target_loss']:.4f}", ""]
-    for m, v in f["variants"].items():
-        lines.append(f"{m}: final eval loss {fmt(v['final_eval_loss'])} (paired vs DiLoCo {fmt(v['final_loss_diff_vs_diloco'])}); "
-                     f"per sync {v['payload_ratio_per_sync']:.1f}x fewer payload bytes, {v['wire_ratio_per_sync']:.1f}x fewer wire "
-                     f"bytes (ring, N={c['ranks']}); whole run {v['total_payload_bytes'] / 1e6:.3f} MB payload per replica")
-        for key in ("payload_bytes", "wire_bytes"):
-            to, ratio = v[f"{key}_to_target"], v[f"{key}_ratio_to_target"]
-            if to is None:
-                lines.append(f"  {key} to target: never reached")
-            else:
-                lines.append(f"  {key} to target: {to / 1e6:.4f} MB -> {ratio:.1f}x fewer than DiLoCo"
-                             + ("" if m == "diloco" else f" (target ≥ 50x: {'met' if ratio >= 50 else 'not met'})"))
+             f"{c['steps']} steps, global batch {c['batch']}, tuning seed {c['tune_seed']}, eval seeds {c['eval_seeds']}; "
+             f"SparseLoCo top-{c['topk']} per 4096, {c['bits']}-bit, β={c['ef_decay']}; compressed NoLoCo: the same for Δ, "
+             f"top-{c['state_topk']} {c['state_bits']}-bit for φ − A, re-anchor every {c['anchor_every']} rounds"]
+    for key, f in record["figures"].items():
+        lines += ["", f"== N={f['ranks']} ({f['numel']:,} parameters): target = DiLoCo's best final loss "
+                      f"({f['diloco_best']}) + 1 % = {f['target_loss']:.4f}"]
+        br = f["best_ratio"]
+        lines.append(f"  highest payload-bytes ratio of a compressed method reaching it: "
+                     + (f"{br[1]:.1f}x ({br[0]}); target >= 50x: {'MET' if br[1] >= 50 else 'NOT MET'}" if br
+                        else "none reaches it; target >= 50x: NOT MET"))
+        for v, r in f["variants"].items():
+            t, p = r["to_target"], r["vs_diloco_best"]
+            reach = ("never reaches the target" if t is None else
+                     f"reaches it at step {t['step']:.0f}: {t['payload'] / 1e6:.4f} MB payload ({t['payload_ratio']:.1f}x fewer), "
+                     f"{t['wire'] / 1e6:.4f} MB wire ({t['wire_ratio']:.1f}x fewer)")
+            test = "" if p["p"] is None else (f"; paired vs DiLoCo-best {p['mean']:+.4f} [95 % CI {p['ci95'][0]:+.4f}, "
+                                              f"{p['ci95'][1]:+.4f}], p={p['p']:.3f}, detectable ±{p['detectable']:.4f}")
+            lines.append(f"  {v}: final {fmt(r['final'])}{test}")
+            lines.append(f"    {r['payload_per_sync']:.0f} B payload/sync, {r['syncs']} syncs; {reach}")
+        lines.append("  tuning (seed %d): outer lr grid -> final loss" % c["tune_seed"])
+        for m, by_h in f["tuning"].items():
+            for h, t in by_h.items():
+                if h == "best_h":
+                    continue
+                grid = ", ".join(f"{lr:g}: {x:.4f}" for lr, x in zip(t["grid"], t["finals"]))
+                lines.append(f"    {m} H={h}: {grid} -> lr {t['lr']:g}" + ("" if t["bracketed"] else "  (ON THE EDGE)"))
+            lines.append(f"    {m}: best H = {by_h['best_h']}")
     return "\n".join(lines)
 
 
 def plot(record: dict, png: Path) -> None:
     import matplotlib.pyplot as plt
 
-    f = record["figures"]
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for m, v in f["variants"].items():
-        pts = [(b, loss) for _, loss, b in v["curve"] if b > 0]
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=m)
-    ax.axhline(f["target_loss"], ls="--", c="gray", label="DiLoCo final + 1 %")
-    ax.set_xscale("log")
-    ax.set_xlabel("cumulative payload bytes per replica")
-    ax.set_ylabel("eval loss (seed mean)")
-    ax.legend()
+    figs = record["figures"]
+    fig, axes = plt.subplots(1, len(figs), figsize=(6 * len(figs), 4), squeeze=False)
+    for ax, f in zip(axes[0], figs.values()):
+        for v, r in f["variants"].items():
+            pts = [(p[2], p[1]) for p in r["curve"] if p[2] > 0]
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=".", label=v)
+        ax.axhline(f["target_loss"], ls="--", c="gray", label="DiLoCo best final + 1 %")
+        ax.set_xscale("log")
+        ax.set_xlabel("cumulative payload bytes per replica")
+        ax.set_ylabel("eval loss (seed mean)")
+        ax.set_title(f"N={f['ranks']}")
+        ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(png, dpi=120)
     plt.close(fig)
@@ -229,36 +274,41 @@ def plot(record: dict, png: Path) -> None:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     seeds_arg(ap)
-    ap.add_argument("--steps", type=int, default=200)
-    ap.add_argument("--variants", nargs="+", default=["diloco:20", "sparseloco:20", "sparseloco:5"],
-                    help="method:H pairs; diloco:H is the baseline (the first diloco one)")
-    ap.add_argument("--ranks", type=int, default=2)
-    ap.add_argument("--topk", type=int, default=64)
-    ap.add_argument("--chunk", type=int, default=4096)
-    ap.add_argument("--bits", type=int, default=2)
-    ap.add_argument("--state-topk", type=int, default=32, help="compressed NoLoCo: k' of the φ − A message")
-    ap.add_argument("--state-bits", type=int, default=4)
-    ap.add_argument("--anchor-every", type=int, default=10)
-    ap.add_argument("--parallel", type=int, default=1, help="runs at once (each is --ranks processes)")
+    ap.add_argument("--steps", type=int, default=640)
+    ap.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
+    ap.add_argument("--tune-seed", type=int, default=100)
+    ap.add_argument("--equal-h", type=int, default=20)
+    ap.add_argument("--max-extend", type=int, default=1, help="edge extensions of an lr grid")
+    ap.add_argument("--parallel", type=int, default=1, help="runs at once (worker processes)")
+    ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    ap.add_argument("--h-grid", nargs="+", default=[], metavar="METHOD:H,H", help="replace a method's H grid")
+    ap.add_argument("--lr-start", nargs="+", default=[], metavar="METHOD:LR", help="centre a method's first lr grid on a rung")
     ap.add_argument("--name", default="compressed_sync")
     args = ap.parse_args(argv)
-    # a 0.15M-parameter Llama on three domains: ~20 min for all 6 runs on 2 cores shared with other jobs
-    config = {"steps": args.steps, "variants": args.variants, "ranks": args.ranks, "seeds": args.seeds, "hidden": 64, "layers": 2,
-              "heads": 2, "intermediate": 176, "seq_len": 64, "max_bytes": 100_000,
-              "domains": ["python_stdlib", "python_docs", "licenses"], "batch": 16, "inner_lr": 1e-3,
-              "warmup": 20, "eval_batches": 4, "topk": args.topk, "chunk": args.chunk, "bits": args.bits,
-              "ef_decay": 0.95, "sl_outer_lr": 1.0, "state_topk": args.state_topk, "state_bits": args.state_bits,
-              "anchor_every": args.anchor_every}
+    h_grid = {**H_GRID, **{m: tuple(int(h) for h in hs.split(",")) for m, hs in (x.split(":") for x in args.h_grid)}}
+    plan = {"methods": args.methods, "h_grid": h_grid,
+            "start": {**START, **{m: float(lr) for m, lr in (x.split(":") for x in args.lr_start)}}}
+    config = {"steps": args.steps, "ranks": args.ranks, "tune_seed": args.tune_seed, "eval_seeds": list(range(args.seeds)),
+              "equal_h": args.equal_h, "max_extend": args.max_extend, "ladder": LADDER, "plan": plan,
+              "hidden": 64, "layers": 2, "heads": 2, "intermediate": 176, "seq_len": 64, "max_bytes": 100_000,
+              "domains": ["python_stdlib", "python_docs", "licenses"], "batch": 16, "inner_lr": 1e-3, "warmup": 20,
+              "eval_every": 20, "eval_seqs": 32, "topk": 64, "bits": 2, "ef_decay": 0.95, "state_topk": 32,
+              "state_bits": 4, "anchor_every": 10}
     harness = Harness(args.name, __file__, config, allow_dirty=args.allow_dirty, fresh=args.fresh)
-    variants = [(v.split(":")[0], int(v.split(":")[1])) for v in args.variants]
-    if variants[0][0] != "diloco" or any(m not in METHODS for m, _ in variants):
-        raise SystemExit(f"--variants must start with diloco:H and use methods {list(METHODS)}")
-    shared = {k: v for k, v in config.items() if k != "variants"}
-    jobs = [{**shared, "method": m, "h": h, "seed": s} for s in range(args.seeds) for m, h in variants]  # seed-major
-    runs = harness.run_jobs(jobs, train_run, parallel=args.parallel)
-    labels = ["diloco" if i == 0 else f"{m} H={h}" for i, (m, h) in enumerate(variants)]
-    results = {lab: [r for j, r in zip(jobs, runs) if (j["method"], j["h"]) == v] for lab, v in zip(labels, variants)}
-    paths = harness.write(figures_from(results), text, plot)
+    shared = {k: v for k, v in config.items() if k not in ("ranks", "tune_seed", "eval_seeds", "max_extend", "ladder", "plan")}
+    figures: dict[str, Any] = {}
+    for n in args.ranks:  # one N after the other: a run cut short still has a whole N
+        tuned = tune(harness, shared, n, args.tune_seed, args.max_extend, args.parallel, plan)
+        # equal H where the method's grid has it (a reduced --h-grid may not), and its own best H
+        variants = {(m, h) for m in tuned for h in (args.equal_h, tuned[m]["best_h"]) if str(h) in tuned[m]}
+        jobs = [{**shared, "ranks": n, "method": m, "h": h, "lr": tuned[m][str(h)]["lr"], "seed": s}
+                for m, h in sorted(variants) for s in config["eval_seeds"]]
+        results = harness.run_jobs(jobs, train_run, desc=f"seeds N={n}", parallel=args.parallel)
+        runs: dict[str, list[dict[str, Any]]] = {}
+        for j, r in zip(jobs, results):
+            runs.setdefault(f"{j['method']} H={j['h']}", []).append(r)
+        figures[f"N={n}"] = {**figures_for(n, tuned, runs), "tuning": tuned}
+        paths = harness.write(figures, text, plot)
     print(paths["txt"].read_text())
 
 

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from recipe_helpers import ROOT, TINY, metrics
+from decentrain.testing import ROOT, TINY, metrics
 from decentrain.testing import start_store
 
 pytestmark = pytest.mark.integration

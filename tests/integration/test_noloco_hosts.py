@@ -19,7 +19,7 @@ import signal
 import pytest
 
 from benchmarks.fault_tolerance_netns import EmulatedHosts, netns_available
-from recipe_helpers import TINY, metrics
+from decentrain.testing import TINY, metrics
 
 why_not = netns_available() or (None if os.environ.get("DECENTRAIN_NETNS_TESTS") == "1" else "opt-in: DECENTRAIN_NETNS_TESTS=1")
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.skipif(why_not is not None, reason=why_not or "")]

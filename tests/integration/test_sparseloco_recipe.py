@@ -12,7 +12,8 @@ pytestmark = pytest.mark.integration
 
 def test_sparseloco_experiment_sends_compressed_payloads_every_h(tmp_path):
     run_train(tmp_path, "experiment=sparseloco_cpu", "launcher.nproc_per_node=2", "algorithm.inner_steps=3",
-           "train.steps=6", "train.eval_every=6", "algorithm.chunk_size=512", "algorithm.topk=8")
+              "train.steps=6", "train.eval_every=6", "algorithm.tiling=flat", "algorithm.quantizer=maxabs",
+              "algorithm.chunk_size=512", "algorithm.topk=8")
     rows = [r for r in metrics(tmp_path) if "outer/bytes_sent" in r]
     assert [r["step"] for r in rows] == [3, 6]
     from decentrain.models.factory import ModelConfig, build_model, build_tokenizer

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from recipe_helpers import ROOT, metrics
-from slurm_helpers import LocalSlurm, missing_requirements
+from decentrain.testing import ROOT, metrics
+from decentrain.testing import LocalSlurm, missing_requirements
 
 why_not = None if os.environ.get("DECENTRAIN_SLURM_TESTS") == "1" else "opt-in: set DECENTRAIN_SLURM_TESTS=1"
 why_not = why_not or missing_requirements()

@@ -4,9 +4,12 @@ import pytest
 import torch
 
 from decentrain.algorithms.common.compression import (
-    CompressionSpec, ErrorFeedback, compress, decompress, dequantize_symmetric, pack_codes, quantize_symmetric,
-    topk_per_chunk, unpack_codes,
+    CompressionSpec, ErrorFeedback, compress, decompress, pack_codes, topk_per_chunk, unpack_codes,
 )
+from decentrain.algorithms.common.compression import sent_mask
+from decentrain.algorithms.common.sparse_quantizers import MaxAbs, Statistical
+
+quantize_symmetric, dequantize_symmetric = MaxAbs.quantize, MaxAbs.dequantize
 
 
 def test_topk_per_chunk_keeps_largest_magnitudes_sorted_by_index():
@@ -51,17 +54,17 @@ def test_two_bit_packing_is_low_bits_first():
 
 
 def test_compress_pads_the_last_chunk_and_decompress_truncates():
-    spec = CompressionSpec(numel=6, chunk=4, k=1, bits=2)
+    spec = CompressionSpec.flat(numel=6, chunk=4, k=1, bits=2)
     x = torch.tensor([1.0, -4.0, 2.0, 0.0, 0.5, -0.25])
     c = compress(x, spec)
-    assert c.idx.tolist() == [[1], [0]] and c.scale.tolist() == [4.0, 0.5]
+    assert c.idx[0].tolist() == [[1], [0]] and c.params[0].tolist() == [4.0, 0.5]
     # a single kept value quantises to +-s exactly
     assert decompress(c, spec).tolist() == [0.0, -4.0, 0.0, 0.0, 0.5, 0.0]
 
 
 def test_error_feedback_equations_by_hand():
     # chunk 4, k 1, 2-bit, beta 0.5
-    ef = ErrorFeedback(CompressionSpec(numel=4, chunk=4, k=1, bits=2), beta=0.5)
+    ef = ErrorFeedback(CompressionSpec.flat(numel=4, chunk=4, k=1, bits=2), beta=0.5)
     sent = decompress(ef.step(torch.tensor([1.0, -2.0, 0.5, 0.0])), ef.spec)
     # e = [1, -2, 0.5, 0]; top-1 is -2 (s = 2, code 0 -> -2); e <- [1, 0, 0.5, 0]
     assert sent.tolist() == [0.0, -2.0, 0.0, 0.0]
@@ -74,7 +77,7 @@ def test_error_feedback_equations_by_hand():
 
 def test_error_feedback_eventually_sends_everything():
     # with beta = 1 the sum of what was sent plus the buffer equals the sum of the inputs
-    spec = CompressionSpec(numel=64, chunk=16, k=2, bits=4)
+    spec = CompressionSpec.flat(numel=64, chunk=16, k=2, bits=4)
     ef = ErrorFeedback(spec, beta=1.0)
     g = torch.Generator().manual_seed(0)
     inputs = torch.zeros(64)
@@ -87,7 +90,7 @@ def test_error_feedback_eventually_sends_everything():
 
 
 def test_error_feedback_state_roundtrip_and_shape_check():
-    spec = CompressionSpec(numel=8, chunk=4, k=1, bits=2)
+    spec = CompressionSpec.flat(numel=8, chunk=4, k=1, bits=2)
     a = ErrorFeedback(spec, 0.9)
     a.step(torch.arange(8.0))
     b = ErrorFeedback(spec, 0.9)
@@ -95,12 +98,12 @@ def test_error_feedback_state_roundtrip_and_shape_check():
     d = torch.linspace(-1, 1, 8)
     assert torch.equal(decompress(a.step(d), spec), decompress(b.step(d), spec))
     with pytest.raises(ValueError, match="shape"):
-        ErrorFeedback(CompressionSpec(numel=9, chunk=4, k=1, bits=2), 0.9).load_state_dict(a.state_dict())
+        ErrorFeedback(CompressionSpec.flat(numel=9, chunk=4, k=1, bits=2), 0.9).load_state_dict(a.state_dict())
 
 
 def test_spec_sizes():
-    spec = CompressionSpec(numel=10_000, chunk=4096, k=64, bits=2)
-    assert spec.num_chunks == 3
+    spec = CompressionSpec.flat(numel=10_000, chunk=4096, k=64, bits=2)
+    assert spec.groups[0].n == 3
     assert spec.body_bytes == 3 * 64 * 2 + 3 * 4 + 3 * 64 * 2 // 8
 
 
@@ -108,4 +111,55 @@ def test_spec_sizes():
 def test_spec_refuses_bad_values(kw, msg):
     args = {"numel": 16, "chunk": 4, "k": 2, "bits": 2} | kw
     with pytest.raises(ValueError, match=msg):
-        CompressionSpec(**args)
+        CompressionSpec.flat(**args)
+
+
+def _rel_sq_error(q, vals, bits=2):
+    codes, params = q.quantize(vals, bits)
+    return ((q.dequantize(codes, params, bits) - vals).pow(2).sum() / vals.pow(2).sum()).item()
+
+
+def test_statistical_quantizer_matches_the_reference_on_the_kept_values():
+    """The top-64 of a normal 4096-vector (two clusters, ±): ~1 % relative squared error; max-abs ~13 %.
+    One spike among small values: the spike gets a bin of its own; max-abs rounds the small ones to ±s/3."""
+    g = torch.Generator().manual_seed(0)
+    errs = []
+    for _ in range(20):
+        _, vals = topk_per_chunk(torch.randn(1, 4096, generator=g), 64)
+        errs.append((_rel_sq_error(Statistical, vals), _rel_sq_error(MaxAbs, vals)))
+    stat, maxabs = (sum(e) / len(e) for e in zip(*errs))
+    assert 0.005 < stat < 0.025 and maxabs > 0.1
+    spike = torch.cat([torch.tensor([100.0]), 0.01 * torch.randn(63, generator=g)])[None, :]
+    assert _rel_sq_error(Statistical, spike) < 1e-3 and _rel_sq_error(MaxAbs, spike) > 1.0
+
+
+def test_statistical_codes_decode_to_their_bin_means():
+    # mean 0, σ = ‖c‖/√3 = √(2·9 + 2·1)/√3; s = 6σ/4; codes round(c/s + 2): -3 -> 0, -1 -> 1, 1 -> 3?, 3 -> 3
+    vals = torch.tensor([[-3.0, -1.0, 1.0, 3.0]])
+    codes, params = Statistical.quantize(vals, 2)
+    s = 6 * (20 / 3) ** 0.5 / 4
+    assert codes.tolist() == [[round(-3 / s + 2), round(-1 / s + 2), round(1 / s + 2), min(3, round(3 / s + 2))]]
+    decoded = Statistical.dequantize(codes, params, 2)
+    for code in set(codes.flatten().tolist()):  # each code decodes to the mean of the values that got it
+        in_bin = codes == code
+        assert torch.allclose(decoded[in_bin], vals[in_bin].mean().expand(int(in_bin.sum())))
+    assert params[0].item() == 0.0 and params.numel() == 5
+
+
+def test_statistical_single_or_equal_values_come_back_exactly():
+    for vals in (torch.tensor([[0.7]]), torch.full((2, 3), -0.25)):
+        codes, params = Statistical.quantize(vals, 2)
+        assert torch.equal(Statistical.dequantize(codes, params, 2), vals)
+
+
+def test_tiles_of_a_matrix_are_two_d_blocks_and_k_scales_with_the_tile():
+    spec = CompressionSpec.tiled([(128, 96), (100,)], k=64, bits=2)
+    (w, b) = spec.groups
+    assert (w.n, w.length, w.k) == (4, 64 * 48, 48) and (b.n, b.length, b.k) == (2, 50, 1)
+    grid = torch.arange(128 * 96).view(128, 96)
+    assert w.positions[1].tolist() == grid[:64, 48:].reshape(-1).tolist()  # tile (0, 1): rows 0-63, columns 48-95
+    assert b.positions[1].tolist() == list(range(128 * 96 + 50, 128 * 96 + 100))
+    x = torch.zeros(spec.numel)
+    x[grid[70, 50]] = 5.0  # inside tile (1, 1)
+    c = compress(x, spec)
+    assert decompress(c, spec)[grid[70, 50]] == 5.0 and sent_mask(c, spec).sum() == spec.kept

@@ -54,3 +54,26 @@ def test_link_clock_plays_the_first_sync_as_a_share_of_a_round():
     clock = LinkClock(ratio=0.5, h=5, compute=compute)
     assert clock.scale_for(40.0) == pytest.approx(80.0)  # 40 s played as 0.5 s
     assert clock.scale_for(4.0) == pytest.approx(80.0)  # then fixed
+
+
+def _result(final, utilisation, evals):
+    return {"final_eval": final, "utilisation": utilisation, "sync_over_round": 0.6, "evals": evals,
+            "replicas": [{"step_wall_s": [1.0] * 10}]}
+
+
+def test_each_arm_is_timed_to_the_no_overlap_runs_final_loss_and_the_delay_cost_is_reported():
+    """Overlap ends 0.1 worse: the old target (the worse of the two finals) called that a speed-up; now the overlap
+    arm never reaches its no-overlap run's final loss, and the cost stands beside the utilisation gain."""
+    from benchmarks.overlap_utilisation import summarise
+
+    off = _result(2.0, 0.5, [(5, 2.5), (10, 2.0)])
+    on = _result(2.1, 0.9, [(3, 2.5), (10, 2.1)])
+    row = summarise({"m/off": [off], "m/on": [on]}, ["m"], [0])["m"]
+    assert row["target_eval"] == [2.0]
+    assert row["off"]["wall_to_target_s"]["mean"] == 10.0 and row["on"]["wall_to_target_s"] is None
+    assert row["on"]["reached_target"] == 0 and row["speedup_to_target"] is None
+    assert row["utilisation_gain"]["mean"] == pytest.approx(0.4)
+    assert row["loss_cost_of_delay"]["mean"] == pytest.approx(0.1) and row["loss_cost_of_delay_pct"]["mean"] == pytest.approx(5.0)
+    on_ok = _result(1.9, 0.9, [(3, 2.0), (10, 1.9)])
+    row = summarise({"m/off": [off], "m/on": [on_ok]}, ["m"], [0])["m"]
+    assert row["speedup_to_target"]["mean"] == pytest.approx(10 / 3)

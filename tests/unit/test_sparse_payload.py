@@ -10,7 +10,7 @@ import torch
 from decentrain.algorithms.common.compression import CompressionSpec, compress, decompress
 from decentrain.algorithms.common.sparse_payload import _HEADER, decode, encode, payload_bytes
 
-SPEC = CompressionSpec(numel=1000, chunk=128, k=8, bits=2)
+SPEC = CompressionSpec.flat(numel=1000, chunk=128, k=8, bits=2)
 
 
 def _payload(round_=3, seed=0):
@@ -28,7 +28,7 @@ def test_roundtrip_is_exact_and_sized_as_announced():
 
 @pytest.mark.parametrize("bits", [4, 8])
 def test_roundtrip_other_widths(bits):
-    spec = CompressionSpec(numel=300, chunk=64, k=5, bits=bits)
+    spec = CompressionSpec.flat(numel=300, chunk=64, k=5, bits=bits)
     c = compress(torch.randn(300), spec)
     got, _ = decode(encode(c, spec, 0), spec, 0)
     assert torch.equal(decompress(got, spec), decompress(c, spec))
@@ -40,13 +40,14 @@ def _with(data: bytes, offset: int, raw: bytes) -> bytes:
 
 def test_each_bad_field_is_dropped_with_its_reason():
     _, data = _payload(round_=3)
-    n, k = SPEC.num_chunks, SPEC.k
-    idx_off, scale_off = 32, 32 + 2 * n * k
+    idx_off, scale_off = 32, 32 + 2 * SPEC.kept
     cases = {
         "size": data[:-1],
         "magic": _with(data, 0, b"XXXX"),
-        "layout": _with(data, 0, _HEADER.pack(b"DSLC", 1, 4, 0, 3, SPEC.numel, SPEC.chunk, SPEC.k)),
-        "round": _with(data, 0, _HEADER.pack(b"DSLC", 1, 2, 0, 2, SPEC.numel, SPEC.chunk, SPEC.k)),
+        "layout": _with(data, 0, _HEADER.pack(b"DSLC", 2, 4, 0, 0, 3, SPEC.numel, SPEC.digest())),
+        "tiles": _with(data, 0, _HEADER.pack(b"DSLC", 2, 2, 0, 0, 3, SPEC.numel, SPEC.digest() ^ 1)),
+        "quantizer": _with(data, 0, _HEADER.pack(b"DSLC", 2, 2, 1, 0, 3, SPEC.numel, SPEC.digest())),
+        "round": _with(data, 0, _HEADER.pack(b"DSLC", 2, 2, 0, 0, 2, SPEC.numel, SPEC.digest())),
         "indices": _with(data, idx_off, struct.pack("<H", 128)),
         "increasing": _with(data, idx_off, struct.pack("<HH", 5, 5)),
         "scale": _with(data, scale_off, struct.pack("<f", float("nan"))),

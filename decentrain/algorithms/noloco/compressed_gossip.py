@@ -12,7 +12,12 @@ signal, an increment) and its slow weights φ_j (the consensus signal, a state).
 
   learning:   e_i ← β·e_i + Δ_i ;  c_i = C(e_i) ;  e_i ← e_i − D(c_i)      (error feedback)
   consensus:  s_i = C'(φ_i − A)                                              (fresh, no EF)
-  step:       ĝ_i = mean_G D(c) − (mean_G D(s) − D(s_i))
+  step:       ĝ_i = agg_G D(c) − (mean_G D(s) − D(s_i))
+
+agg_G is `compression.aggregation`: by default each index's mean over the group members whose c
+carries it (SparseLoCo's reference rule, common/compression.py), or "sum_over_replicas",
+(1/|G|)·Σ_G D(c). The consensus term stays a plain mean: an entry neither side sent is taken as
+equal on both, a zero difference.
 
 with A an anchor every replica holds identically: A_0 = φ_0 (identical after the start-up
 broadcast) and, every K = `anchor_every` rounds, A ← A + mean_r D(s_r) over all replicas (one
@@ -42,7 +47,10 @@ index + b bits per kept value, one fp32 scale per chunk, a 32-byte header) plus,
 rounds, its share of a ring all-gather of the s payloads. Departures, named: NoLoCo's
 "no collective after start-up" becomes one all-gather of small payloads every K rounds
 (anchor_every=0 turns it off: the anchor stays A_0 and s grows with training); the γ ≠ β
-general form is not supported compressed.
+general form is not supported compressed; both messages use flat chunks of `chunk_size` and the
+max-abs quantiser (common/compression.py's `flat` layout, not SparseLoCo's per-tensor tiles and
+statistical quantiser: the consensus message is a state difference whose chunks need one scale
+each, and the two messages share the chunk layout).
 """
 
 from __future__ import annotations
@@ -54,7 +62,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from decentrain.algorithms.common.compression import BITS, MAX_CHUNK, CompressionSpec, ErrorFeedback, compress, decompress
+from decentrain.algorithms.common.compression import (AGGREGATIONS, BITS, MAX_CHUNK, CompressionSpec, ErrorFeedback, compress,
+                                                      decompress, sent_mask)
 from decentrain.algorithms.common.sparse_payload import decode, encode, payload_bytes
 from decentrain.core.checks import check_range
 
@@ -73,6 +82,7 @@ class NoLoCoCompressionConfig:
     state_topk: int = 32  # k' of the consensus message s
     state_bits: int = 4  # b' of s
     anchor_every: int = 10  # K: rounds between re-anchors (one all-gather of s); 0: never
+    aggregation: str = "mean_over_senders"  # agg_G of the learning term, or "sum_over_replicas"
 
     def __post_init__(self) -> None:
         for f in ("chunk_size", "topk", "bits", "state_topk", "state_bits", "anchor_every"):
@@ -80,6 +90,7 @@ class NoLoCoCompressionConfig:
             if not isinstance(v, int) or isinstance(v, bool):
                 raise ValueError(f"algorithm.compression.{f}={v!r} must be an integer")
         check_range("algorithm.compression.ef_decay", self.ef_decay, 0, 1)
+        AGGREGATIONS.get(self.aggregation, field="algorithm.compression.aggregation")
         check_range("algorithm.compression.chunk_size", self.chunk_size, 1, MAX_CHUNK)
         check_range("algorithm.compression.topk", self.topk, 1, self.chunk_size)
         check_range("algorithm.compression.state_topk", self.state_topk, 1, self.chunk_size)
@@ -91,22 +102,28 @@ class NoLoCoCompressionConfig:
 
 def _spec(numel: int, chunk: int, k: int, bits: int) -> CompressionSpec:
     chunk = min(chunk, numel)
-    return CompressionSpec(numel, chunk, min(k, chunk), bits)
+    return CompressionSpec.flat(numel, chunk, min(k, chunk), bits, "maxabs")
 
 
 def _as_tensor(data: bytes) -> Tensor:
     return torch.frombuffer(bytearray(data), dtype=torch.uint8)
 
 
-def step_direction(own_c: Tensor, own_s: Tensor, partners: list[tuple[Tensor, Tensor]]) -> Tensor:
-    """ĝ_i = mean_G D(c) − (mean_G D(s) − D(s_i)), from decoded flat tensors (G = self + partners)."""
-    n = len(partners) + 1
-    learn = own_c.clone()
+def step_direction(learn: Tensor, own_s: Tensor, partner_s: list[Tensor]) -> Tensor:
+    """ĝ_i = learn − (mean_G D(s) − D(s_i)), learn = agg_G D(c), from decoded flat tensors (G = self + partners)."""
     pull = torch.zeros_like(own_s)
-    for c, s in partners:
-        learn += c
+    for s in partner_s:
         pull += s - own_s
-    return learn / n - pull / n
+    return learn - pull / (len(partner_s) + 1)
+
+
+@dataclass
+class Decoded:
+    """One group member's decoded messages: D(c), where c carries an index (`sent_mask`), and D(s)."""
+
+    c: Tensor
+    sent: Tensor
+    s: Tensor
 
 
 class CompressedGossip:
@@ -118,6 +135,7 @@ class CompressedGossip:
         self.delta_spec = _spec(numel, cfg.chunk_size, cfg.topk, cfg.bits)
         self.state_spec = _spec(numel, cfg.chunk_size, cfg.state_topk, cfg.state_bits)
         self.ef = ErrorFeedback(self.delta_spec, cfg.ef_decay, phi.device)
+        self.aggregate = AGGREGATIONS.get(cfg.aggregation)
         self.anchor = phi.detach().float().clone()  # A_0 = φ_0, identical on every replica after the broadcast
         self.dropped = 0  # partner payloads that failed decoding, over the run
 
@@ -126,15 +144,19 @@ class CompressedGossip:
         return payload_bytes(self.delta_spec), payload_bytes(self.state_spec)
 
     @torch.no_grad()
-    def messages(self, delta: Tensor, phi: Tensor, round_idx: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        """(c bytes, s bytes, D(c), D(s)) of this round; advances the error buffer."""
+    def messages(self, delta: Tensor, phi: Tensor, round_idx: int) -> tuple[Tensor, Tensor, Decoded]:
+        """(c bytes, s bytes, their decoding) of this round; advances the error buffer."""
         c = self.ef.step(delta)
         s = compress(phi.float() - self.anchor, self.state_spec)
         return (_as_tensor(encode(c, self.delta_spec, round_idx)), _as_tensor(encode(s, self.state_spec, round_idx)),
-                decompress(c, self.delta_spec), decompress(s, self.state_spec))
+                Decoded(decompress(c, self.delta_spec), sent_mask(c, self.delta_spec), decompress(s, self.state_spec)))
 
-    def decode_pair(self, c_bytes: Tensor, s_bytes: Tensor, round_idx: int) -> tuple[tuple[Tensor, Tensor] | None, str]:
-        """A partner's (D(c), D(s)), or (None, why) when either payload fails its checks (peer bytes are data)."""
+    def learning_term(self, group: list[Decoded]) -> Tensor:
+        """agg_G D(c) over the group's decoded messages (own first)."""
+        return self.aggregate([d.c for d in group], [d.sent for d in group])
+
+    def decode_pair(self, c_bytes: Tensor, s_bytes: Tensor, round_idx: int) -> tuple[Decoded | None, str]:
+        """A partner's decoded messages, or (None, why) when either payload fails its checks (peer bytes are data)."""
         c, why = decode(c_bytes.cpu().numpy().tobytes(), self.delta_spec, round_idx)
         if c is None:
             return None, f"learning payload: {why}"
@@ -142,7 +164,8 @@ class CompressedGossip:
         if s is None:
             return None, f"consensus payload: {why}"
         dev = self.anchor.device
-        return (decompress(c, self.delta_spec).to(dev), decompress(s, self.state_spec).to(dev)), ""
+        return Decoded(decompress(c, self.delta_spec).to(dev), sent_mask(c, self.delta_spec).to(dev),
+                       decompress(s, self.state_spec).to(dev)), ""
 
     def reanchor_due(self, round_idx: int) -> bool:
         return self.cfg.anchor_every > 0 and (round_idx + 1) % self.cfg.anchor_every == 0
@@ -184,7 +207,7 @@ def compressed_outer_step(algo, group: tuple[int, ...], jumped: int) -> dict[str
     comm, r = algo.comm(), algo.round
     delta = _flatten_dense_tensors(algo.outer.pseudo_gradient(algo.params)).float()
     phi = _flatten_dense_tensors(algo.outer.slow)
-    c_bytes, s_bytes, own_c, own_s = gossip.messages(delta, phi, r)
+    c_bytes, s_bytes, own = gossip.messages(delta, phi, r)
     pace = algo.pace_tensor(torch.device("cpu"))  # travels with the byte payloads
     received = None if jumped else comm.exchange([c_bytes, s_bytes, pace], group, r)
     decoded, paces, dropped = [], [], 0
@@ -199,7 +222,8 @@ def compressed_outer_step(algo, group: tuple[int, ...], jumped: int) -> dict[str
         paces.append(theirs[2])
     gossip.dropped += dropped
     missed = received is None or dropped > 0  # the round mixes with nobody; e keeps what c did not carry
-    algo.outer.step(_unflatten_dense_tensors(step_direction(own_c, own_s, decoded), algo.outer.slow))
+    direction = step_direction(gossip.learning_term([own, *decoded]), own.s, [d.s for d in decoded])
+    algo.outer.step(_unflatten_dense_tensors(direction, algo.outer.slow))
     algo.outer.copy_to(algo.params)
     if algo.cfg.adaptive_inner_steps and paces:
         fastest = min(float(p[1]) for p in paces)

@@ -1,10 +1,14 @@
 """SparseLoCo (arXiv 2508.15706): DiLoCo whose pseudo-gradient is sparse, 2-bit and error-fed.
 
 Every H inner steps each replica folds its pseudo-gradient into its fp32 error buffer,
-sends the top-k entries of each chunk as b-bit codes (common/compression.py has the
-equations), all-gathers everybody's payload as bytes (core/bytes_comm.py: sizes are
+sends the top-k entries of each tile as b-bit codes (common/compression.py has the
+equations, common/sparse_quantizers.py the quantisers), all-gathers everybody's payload
+as bytes through the transport (over torch.distributed, core/bytes_comm.py: sizes are
 agreed first and capped at the one size an honest payload has, nothing is unpickled),
-decodes and averages them in rank order, and takes the outer step on the slow weights.
+decodes them in rank order, averages each
+index over the replicas that sent it (`algorithm.aggregation`: "mean_over_senders", the
+reference code's rule; "sum_over_replicas", the paper's 1/R), and takes the outer step on
+the slow weights.
 Every replica sums the same decoded bytes in the same order, so the slow weights stay
 identical on all replicas without any further collective.
 
@@ -16,6 +20,20 @@ announcements), `outer/error_norm` (‖e‖ after the send) and `outer/pseudo_gr
 
 The outer step defaults to SparseLoCo's: SGD with lr α and no momentum (the decayed EF
 accumulator plays DiLoCo's outer momentum); `algorithm.outer_optimizer` turns it back on.
+
+Defaults follow the reference code (templar `neurons.py` outer step, `compress.py`, hparams:
+momentum_decay 0.95, topk_compression 64, target_chunk 64, quantization_bins 4, range 6σ,
+outer_learning_rate 1.0): `tiling: tensor` (64×64 tiles per tensor), `quantizer: statistical`,
+`aggregation: mean_over_senders`, β = 0.95, k = 64 per 4096-entry tile, 2 bits, α = 1. The
+library's first choices stay as named options: `tiling: flat` (chunks of `chunk_size` over the
+flat vector), `quantizer: maxabs`, `aggregation: sum_over_replicas` (the paper's 1/R).
+
+Remaining departures from the reference, named: k scaled to tiles smaller than 64×64 and 1-D
+tensors tiled like rows (common/compression.py); uint16 indices, not 12-bit; no clipping of each
+sender's values to the median norm over senders (templar's `batch_decompress(clip_norm=True)`,
+a defence against outsized peers in its open network; a payload here is checked and counted
+instead); no DCT (off in the reference's hparams too); payloads travel by all-gather, not
+through object storage; every replica's payload is used (templar gathers a scored subset).
 """
 
 from __future__ import annotations
@@ -28,13 +46,15 @@ import torch
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from decentrain.algorithms.base import register_algorithm
-from decentrain.algorithms.common.compression import BITS, MAX_CHUNK, CompressionSpec, ErrorFeedback, decompress
+from decentrain.algorithms.common.compression import (AGGREGATIONS, BITS, MAX_CHUNK, CompressionSpec, ErrorFeedback,
+                                                      decompress, sent_mask)
+from decentrain.algorithms.common.sparse_quantizers import QUANTIZERS
 from decentrain.algorithms.common.inner_outer import InnerOuterAlgorithm, InnerOuterConfig
 from decentrain.algorithms.common.outer import OuterOptimizer
 from decentrain.algorithms.common.outer_optimizers import OuterOptimizerConfig
 from decentrain.algorithms.common.sparse_payload import decode, encode, payload_bytes
-from decentrain.core.bytes_comm import all_gather_bytes
 from decentrain.core.checks import check_range
+from decentrain.core.registry import Registry
 
 logger = logging.getLogger(__name__)
 
@@ -47,22 +67,44 @@ class SparseLoCoConfig(InnerOuterConfig):
     outer_optimizer: OuterOptimizerConfig = field(
         default_factory=lambda: OuterOptimizerConfig("sgd", lr=1.0, momentum=0.0, nesterov=False))
     ef_decay: float = 0.95  # β of e ← β·e + Δ
-    chunk_size: int = 4096  # C: entries per top-k chunk
-    topk: int = 64  # k kept per chunk (64/4096 = 1.56 % density)
-    bits: int = 2  # b: value bits (2, 4 or 8) with one fp32 scale per chunk
+    tiling: str = "tensor"  # 64×64 tiles per tensor (reference), or "flat": chunks of chunk_size over all parameters
+    tile_size: int = 64  # tile side (tiling: tensor)
+    chunk_size: int = 4096  # C: entries per top-k chunk (tiling: flat)
+    topk: int = 64  # k kept per full tile / chunk (64/4096 = 1.56 % density); smaller tiles keep the same share
+    bits: int = 2  # b: value bits (2, 4 or 8)
+    quantizer: str = "statistical"  # the reference's 6σ/4-bin quantiser, or "maxabs": one scale per tile
+    aggregation: str = "mean_over_senders"  # or "sum_over_replicas" (the paper's 1/R); common/compression.py
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.adaptive_inner_steps:
             raise ValueError("algorithm.adaptive_inner_steps is not supported by sparseloco; allowed: false")
         check_range("algorithm.ef_decay", self.ef_decay, 0, 1)
+        AGGREGATIONS.get(self.aggregation, field="algorithm.aggregation")
+        TILINGS.get(self.tiling, field="algorithm.tiling")
+        QUANTIZERS.get(self.quantizer, field="algorithm.quantizer")
+        check_range("algorithm.tile_size", self.tile_size, 1, 256)
         check_range("algorithm.chunk_size", self.chunk_size, 1, MAX_CHUNK)
-        check_range("algorithm.topk", self.topk, 1, self.chunk_size)
+        check_range("algorithm.topk", self.topk, 1, self.chunk_size if self.tiling == "flat" else self.tile_size ** 2)
         if self.bits not in BITS:
             raise ValueError(f"algorithm.bits={self.bits} is unknown; allowed: {list(BITS)}")
-        for f in ("chunk_size", "topk", "bits"):
+        for f in ("tile_size", "chunk_size", "topk", "bits"):
             if not isinstance(getattr(self, f), int) or isinstance(getattr(self, f), bool):
                 raise ValueError(f"algorithm.{f}={getattr(self, f)!r} must be an integer")
+
+
+TILINGS: Registry = Registry("algorithm.tiling")  # name -> (config, parameter shapes) -> CompressionSpec
+
+
+@TILINGS.register("tensor")
+def _tensor_tiles(cfg: SparseLoCoConfig, shapes: list[torch.Size]) -> CompressionSpec:
+    return CompressionSpec.tiled(shapes, cfg.topk, cfg.bits, cfg.quantizer, cfg.tile_size)
+
+
+@TILINGS.register("flat")
+def _flat_chunks(cfg: SparseLoCoConfig, shapes: list[torch.Size]) -> CompressionSpec:
+    numel = sum(s.numel() for s in shapes)
+    return CompressionSpec.flat(numel, min(cfg.chunk_size, numel), min(cfg.topk, cfg.chunk_size, numel), cfg.bits, cfg.quantizer)
 
 
 @register_algorithm("sparseloco", SparseLoCoConfig)
@@ -72,32 +114,32 @@ class SparseLoCo(InnerOuterAlgorithm):
     def setup(self, model: torch.nn.Module) -> None:
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.outer = OuterOptimizer(self.params, self.cfg.outer_optimizer)
-        numel = sum(p.numel() for p in self.params)
-        self.spec = CompressionSpec(numel, min(self.cfg.chunk_size, numel), min(self.cfg.topk, self.cfg.chunk_size, numel),
-                                    self.cfg.bits)
+        self.spec = TILINGS.get(self.cfg.tiling)(self.cfg, [p.shape for p in self.params])
+        numel = self.spec.numel
         self.ef = ErrorFeedback(self.spec, self.cfg.ef_decay, self.world.device)
+        self.aggregate = AGGREGATIONS.get(self.cfg.aggregation)
         self.dropped = 0  # payloads dropped over the run
         if self.world.is_main:
-            logger.info("sparseloco: %d parameters, %d chunks of %d, top-%d, %d-bit: %d payload bytes vs %d dense fp32 (%.1fx)",
-                        numel, self.spec.num_chunks, self.spec.chunk, self.spec.k, self.spec.bits,
-                        payload_bytes(self.spec), 4 * numel, 4 * numel / payload_bytes(self.spec))
+            logger.info("sparseloco: %d parameters, %s tiling (%d tiles), %d kept, %d-bit %s: %d payload bytes vs %d dense fp32 "
+                        "(%.1fx)", numel, self.cfg.tiling, sum(g.n for g in self.spec.groups), self.spec.kept, self.spec.bits,
+                        self.cfg.quantizer, payload_bytes(self.spec), 4 * numel, 4 * numel / payload_bytes(self.spec))
 
     def outer_step(self, model: torch.nn.Module) -> dict[str, float]:
         delta = _flatten_dense_tensors(self.outer.pseudo_gradient(self.params))
         payload = encode(self.ef.step(delta), self.spec, self.round)
-        gathered = all_gather_bytes(self.world, payload, max_bytes=payload_bytes(self.spec))
-        total = torch.zeros(self.spec.numel, dtype=torch.float32, device=self.world.device)
-        kept, dropped = 0, 0
+        gathered = self.comm().all_gather_bytes(payload, max_bytes=payload_bytes(self.spec))
+        values, masks, dropped = [], [], 0
         for rank, data in enumerate(gathered):
             chunks, why = decode(data, self.spec, self.round)
             if chunks is None:
                 dropped += 1
                 logger.warning("sparseloco round %d: dropped rank %d's payload: %s", self.round, rank, why)
                 continue
-            total += decompress(chunks, self.spec).to(total.device)
-            kept += 1
+            values.append(decompress(chunks, self.spec).to(delta.device))
+            masks.append(sent_mask(chunks, self.spec).to(delta.device))
         self.dropped += dropped
-        mean = total / max(kept, 1)  # our own payload is always among them unless the wire broke it
+        # our own payload is always among them unless the wire broke it
+        mean = self.aggregate(values, masks) if values else torch.zeros_like(delta)
         self.outer.step(_unflatten_dense_tensors(mean, self.outer.slow))
         self.outer.copy_to(self.params)
         n = len(gathered)
