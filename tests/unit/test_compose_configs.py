@@ -44,11 +44,17 @@ def _compose(overrides: list[str], name: str = "config"):
 
 # engine.name -> the optional package that engine needs (its config refuses to validate without it)
 ENGINE_EXTRAS = {"deepspeed": "deepspeed"}
+# options with a value the user must give (no default can be right): composed with one, refused without
+REQUIRED = {("launcher", "hosts"): ["launcher.store=127.0.0.1:29400", "launcher.job_id=job1"]}
 
 
 @pytest.mark.parametrize("group,option", [(g, o) for g in TRAIN_GROUPS for o in _options(g)])
 def test_training_group_option_composes_and_converts(group, option):
-    cfg = _compose([f"{group}={option}", "run_dir=/tmp/x"])
+    required = REQUIRED.get((group, option), [])
+    if required:
+        with pytest.raises(ValueError, match=required[0].split("=")[0]):
+            config_from_dict(OmegaConf.to_container(_compose([f"{group}={option}", "run_dir=/tmp/x"]), resolve=True))
+    cfg = _compose([f"{group}={option}", "run_dir=/tmp/x", *required])
     if cfg.engine.name in ENGINE_EXTRAS:  # e.g. engine=deepspeed_zero2, experiment=noloco_zero2_cpu
         pytest.importorskip(ENGINE_EXTRAS[cfg.engine.name])
     config_from_dict(OmegaConf.to_container(cfg, resolve=True))
