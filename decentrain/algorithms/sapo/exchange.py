@@ -445,9 +445,8 @@ class HivemindExchange:
         from decentrain.algorithms.sapo.dht_guard import slow_charges
 
         charges = self._result(self.dht.run_coroutine(slow_charges, return_future=True), "dht_call_failed")
-        if isinstance(charges, dict):
-            total = sum(charges.values())
-            self.drops["slow_peer"] += total - self.drops["slow_peer"]
+        if isinstance(charges, dict) and sum(charges.values()) > self.drops["slow_peer"]:
+            self.drops["slow_peer"] = sum(charges.values())  # the DHT process keeps the running total
 
     def _result(self, future, reason: str, deadline: float | None = None):
         """A DHT call's result, or `_FAILED` (counted under `reason`) if it raised or outlived its deadline."""
