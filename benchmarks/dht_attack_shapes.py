@@ -221,6 +221,33 @@ async def slow_calls(dht, node) -> dict[str, int]:
     return dict(_SLOW["calls"] or {})
 
 
+_SYBIL_KEYS: dict = {}  # in the attacker's DHT process: Sybil index -> its RSA key, made once
+
+
+async def publish_as(dht, node, prefix: str, index: int, round_: int, data: bytes) -> int:
+    """Store compressed payload `data` as round `round_` of Sybil `index` (its own RSA identity,
+    re-keying the attacker's one signer as `sybil_crowding` does): chunks, then its registry entry.
+    Valid in every respect a DHT can check; `data` stays under the command pipe's 16 KiB."""
+    from hivemind.utils.crypto import RSAPrivateKey
+
+    from decentrain.algorithms.sapo.dht_guard import CHUNK_BYTES, chunk_subkey, registry_key, rollouts_key
+
+    signer = _signer(node)
+    key = _SYBIL_KEYS.setdefault(index, RSAPrivateKey())
+    own = (signer._private_key, signer._local_public_key)
+    chunks = [data[i:i + CHUNK_BYTES] for i in range(0, len(data), CHUNK_BYTES)] or [b""]
+    try:
+        signer._private_key = key
+        signer._local_public_key = marker = b"[owner:" + key.get_public_key().to_bytes() + b"]"
+        for i in reversed(range(len(chunks))):
+            await node.store(rollouts_key(prefix, marker), {"round": round_, "n": len(chunks), "payload": chunks[i]},
+                             _now() + 60, subkey=chunk_subkey(marker, i))
+        await node.store(registry_key(prefix), 1, _now() + 60, subkey=marker)
+    finally:
+        signer._private_key, signer._local_public_key = own
+    return len(chunks) + 1
+
+
 SHAPES = {"big_records": big_records, "far_future_ttl": far_future_ttl, "whole_key": whole_key, "flood_1000": flood,
           "registry_eclipse": registry_eclipse, "sybil_crowding": sybil_crowding, "registry_poison": registry_poison,
           "slow_responder": slow_responder}
@@ -245,6 +272,10 @@ def _run(attacker, fn, timeout: float) -> int:
 
 def run_shape(attacker, name: str, prefix: str, timeout: float = 120, **shape_kw) -> int:
     return _run(attacker, partial(SHAPES[name], prefix=prefix, **shape_kw), timeout)
+
+
+def run_publish_as(attacker, prefix: str, index: int, round_: int, data: bytes, timeout: float = 60) -> int:
+    return _run(attacker, partial(publish_as, prefix=prefix, index=index, round_=round_, data=data), timeout)
 
 
 def run_slow_calls(attacker, timeout: float = 60) -> dict[str, int]:
