@@ -64,4 +64,5 @@ def test_summary_ratios_are_per_seed_and_the_target_needs_mean_ratios_and_no_cra
     assert s["slow_attack"]["rounds_ratio_min"] == pytest.approx(0.5) and not s["slow_attack"]["ok"]
     assert not s["crash_attack"]["ok"] and s["crash_attack"]["crashes"] == 1
     table = sa._table(s)
-    assert table.count("\n") == 1 + len(runs) and "| slow_attack | 2 | 0.75 ± 0.35 (0.50)" in table
+    assert table.count("\n") == 1 + len(runs) and "| slow_attack | 2 | 0.75 ± 0.35 (0.50) | 1.00 ± 0.00 (1.00) | 0.75" in table
+    assert s["ok_attack"]["external_per_s_ratio_mean"] == pytest.approx((0.95 * 0.95 + 1) / 2)
