@@ -5,7 +5,8 @@ fresh swarm; once both have trained a round, the attacker joins and attacks for 
 Per scenario: rounds completed, external records received (rate per round), peak and growth of
 RSS (node + its DHT process and p2p daemon), crashes, and files created by RCE markers; each
 ratio is over the no-attack run of the same seed (`--seeds`: every row once per seed; the table
-gives mean ± std and the minimum over seeds). Target: mean >= 0.9 of the no-attack rounds/s and
+gives mean ± std and the minimum over seeds); `none_again`, a second no-attack run at the end,
+shows the drift between identical runs on this machine. Target: mean >= 0.9 of the no-attack rounds/s and
 external rate, 0 crashes, 0 files.
 
 Attackers (one per scenario):
@@ -27,7 +28,7 @@ Attackers (one per scenario):
   Sybils: sybils_64 (64 fresh identities, each publishing 4 usable groups of real entries every
     0.5 s, all within their own cost budgets)
 
-    python -m benchmarks.swarm_attack            # all 19 attacks + baseline, one seed, ~25 min on 2 cores
+    python -m benchmarks.swarm_attack            # 19 attacks + 2 no-attack runs, one seed, ~30 min on 2 cores
     python -m benchmarks.swarm_attack --seeds 0,1,2 --attacks group_hijack,registry_poison
     python -m benchmarks.swarm_attack --quick    # smoke: baseline + 2 attacks, short windows
     python -m benchmarks.swarm_attack --attacks flood_1000 --seconds 600 --baseline-seconds 60 \
@@ -64,6 +65,9 @@ PAYLOAD_ATTACKS = ["rce", "timestamp", "spoofing", "metadata_bomb", "id_spoofing
 DEFAULT_TASK = "chain_sum"  # in the default task mix: its questions are real to honest nodes
 DHT_ATTACKS = ["big_records", "far_future_ttl", "whole_key", "flood_1000", "stale_replay", "registry_eclipse",
                "sybil_crowding", "registry_poison", "slow_responder", "sybils_64"]
+# Control rows: the no-attack run first (every ratio's denominator) and again last, whose ratio
+# shows how far two identical runs drift apart on this machine (the noise floor of every row).
+NO_ATTACK = ("none", "none_again")
 SYBILS = 64  # sybils_64: fresh identities, each publishing usable groups within its own budget
 SYBIL_GROUPS = 4  # groups per Sybil payload
 HIJACK_JUNK = 9  # group_hijack: wrong-question groups added to the copied ones, to go over the sender budget
@@ -331,7 +335,7 @@ def run_scenario(kind: str, args: argparse.Namespace, work: Path, seed: int = 0)
     while not all(_rows(run_dir, n) for n in nodes) and time.monotonic() - t0 < 180:
         time.sleep(0.5)
     attacker = None
-    if kind != "none":
+    if kind not in NO_ATTACK:
         peers = [line.strip() for line in peers_file.read_text().splitlines() if line.strip()]
         attacker = Attacker(kind, peers, prefix, marker_dir, args.reattack_s)
         attacker.prepare()
@@ -340,7 +344,7 @@ def run_scenario(kind: str, args: argparse.Namespace, work: Path, seed: int = 0)
     rss = {n: [] for n in nodes}
     crashed = {n: False for n in nodes}
     t_start = time.monotonic()
-    seconds = args.baseline_seconds if kind == "none" and args.baseline_seconds else args.seconds
+    seconds = args.baseline_seconds if kind in NO_ATTACK and args.baseline_seconds else args.seconds
     while time.monotonic() - t_start < seconds:
         for n, p in zip(nodes, procs):
             crashed[n] |= p.poll() is not None
@@ -473,8 +477,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.quick:
         args.seconds, args.attacks, args.name = 12.0, "timestamp,whole_key", args.name + "_quick"
-    kinds = ["none", *[k for k in args.attacks.split(",") if k]]
-    unknown = set(kinds) - {"none", *PAYLOAD_ATTACKS, *DHT_ATTACKS}
+    kinds = ["none", *[k for k in args.attacks.split(",") if k], "none_again"]
+    unknown = set(kinds) - {*NO_ATTACK, *PAYLOAD_ATTACKS, *DHT_ATTACKS}
     if unknown:
         raise SystemExit(f"--attacks: unknown {sorted(unknown)}; allowed {PAYLOAD_ATTACKS + DHT_ATTACKS}")
     seeds = [int(x) for x in args.seeds.split(",") if x.strip()]
