@@ -21,6 +21,7 @@ if str(ROOT) not in sys.path:
 
 from benchmarks import dht_attack_shapes as shapes  # noqa: E402
 from dist_helpers import run_in_fresh_process  # noqa: E402
+from tests.privilege import rerun_unprivileged  # noqa: E402
 
 ATTACKS = [*(s for s in shapes.SHAPES if s != "slow_responder"), "stale_replay"]  # slow: its own test below
 
@@ -112,3 +113,7 @@ def _slow_responder_rounds() -> None:
         for node in (a, b):
             node.close()
         x.shutdown()
+
+
+def test_as_an_ordinary_user():
+    rerun_unprivileged(__file__, "registry_poison or slow_responder_is_charged")

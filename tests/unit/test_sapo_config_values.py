@@ -17,6 +17,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from recipes.rl import CONF_DIR, config_or_exit
+from tests.privilege import rerun_unprivileged
 
 ROOT = Path(__file__).resolve().parents[2]
 HIVEMIND = "exchange.hivemind"
@@ -104,6 +105,24 @@ def test_hostile_value_fails_in_one_line_naming_its_field(override, field):
 def test_bad_key_file_fails_in_one_line_before_start(key_dir, name):
     line = _config_error(["sapo=hivemind", f"key_file={key_dir / name}"])  # one node: no {node} needed
     assert line.startswith("config error: key_file=") and "\n" not in line, line
+
+
+def test_unreadable_key_file_fails_before_start(key_dir):
+    """Root reads a mode-000 file anyway; an ordinary user (test_as_an_ordinary_user) must not get past the check."""
+    key = key_dir / "locked.key"
+    key.write_bytes(bytes(32))
+    key.chmod(0)
+    if os.access(key, os.R_OK):  # root: readable, a valid key
+        with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+            dcfg = compose("rl", overrides=["sapo=hivemind", f"key_file={key}", "run_dir=/tmp/unused"])
+        assert config_or_exit(dcfg).key_file == str(key)
+    else:
+        line = _config_error(["sapo=hivemind", f"key_file={key}"])
+        assert line.startswith("config error: key_file=") and "cannot be read" in line and "\n" not in line, line
+
+
+def test_as_an_ordinary_user():
+    rerun_unprivileged(__file__, "key_file")
 
 
 def test_a_good_config_passes_and_a_new_key_file_may_be_created(tmp_path):

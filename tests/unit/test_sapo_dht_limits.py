@@ -12,6 +12,7 @@ from decentrain.algorithms.sapo.identity import NodeIdentity
 from decentrain.algorithms.sapo.payload import PayloadDecoder, PayloadLimits, RolloutPayload, encode_payload
 from decentrain.algorithms.sapo.peer_selection import PeerSelector
 from dist_helpers import run_in_threads
+from tests.privilege import rerun_unprivileged
 
 
 def test_registry_and_chunk_subkeys_are_capped():
@@ -217,3 +218,7 @@ def test_a_dht_call_that_never_returns_costs_the_round_not_the_node():
     assert out == [[]] and time.monotonic() - t < 5
     assert x.drops["own_publish_failed"] == 1  # the first chunk's store hung: nothing more was stored
     assert x.drops["registry_lookup_failed"] == 1 and x.drops["lookup_error"] == 1
+
+
+def test_as_an_ordinary_user():
+    rerun_unprivileged(__file__, "decode_to_an_honest_shape or failed_registry_lookup")
