@@ -33,3 +33,18 @@ def tiny_sapo_config(exchange: str = "silo", num_local: int = 2, num_external: i
         logger=LoggerConfig(progress=False, console=False),
         **kwargs,
     )
+
+
+class FixedExchange:
+    """Hands a node the same raw (source, bytes) records every round, whatever it publishes."""
+
+    def __init__(self, records):
+        self.records = records
+
+    def exchange(self, round_, payload, is_valid=None):
+        from decentrain.algorithms.sapo.exchange import PeerRecord
+
+        return [PeerRecord(source, data) for source, data in self.records]
+
+    def close(self):
+        pass

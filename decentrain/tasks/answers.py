@@ -8,8 +8,12 @@ evaluates text: no eval/exec/compile, no sympy parsing, no `ast.literal_eval`
 `score_answer` is not called at all: five of the nine vetted tasks `eval` the completion or
 sympy-parse it, and an in-process audit hook around them was escaped through the object graph.
 
-Each scorer reproduces reasoning-gym's `score_answer` on well-formed answers (the tests compare
-them on honest and perturbed answers). Departures, all towards scoring *less* exotic syntax:
+Each scorer reproduces reasoning-gym's `score_answer` on well-formed answers and never scores
+higher than it (tests/unit/test_scorer_vs_reasoning_gym.py compares them on honest answers and on
+hostile variants). Departures, all towards scoring *less* exotic syntax:
+  - digits and spaces are ASCII only (`re.ASCII`, `ASCII_SPACE`): Python's `\d`, `\s`, `int`,
+    `float`, `Decimal` and `str.strip` also take Arabic-Indic digits or U+2003, which let a
+    polynomial in Arabic-Indic digits score 1 where reasoning-gym's sympy gives 0;
   - Python-literal partial credit (string_insertion, spiral_matrix, binary_matrix) accepts
     lists/tuples of int and quoted-string literals without escapes, nested at most twice;
   - polynomial_multiplication accepts sums of products of integers and the entry's variables
@@ -29,8 +33,12 @@ from typing import Any, Callable
 
 from decentrain.core.registry import Registry
 
-# Longer answers score 0 before any parsing; every vetted task's answer is far shorter.
+# Longer answers are malformed before any parsing, unless the entry's own answer is long (see
+# `answer_cap`): the cap follows the task's configured size, so an honest answer to a large
+# spiral_matrix is not charged to its sender as malformed.
 MAX_ANSWER_CHARS = 4096
+ANSWER_CAP_FACTOR = 4  # an answer may be this many times the oracle's length (other spacing, order, format)
+ASCII_SPACE = " \t\n\r\x0b\x0c"  # what str.strip() removes, less Unicode spaces (U+2003, U+3000, ...)
 
 Scorer = Callable[[str, dict[str, Any]], float]
 SCORERS: Registry[Scorer] = Registry("task scorer")
@@ -40,11 +48,16 @@ class Malformed(ValueError):
     """An answer that does not parse in its task's format (scores 0, counted against its sender)."""
 
 
+def answer_cap(entry: dict[str, Any]) -> int:
+    """The longest answer parsed for `entry`: MAX_ANSWER_CHARS, or ANSWER_CAP_FACTOR x its oracle answer."""
+    return max(MAX_ANSWER_CHARS, ANSWER_CAP_FACTOR * len(str(entry["answer"])))
+
+
 def score(task: str, answer: str | None, entry: dict[str, Any]) -> float:
     """`task`'s score in [0, 1] of `answer` against the locally built `entry`; Malformed if it does not parse."""
     if answer is None:
         return 0.0
-    if not isinstance(answer, str) or len(answer) > MAX_ANSWER_CHARS:
+    if not isinstance(answer, str) or len(answer) > answer_cap(entry):
         raise Malformed("answer too long")
     value = float(SCORERS.get(task, "task")(answer, entry))
     return min(max(value, 0.0), 1.0) if math.isfinite(value) else 0.0
@@ -52,7 +65,8 @@ def score(task: str, answer: str | None, entry: dict[str, Any]) -> float:
 
 # -- shared parsers ------------------------------------------------------------------------------
 
-_LITERAL_TOKEN = re.compile(r"""\s*(?:(?P<int>[+-]?\d{1,40})|(?P<str>'[^'\\\n]*'|"[^"\\\n]*")|(?P<punct>[\[\](),]))""")
+_LITERAL_TOKEN = re.compile(r"""\s*(?:(?P<int>[+-]?\d{1,40})|(?P<str>'[^'\\\n]*'|"[^"\\\n]*")|(?P<punct>[\[\](),]))""",
+                            re.ASCII)
 _MAX_DEPTH = 2
 
 
@@ -62,7 +76,7 @@ def parse_literal(text: str) -> Any:
     Returns ints, strs and lists (tuples become lists); Malformed for anything else.
     """
     tokens: list[tuple[str, Any]] = []
-    pos, text = 0, text.rstrip()
+    pos, text = 0, text.rstrip(ASCII_SPACE)
     while pos < len(text):
         m = _LITERAL_TOKEN.match(text, pos)
         if m is None:
@@ -122,6 +136,11 @@ def exact_or_substring(answer: str, entry: dict[str, Any]) -> float:
     return len(oracle) / len(answer) if answer and oracle in answer else 0.0
 
 
+# What Python's float/Decimal read, in ASCII only (they also take Unicode digits and spaces, "1_0");
+# ASCII spaces around it are stripped first, as float and Decimal do.
+_ASCII_NUMBER = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?", re.ASCII)
+
+
 @SCORERS.register("chain_sum")
 def decimal_equal(answer: str, entry: dict[str, Any]) -> float:
     """Equal as decimals after dropping commas ("+01,000.00" == "1000"), else the substring rule."""
@@ -130,7 +149,8 @@ def decimal_equal(answer: str, entry: dict[str, Any]) -> float:
     oracle = str(entry["answer"]).replace(",", "")
     plain = answer.replace(",", "")
     try:
-        if Decimal(plain) == Decimal(oracle):  # Decimal parses a number; it evaluates nothing
+        # Decimal parses a number and evaluates nothing, but also takes Unicode digits and spaces
+        if _ASCII_NUMBER.fullmatch(plain.strip(ASCII_SPACE)) and Decimal(plain) == Decimal(oracle):
             return 1.0
     except (InvalidOperation, ValueError):
         pass
@@ -142,7 +162,7 @@ def word_list(answer: str, entry: dict[str, Any]) -> float:
     oracle = list(entry["metadata"]["sorted_words"])
     if not answer:
         return 0.0
-    words = [w.strip() for w in re.split(r",\s*", answer)]
+    words = [w.strip(ASCII_SPACE) for w in re.split(r",\s*", answer, flags=re.ASCII)]
     if words == oracle:
         return 1.0
     partial = sum(1 for i, w in enumerate(words) if i < len(oracle) and w == oracle[i]) / len(oracle)
@@ -165,7 +185,7 @@ def sorted_numbers(answer: str, entry: dict[str, Any]) -> float:
         return 0.0
     numbers = []
     for v in values:
-        if not isinstance(v, (bool, int, float, str)):
+        if not isinstance(v, (bool, int, float, str)) or (isinstance(v, str) and not _ASCII_NUMBER.fullmatch(v.strip(ASCII_SPACE))):
             raise Malformed("not a number")
         try:
             x = float(v)
@@ -203,7 +223,7 @@ def string_or_char_list(answer: str, entry: dict[str, Any]) -> float:
 def spaced_ints(answer: str, entry: dict[str, Any]) -> float:
     """1 for the space-separated numbers; 0.1 for a list whose items print as them."""
     oracle = entry["answer"].strip()
-    answer = answer.strip()
+    answer = answer.strip(ASCII_SPACE)
     if not answer:
         return 0.0
     if answer == oracle:
@@ -227,7 +247,7 @@ def int_matrix(answer: str, entry: dict[str, Any]) -> float:
 
 # -- polynomials ---------------------------------------------------------------------------------
 
-_POLY_TOKEN = re.compile(r"\s*(?:(?P<int>\d{1,60})|(?P<name>[A-Za-z_]\w{0,15})|(?P<op>\*\*|[*+-]))")
+_POLY_TOKEN = re.compile(r"\s*(?:(?P<int>\d{1,60})|(?P<name>[A-Za-z_]\w{0,15})|(?P<op>\*\*|[*+-]))", re.ASCII)
 _MAX_EXPONENT = 1000
 _MAX_COEFFICIENT_BITS = 4096
 
@@ -237,7 +257,7 @@ Monomial = tuple[tuple[str, int], ...]
 def parse_polynomial(text: str, variables: frozenset[str]) -> dict[Monomial, int]:
     """`text` as {monomial: coefficient}: a sum of products of integers and `variables` with integer powers."""
     tokens: list[tuple[str, str]] = []
-    pos, text = 0, text.rstrip()
+    pos, text = 0, text.rstrip(ASCII_SPACE)
     while pos < len(text):
         m = _POLY_TOKEN.match(text, pos)
         if m is None:

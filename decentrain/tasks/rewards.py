@@ -7,12 +7,15 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from decentrain.core.registry import Registry
-from decentrain.tasks.answers import Malformed, score
+from decentrain.tasks.answers import ASCII_SPACE, Malformed, score
 from decentrain.tasks.mixture import TaskItem, check_task_name
 from decentrain.tasks.vetted import check_vetted
 
 ANSWER_FORMATS = ("line", "tag")
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+# Whitespace characters allowed on either side of an answer; more is malformed. Padding scores
+# nothing, but would be trained with the answer's advantage ("60 spaces + -4" scored 1.0).
+MAX_ANSWER_PADDING = 8
 
 
 @dataclass
@@ -40,13 +43,31 @@ class PromptTemplate:
         # str.replace, not str.format: questions may contain braces.
         return self.cfg.prompt.replace("{question}", question)
 
-    def extract_answer(self, completion: str) -> str | None:
+    def raw_answer(self, completion: str) -> str:
+        """The answer's text as written, padding included."""
         if self.cfg.answer_format == "tag":
             match = _ANSWER_TAG.search(completion)
-            answer = match.group(1).strip() if match else ""
-        else:
-            answer = completion.split(self.cfg.stop, 1)[0].strip()
+            return match.group(1) if match else ""
+        return completion.split(self.cfg.stop, 1)[0]
+
+    def extract_answer(self, completion: str) -> str | None:
+        # ASCII spaces only: str.strip() also removes U+2003 & co, which reasoning-gym's scorers keep
+        answer = self.raw_answer(completion).strip(ASCII_SPACE)
         return answer or None
+
+    def padding(self, completion: str) -> int:
+        """The longer run of whitespace on either side of the answer."""
+        raw = self.raw_answer(completion)
+        return max(len(raw) - len(raw.lstrip(ASCII_SPACE)), len(raw) - len(raw.rstrip(ASCII_SPACE)))
+
+    def cut(self, completion: str) -> str:
+        """The completion up to the end of its answer: through the first stop string (line) or the
+        first closing tag (tag). Text after it is neither scored nor trained."""
+        if self.cfg.answer_format == "tag":
+            match = _ANSWER_TAG.search(completion)
+            return completion[: match.end()] if match else completion
+        i = completion.find(self.cfg.stop)
+        return completion if i < 0 else completion[: i + len(self.cfg.stop)]
 
     def is_well_formed(self, completion: str) -> bool:
         """An answer that is closed: the stop string (or closing tag) follows it, so the model stopped on purpose."""
@@ -95,6 +116,8 @@ class Verifier:
         out = []
         for completion in completions:
             try:
+                if self.template.padding(completion) > MAX_ANSWER_PADDING:
+                    raise Malformed("answer padded with whitespace")
                 out.append(score(item.task, self.template.extract_answer(completion), entry))
             except Malformed:
                 self.malformed += 1

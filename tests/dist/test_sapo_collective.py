@@ -19,7 +19,7 @@ def _on_rank(world, run_dir):
     external = node.share(0, local)
     rows = []
     summary = run_sapo(cfg, world, run_dir, on_round=lambda n, m: rows.append(m["external_received"]))
-    return [g.question for g in local], [g.question for g in external], node.decoder.drops.total, summary["rounds"], rows
+    return [g.question for g in local], [a.group.question for a in external], node.decoder.drops.total, summary["rounds"], rows
 
 
 def test_collective_swarm_on_two_ranks(tmp_path):

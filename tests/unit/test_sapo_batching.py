@@ -3,6 +3,7 @@ import pytest
 from transformers import ByT5Tokenizer
 
 from decentrain.algorithms.sapo.batching import (
+    Arrival,
     ScoredGroup,
     SwarmBatchConfig,
     build_swarm_batch,
@@ -15,22 +16,22 @@ def grp(name: str, completions: tuple[str, ...], task: str = "t") -> RolloutGrou
     return RolloutGroup(task=task, config="0" * 16, seed=0, size=10, index=0, question=name, completions=completions)
 
 
-def reward_fn(g: RolloutGroup) -> list[float]:
+def reward_fn(a: Arrival) -> list[float]:
     """The receiver's verifier: 1 for a completion "1" (the answer); unknown tasks cannot be scored."""
-    if g.task == "unknown":
+    if a.group.task == "unknown":
         raise ValueError("task='unknown' is unknown")
-    return [float(c == "1") for c in g.completions]
+    return [float(c == "1") for c in a.group.completions]
 
 
-LOCAL = [grp(f"l{i}", ("1", "0")) for i in range(4)]
-EXTERNAL = [
+LOCAL = [Arrival(grp(f"l{i}", ("1", "0"))) for i in range(4)]
+EXTERNAL = [Arrival(g, sender="peer") for g in (
     grp("all_right", ("1", "1")),  # equal rewards: dropped
     grp("all_wrong", ("0", "0")),  # equal rewards: dropped
     grp("bad_task", ("1", "0"), task="unknown"),  # unscorable: dropped
     grp("e0", ("1", "0")),
     grp("e1", ("0", "1")),
     grp("e2", ("1", "x")),
-]
+)]
 
 
 def test_config_validation():
@@ -74,7 +75,7 @@ def test_draw_is_seeded_and_uniform_covers_all():
 
 
 def test_reward_weighted_prefers_higher_mean_reward():
-    ext = [grp("low", ("1", "0", "0", "0")), grp("high", ("1", "1", "1", "0"))]  # means .25 and .75
+    ext = [Arrival(grp("low", ("1", "0", "0", "0")), "p"), Arrival(grp("high", ("1", "1", "1", "0")), "p")]  # means .25 and .75
     cfg = SwarmBatchConfig(num_local=0, num_external=1, external_sampling="reward_weighted")
     rng = np.random.default_rng(0)
     picks = [build_swarm_batch([], ext, reward_fn, cfg, rng).groups[0].group.question for _ in range(400)]

@@ -40,17 +40,21 @@ class FakeExchange:
 PEER = NodeIdentity.generate()
 
 
-def _entry(cfg, task="chain_sum"):
-    """A real entry of the node's own mixture, as a peer with the same task config would draw it."""
+def _entries(cfg, task="chain_sum", n=2):
+    """Real entries of the node's own mixture, as a peer with the same task config would draw them."""
     mix = TaskMixture(cfg.task)
-    return next(mix[i] for i in range(50) if mix[i].task == task)
+    return [mix[i] for i in range(50) if mix[i].task == task][:n]
+
+
+def _entry(cfg, task="chain_sum"):
+    return _entries(cfg, task, 1)[0]
 
 
 def _peer_payload(cfg, round_, completions=None, key=None, ident=PEER, **changes):
-    item = _entry(cfg)
-    group = dataclasses.replace(group_of(item, tuple(completions or (item.answer + "\n", "3\n", item.answer + "\n", "x\n"))),
-                                **changes)
-    return encode_payload(RolloutPayload(ident.node_id, round_, time.time(), (group, group), name="peer"), ident, key)
+    """Two groups (two entries: equal groups would be duplicates) with `completions`, or two right and two wrong."""
+    groups = tuple(dataclasses.replace(group_of(item, tuple(completions or (item.answer + "\n", "3\n", item.answer + "\n", "x\n"))),
+                                       **changes) for item in _entries(cfg))
+    return encode_payload(RolloutPayload(ident.node_id, round_, time.time(), groups, name="peer"), ident, key)
 
 
 def test_round_uses_peer_groups_and_counts_hostile_payloads():
@@ -235,6 +239,7 @@ def test_rebuild_amplification_costs_the_sender_its_round_not_the_node():
     cfg = tiny_sapo_config(exchange="collective", num_local=0, num_external=2)
     cfg.task = TaskMixConfig(tasks=["polynomial_multiplication"], size=1000)
     cfg.payload = dataclasses.replace(cfg.payload, max_groups=64)
+    cfg.sampling.max_new_tokens = 512  # room for a polynomial answer: longer completions are cut before scoring
     mix = TaskMixture(cfg.task)
     attacker, honest = NodeIdentity.generate(), NodeIdentity.generate()
     completions = ("x\n",) * cfg.loss.num_generations
@@ -248,7 +253,8 @@ def test_rebuild_amplification_costs_the_sender_its_round_not_the_node():
     t = time.perf_counter()
     external = node.share(0, [])
     elapsed = time.perf_counter() - t
-    assert external == list(good)  # the honest peer's groups all rebuilt and kept
+    assert [a.group for a in external] == list(good)  # the honest peer's groups all rebuilt and kept
+    assert {a.sender for a in external} == {honest.node_id}
     assert node.group_drops["question_mismatch"] + node.group_drops["sender_over_budget"] == 64
     assert node.group_drops["question_mismatch"] <= 8  # 0.25 s + a rebuild each against a 2 s budget
     assert node.budget.over(attacker.node_id) and not node.budget.over(honest.node_id)
@@ -266,9 +272,7 @@ def test_malformed_answers_count_against_their_sender():
     node = SAPONode(cfg, 0, "node0", FakeExchange([("p", encode_payload(
         RolloutPayload(PEER.node_id, 0, time.time(), groups, name="p"), PEER))]))
     node.budget.start_round()
-    external = node.share(0, [])
-    assert len(external) == 4
-    assert node.rewards(external[0]) == [0.0] * cfg.loss.num_generations  # over budget once scored
-    with pytest.raises(ValueError, match="over its cost budget"):
-        node.rewards(external[1])
-    assert node.verifier.malformed == cfg.loss.num_generations
+    external = node.share(0, [])  # scored on arrival: over budget after the first group
+    assert external == [] and node.budget.over(PEER.node_id)
+    assert node.verifier.malformed == cfg.loss.num_generations  # the other three were never scored
+    assert node.group_drops["sender_over_budget"] == 4  # three unscored, and the scored one with its sender

@@ -1,7 +1,14 @@
-"""A node's training batch: I local and J external question groups, re-scored and re-tokenised here."""
+"""A node's training batch: I local and J external question groups, re-scored and re-tokenised here.
+
+Each group is an `Arrival`: one group as it reached this node, owned by the identity that signed
+the payload it came in (or by this node), never by its content. J slots are shared fairly among
+senders (`fair_quota`), so one sender offering many usable groups cannot crowd out the others.
+"""
 
 from __future__ import annotations
 
+import math
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -13,9 +20,27 @@ from decentrain.algorithms.sapo.payload import RolloutGroup
 
 EXTERNAL_SAMPLING = ("uniform", "reward_weighted")
 
-# The receiver's verifier: one reward per completion of a group. It may raise ValueError for a
-# group it cannot score (e.g. a task it does not know); such external groups are dropped.
-RewardFn = Callable[[RolloutGroup], Sequence[float]]
+
+@dataclass(frozen=True, eq=False)
+class Arrival:
+    """One group as this node received it (eq=False: two arrivals of equal groups stay two records).
+
+    `sender` is the identity that signed the payload it came in, None for this node's own group:
+    work on the group is charged to it, and only its own data can make the group unscorable.
+    `item` is the entry this node built or rebuilt for it (what the verifier scores against);
+    `rewards`, once scored, this node's rewards of its completions.
+    """
+
+    group: RolloutGroup
+    sender: str | None = None
+    item: Any = None
+    rewards: tuple[float, ...] | None = None
+
+
+# The receiver's verifier: one reward per completion of a group. It may raise ValueError for an
+# external group it cannot score (a task it does not know, a sender over budget); such groups are
+# dropped and counted. It must not raise for this node's own groups.
+RewardFn = Callable[[Arrival], Sequence[float]]
 
 
 @dataclass
@@ -40,6 +65,7 @@ class ScoredGroup:
     group: RolloutGroup
     rewards: list[float]
     external: bool
+    sender: str | None = None
 
 
 @dataclass
@@ -50,9 +76,39 @@ class SwarmBatch:
     stats: dict[str, int] = field(default_factory=dict)  # external candidates and why they were dropped
 
 
+def fair_quota(k: int, offered: Sequence[int]) -> int:
+    """The fewest slots per sender that fill `k` slots from senders offering `offered` groups each.
+
+    ceil(k / senders) when every sender offers that many; more only when others cannot fill
+    their share (max-min fairness: J=4, senders offering 1 and 10 groups -> 3).
+    """
+    q = math.ceil(k / len(offered))
+    while sum(min(q, n) for n in offered) < k:
+        q += 1
+    return q
+
+
+def draw_external(usable: Sequence[ScoredGroup], k: int, weights: np.ndarray | None,
+                  rng: np.random.Generator) -> list[ScoredGroup]:
+    """`k` of `usable` without replacement, with probability proportional to `weights` (None:
+    uniform) among the groups whose sender has not yet taken its `fair_quota` of slots."""
+    quota = fair_quota(k, list(Counter(s.sender for s in usable).values()))
+    w = np.ones(len(usable)) if weights is None else np.asarray(weights, dtype=np.float64).copy()
+    taken: Counter = Counter()
+    picked: list[ScoredGroup] = []
+    for _ in range(k):
+        i = int(rng.choice(len(usable), p=w / w.sum()))
+        picked.append(usable[i])
+        w[i] = 0.0
+        taken[usable[i].sender] += 1
+        if taken[usable[i].sender] >= quota:
+            w[[j for j, s in enumerate(usable) if s.sender == usable[i].sender]] = 0.0
+    return picked
+
+
 def build_swarm_batch(
-    local: Sequence[RolloutGroup],
-    external: Sequence[RolloutGroup],
+    local: Sequence[Arrival],
+    external: Sequence[Arrival],
     reward_fn: RewardFn,
     cfg: SwarmBatchConfig,
     rng: np.random.Generator,
@@ -61,31 +117,30 @@ def build_swarm_batch(
 
     All-equal external groups carry zero group advantage, so they are dropped before the draw.
     With fewer than J usable external groups, all of them are used (`num_external` says how many).
+    No sender takes more than its fair share of the J slots (`draw_external`).
     """
-    groups = [ScoredGroup(g, [float(r) for r in reward_fn(g)], external=False) for g in local[: cfg.num_local]]
+    groups = [ScoredGroup(a.group, [float(r) for r in reward_fn(a)], False, a.sender) for a in local[: cfg.num_local]]
 
     usable: list[ScoredGroup] = []
     stats = {"external_candidates": len(external), "external_unscorable": 0, "external_equal_rewards": 0}
-    for g in external if cfg.num_external else ():
+    for a in external if cfg.num_external else ():
         try:
-            rewards = [float(r) for r in reward_fn(g)]
+            rewards = [float(r) for r in reward_fn(a)]
         except ValueError:
             stats["external_unscorable"] += 1
             continue
         if max(rewards) == min(rewards):
             stats["external_equal_rewards"] += 1
             continue
-        usable.append(ScoredGroup(g, rewards, external=True))
+        usable.append(ScoredGroup(a.group, rewards, True, a.sender))
 
     k = min(cfg.num_external, len(usable))
     if k:
-        p = None
+        w = None
         if cfg.external_sampling == "reward_weighted":
             # Mean reward, floored so that groups with non-positive mean can still be drawn.
             w = np.array([max(float(np.mean(s.rewards)), 0.0) for s in usable]) + 1e-6
-            p = w / w.sum()
-        picked = rng.choice(len(usable), size=k, replace=False, p=p)
-        groups += [usable[int(i)] for i in picked]
+        groups += draw_external(usable, k, w, rng)
     return SwarmBatch(groups=groups, num_local=len(groups) - k, num_external=k, stats=stats)
 
 
@@ -123,8 +178,9 @@ def tokenize_batch(
 ) -> TokenizedBatch:
     """Re-tokenise text with this node's template and tokenizer (peers may use different ones).
 
-    Prompts keep their last `max_prompt_tokens` tokens (the question's end and the answer cue);
-    completions keep their first `max_completion_tokens`.
+    Prompts keep their last `max_prompt_tokens` tokens (the question's end and the answer cue).
+    Completions were already cut to `max_completion_tokens` by the node before they were scored
+    (`generation.clip_to_tokens`), so the cut here changes nothing: the trained text is the scored text.
     """
     prompts = [template(s.group.question) for s in groups]
 

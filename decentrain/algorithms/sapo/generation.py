@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import importlib.util
+import os
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -85,6 +86,26 @@ def _cut_at_stop(text: str, stop: str | None) -> str:
     if stop and (i := text.find(stop)) >= 0:
         return text[: i + len(stop)]
     return text
+
+
+def clip_to_tokens(text: str, tokenizer: Any, max_tokens: int) -> str:
+    """The longest prefix of `text` that `tokenizer` encodes in at most `max_tokens` tokens.
+
+    A receiver cuts peers' completions (and its own) to its own generation cap with this, before
+    scoring and before training, so the text scored is exactly the text trained.
+    """
+    def length(t: str) -> int:
+        return len(tokenizer(t, add_special_tokens=False)["input_ids"])
+
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    if len(ids) <= max_tokens:
+        return text
+    decoded = tokenizer.decode(ids[:max_tokens], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+    # decoding need not give a prefix back (a split multi-byte character decodes to U+FFFD)
+    n = len(os.path.commonprefix([decoded, text]))
+    while n and length(text[:n]) > max_tokens:
+        n -= 1
+    return text[:n]
 
 
 def sampling_kwargs(cfg: SamplingConfig, temperature: float, top_p: float, tokenizer: Any) -> dict[str, Any]:

@@ -5,14 +5,20 @@
 
 Peers' groups are scored only for tasks in this node's own mixture, against entries rebuilt here
 from the address the peer sends (`TaskMixture.rebuild`); a group that does not rebuild to its
-question is dropped and counted. Every second of rebuild and scoring a peer causes is charged
-to it (`SenderBudget`); a peer over budget is dropped for the round. Payloads are signed with
-this node's Ed25519 key.
+question is dropped and counted. Every group is an `Arrival` owned by the identity that signed
+the payload it came in: a group equal to one this node generated, or to one an earlier sender
+sent this round, is a duplicate, dropped and counted, so copying a node's groups neither claims
+nor censors them. A peer's group is rebuilt and scored on arrival, and every second of that is
+charged to it (`SenderBudget`, per sender and per round in total); a peer over its allowance
+loses its groups for the round, and nothing a peer sends raises out of `run_round`. Completions, own and peers', are cut at the
+stop string and at this node's `max_new_tokens` before they are scored, and that cut text is
+what is trained. Payloads are signed with this node's Ed25519 key.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 import time
 from collections import Counter
@@ -21,16 +27,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from decentrain.algorithms.sapo.batching import build_swarm_batch, tokenize_batch
+from decentrain.algorithms.sapo.batching import Arrival, build_swarm_batch, tokenize_batch
 from decentrain.algorithms.sapo.budget import SenderBudget
 from decentrain.algorithms.sapo.config import SAPOConfig
 from decentrain.algorithms.sapo.exchange import PeerRecord, RolloutExchange
-from decentrain.algorithms.sapo.generation import build_generation_backend, completion_logprobs
+from decentrain.algorithms.sapo.generation import build_generation_backend, clip_to_tokens, completion_logprobs
 from decentrain.algorithms.sapo.grpo import LossNorm, build_advantage_estimator, policy_loss
 from decentrain.algorithms.sapo.identity import NodeIdentity
 from decentrain.algorithms.sapo.payload import PayloadDecoder, RolloutGroup, RolloutPayload, encode_payload
 from decentrain.models.factory import build_model, build_tokenizer
-from decentrain.tasks import EntryMismatch, EntryRef, PromptTemplate, TaskItem, TaskMixture, Verifier
+from decentrain.tasks import EntryRef, PromptTemplate, TaskItem, TaskMixture, Verifier
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +51,19 @@ def group_of(item: TaskItem, completions: tuple[str, ...]) -> RolloutGroup:
 
 def entry_ref(group: RolloutGroup) -> EntryRef:
     return EntryRef(group.task, group.config, group.seed, group.size, group.index)
+
+
+class Unscorable(ValueError):
+    """An external group this node will not score this round (counted in `group_drops[reason]`)."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+def _same_group(group: RolloutGroup) -> tuple:
+    """What makes two groups the same training data: the entry, the question, the completions in any order."""
+    return (group.task, group.config, group.seed, group.size, group.index, group.question, tuple(sorted(group.completions)))
 
 
 def _trim_padding(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -82,10 +101,9 @@ class SAPONode:
         self.backend = build_generation_backend(self.model, self.tokenizer, sampling)
         self.advantage = build_advantage_estimator(cfg.loss)
         self.decoder = PayloadDecoder(cfg.payload, key=cfg.swarm_key)
-        self.group_drops: Counter[str] = Counter()  # peers' groups that did not rebuild, by reason
-        self._items: dict[RolloutGroup, TaskItem] = {}  # this round's trusted item per group
-        self._origin: dict[RolloutGroup, str] = {}  # this round's external groups -> sender key
-        self.budget = SenderBudget(cfg.payload.sender_budget_s)
+        self.group_drops: Counter[str] = Counter()  # peers' groups that were not used, by reason
+        self._local: list[Arrival] = []  # this round's own groups, as scored and trained here
+        self.budget = SenderBudget(cfg.payload.sender_budget_s, round_limit_s=cfg.payload.round_budget_s)
         self.rng = np.random.default_rng(self.seed)
         self.round = 0  # rounds completed
         self.cumulative_reward = 0.0
@@ -94,19 +112,39 @@ class SAPONode:
     def questions_per_round(self) -> int:
         return self.cfg.train.questions_per_round or max(self.cfg.batch.num_local, 1)
 
-    def rewards(self, group: RolloutGroup) -> list[float]:
-        item = self._items.get(group)
-        if item is None:  # never happens for groups that came through generate() or share()
-            raise ValueError("group was not rebuilt by this node")
-        sender = self._origin.get(group)
-        if sender is not None and self.budget.over(sender):
-            raise ValueError("sender is over its cost budget this round")
+    def rewards(self, arrival: Arrival) -> list[float]:
+        """The rewards of a group this node generated or received; this node's own never raise.
+
+        A peer's group is scored once, when it arrives (`share`), and keeps those rewards. Scoring
+        one raises `Unscorable` (counted) when its sender is over budget or the verifier fails on
+        it; the sender is charged for the time and for malformed answers.
+        """
+        sender = arrival.sender
+        if sender is None:
+            return self.verifier.rewards(arrival.item, arrival.group.completions)
+        if arrival.rewards is not None:
+            return list(arrival.rewards)
+        if self.budget.over(sender):
+            self.group_drops["sender_over_budget"] += 1
+            raise Unscorable("sender_over_budget")
         malformed = self.verifier.malformed
-        with self.budget.timed(sender):
-            rewards = self.verifier.rewards(item, group.completions)
-        if sender is not None:
-            self.budget.charge(sender, (self.verifier.malformed - malformed) * self.cfg.payload.malformed_cost_s)
+        try:
+            with self.budget.timed(sender):
+                rewards = self.verifier.rewards(arrival.item, arrival.group.completions)
+        except Exception as e:  # a scorer bug on a peer's text must cost that peer, not the round
+            logger.debug("%s: scoring a group of %s failed: %r", self.node_id, sender[:16], e)
+            self.group_drops["scoring_error"] += 1
+            self.budget.charge(sender, self.cfg.payload.mismatch_cost_s)
+            raise Unscorable("scoring_error") from None
+        self.budget.charge(sender, (self.verifier.malformed - malformed) * self.cfg.payload.malformed_cost_s)
         return rewards
+
+    def clip(self, group: RolloutGroup) -> RolloutGroup:
+        """`group` with each completion cut after its answer (the stop string, or the closing tag)
+        and to this node's `max_new_tokens` in its own tokenizer: the text scored and trained here."""
+        cap = self.cfg.sampling.max_new_tokens
+        completions = tuple(clip_to_tokens(self.template.cut(c), self.tokenizer, cap) for c in group.completions)
+        return group if completions == group.completions else dataclasses.replace(group, completions=completions)
 
     # -- the round -------------------------------------------------------------------------------
 
@@ -121,15 +159,14 @@ class SAPONode:
         completions = self.backend.generate(
             [self.template(it.question) for it in items], self.cfg.loss.num_generations, seed=self.seed * 100_003 + round_
         )
-        groups = []
-        for it, c in zip(items, completions):
-            groups.append(group_of(it, tuple(c)))
-            self._items[groups[-1]] = it
+        groups = [group_of(it, tuple(c)) for it, c in zip(items, completions)]
+        self._local = [Arrival(self.clip(g), None, it) for g, it in zip(groups, items)]
         return groups
 
-    def share(self, round_: int, local: list[RolloutGroup]) -> list[RolloutGroup]:
+    def share(self, round_: int, local: list[RolloutGroup]) -> list[Arrival]:
+        """Publish `local`; return the peers' groups that rebuild here, each owned by its signer."""
         payload = RolloutPayload(self.identity.node_id, round_, time.time(), tuple(local), name=self.node_id)
-        external, seen_groups = [], dict(self.group_drops)
+        seen_groups = dict(self.group_drops)
 
         def when(rec: PeerRecord) -> tuple[int, float | None]:
             # A record with its own round comes from an asynchronous backend: rounds do not line
@@ -140,16 +177,20 @@ class SAPONode:
             return self.decoder.would_accept(rec.data, *when(rec))
 
         wire = encode_payload(payload, self.identity, self.cfg.swarm_key)
+        by_sender: dict[str, list[RolloutGroup]] = {}
         for rec in self.exchange.exchange(round_, wire, is_valid=is_valid):
             current, now = when(rec)
             decoded = self.decoder(rec.data, current_round=current, source=rec.source, now=now)
-            if decoded is None or decoded.node_id == self.identity.node_id:
-                continue
+            if decoded is not None and decoded.node_id != self.identity.node_id:
+                by_sender.setdefault(decoded.node_id, []).extend(decoded.groups)
+        external: list[Arrival] = []
+        owner: dict[tuple, str | None] = {_same_group(a.group): None for a in self._local}  # None: this node
+        copies: dict[tuple, list[str]] = {}  # later senders of a kept group
+        for sender in self.budget.plan(by_sender):  # merited senders first: fresh keys cannot spend their share
             datasets: dict[str, tuple[int, int]] = {}
-            sender = decoded.node_id
-            for g in decoded.groups:
+            for g in by_sender[sender]:
                 if self.budget.over(sender):
-                    self.group_drops["sender_over_budget"] += 1
+                    self.group_drops["sender_over_budget" if sender in self.budget.dropped else "round_over_budget"] += 1
                     continue
                 # An honest peer draws each task from one dataset; more would make this node build
                 # a dataset per group (word_sorting: ~15 ms each).
@@ -157,21 +198,49 @@ class SAPONode:
                     self.group_drops["mixed_datasets"] += 1
                     self.budget.charge(sender, self.cfg.payload.mismatch_cost_s)
                     continue
-                t = time.perf_counter()
                 try:
-                    self._items[g] = self.mixture.rebuild(entry_ref(g), g.question, self.cfg.payload.max_dataset_size)
-                    self._origin.setdefault(g, sender)
-                except EntryMismatch as e:
-                    self.group_drops[e.reason] += 1
-                    self.budget.charge(sender, time.perf_counter() - t + self.cfg.payload.mismatch_cost_s)
+                    with self.budget.timed(sender):
+                        clipped = self.clip(g)
+                        key = _same_group(clipped)
+                        if key in owner:  # this node's own group, or one an earlier sender sent
+                            self.group_drops["duplicate"] += 1
+                            copies.setdefault(key, []).append(sender)
+                            continue
+                        item = self.mixture.rebuild(entry_ref(g), g.question, self.cfg.payload.max_dataset_size)
+                except Exception as e:  # EntryMismatch (has a reason); anything else a peer's group triggers is its cost too
+                    self.group_drops[getattr(e, "reason", "rebuild_error")] += 1
+                    self.budget.charge(sender, self.cfg.payload.mismatch_cost_s)
                     continue
-                self.budget.charge(sender, time.perf_counter() - t)
-                external.append(g)
+                owner[key] = sender
+                arrival = Arrival(clipped, sender, item)
+                if self.cfg.batch.num_external:  # scored now, so every budget decision is made here
+                    try:
+                        arrival = dataclasses.replace(arrival, rewards=tuple(self.rewards(arrival)))
+                    except Unscorable:
+                        del owner[key]  # a later sender of the same group may still have it scored
+                        continue
+                external.append(arrival)
+        external = self._hand_over(external, copies)
         self.decoder.drops.flush_log(f"{self.node_id} round {round_}: ")
         if dropped := {k: v - seen_groups.get(k, 0) for k, v in self.group_drops.items() if v != seen_groups.get(k, 0)}:
-            logger.warning("%s round %d: dropped %d peer group(s) that do not rebuild here: %s", self.node_id, round_,
+            logger.warning("%s round %d: dropped %d peer group(s): %s", self.node_id, round_,
                            sum(dropped.values()), ", ".join(f"{k}={v}" for k, v in sorted(dropped.items())))
         return external
+
+    def _hand_over(self, external: list[Arrival], copies: dict[tuple, list[str]]) -> list[Arrival]:
+        """Drop the groups of senders that went over their allowance, each passed first to the next
+        sender of the same group still in it (same entry and completions: the same training data),
+        so sending first and then overspending cannot censor another peer's groups."""
+        kept = []
+        for a in external:
+            if a.sender in self.budget.dropped:
+                heir = next((s for s in copies.get(_same_group(a.group), ()) if s not in self.budget.dropped), None)
+                if heir is None:
+                    self.group_drops["sender_over_budget"] += 1
+                    continue
+                a = dataclasses.replace(a, sender=heir)
+            kept.append(a)
+        return kept
 
     def train_step(self, batch_groups) -> dict[str, float]:
         cfg = self.cfg
@@ -223,18 +292,20 @@ class SAPONode:
     def run_round(self) -> dict[str, Any]:
         """One full round; returns its metrics."""
         round_ = self.round
-        self._items.clear()
-        self._origin.clear()
+        self._local = []
         self.budget.start_round()
         t0 = time.perf_counter()
         local = self.generate(round_)
         t1 = time.perf_counter()
         external = self.share(round_, local)
         t2 = time.perf_counter()
-        batch = build_swarm_batch(local, external, self.rewards, self.cfg.batch, self.rng)
+        batch = build_swarm_batch(self._local, external, self.rewards, self.cfg.batch, self.rng)
         own = [s for s in batch.groups if not s.external]
+        for s in batch.groups:  # merit: groups drawn into a batch, at most a fair share of J per round
+            if s.external:
+                self.budget.credit(s.sender)
         # Reward of this node's own rollouts: comparable across I/J splits (external ones are peers').
-        own_rewards = [r for g in local for r in self.rewards(g)]
+        own_rewards = [r for a in self._local for r in self.rewards(a)]
         reward = float(np.mean(own_rewards)) if own_rewards else 0.0
         train = self.train_step(batch.groups) if batch.groups else {}
         t3 = time.perf_counter()
@@ -264,9 +335,12 @@ class SAPONode:
         metrics["local_mixed_groups"] = sum(1 for s in own if max(s.rewards) != min(s.rewards))
         metrics["malformed_answers"] = self.verifier.malformed
         metrics["senders_over_budget"] = self.budget.dropped_total
+        metrics["rounds_receive_capped"] = self.budget.rounds_capped
+        metrics["time_receive"] = self.budget.total  # rebuild + scoring charged to senders this round
         for task in sorted({g.task for g in local}):
             # Exact answers only: reasoning-gym gives partial credit (e.g. 0.01) to some wrong ones.
-            scores = [s >= 1.0 for g in local if g.task == task for s in self.verifier.scores(self._items[g], g.completions)]
+            scores = [s >= 1.0 for a in self._local if a.group.task == task
+                      for s in self.verifier.scores(a.item, a.group.completions)]
             metrics[f"accuracy/{task}"] = float(np.mean(scores))
         return metrics
 
@@ -288,6 +362,7 @@ class SAPONode:
             "group_drops": dict(self.group_drops),
             "high_water": dict(self.decoder.high_water),  # replay marks survive a restart
             "accepted": dict(self.decoder.accepted),
+            "sender_merit": dict(self.budget.merit),  # the round budget's split survives a restart
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -302,3 +377,4 @@ class SAPONode:
         self.group_drops.update(state.get("group_drops", {}))
         self.decoder.high_water.update({k: (int(r), float(t)) for k, (r, t) in state.get("high_water", {}).items()})
         self.decoder.accepted.update({k: int(n) for k, n in state.get("accepted", {}).items()})
+        self.budget.merit.update({k: float(v) for k, v in state.get("sender_merit", {}).items()})

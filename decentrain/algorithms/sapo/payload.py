@@ -132,12 +132,16 @@ class PayloadLimits:
     sender_budget_s: float = 2.0
     mismatch_cost_s: float = 0.25  # per group that does not rebuild (wrong question, address, task)
     malformed_cost_s: float = 0.01  # per answer that does not parse in its task's format
+    # What all senders together may cost per round, split among them by merit (budget.py): fresh
+    # identities are free to make, so without it N of them would cost N x sender_budget_s.
+    round_budget_s: float = 8.0
 
     def __post_init__(self) -> None:
-        for name in ("sender_budget_s", "mismatch_cost_s", "malformed_cost_s"):
+        for name in ("sender_budget_s", "mismatch_cost_s", "malformed_cost_s", "round_budget_s"):
             value = getattr(self, name)
-            if not (math.isfinite(value) and value >= 0) or (name == "sender_budget_s" and value == 0):
-                raise ValueError(f"payload.{name}={value} must be finite and {'> 0' if name == 'sender_budget_s' else '>= 0'}")
+            positive = name in ("sender_budget_s", "round_budget_s")
+            if not (math.isfinite(value) and value >= 0) or (positive and value == 0):
+                raise ValueError(f"payload.{name}={value} must be finite and {'> 0' if positive else '>= 0'}")
         for name in ("num_generations", "max_bytes", "max_groups", "max_string_chars", "max_dataset_size",
                      "max_peers_tracked"):
             if getattr(self, name) <= 0:
