@@ -46,6 +46,7 @@ HOSTILE = [
     ("payload.max_age_s=nan", "payload.max_age_s"),
     ("payload.sender_budget_s=inf", "payload.sender_budget_s"),
     ("payload.mismatch_cost_s=nan", "payload.mismatch_cost_s"),
+    ("payload.round_budget_s=inf", "payload.round_budget_s"),
     ("payload.max_bytes=0", "payload.max_bytes"),
     ("payload.ttl_rounds=-1", "payload.ttl_rounds"),
     (f"{HIVEMIND}.wait_s=nan", f"{HIVEMIND}.wait_s"),

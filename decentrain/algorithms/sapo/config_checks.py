@@ -109,6 +109,7 @@ def check_payload(p, where: str = "payload") -> None:
     check_range(f"{where}.sender_budget_s", p.sender_budget_s, 0, 3600, low_open=True)
     check_range(f"{where}.mismatch_cost_s", p.mismatch_cost_s, 0, 3600)
     check_range(f"{where}.malformed_cost_s", p.malformed_cost_s, 0, 3600)
+    check_range(f"{where}.round_budget_s", p.round_budget_s, 0, 3600, low_open=True)
 
 
 def check_train(t, where: str = "train") -> None:
