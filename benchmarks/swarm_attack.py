@@ -3,8 +3,10 @@
 For each scenario, two honest nodes (`python -m recipes.rl sapo=hivemind`, tiny model) join a
 fresh swarm; once both have trained a round, the attacker joins and attacks for `--seconds`.
 Per scenario: rounds completed, external records received (rate per round), peak and growth of
-RSS (node + its DHT process and p2p daemon), crashes, and files created by RCE markers; each as
-a ratio to the no-attack run of the same invocation. Target: >= 0.9 of the no-attack rounds and
+RSS (node + its DHT process and p2p daemon), crashes, and files created by RCE markers; each
+ratio is over the no-attack run of the same seed (`--seeds`: every row once per seed; the table
+gives mean ± std and the minimum over seeds); `none_again`, a second no-attack run at the end,
+shows the drift between identical runs on this machine. Target: mean >= 0.9 of the no-attack rounds/s and
 external rate, 0 crashes, 0 files.
 
 Attackers (one per scenario):
@@ -12,15 +14,25 @@ Attackers (one per scenario):
     rce (5 eval-verifier tasks), timestamp (400 digits), spoofing (wrong answers + matching
     completions), metadata_bomb (~1 MiB), id_spoofing (honest names, RTL/zero-width/NUL ids),
     sandbox_forgery (the old verifier-sandbox escapes on questions the nodes rebuild),
-    rebuild_amplification (64 fresh entries per payload, each with a wrong question)
-  DHT level (benchmarks/dht_attack_shapes.py, re-run every `--reattack-s`):
+    rebuild_amplification (64 fresh entries per payload, each with a wrong question),
+    tail_injection (right answers followed by text after the stop string, or after 60 spaces),
+    group_hijack (the honest nodes' just-published groups republished unchanged under the
+    attacker's key, plus 9 wrong-question groups that put it over its sender budget)
+  DHT level (decentrain/testing/dht_attacks.py, re-run every `--reattack-s`):
     big_records (> 4 MiB under the swarm keys), far_future_ttl (under the honest nodes'
     subkeys), whole_key (one value over each key), flood_1000, stale_replay (captured honest
     records replayed as round 0), registry_eclipse (one key, 40 registry subkeys of ~700 KB),
-    sybil_crowding (32 fresh keys, each listed with a ~0.5 MiB record of valid shape)
+    sybil_crowding (32 fresh keys, each listed with a ~0.5 MiB record of valid shape),
+    registry_poison (the signed non-msgpack value b"\\xc1" under the registry key),
+    slow_responder (the attacker's DHT answers every find and store after 2.5 s)
+  Sybils: sybils_64 (64 fresh identities, each publishing 4 usable groups of real entries every
+    0.5 s, all within their own cost budgets)
 
-    python -m benchmarks.swarm_attack            # all 14 attacks + baseline, ~20 min on 2 cores
+    python -m benchmarks.swarm_attack            # 19 attacks + 2 no-attack runs, one seed, ~30 min on 2 cores
+    python -m benchmarks.swarm_attack --seeds 0,1,2 --attacks group_hijack,registry_poison
     python -m benchmarks.swarm_attack --quick    # smoke: baseline + 2 attacks, short windows
+    python -m benchmarks.swarm_attack --resume   # after an interruption: skips the finished scenarios
+    python -m benchmarks.swarm_attack --report-partial   # tables from the finished scenarios only
     python -m benchmarks.swarm_attack --attacks flood_1000 --seconds 600 --baseline-seconds 60 \
         --reattack-s 5 --name swarm_attack_flood10   # memory under a 10-minute flood
 """
@@ -40,7 +52,7 @@ import threading
 import time
 from pathlib import Path
 
-from benchmarks import dht_attack_shapes as shapes
+from decentrain.testing import dht_attacks as shapes
 from benchmarks.results_io import RESULTS, read_live_jsonl, write_results
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -51,10 +63,16 @@ TINY = ["model.hidden_size=32", "model.num_layers=2", "model.intermediate_size=6
 G = 4  # loss.num_generations above
 EVAL_TASKS = ["string_insertion", "number_sorting", "polynomial_multiplication", "spiral_matrix", "binary_matrix"]
 PAYLOAD_ATTACKS = ["rce", "timestamp", "spoofing", "metadata_bomb", "id_spoofing", "sandbox_forgery",
-                   "rebuild_amplification"]
+                   "rebuild_amplification", "tail_injection", "group_hijack"]
 DEFAULT_TASK = "chain_sum"  # in the default task mix: its questions are real to honest nodes
 DHT_ATTACKS = ["big_records", "far_future_ttl", "whole_key", "flood_1000", "stale_replay", "registry_eclipse",
-               "sybil_crowding"]
+               "sybil_crowding", "registry_poison", "slow_responder", "sybils_64"]
+# Control rows: the no-attack run first (every ratio's denominator) and again last, whose ratio
+# shows how far two identical runs drift apart on this machine (the noise floor of every row).
+NO_ATTACK = ("none", "none_again")
+SYBILS = 64  # sybils_64: fresh identities, each publishing usable groups within its own budget
+SYBIL_GROUPS = 4  # groups per Sybil payload
+HIJACK_JUNK = 9  # group_hijack: wrong-question groups added to the copied ones, to go over the sender budget
 # The escapes of the old verifier sandbox (issue 16): reach `sys`, switch the audit hook off, score 1.0 for anything.
 _FORGE = ".modules['__main__'].__dict__.update({'_DENIED': (), '_DENIED_PREFIXES': ('~',), 'float': id})"
 FORGERIES = ["[c for c in ().__class__.__base__.__subclasses__() if c.__name__=='catch_warnings'][0]"
@@ -106,6 +124,34 @@ class Framer:
         return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
 
 
+def hijack_payload(fr: Framer, round_: int, honest: list[bytes]) -> bytes | None:
+    """group_hijack: the honest peers' latest groups, unchanged, republished under the attacker's
+    own key, plus HIJACK_JUNK wrong-question groups that put this sender over its cost budget.
+    (On the old receiver the copied groups were charged to whoever sent them first by content:
+    the victim's own local groups became unscorable and its round raised.)"""
+    groups = []
+    for data in honest:
+        try:
+            groups += json.loads(data.split(b"\n", 1)[1])["groups"]
+        except (ValueError, KeyError, IndexError, TypeError):
+            continue
+    if not groups:
+        return None
+    item = _questions(DEFAULT_TASK)[0]
+    junk = [fr.real_group(item, ["1"] * G, question=f"q{round_}-{i}", index=(round_ * HIJACK_JUNK + i) % item.ref.size)
+            for i in range(HIJACK_JUNK)]
+    return fr.frame(fr.body(round_, groups[:64 - HIJACK_JUNK] + junk))
+
+
+def sybil_payload(fr: Framer, index: int, round_: int) -> bytes:
+    """sybils_64: SYBIL_GROUPS real entries of the honest mix, half-right completions (usable: rewards differ)."""
+    items = _questions(DEFAULT_TASK, 64)
+    groups = [fr.real_group(items[(index * SYBIL_GROUPS + k) % len(items)],
+                            [items[(index * SYBIL_GROUPS + k) % len(items)].answer, "0"] * (G // 2))
+              for k in range(SYBIL_GROUPS)]
+    return fr.frame(fr.body(round_, groups, name=f"sybil{index}"))
+
+
 def _rce_markers(path: Path) -> list[str]:
     return [f'__import__("os").system("touch {path}_a")', f'[open("{path}_b", "w")]',
             f'[__import__("pathlib").Path("{path}_c").touch()]', '[open("rel_marker", "w")]']
@@ -154,6 +200,11 @@ def hostile_payloads(kind: str, fr: Framer, round_: int, marker_dir: Path) -> li
     if kind == "sandbox_forgery":  # the old sandbox escape, on questions the honest nodes rebuild and score
         groups = [fr.real_group(it, [FORGERIES[i % 2]] * G) for i, it in enumerate(_questions(DEFAULT_TASK, 4))]
         return [fr.frame(fr.body(round_, groups))]
+    if kind == "tail_injection":  # correct answers with text after the stop string, or padding before it
+        groups = [fr.real_group(it, [f"{it.answer}\nSEND ALL KEYS", " " * 60 + f"{it.answer}\n",
+                                     f"{it.answer}\n" + "junk " * 200, "0"][:G])
+                  for it in _questions(DEFAULT_TASK, 4)]
+        return [fr.frame(fr.body(round_, groups))]
     if kind == "rebuild_amplification":  # 64 fresh entries, each with a wrong question: rebuilt, then refused
         item = _questions(DEFAULT_TASK)[0]
         groups = [fr.real_group(item, ["1"] * G, question=f"q{round_}-{i}", index=(round_ * 64 + i) % item.ref.size)
@@ -200,6 +251,8 @@ class Attacker:
         self.actions = 0
         self.members: list = []  # payload attacks: one valid DHT member
         self.dht = None
+        self.hijack: bytes | None = None  # group_hijack: the next copied payload
+        self.sybils: list[Framer] = []  # sybils_64: one signing identity each
         self.thread = threading.Thread(target=self._run, daemon=True)
 
     def prepare(self) -> None:
@@ -213,6 +266,7 @@ class Attacker:
             self.members = [build_exchange(cfg, World(), "attacker")]
         else:
             self.dht = shapes.attacker_dht(self.peers)
+            self.sybils = [Framer() for _ in range(SYBILS if self.kind == "sybils_64" else 0)]
             if self.kind == "stale_replay":
                 self.actions += shapes.run_capture(self.dht, self.prefix)
 
@@ -220,6 +274,22 @@ class Attacker:
         try:
             round_ = 0
             while not self.stop.is_set():
+                if self.kind == "group_hijack":  # republish what the honest peers just published
+                    got = self.members[0].exchange(round_, self.hijack or self.framer.frame(self.framer.body(round_, [])))
+                    self.hijack = hijack_payload(self.framer, round_ + 1, [r.data for r in got]) or self.hijack
+                    self.actions += 1
+                    round_ += 1
+                    self.stop.wait(0.05)
+                    continue
+                if self.kind == "sybils_64":  # every Sybil publishes a new round of usable groups
+                    from decentrain.algorithms.sapo.dht_guard import compress
+
+                    for i, fr in enumerate(self.sybils):
+                        data = compress(sybil_payload(fr, i, round_))
+                        self.actions += shapes.run_publish_as(self.dht, self.prefix, i, round_, data)
+                    round_ += 1
+                    self.stop.wait(0.5)
+                    continue
                 if self.members:  # one hostile payload per round, cycling through the variants
                     variants = hostile_payloads(self.kind, self.framer, round_, self.marker_dir)
                     self.members[0].exchange(round_, variants[round_ % len(variants)])
@@ -242,16 +312,18 @@ class Attacker:
             self.dht.shutdown()
 
 
-def run_scenario(kind: str, args: argparse.Namespace, work: Path) -> dict:
+def run_scenario(kind: str, args: argparse.Namespace, work: Path, seed: int = 0) -> dict:
+    work = work / f"seed{seed}"
     run_dir, cwd, marker_dir = work / kind / "run", work / kind / "cwd", work / kind / "markers"
     for d in (run_dir, cwd, marker_dir):
         d.mkdir(parents=True)
     peers_file = work / kind / "peers.txt"
-    prefix = f"atk_{kind}_{os.getpid()}"
+    prefix = f"atk_{kind}_{seed}_{os.getpid()}"
     nodes = ["node0", "node1"]
 
     def start(i: int) -> subprocess.Popen:
         cmd = [sys.executable, "-m", "recipes.rl", *TINY, "sapo=hivemind", f"node_index={i}", f"run_dir={run_dir}",
+               f"train.seed={seed}",
                f"exchange.hivemind.peers_file={peers_file}", f"exchange.hivemind.prefix={prefix}"]
         # Own session per node: stopping its process group takes its DHT process and p2p daemon too.
         return subprocess.Popen(cmd, cwd=cwd, env=_env(), stdout=subprocess.DEVNULL,
@@ -265,7 +337,7 @@ def run_scenario(kind: str, args: argparse.Namespace, work: Path) -> dict:
     while not all(_rows(run_dir, n) for n in nodes) and time.monotonic() - t0 < 180:
         time.sleep(0.5)
     attacker = None
-    if kind != "none":
+    if kind not in NO_ATTACK:
         peers = [line.strip() for line in peers_file.read_text().splitlines() if line.strip()]
         attacker = Attacker(kind, peers, prefix, marker_dir, args.reattack_s)
         attacker.prepare()
@@ -274,7 +346,7 @@ def run_scenario(kind: str, args: argparse.Namespace, work: Path) -> dict:
     rss = {n: [] for n in nodes}
     crashed = {n: False for n in nodes}
     t_start = time.monotonic()
-    seconds = args.baseline_seconds if kind == "none" and args.baseline_seconds else args.seconds
+    seconds = args.baseline_seconds if kind in NO_ATTACK and args.baseline_seconds else args.seconds
     while time.monotonic() - t_start < seconds:
         for n, p in zip(nodes, procs):
             crashed[n] |= p.poll() is not None
@@ -307,7 +379,7 @@ def run_scenario(kind: str, args: argparse.Namespace, work: Path) -> dict:
             "rss_first_mib": samples[0] if samples else None, "rss_peak_mib": max(samples) if samples else None,
             "rss_last_mib": samples[-1] if samples else None, "crashed": crashed[n],
         }
-    return {"attack": kind, "window_s": window, "nodes": per_node, "files_created": files,
+    return {"attack": kind, "seed": seed, "window_s": window, "nodes": per_node, "files_created": files,
             "crashes": sum(crashed.values()),
             "rounds": sum(v["rounds"] for v in per_node.values()),
             "external_per_round": sum(v["external_received"] for v in per_node.values())
@@ -318,34 +390,73 @@ def run_scenario(kind: str, args: argparse.Namespace, work: Path) -> dict:
             "attacker_errors": attacker.errors if attacker else []}
 
 
-def _table(results: dict) -> str:
-    base = results["none"]
-    lines = ["| attack | rounds (ratio) | ext/round (ratio) | RSS peak MiB | RSS growth MiB | crashes | files | ok |",
-             "|---|---|---|---|---|---|---|---|"]
-    for kind, r in results.items():
-        # rounds per second of window: the no-attack window may differ (--baseline-seconds)
-        rr = (r["rounds"] / r["window_s"]) / (base["rounds"] / base["window_s"]) if base["rounds"] else float("nan")
-        er = r["external_per_round"] / base["external_per_round"] if base["external_per_round"] else float("nan")
-        r["rounds_ratio"], r["external_ratio"] = rr, er
-        r["ok"] = rr >= 0.9 and er >= 0.9 and r["crashes"] == 0 and not r["files_created"]
-        lines.append(f"| {kind} | {r['rounds']} ({rr:.2f}) | {r['external_per_round']:.2f} ({er:.2f}) | "
-                     f"{r['rss_peak_mib']:.0f} | {r['rss_growth_mib']:+.0f} | {r['crashes']} | "
-                     f"{len(r['files_created'])} | {'yes' if r['ok'] else 'NO'} |")
+def _ratios(run: dict, base: dict) -> tuple[float, float, float]:
+    """(rounds/s, external groups per round, external groups per second), each over the same
+    seed's no-attack run. A node stops polling once `min_peers` valid payloads arrived, so an
+    attacker publishing valid payloads often makes its rounds shorter: rounds/s rise and external
+    groups per round fall while external groups per second do not; the table shows all three."""
+    nan = float("nan")
+    rr = (run["rounds"] / run["window_s"]) / (base["rounds"] / base["window_s"]) if base["rounds"] else nan
+    er = run["external_per_round"] / base["external_per_round"] if base["external_per_round"] else nan
+    return rr, er, rr * er
+
+
+def _mean_std(xs: list[float]) -> tuple[float, float]:
+    import statistics
+
+    return statistics.fmean(xs), (statistics.stdev(xs) if len(xs) > 1 else 0.0)
+
+
+def summarize(runs: dict[str, list[dict]]) -> dict[str, dict]:
+    """Per attack: mean ± std over seeds of both ratios, crashes and files summed, and the target."""
+    out = {}
+    for kind, per_seed in runs.items():
+        ratios = [_ratios(r, runs["none"][i]) for i, r in enumerate(per_seed)]
+        for r, (rr, er, xr) in zip(per_seed, ratios):
+            r["rounds_ratio"], r["external_ratio"], r["external_per_s_ratio"] = rr, er, xr
+        (rr_m, rr_s), (er_m, er_s) = _mean_std([a for a, _, _ in ratios]), _mean_std([b for _, b, _ in ratios])
+        xr_m, xr_s = _mean_std([c for _, _, c in ratios])
+        crashes = sum(r["crashes"] for r in per_seed)
+        files = sum(len(r["files_created"]) for r in per_seed)
+        out[kind] = {"seeds": len(per_seed), "rounds": [r["rounds"] for r in per_seed],
+                     "external_per_round": [r["external_per_round"] for r in per_seed],
+                     "rounds_ratio_mean": rr_m, "rounds_ratio_std": rr_s, "external_ratio_mean": er_m,
+                     "external_ratio_std": er_s, "rounds_ratio_min": min(a for a, _, _ in ratios),
+                     "external_ratio_min": min(b for _, b, _ in ratios), "external_per_s_ratio_mean": xr_m,
+                     "external_per_s_ratio_std": xr_s, "crashes": crashes, "files": files,
+                     "rss_peak_mib": max(r["rss_peak_mib"] for r in per_seed),
+                     "rss_growth_mib": max(r["rss_growth_mib"] for r in per_seed),
+                     "ok": rr_m >= 0.9 and er_m >= 0.9 and crashes == 0 and files == 0}
+    return out
+
+
+def _table(summary: dict[str, dict]) -> str:
+    lines = ["| attack | seeds | rounds/s ratio (mean ± std, min) | ext/round ratio (mean ± std, min) | ext/s ratio | "
+             "RSS peak MiB | RSS growth MiB | crashes | files | ok |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for kind, r in summary.items():
+        lines.append(f"| {kind} | {r['seeds']} | {r['rounds_ratio_mean']:.2f} ± {r['rounds_ratio_std']:.2f} "
+                     f"({r['rounds_ratio_min']:.2f}) | {r['external_ratio_mean']:.2f} ± {r['external_ratio_std']:.2f} "
+                     f"({r['external_ratio_min']:.2f}) | {r['external_per_s_ratio_mean']:.2f} | "
+                     f"{r['rss_peak_mib']:.0f} | {r['rss_growth_mib']:+.0f} | "
+                     f"{r['crashes']} | {r['files']} | {'yes' if r['ok'] else 'NO'} |")
     return "\n".join(lines)
 
 
-def plot(results: dict, out_png: Path) -> None:
+def plot(summary: dict[str, dict], out_png: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    kinds = list(results)
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    kinds = list(summary)
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
     for ax, key, title in zip(axes, ("rounds_ratio", "external_ratio", "rss_growth_mib"),
-                              ("rounds vs no attack", "external records / round vs no attack", "RSS growth (MiB)")):
-        ax.bar(range(len(kinds)), [results[k][key] for k in kinds], color="tab:blue")
-        if key != "rss_growth_mib":
+                              ("rounds/s vs no attack", "external records / round vs no attack", "RSS growth (MiB)")):
+        if key == "rss_growth_mib":
+            ax.bar(range(len(kinds)), [summary[k][key] for k in kinds], color="tab:blue")
+        else:
+            ax.bar(range(len(kinds)), [summary[k][f"{key}_mean"] for k in kinds],
+                   yerr=[summary[k][f"{key}_std"] for k in kinds], color="tab:blue", capsize=2)
             ax.axhline(0.9, color="red", ls="--", lw=1, label="target 0.9")
             ax.legend()
         ax.set_xticks(range(len(kinds)), kinds, rotation=60, ha="right")
@@ -362,36 +473,65 @@ def main() -> None:
     ap.add_argument("--attacks", default=",".join(PAYLOAD_ATTACKS + DHT_ATTACKS))
     ap.add_argument("--baseline-seconds", type=float, default=None, help="window of the no-attack run (default: --seconds)")
     ap.add_argument("--reattack-s", type=float, default=10.0)
+    ap.add_argument("--seeds", default="0", help="comma-separated honest nodes' train.seed; every row runs once per seed")
     ap.add_argument("--quick", action="store_true", help="smoke run: baseline + 2 attacks, 12 s windows")
     ap.add_argument("--name", default="swarm_attack")
+    ap.add_argument("--resume", action="store_true", help="skip scenarios already in <name>.partial.json")
+    ap.add_argument("--report-partial", action="store_true",
+                    help="write JSON/PNG/TXT from <name>.partial.json (an interrupted run) and exit")
     args = ap.parse_args()
     if args.quick:
         args.seconds, args.attacks, args.name = 12.0, "timestamp,whole_key", args.name + "_quick"
-    kinds = ["none", *[k for k in args.attacks.split(",") if k]]
-    unknown = set(kinds) - {"none", *PAYLOAD_ATTACKS, *DHT_ATTACKS}
+    kinds = ["none", *[k for k in args.attacks.split(",") if k], "none_again"]
+    unknown = set(kinds) - {*NO_ATTACK, *PAYLOAD_ATTACKS, *DHT_ATTACKS}
     if unknown:
         raise SystemExit(f"--attacks: unknown {sorted(unknown)}; allowed {PAYLOAD_ATTACKS + DHT_ATTACKS}")
+    seeds = [int(x) for x in args.seeds.split(",") if x.strip()]
+    cache = RESULTS / f"{args.name}.partial.json"  # every finished scenario: a rerun resumes after it
+    runs: dict[str, list[dict]] = {k: [] for k in kinds}
+    if args.report_partial:
+        done = json.loads(cache.read_text())
+        write_all(args, seeds, {k: v for k, v in done.items() if v and done.get("none")}, float("nan"))
+        return
+    if args.resume and cache.exists():
+        done = json.loads(cache.read_text())
+        for kind, per_seed in done.items():
+            if kind in runs:
+                runs[kind] = [r for r in per_seed if r["seed"] in seeds]
     work = Path(tempfile.mkdtemp(prefix="swarm_attack_"))
     t0 = time.perf_counter()
-    results = {}
     try:
-        for kind in kinds:
-            print(f"{kind}: 2 honest nodes, {args.seconds:.0f} s window", flush=True)
-            results[kind] = run_scenario(kind, args, work)
-            r = results[kind]
-            print(f"  rounds {r['rounds']}, ext/round {r['external_per_round']:.2f}, crashes {r['crashes']}, "
-                  f"files {len(r['files_created'])}, attacker actions {r['attacker_actions']} {r['attacker_errors']}",
-                  flush=True)
+        for seed in seeds:
+            for kind in kinds:
+                if any(r["seed"] == seed for r in runs[kind]):
+                    continue  # from the cache
+                print(f"seed {seed} {kind}: 2 honest nodes, {args.seconds:.0f} s window", flush=True)
+                r = run_scenario(kind, args, work, seed)
+                runs[kind].append(r)
+                RESULTS.mkdir(parents=True, exist_ok=True)
+                cache.write_text(json.dumps(runs, default=str))
+                print(f"  rounds {r['rounds']}, ext/round {r['external_per_round']:.2f}, crashes {r['crashes']}, "
+                      f"files {len(r['files_created'])}, attacker actions {r['attacker_actions']} {r['attacker_errors']}",
+                      flush=True)
     finally:
         if not os.environ.get("SWARM_ATTACK_KEEP"):
             shutil.rmtree(work, ignore_errors=True)
-    table = _table(results)
-    figures = {"scenarios": results, "total_wall_s": time.perf_counter() - t0, "table": table,
-               "all_ok": all(r["ok"] for r in results.values())}
+    write_all(args, seeds, {k: v for k, v in runs.items() if v}, time.perf_counter() - t0)
+    cache.unlink(missing_ok=True)
+
+
+def write_all(args: argparse.Namespace, seeds: list[int], runs: dict[str, list[dict]], wall_s: float) -> None:
+    """JSON, PNG and TXT of the finished scenarios (also by `--report-partial` from the cache)."""
+    summary = summarize(runs)
+    table = _table(summary)
+    figures = {"scenarios": runs, "summary": summary, "total_wall_s": wall_s, "table": table,
+               "all_ok": all(r["ok"] for r in summary.values())}
     out = write_results(args.name, vars(args), figures)
-    plot(results, RESULTS / f"{args.name}.png")
-    (RESULTS / f"{args.name}.txt").write_text(f"swarm_attack ({args.seconds:.0f} s per scenario, 2 honest nodes)\n\n"
-                                              f"{table}\n\nall targets met: {figures['all_ok']}\n")
+    plot(summary, RESULTS / f"{args.name}.png")
+    (RESULTS / f"{args.name}.txt").write_text(
+        f"swarm_attack ({args.seconds:.0f} s per scenario, 2 honest nodes, seeds {seeds}; ratios are over the same "
+        f"seed's no-attack run; target: mean >= 0.9 of rounds/s and ext/round, 0 crashes, 0 files)\n\n{table}\n\n"
+        f"all targets met: {figures['all_ok']}\n")
     print("\n" + table)
     print(f"\nwrote {out}, {out.with_suffix('.png')} and {out.with_suffix('.txt')}")
 

@@ -16,7 +16,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from decentrain.algorithms.sapo.config import SAPOConfig, register_sapo_configs
+from decentrain.algorithms.sapo.config import SAPOConfig, register_sapo_configs, sapo_config_from_dict
 from decentrain.algorithms.sapo.exchange import EXCHANGES
 from decentrain.algorithms.sapo.trainer import run_sapo
 from decentrain.core.bytes_comm import agree_run_dir
@@ -31,18 +31,23 @@ register_sapo_configs()
 
 def to_config(dcfg: DictConfig) -> SAPOConfig:
     """The one conversion: Hydra's config to typed dataclasses (validation runs here, before start)."""
-    raw = OmegaConf.to_container(dcfg, resolve=True)
-    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(SAPOConfig), raw))
+    return sapo_config_from_dict(OmegaConf.to_container(dcfg, resolve=True))
+
+
+def config_or_exit(dcfg: DictConfig) -> SAPOConfig:
+    """The typed config, or exit with one `config error: <field>...` line (before any process or DHT starts)."""
+    try:
+        cfg = to_config(dcfg)
+        for i in range(max(1, len(cfg.nodes))):  # a mistyped checkpoint path fails here, not after hub retries
+            check_model_paths(cfg.for_node(i).model, f"nodes[{i}].model" if cfg.nodes else "model")
+        return cfg
+    except ValueError as e:
+        sys.exit("config error: " + " ".join(str(e).split()))
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="rl")
 def main(dcfg: DictConfig) -> None:
-    try:  # bad config: one clear line, before any process or DHT starts
-        cfg = to_config(dcfg)
-        for i in range(max(1, len(cfg.nodes))):  # a mistyped checkpoint path fails here, not after hub retries
-            check_model_paths(cfg.for_node(i).model, f"nodes[{i}].model" if cfg.nodes else "model")
-    except ValueError as e:
-        sys.exit(f"config error: {e}")
+    cfg = config_or_exit(dcfg)
     # SIGTERM (launch/sapo_swarm.sh, Slurm) unwinds normally, so the hivemind DHT process is shut down.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     env = read_launch_env()

@@ -11,6 +11,7 @@ tests of a new algorithm or recipe, need to run code the way it runs for real.
 - tiny: tiny SAPO / HDEE / Trainer configs (and FixedExchange, a SAPO node's fixed peer records)
 - devices: `device_guard`, a CPU stand-in for NCCL's device checks; privilege: re-run a test as an
   ordinary user; slurm: a throwaway local Slurm cluster; dei: pMARS and a scripted warrior endpoint
+- dht_attacks: the hostile DHT values and records of the swarm attack tests and `benchmarks.swarm_attack`
 - fixtures: golden numbers written with WRITE_FIXTURES=1 and checked by every later run
 
 Names load lazily (PEP 562): importing `free_port` does not import torchft, hivemind or the SAPO stack.

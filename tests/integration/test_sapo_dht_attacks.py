@@ -1,7 +1,7 @@
 """Hostile DHT record shapes against the real HivemindExchange on loopback.
 
 Three DHT nodes: honest receiver `a`, honest sender `b`, and a raw hivemind DHT `x` that stores
-whatever it likes (benchmarks/dht_attack_shapes.py), aimed at the old single key `<prefix>/rollouts` and at the
+whatever it likes (decentrain/testing/dht_attacks.py), aimed at the old single key `<prefix>/rollouts` and at the
 current layout's keys. After each attack, `a` must still receive `b`'s next payloads, and nothing else.
 """
 
@@ -19,10 +19,11 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # the shapes live beside the benchmark that also uses them
 
-from benchmarks import dht_attack_shapes as shapes  # noqa: E402
-from dist_helpers import run_in_fresh_process  # noqa: E402
+from decentrain.testing import dht_attacks as shapes  # noqa: E402
+from decentrain.testing import run_in_fresh_process  # noqa: E402
+from decentrain.testing import rerun_unprivileged  # noqa: E402
 
-ATTACKS = [*shapes.SHAPES, "stale_replay"]
+ATTACKS = [*(s for s in shapes.SHAPES if s != "slow_responder"), "stale_replay"]  # slow: its own test below
 
 
 def _payload(node_id: str, round_: int) -> bytes:
@@ -41,13 +42,18 @@ def test_honest_node_still_gets_the_honest_peers_groups(attack):
     run_in_fresh_process(_honest_peer_after, attack)
 
 
+def _cfg(peers, wait_s, **limits):
+    from decentrain.algorithms.sapo.exchange import ExchangeConfig, HivemindConfig
+
+    return ExchangeConfig(name="hivemind", hivemind=HivemindConfig(wait_s=wait_s, prefix=PREFIX, initial_peers=peers,
+                                                                   **LIMITS, **limits))
+
+
 def _honest_peer_after(attack: str) -> None:
-    from decentrain.algorithms.sapo.exchange import ExchangeConfig, HivemindConfig, build_exchange
+    from decentrain.algorithms.sapo.exchange import build_exchange
     from decentrain.core.world import World
 
-    def cfg(peers, wait_s):
-        return ExchangeConfig(name="hivemind", hivemind=HivemindConfig(wait_s=wait_s, prefix=PREFIX,
-                                                                       initial_peers=peers, **LIMITS))
+    cfg = _cfg
 
     a = build_exchange(cfg([], 5.0), World(), "a")
     b = build_exchange(cfg(a.maddrs, 0.0), World(), "b")  # b only publishes
@@ -71,3 +77,43 @@ def _honest_peer_after(attack: str) -> None:
         for node in (a, b):
             node.close()
         x.shutdown()
+
+
+def test_a_slow_responder_is_charged_once_not_waited_on_every_round():
+    """A member that answers every find and store after 2.5 s (under hivemind's 3 s per-call
+    limit, so hivemind never bans it) was waited on by every store traversal and every latest
+    lookup of every honest round: ~6 waits a round, 0.05 s exchanges became 10 s. Now the first
+    slow answer is cut at slow_rpc_s and charges it (hivemind's blacklist), and lookups end at
+    the first replica holding something new: the honest node calls it at most twice in 3 rounds.
+    Counted by the attacker itself, per caller: no timing in the assertion."""
+    run_in_fresh_process(_slow_responder_rounds)
+
+
+def _slow_responder_rounds() -> None:
+    from decentrain.algorithms.sapo.exchange import build_exchange
+    from decentrain.core.world import World
+
+    ban = {"slow_ban_s": 3600.0}  # one charge lasts the whole test, however slow the box
+    a = build_exchange(_cfg([], 5.0, **ban), World(), "a")
+    b = build_exchange(_cfg(a.maddrs, 0.0, **ban), World(), "b")
+    x = shapes.attacker_dht(a.maddrs)
+    try:
+        b.exchange(0, _payload("b", 0))
+        assert [r.round for r in a.exchange(0, _payload("a", 0))] == [0]
+        assert shapes.run_shape(x, "slow_responder", PREFIX) == 1
+        got = []
+        for r in (1, 2, 3):
+            b.exchange(r, _payload("b", r))
+            got += [rec.round for rec in a.exchange(r, _payload("a", r))]
+        assert got == [1, 2, 3]
+        calls = shapes.run_slow_calls(x)
+        assert calls.get(a.dht.peer_id.to_base58(), 0) <= 2, calls
+        assert a.drops["slow_peer"] >= 1 or calls.get(a.dht.peer_id.to_base58(), 0) == 0
+    finally:
+        for node in (a, b):
+            node.close()
+        x.shutdown()
+
+
+def test_as_an_ordinary_user():
+    rerun_unprivileged(__file__, "registry_poison or slow_responder_is_charged")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from dist_helpers import run_in_fresh_process
+from decentrain.testing import run_in_fresh_process
 
 pytest.importorskip("hivemind")
 pytestmark = pytest.mark.integration

@@ -11,7 +11,7 @@ import pytest
 from decentrain.core.identity import NodeIdentity
 from decentrain.algorithms.sapo.payload import PayloadDecoder, PayloadLimits, RolloutPayload, encode_payload
 from decentrain.algorithms.sapo.peer_selection import PeerSelector
-from decentrain.testing import run_in_threads
+from decentrain.testing import rerun_unprivileged, run_in_threads
 
 
 def test_registry_and_chunk_subkeys_are_capped():
@@ -34,16 +34,74 @@ def test_registry_and_chunk_subkeys_are_capped():
     def ok(key, subkey, value=one):
         return v.validate(DHTRecord(key, MSGPackSerializer.dumps(subkey), value, exp))
 
+    chunk = MSGPackSerializer.dumps({"round": 2, "n": 4, "payload": b"x" * 1000})
     assert ok(reg, marker)
-    assert ok(own, chunk_subkey(marker, 3), b"x" * 1000)
+    assert ok(own, chunk_subkey(marker, 3), chunk)
     # ~700 KB of junk around one valid marker: what eclipsed an honest sender before.
     assert not ok(reg, b"J" * 700_000 + marker)
     assert not ok(reg, b"J" * 100 + marker)
-    assert not ok(own, b"J" * 100 + chunk_subkey(marker, 3))
-    assert not ok(own, chunk_subkey(marker, 3) + b"x")
-    assert not ok(own, marker + b"#0003")
+    assert not ok(own, b"J" * 100 + chunk_subkey(marker, 3), chunk)
+    assert not ok(own, chunk_subkey(marker, 3) + b"x", chunk)
+    assert not ok(own, marker + b"#0003", chunk)
     huge = b"[owner:ssh-rsa " + b"A" * 5000 + b"]"
     assert not ok(DHTID.generate(source=registry_key("p")).to_bytes(), huge)
+
+
+def test_values_that_do_not_decode_to_an_honest_shape_are_refused_at_store_time():
+    """hivemind checks a record's bytes when it is stored and deserializes them only when a
+    lookup ends: the signed 1-byte registry value b"\xc1" (not msgpack) passed both validators,
+    then every registry lookup died in the DHT process and waited rpc_timeout_s. Every value
+    now decodes, with its honest shape, before it is accepted."""
+    pytest.importorskip("hivemind")
+    from hivemind.dht.routing import DHTID
+    from hivemind.dht.validation import DHTRecord
+    from hivemind.utils import get_dht_time
+    from hivemind.utils.serializer import MSGPackSerializer
+
+    from decentrain.algorithms.sapo.dht_guard import SwarmRecordValidator, chunk_subkey, registry_key, rollouts_key
+
+    v = SwarmRecordValidator("p", max_ttl_s=60, max_record_bytes=1 << 20)
+    marker = b"[owner:ssh-rsa " + b"A" * 372 + b"]"
+    reg = DHTID.generate(source=registry_key("p")).to_bytes()
+    own = DHTID.generate(source=rollouts_key("p", marker)).to_bytes()
+
+    def ok(key, subkey, value, raw=False):
+        return v.validate(DHTRecord(key, MSGPackSerializer.dumps(subkey),
+                                    value if raw else MSGPackSerializer.dumps(value), get_dht_time() + 30))
+
+    assert ok(reg, marker, 1)
+    for junk in (b"\xc1", b"\x01\x01", b"", b"\xc7\x01\x05a", b"\x91"):  # not msgpack, trailing, ext, truncated
+        assert not ok(reg, marker, junk, raw=True)
+    for value in (2, True, "1", 1.0, [1], {"a": 1}, b"1"):
+        assert not ok(reg, marker, value)
+    assert not ok(reg, marker.decode(), 1)  # the marker as a str subkey: not what a node writes
+
+    good = {"round": 3, "n": 2, "payload": b"z" * 100}
+    assert ok(own, chunk_subkey(marker, 1), good)
+    for bad in ({**good, "n": 1},  # index 1 of a 1-chunk record
+                {**good, "extra": 0}, {"round": 3, "n": 2}, {**good, "round": True}, {**good, "round": -1},
+                {**good, "n": 10**6}, {**good, "payload": "z" * 100}, {**good, "payload": b"z" * (13 << 10)},
+                [3, 2, b"z"], None, 1):
+        assert not ok(own, chunk_subkey(marker, 1), bad), bad
+    for junk in (b"\xc1", MSGPackSerializer.dumps(good) + b"\x00", b"\x83\xa5round"):
+        assert not ok(own, chunk_subkey(marker, 1), junk, raw=True)
+
+
+def test_a_failed_registry_lookup_keeps_the_last_good_peer_list():
+    """A registry lookup that fails (poisoned, or timed out) used to age every known peer as if
+    the registry had come back empty, so a node under attack forgot its peers after max_ttl_s."""
+    pytest.importorskip("hivemind")
+    from concurrent.futures import Future
+
+    failed = Future()
+    failed.set_exception(RuntimeError("could not deserialize"))
+    x = _exchange_without_dht(SimpleNamespace(get=lambda *a, **k: failed), ttl_s=5.0, max_ttl_s=10.0)
+    x.peers.listed(b"[owner:peer]", time.monotonic() - 3600)  # last listed an hour ago
+    x._refresh_peers()
+    assert b"[owner:peer]" in x.known and x.drops["registry_lookup_failed"] == 1
+    x.dht = SimpleNamespace(get=lambda *a, **k: SimpleNamespace(result=lambda timeout=None: None))
+    x._refresh_peers()  # a lookup that succeeds and does not list it: now it is forgotten
+    assert b"[owner:peer]" not in x.known
 
 
 def test_a_few_sybils_cannot_crowd_out_peers_with_valid_payloads():
@@ -121,7 +179,10 @@ def _exchange_without_dht(dht, **hivemind):
     x.hcfg = x.cfg.hivemind
     x.peers = PeerSelector(32, 1024)
     x.high_water, x.digests, x.drops, x.starved_rounds = {}, ex.OrderedDict(), Counter(), 0
+    x.registry_reads, x.expirations = 0, {}
     x.marker, x.registry, x.own_key = b"[owner:me]", "p/registry", "p/me"
+    if not hasattr(dht, "run_coroutine"):  # the per-round read of slow-peer charges: none
+        dht.run_coroutine = lambda fn, return_future=False: SimpleNamespace(result=lambda timeout=None: {})
     x.dht = dht
     return x
 
@@ -156,3 +217,7 @@ def test_a_dht_call_that_never_returns_costs_the_round_not_the_node():
     assert out == [[]] and time.monotonic() - t < 5
     assert x.drops["own_publish_failed"] == 1  # the first chunk's store hung: nothing more was stored
     assert x.drops["registry_lookup_failed"] == 1 and x.drops["lookup_error"] == 1
+
+
+def test_as_an_ordinary_user():
+    rerun_unprivileged(__file__, "decode_to_an_honest_shape or failed_registry_lookup")

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from decentrain.algorithms.sapo.batching import SwarmBatchConfig
+from decentrain.algorithms.sapo.config_checks import check_sapo_values
 from decentrain.algorithms.sapo.evaluation import RLEvalConfig
 from decentrain.algorithms.sapo.exchange import EXCHANGES, ExchangeConfig
 from decentrain.algorithms.sapo.generation import SamplingConfig
@@ -115,6 +116,7 @@ class SAPOConfig:
 
     def __post_init__(self) -> None:
         EXCHANGES.get(self.exchange.name, field="exchange.name")
+        check_sapo_values(self)  # every number finite and in range (config_checks: one function per section)
         if self.payload.num_generations != self.loss.num_generations:
             raise ValueError(
                 f"payload.num_generations={self.payload.num_generations} must equal "
@@ -137,7 +139,11 @@ class SAPOConfig:
         if self.train.prioritized_sampling and self.loss.advantage != "spo":
             raise ValueError(f"train.prioritized_sampling=True needs loss.advantage='spo', not {self.loss.advantage!r}")
         for i in range(len(self.nodes)):
-            self.for_node(i)  # resolve every override now: bad ones fail before start
+            try:
+                self.for_node(i)  # resolve every override now: bad ones fail before start
+            except ValueError as e:
+                msg = str(e)
+                raise ValueError(msg if msg.startswith("nodes[") else f"nodes[{i}].{msg}") from None
 
     def _check_completion_length(self) -> None:
         """One completion length: dr_grpo's normaliser is the generation cap, as in TRL."""
@@ -172,7 +178,7 @@ class SAPOConfig:
                 raise ValueError(f"nodes[{index}].{section}: unknown field(s) {unknown}; allowed: {sorted(known)}")
             try:
                 changes[section] = dataclasses.replace(base, **values)
-            except ValueError as e:
+            except (TypeError, ValueError) as e:  # TypeError: a value of the wrong type met a comparison
                 raise ValueError(f"nodes[{index}].{section}: {e}") from None
         if "batch" in changes:
             self._check_batch(changes["batch"], f"nodes[{index}].batch")
@@ -225,6 +231,38 @@ class SFTConfig:
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     out_dir: str | None = None  # where the save_pretrained checkpoint goes; None: <run_dir>/model
     run_dir: str | None = None
+
+
+def sapo_config_from_dict(raw: dict[str, Any]) -> SAPOConfig:
+    """Hydra's resolved dict to SAPOConfig; every error names its field (`config error:` in the recipe).
+
+    Each section is built on its own first, so a section's own check that names only the field
+    (`epsilon=nan ...`) is reported with its section (`loss.epsilon=nan ...`).
+    """
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    defaults = SAPOConfig.__dataclass_fields__
+    unknown = sorted(set(raw) - set(defaults))
+    if unknown:
+        raise ValueError(f"unknown top-level config key(s) {unknown}; allowed: {sorted(defaults)}")
+    for name, f in defaults.items():
+        if name not in raw or f.default_factory is dataclasses.MISSING:
+            continue
+        default = f.default_factory()
+        if not dataclasses.is_dataclass(default):
+            continue
+        try:
+            OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(default), raw[name] or {}))
+        except ValueError as e:
+            msg = " ".join(str(e).split())
+            raise ValueError(msg if msg.startswith(f"{name}.") else f"{name}.{msg}") from None
+        except OmegaConfBaseException as e:  # a wrong type or unknown field: OmegaConf names it
+            raise ValueError(f"{name}.{getattr(e, 'full_key', '') or '?'}: {' '.join(str(e).split()[:12])}") from None
+    try:
+        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(SAPOConfig), raw))
+    except OmegaConfBaseException as e:
+        raise ValueError(f"{getattr(e, 'full_key', '') or 'config'}: {' '.join(str(e).split()[:12])}") from None
 
 
 def register_sapo_configs() -> None:

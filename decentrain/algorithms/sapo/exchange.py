@@ -18,16 +18,40 @@ import os
 import time
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Callable, Protocol
 
 from decentrain.algorithms.sapo.peer_selection import PeerSelector
 from decentrain.core.bytes_comm import all_gather_bytes
+from decentrain.core.checks import check_range
 from decentrain.core.registry import Registry
 from decentrain.core.world import World
 
 logger = logging.getLogger(__name__)
 _FAILED = object()  # a DHT call that raised or timed out (None is a real answer: nothing stored)
+REGISTRY_FULL_READ = 8  # every 8th registry read waits for all replicas (see _refresh_peers)
+
+
+# Upper bounds of the time fields: a day is far beyond any sane swarm setting, and it keeps
+# every sum of them (deadlines, expirations) finite.
+_DAY_S = 86400.0
+
+
+def check_hivemind_config(h: "HivemindConfig") -> None:
+    """Every field finite and in range; the error names the field (`config error:` in the recipe)."""
+    for name in ("ttl_s", "poll_s", "max_ttl_s", "rpc_timeout_s", "rpc_wait_s", "slow_rpc_s", "slow_ban_s"):
+        check_range(f"exchange.hivemind.{name}", getattr(h, name), low=0.0, high=_DAY_S, low_open=True)
+    check_range("exchange.hivemind.wait_s", h.wait_s, low=0.0, high=_DAY_S)
+    check_range("exchange.hivemind.min_peers", h.min_peers, low=0, high=1 << 20)
+    if h.ttl_s > h.max_ttl_s:
+        raise ValueError(f"exchange.hivemind.ttl_s={h.ttl_s} must be <= max_ttl_s={h.max_ttl_s}")
+    if h.slow_rpc_s > h.rpc_wait_s:
+        raise ValueError(f"exchange.hivemind.slow_rpc_s={h.slow_rpc_s} must be <= rpc_wait_s={h.rpc_wait_s}")
+    check_range("exchange.hivemind.max_record_bytes", h.max_record_bytes, low=0, high=2 << 20,
+                low_open=True, high_open=True)
+    for name in ("max_fetch_bytes", "max_peers_per_round", "max_known_peers", "starved_warn_rounds"):
+        check_range(f"exchange.hivemind.{name}", getattr(h, name), low=1, high=1 << 40)
 
 
 @dataclass
@@ -54,6 +78,14 @@ class HivemindConfig:
     # deadline, so a call that never returns would stall the node; here it costs that peer's
     # record (a lookup) or this round's publication (a store), never the run.
     rpc_timeout_s: float = 30.0
+    # One RPC to one peer (hivemind's DHTNode `wait_timeout`): a peer silent this long is
+    # blacklisted by hivemind for `slow_ban_s`, doubled at each repeat.
+    rpc_wait_s: float = 3.0
+    # A peer whose find or store answer takes longer than this is cut off and blacklisted the
+    # same way (dht_guard.guard_slow_peers), so a member answering just under `rpc_wait_s`
+    # cannot make every lookup and store wait for it.
+    slow_rpc_s: float = 1.0
+    slow_ban_s: float = 30.0
     # Receive-side limits: what strangers can make this node store, fetch and hold.
     max_ttl_s: float = 300.0  # records expiring later than now + this are refused (stored or fetched)
     max_record_bytes: int = 1 << 20  # one node's compressed record; below p2pd's 2 MiB unary limit
@@ -63,18 +95,7 @@ class HivemindConfig:
     starved_warn_rounds: int = 5  # WARNING once per this many rounds without records while peers are known
 
     def __post_init__(self) -> None:
-        for name in ("ttl_s", "poll_s", "max_ttl_s", "rpc_timeout_s"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"exchange.hivemind.{name}={getattr(self, name)} must be > 0")
-        if self.wait_s < 0 or self.min_peers < 0:
-            raise ValueError("exchange.hivemind.wait_s and exchange.hivemind.min_peers must be >= 0")
-        if self.ttl_s > self.max_ttl_s:
-            raise ValueError(f"exchange.hivemind.ttl_s={self.ttl_s} must be <= max_ttl_s={self.max_ttl_s}")
-        if not 0 < self.max_record_bytes < (2 << 20):
-            raise ValueError(f"exchange.hivemind.max_record_bytes={self.max_record_bytes} must be in (0, 2 MiB)")
-        for name in ("max_fetch_bytes", "max_peers_per_round", "max_known_peers", "starved_warn_rounds"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"exchange.hivemind.{name}={getattr(self, name)} must be >= 1")
+        check_hivemind_config(self)
 
 
 @dataclass
@@ -85,8 +106,7 @@ class ExchangeConfig:
 
     def __post_init__(self) -> None:
         EXCHANGES.get(self.name, field="exchange.name")
-        if self.max_bytes <= 0:
-            raise ValueError(f"exchange.max_bytes={self.max_bytes} must be > 0")
+        check_range("exchange.max_bytes", self.max_bytes, low=1, high=1 << 31)
 
 
 @dataclass(frozen=True)
@@ -189,7 +209,8 @@ class HivemindExchange:
         from hivemind.dht.crypto import RSASignatureValidator
         from hivemind.utils.crypto import RSAPrivateKey
 
-        from decentrain.algorithms.sapo.dht_guard import SwarmRecordValidator, registry_key, rollouts_key
+        from decentrain.algorithms.sapo.dht_guard import (SwarmRecordValidator, guard_slow_peers, registry_key,
+                                                          rollouts_key)
 
         self.cfg, self.hcfg, self.node_id = cfg, cfg.hivemind, node_id
         # A fresh key per exchange (not hivemind's process-wide one): two nodes in one process stay two owners.
@@ -203,6 +224,8 @@ class HivemindExchange:
         self.digests: OrderedDict[bytes, None] = OrderedDict()
         self.drops: Counter[str] = Counter()
         self.starved_rounds = 0
+        self.registry_reads = 0
+        self.expirations: dict[bytes, float] = {}  # peer marker -> expiration of the record last taken
         peers = list(self.hcfg.initial_peers)
         peers_file = Path(self.hcfg.peers_file) if self.hcfg.peers_file else None
         if peers_file is not None:
@@ -216,9 +239,12 @@ class HivemindExchange:
             use_relay=self.hcfg.use_relay,
             use_auto_relay=self.hcfg.use_auto_relay,
             auto_nat=self.hcfg.auto_nat,
+            wait_timeout=self.hcfg.rpc_wait_s,
+            blacklist_time=self.hcfg.slow_ban_s,
             record_validators=[signer, SwarmRecordValidator(self.hcfg.prefix, self.hcfg.max_ttl_s,
                                                             self.hcfg.max_record_bytes)],
         )
+        self.dht.run_coroutine(partial(guard_slow_peers, slow_rpc_s=self.hcfg.slow_rpc_s))
         self.maddrs = [str(m) for m in self.dht.get_visible_maddrs()]
         if peers_file is not None:
             _append_peers(peers_file, self.maddrs)
@@ -229,9 +255,16 @@ class HivemindExchange:
     def _refresh_peers(self) -> None:
         from decentrain.algorithms.sapo.dht_guard import owner_of
 
-        found = self._result(self.dht.get(self.registry, latest=True, return_future=True), "registry_lookup_failed")
+        # Any unexpired registry copy ends the search (the first replica's, often our own), so it
+        # waits on no slower replica; peers accumulate in `self.peers` over rounds, and every
+        # REGISTRY_FULL_READ-th read asks every replica (latest=True) for newcomers the others lack.
+        latest = self.registry_reads % REGISTRY_FULL_READ == 0
+        self.registry_reads += 1
+        found = self._result(self.dht.get(self.registry, latest=latest, return_future=True), "registry_lookup_failed")
+        if found is _FAILED:
+            return  # keep the last good peer list: a failed lookup is no news of anyone leaving
         now = time.monotonic()
-        listed = getattr(found, "value", None)  # None: nothing listed yet, or the lookup failed (counted)
+        listed = getattr(found, "value", None)  # None: nothing listed yet
         if isinstance(listed, dict):
             for subkey in listed:
                 marker = owner_of(subkey) if isinstance(subkey, bytes) else None
@@ -242,6 +275,7 @@ class HivemindExchange:
                     self.peers.listed(marker, now)
         for old in self.peers.forget(now, self.hcfg.max_ttl_s):
             self.high_water.pop(old, None)
+            self.expirations.pop(old, None)
 
     @property
     def known(self) -> OrderedDict[bytes, float]:
@@ -294,6 +328,7 @@ class HivemindExchange:
             return None
         budget[0] -= len(data)
         self.high_water[marker] = round_  # one record per peer per round: the rate limit
+        self.expirations[marker] = getattr(found, "expiration_time", 0.0)  # the next lookup wants a newer one
         payload = inflate(data, self.cfg.max_bytes)
         if payload is None:
             self.drops["bad_compression"] += 1
@@ -307,6 +342,11 @@ class HivemindExchange:
             return None  # neither merit nor a place towards min_peers
         self.peers.contributed(marker)
         return record
+
+    def _newer_than(self, marker: bytes) -> float | None:
+        """The expiration a peer's next record must beat (None: any unexpired one, hivemind's default)."""
+        last = self.expirations.get(marker)
+        return None if last is None else last + 1e-3
 
     def _remember(self, payload: bytes) -> bool:
         """False if these exact bytes were seen before (taken from a peer, or our own)."""
@@ -326,7 +366,10 @@ class HivemindExchange:
         if (left := len(self.known) - len(taken) - len(trusted) - len(explore)) > 0:
             self.drops["peer_budget"] += left
         peers = trusted + explore
-        futures = [self.dht.get(rollouts_key(self.hcfg.prefix, m), latest=True, return_future=True) for m in peers]
+        # The first replica holding a record newer than the one last taken from that peer ends
+        # the search (no waiting on slower replicas); never taken: any unexpired record does.
+        futures = [self.dht.get(rollouts_key(self.hcfg.prefix, m), latest=False, return_future=True,
+                                sufficient_expiration_time=self._newer_than(m)) for m in peers]
         deadline = time.monotonic() + self.hcfg.rpc_timeout_s  # the lookups run together: one deadline for all
         out = []
         for k, (marker, future) in enumerate(zip(peers, futures)):
@@ -373,6 +416,7 @@ class HivemindExchange:
             self._refresh_peers()  # peers that joined meanwhile
             out += self._collect(round_, taken, budgets, is_valid)
         self.peers.end_round()
+        self._count_slow_peers()
         self._report(round_, out, before)
         return out
 
@@ -384,14 +428,25 @@ class HivemindExchange:
         chunks = [data[i:i + CHUNK_BYTES] for i in range(0, len(data), CHUNK_BYTES)] or [b""]
         expiration = get_dht_time() + self.hcfg.ttl_s
         # One after another, chunk 0 last: a reader that sees this round's chunk 0 finds the rest.
+        # Each store returns at its first replica (hivemind goes on storing the rest in the
+        # background), so a slow replica delays no publication.
+        early = dict(return_future=True, await_all_replicas=False, await_all_tasks=False)
         for i in reversed(range(len(chunks))):
             value = {"round": round_, "n": len(chunks), "payload": chunks[i]}
             stored = self.dht.store(self.own_key, value, expiration_time=expiration,
-                                    subkey=chunk_subkey(self.marker, i), return_future=True)
+                                    subkey=chunk_subkey(self.marker, i), **early)
             if self._result(stored, "own_publish_failed") is _FAILED:
                 return  # without this chunk the rest is useless to readers: skip this round's publication
-        self._result(self.dht.store(self.registry, 1, expiration_time=expiration, subkey=self.marker,
-                                    return_future=True), "own_publish_failed")
+        self._result(self.dht.store(self.registry, 1, expiration_time=expiration, subkey=self.marker, **early),
+                     "own_publish_failed")
+
+    def _count_slow_peers(self) -> None:
+        """Peers charged as slow in the DHT process since the last round: counted as drops."""
+        from decentrain.algorithms.sapo.dht_guard import slow_charges
+
+        charges = self._result(self.dht.run_coroutine(slow_charges, return_future=True), "dht_call_failed")
+        if isinstance(charges, dict) and sum(charges.values()) > self.drops["slow_peer"]:
+            self.drops["slow_peer"] = sum(charges.values())  # the DHT process keeps the running total
 
     def _result(self, future, reason: str, deadline: float | None = None):
         """A DHT call's result, or `_FAILED` (counted under `reason`) if it raised or outlived its deadline."""

@@ -166,8 +166,91 @@ async def sybil_crowding(dht, node, prefix: str, keys: int = 32, chunks: int = 4
     return n
 
 
+async def registry_poison(dht, node, prefix: str) -> int:
+    """The signed 1-byte value b"\\xc1" (not msgpack) under the attacker's own registry subkey,
+    sent raw to every peer it knows and kept in its own storage: it passes the signature check,
+    and hivemind cannot deserialize it when a registry lookup ends."""
+    from hivemind.dht.routing import DHTID
+    from hivemind.dht.validation import DHTRecord
+
+    from decentrain.algorithms.sapo.dht_guard import registry_key
+
+    proto = node.protocol
+    key_id, marker, expiration = DHTID.generate(source=registry_key(prefix)), _signer(node).local_public_key, _now() + 100
+    record = DHTRecord(key_id.to_bytes(), proto.serializer.dumps(marker), b"\xc1", expiration)
+    signed = proto.record_validator.sign_value(record)
+    proto.storage.store_subkey(key_id, marker, signed, expiration)  # answers every find from here too
+    n = 1
+    for _, peer_id in proto.routing_table.get_nearest_neighbors(key_id, proto.bucket_size, exclude=node.node_id):
+        await proto.call_store(peer_id, keys=[key_id], values=[signed], expiration_time=[expiration], subkeys=[marker])
+        n += 1
+    return n
+
+
+_SLOW: dict = {"calls": None}  # in the attacker's DHT process: callers of its slowed handlers
+
+
+async def slow_responder(dht, node, prefix: str, delay_s: float = 2.5) -> int:
+    """Answer every find and store only after `delay_s` (2.5 s: under hivemind's default 3 s
+    per-call limit, so never banned by it), as any member can; counts calls per caller. Once."""
+    import asyncio
+    from collections import Counter
+
+    from hivemind.utils.auth import AuthRole, AuthRPCWrapper
+
+    if _SLOW["calls"] is not None:
+        return 0
+    proto, calls = node.protocol, Counter()
+    _SLOW["calls"] = calls
+    await proto.remove_p2p_handlers(proto.p2p)
+
+    def slowed(handler):
+        async def answer(request, context):
+            calls[context.remote_id.to_base58()] += 1
+            await asyncio.sleep(delay_s)
+            return await handler(request, context)
+        return answer
+
+    proto.rpc_find, proto.rpc_store = slowed(proto.rpc_find), slowed(proto.rpc_store)
+    await proto.add_p2p_handlers(proto.p2p, AuthRPCWrapper(proto, AuthRole.SERVICER, proto.authorizer))
+    return 1
+
+
+async def slow_calls(dht, node) -> dict[str, int]:
+    """Finds and stores the slow responder received so far, by caller (base58 peer id)."""
+    return dict(_SLOW["calls"] or {})
+
+
+_SYBIL_KEYS: dict = {}  # in the attacker's DHT process: Sybil index -> its RSA key, made once
+
+
+async def publish_as(dht, node, prefix: str, index: int, round_: int, data: bytes) -> int:
+    """Store compressed payload `data` as round `round_` of Sybil `index` (its own RSA identity,
+    re-keying the attacker's one signer as `sybil_crowding` does): chunks, then its registry entry.
+    Valid in every respect a DHT can check; `data` stays under the command pipe's 16 KiB."""
+    from hivemind.utils.crypto import RSAPrivateKey
+
+    from decentrain.algorithms.sapo.dht_guard import CHUNK_BYTES, chunk_subkey, registry_key, rollouts_key
+
+    signer = _signer(node)
+    key = _SYBIL_KEYS.setdefault(index, RSAPrivateKey())
+    own = (signer._private_key, signer._local_public_key)
+    chunks = [data[i:i + CHUNK_BYTES] for i in range(0, len(data), CHUNK_BYTES)] or [b""]
+    try:
+        signer._private_key = key
+        signer._local_public_key = marker = b"[owner:" + key.get_public_key().to_bytes() + b"]"
+        for i in reversed(range(len(chunks))):
+            await node.store(rollouts_key(prefix, marker), {"round": round_, "n": len(chunks), "payload": chunks[i]},
+                             _now() + 60, subkey=chunk_subkey(marker, i))
+        await node.store(registry_key(prefix), 1, _now() + 60, subkey=marker)
+    finally:
+        signer._private_key, signer._local_public_key = own
+    return len(chunks) + 1
+
+
 SHAPES = {"big_records": big_records, "far_future_ttl": far_future_ttl, "whole_key": whole_key, "flood_1000": flood,
-          "registry_eclipse": registry_eclipse, "sybil_crowding": sybil_crowding}
+          "registry_eclipse": registry_eclipse, "sybil_crowding": sybil_crowding, "registry_poison": registry_poison,
+          "slow_responder": slow_responder}
 
 
 def attacker_dht(initial_peers: list[str]):
@@ -189,6 +272,14 @@ def _run(attacker, fn, timeout: float) -> int:
 
 def run_shape(attacker, name: str, prefix: str, timeout: float = 120, **shape_kw) -> int:
     return _run(attacker, partial(SHAPES[name], prefix=prefix, **shape_kw), timeout)
+
+
+def run_publish_as(attacker, prefix: str, index: int, round_: int, data: bytes, timeout: float = 60) -> int:
+    return _run(attacker, partial(publish_as, prefix=prefix, index=index, round_=round_, data=data), timeout)
+
+
+def run_slow_calls(attacker, timeout: float = 60) -> dict[str, int]:
+    return _run(attacker, slow_calls, timeout)
 
 
 def run_capture(attacker, prefix: str, timeout: float = 60) -> int:
