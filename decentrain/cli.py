@@ -6,18 +6,32 @@ plots them side by side (`recipes/compare.py`). Both are Hydra apps; `recipes` a
 ship in the wheel (setup.py), so this runs from any directory after `pip install`.
 """
 
-import importlib
 import sys
+from typing import Callable
 
-# first argument -> (recipe module, its Hydra config); anything else is an override of recipes.train
-COMMANDS = {"compare": ("recipes.compare", "compare")}
-DEFAULT = ("recipes.train", "config")
+
+def _train() -> Callable[[], None]:
+    from recipes.train import main
+
+    return main
+
+
+def _compare() -> Callable[[], None]:
+    from recipes.compare import main
+
+    return main
+
+
+# first argument -> (its recipe's main, imported on use; its Hydra config); anything else is an
+# override of recipes.train. Static imports: no module name is ever built from text.
+COMMANDS = {"compare": (_compare, "compare")}
+DEFAULT = (_train, "config")
 
 
 def main() -> None:
-    module, config_name = DEFAULT
+    recipe, config_name = DEFAULT
     if len(sys.argv) > 1 and sys.argv[1] in COMMANDS:
-        module, config_name = COMMANDS[sys.argv.pop(1)]
+        recipe, config_name = COMMANDS[sys.argv.pop(1)]
     from recipes import run
 
-    run(importlib.import_module(module).main, config_name)
+    run(recipe(), config_name)

@@ -29,5 +29,7 @@ def test_sigkill_of_one_of_four_noloco_workers_leaves_three_that_finish(tmp_path
         skipped = sum((j - 1) * h for j in jumped)
         assert max(r["step"] for r in rows) + skipped == steps, (rank, jumped)
         missed = [r["outer/partner_missed"] for r in rows if "outer/partner_missed" in r]
-        assert 0 < sum(missed) < len(missed)  # rounds with rank 2 lost, the others averaged
+        # every survivor kept averaging. Whether it lost a round to rank 2 depends on whom the matching
+        # gave it between the kill and membership noticing (a race: CI saw a survivor that never did)
+        assert sum(missed) < len(missed), rank
     assert (tmp_path / "model/model.safetensors").exists()

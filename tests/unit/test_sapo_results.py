@@ -32,6 +32,7 @@ def test_a_run_ends_with_a_summary_and_a_reward_plot_per_node(tmp_path, caplog):
     assert summary["heldout_first"] == rows[0]["heldout_greedy/mean"] and summary["heldout_last"] == rows[-1]["heldout_greedy/mean"]
     assert summary["own_reward_last"] == rounds[-1]["reward"]  # window of 1 round at 3 rounds
     assert (node / "reward.png").stat().st_size > 1000
-    lines = [r.getMessage() for r in caplog.records]
+    # without the rank tag ("[rank 0] "), which is in the message once a World has tagged this process's records
+    lines = [r.getMessage().split("] ", 1)[-1] if r.getMessage().startswith("[rank") else r.getMessage() for r in caplog.records]
     assert any(m.startswith("round 3 node0 | own reward") for m in lines)
     assert any(m.startswith("node0: 3 rounds | own reward") and str(node) in m for m in lines)
