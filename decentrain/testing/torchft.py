@@ -141,9 +141,11 @@ class MiniTrainer:
         algo = self.algorithm
         algo.attach_trainer_state(self.state, self.load)
         model = algo.wrap_model(self.model)  # builds the manager: from here on the group heartbeats
+        # every group heartbeats before any takes its first quorum: a group that took it alone (min_replicas=1)
+        # would wait at the barrier while the late one's quorum waited on it (CI, under load)
+        ready()
         algo.on_train_start(self.model, self.optimizer)
         try:
-            ready()
             while self.step < steps:
                 x = self.batch()
                 model(x).pow(2).mean().backward()
