@@ -160,8 +160,13 @@ def _four_replicas(compression, rounds=8):
                        compression=compression)
 
     def replica(rank):
-        torch.manual_seed(0)  # identical start, as after the start-up broadcast
+        # identical start, as after the start-up broadcast, from a generator of its own: the replicas are
+        # threads, and seeding the global RNG in each let another thread draw from it in between
         model = torch.nn.Linear(16, 8)
+        init = torch.Generator().manual_seed(0)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.copy_(0.25 * torch.randn(p.shape, generator=init))
         algo = NoLoCo(cfg, World(rank=rank, world_size=4))
         algo.transport = hub.transport(rank)
         algo.setup(model)
