@@ -8,7 +8,9 @@ refusing a mistyped override key or group option first, in one line.
 import os
 import sys
 from pathlib import Path
-from typing import Callable
+from typing import Callable, TypeVar
+
+T = TypeVar("T")
 
 
 def conf_dir() -> Path:
@@ -18,6 +20,14 @@ def conf_dir() -> Path:
     import decentrain
 
     return Path(decentrain.__file__).resolve().parent / "conf"
+
+
+def typed_config(dcfg, schema: type[T]) -> T:
+    """The one conversion of a recipe whose config is one dataclass: Hydra's config merged onto `schema`
+    (its `__post_init__` checks run here; a bad value raises ValueError naming the field)."""
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), OmegaConf.to_container(dcfg, resolve=True)))
 
 
 def run(main: Callable[[], None], config_name: str) -> None:

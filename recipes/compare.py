@@ -16,10 +16,10 @@ from pathlib import Path
 
 import hydra
 from hydra.core.config_store import ConfigStore
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from decentrain.algorithms.common.comparison import CompareConfig, arm_overrides, read_arm, write_summary
-from recipes import conf_dir, run
+from recipes import conf_dir, run, typed_config
 
 ConfigStore.instance().store(name="compare_schema", node=CompareConfig)
 
@@ -40,8 +40,8 @@ def run_arm(cfg: CompareConfig, name: str, run_dir: Path) -> None:
 
 
 def to_config(dcfg: DictConfig) -> CompareConfig:
-    """The one conversion: Hydra's config to the typed dataclass (validation runs here)."""
-    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(CompareConfig), OmegaConf.to_container(dcfg, resolve=True)))
+    """The one conversion: Hydra's config to the typed dataclass (validation runs here, before start)."""
+    return typed_config(dcfg, CompareConfig)
 
 
 @hydra.main(version_base="1.3", config_path=str(conf_dir()), config_name="compare")

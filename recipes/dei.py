@@ -22,16 +22,15 @@ from decentrain.algorithms.dei.config import DEIConfig, register_dei_configs
 from decentrain.algorithms.dei.run import run_node, summarize
 from decentrain.core.launcher import launch_survivors
 from decentrain.core.world import read_launch_env
-from recipes import conf_dir, run
+from recipes import conf_dir, run, typed_config
 
 register_dei_configs()
 log = logging.getLogger(__name__)
 
 
 def to_config(dcfg: DictConfig) -> DEIConfig:
-    """The one conversion: Hydra's config to typed dataclasses (validation runs here, before start)."""
-    raw = OmegaConf.to_container(dcfg, resolve=True)
-    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(DEIConfig), raw))
+    """The one conversion: Hydra's config to the typed dataclass (validation runs here, before start)."""
+    return typed_config(dcfg, DEIConfig)
 
 
 @hydra.main(version_base="1.3", config_path=str(conf_dir()), config_name="dei")
