@@ -13,7 +13,11 @@ import bisect
 from dataclasses import dataclass
 
 import numpy as np
-from ribs.archives import GridArchive
+
+try:
+    from ribs.archives import GridArchive
+except ModuleNotFoundError as missing:  # an optional extra: say which one, in one line
+    raise ModuleNotFoundError("DEI needs pyribs: pip install 'decentrain[dei]'") from missing
 
 from decentrain.algorithms.dei.redcode import Warrior
 
