@@ -53,7 +53,7 @@ class FixedExchange:
     def __init__(self, records):
         self.records = records
 
-    def exchange(self, round_, payload, is_valid=None):
+    def exchange(self, round_, payload, is_valid=None, ends_wait=None):
         from decentrain.algorithms.sapo.exchange import PeerRecord
 
         return [PeerRecord(source, data) for source, data in self.records]

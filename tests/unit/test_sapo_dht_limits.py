@@ -166,8 +166,8 @@ def test_fresh_keys_do_not_evict_a_standing_peers_replay_mark():
         assert dec(_signed(NodeIdentity.generate(), 2, t + 5), current_round=2) is not None
     assert peer.node_id in dec.high_water
     assert dec(old, current_round=0) is None  # its round-0 payload replayed: still refused
-    assert dec.would_accept(_signed(peer, 3, t + 9), current_round=3)
-    assert not dec.would_accept(old, current_round=0) and dec.drops.counts["replayed"] == 1
+    assert dec.peek(_signed(peer, 3, t + 9), current_round=3) is not None
+    assert dec.peek(old, current_round=0) is None and dec.drops.counts["replayed"] == 1
 
 
 def _exchange_without_dht(dht, **hivemind):
@@ -200,6 +200,28 @@ def test_min_peers_counts_only_valid_records(monkeypatch):
     assert x.exchange(7, b"mine", is_valid=lambda rec: False) == []
     assert time.monotonic() - t >= 0.3  # kept waiting for a valid peer instead of returning at once
     assert x.drops["invalid_payload"] == 1 and not x.peers.merit
+
+
+def test_min_peers_counts_only_records_that_end_the_wait(monkeypatch):
+    pytest.importorskip("hivemind")
+
+    # A valid record that the caller says ends no wait (a sender without merit while others have
+    # it): returned, but polled on until wait_s instead of closing the round at once.
+    x = _exchange_without_dht(SimpleNamespace(get=lambda *a, **k: SimpleNamespace(result=lambda timeout=None: None)),
+                              wait_s=0.3, poll_s=0.05, min_peers=1)
+    monkeypatch.setattr(x, "_publish", lambda r, d: None, raising=False)
+    monkeypatch.setattr(x, "_refresh_peers", lambda: x.peers.listed(b"newcomer", time.monotonic()), raising=False)
+    monkeypatch.setattr(x, "_assemble", lambda m, found: (7, zlib.compress(b"valid")), raising=False)
+    t = time.monotonic()
+    out = x.exchange(7, b"mine", is_valid=lambda rec: True, ends_wait=lambda rec: False)
+    assert [r.data for r in out] == [b"valid"]
+    assert time.monotonic() - t >= 0.3
+    polls = []
+    monkeypatch.setattr(x, "_refresh_peers", lambda: polls.append(1) or x.peers.listed(b"newcomer", time.monotonic()),
+                        raising=False)
+    monkeypatch.setattr(x, "_assemble", lambda m, found: (8, zlib.compress(b"useful")), raising=False)
+    assert [r.data for r in x.exchange(8, b"mine2", is_valid=lambda rec: True, ends_wait=lambda rec: True)] == [b"useful"]
+    assert len(polls) == 1  # a record that counts ends the wait at the first look: no poll after it
 
 
 def test_a_dht_call_that_never_returns_costs_the_round_not_the_node():

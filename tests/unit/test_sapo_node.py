@@ -29,7 +29,7 @@ class FakeExchange:
     def __init__(self, records=()):
         self.records, self.published = list(records), []
 
-    def exchange(self, round_, payload, is_valid=None):
+    def exchange(self, round_, payload, is_valid=None, ends_wait=None):
         self.published.append((round_, payload))
         return [PeerRecord(source, data) for source, data in self.records]
 
@@ -144,7 +144,7 @@ def test_asynchronous_records_must_be_fresh():
     old = encode_payload(RolloutPayload(PEER.node_id, 0, time.time() - 3600, (group,), name="peer"), PEER)
 
     class AsyncExchange(FakeExchange):
-        def exchange(self, round_, payload, is_valid=None):
+        def exchange(self, round_, payload, is_valid=None, ends_wait=None):
             return [PeerRecord("dht", old, 0)]  # a record replayed from the DHT, an hour old
 
     node = SAPONode(cfg, 0, "node0", AsyncExchange())

@@ -46,7 +46,7 @@ class CopyingExchange:
     def __init__(self, cfg):
         self.cfg, self.attacker = cfg, NodeIdentity.generate()
 
-    def exchange(self, round_, payload, is_valid=None):
+    def exchange(self, round_, payload, is_valid=None, ends_wait=None):
         groups = _wire_groups(payload) + _bad_groups(self.cfg)
         return [PeerRecord("attacker", _signed(self.attacker, round_, groups, "attacker"))]
 
@@ -121,3 +121,37 @@ def test_as_an_ordinary_user():
     from decentrain.testing import rerun_unprivileged
 
     rerun_unprivileged(__file__, "not test_as_an_ordinary_user")
+
+
+class WaitRecorder:
+    """Hands the node two valid records and records which of them its `ends_wait` would count."""
+
+    def __init__(self, records):
+        self.records, self.counted = records, None
+
+    def exchange(self, round_, payload, is_valid=None, ends_wait=None):
+        valid = [PeerRecord(src, data) for src, data in self.records if is_valid(PeerRecord(src, data))]
+        self.counted = [r.source for r in valid if ends_wait(r)]
+        return valid
+
+    def close(self):
+        pass
+
+
+def test_a_valid_payload_of_useless_groups_does_not_end_the_wait_once_a_peer_has_merit():
+    # Before: any valid record ended a hivemind node's wait (min_peers=1), so a member publishing
+    # signed payloads of groups that never rebuild closed each round before the useful peer's
+    # record landed (swarm_attack rows rce/spoofing/tail_injection: ext/round 0.86-0.88).
+    cfg = tiny_sapo_config(exchange="collective", num_local=0, num_external=2)
+    honest, attacker = NodeIdentity.generate(), NodeIdentity.generate()
+    records = [("attacker", _signed(attacker, 0, _bad_groups(cfg, 2))), ("honest", _signed(honest, 0, _honest_groups(cfg)))]
+    ex = WaitRecorder(records)
+    node = SAPONode(cfg, 0, "node0", ex)
+    node.train_step = lambda groups: {}
+    node.run_round()
+    assert ex.counted == ["attacker", "honest"]  # no merit anywhere yet: every valid record counts
+    assert set(node.budget.merit) == {honest.node_id}
+    ex.records = [(src, _signed(ident, 1, groups)) for (src, _), ident, groups in
+                  zip(records, (attacker, honest), (_bad_groups(cfg, 2), _honest_groups(cfg)))]
+    node.run_round()
+    assert ex.counted == ["honest"]  # the attacker's valid record is returned, but ends no wait

@@ -122,12 +122,14 @@ class RolloutExchange(Protocol):
     has_peers: bool  # False: the node trains alone (no external rollouts to take)
     joins_process_group: bool  # True: every node is a rank of one torch.distributed job (launched together)
 
-    def exchange(self, round_: int, payload: bytes,
-                 is_valid: Callable[[PeerRecord], bool] | None = None) -> list[PeerRecord]:
+    def exchange(self, round_: int, payload: bytes, is_valid: Callable[[PeerRecord], bool] | None = None,
+                 ends_wait: Callable[[PeerRecord], bool] | None = None) -> list[PeerRecord]:
         """Publish `payload` for `round_`; return peers' records not returned before.
 
         `is_valid` (the caller's decoder, without side effects): backends that wait for peers
-        count only records that pass it, so a rejected record cannot stand in for a peer.
+        return and count only records that pass it, so a rejected record cannot stand in for a peer.
+        `ends_wait` (default: every valid record): which of those count towards the wait, so a
+        valid payload of useless groups cannot close the round before a useful peer's lands.
         """
         ...
 
@@ -144,7 +146,7 @@ class SiloExchange:
     def __init__(self, cfg: ExchangeConfig, world: World, node_id: str):
         pass
 
-    def exchange(self, round_: int, payload: bytes, is_valid=None) -> list[PeerRecord]:
+    def exchange(self, round_: int, payload: bytes, is_valid=None, ends_wait=None) -> list[PeerRecord]:
         return []
 
     def close(self) -> None:
@@ -160,7 +162,7 @@ class CollectiveExchange:
     def __init__(self, cfg: ExchangeConfig, world: World, node_id: str):
         self.cfg, self.world = cfg, world
 
-    def exchange(self, round_: int, payload: bytes, is_valid=None) -> list[PeerRecord]:
+    def exchange(self, round_: int, payload: bytes, is_valid=None, ends_wait=None) -> list[PeerRecord]:
         if len(payload) > self.cfg.max_bytes:  # publish nothing this round, keep training
             logger.warning("round %d: own payload of %d bytes exceeds exchange.max_bytes=%d; not published",
                         round_, len(payload), self.cfg.max_bytes)
@@ -391,9 +393,10 @@ class HivemindExchange:
     def _explore_cap(self) -> int:
         return self.hcfg.max_fetch_bytes // 2
 
-    def exchange(self, round_: int, payload: bytes,
-                 is_valid: Callable[[PeerRecord], bool] | None = None) -> list[PeerRecord]:
-        """Publish, then poll for records until `min_peers` of them pass `is_valid` (or `wait_s` ends)."""
+    def exchange(self, round_: int, payload: bytes, is_valid: Callable[[PeerRecord], bool] | None = None,
+                 ends_wait: Callable[[PeerRecord], bool] | None = None) -> list[PeerRecord]:
+        """Publish, then poll for records until `min_peers` of them pass `is_valid` and `ends_wait`
+        (or `wait_s` ends)."""
         from decentrain.algorithms.sapo.dht_guard import compress
 
         before = sum(self.drops.values()), dict(self.drops)
@@ -411,10 +414,13 @@ class HivemindExchange:
         deadline = time.monotonic() + self.hcfg.wait_s
         self._refresh_peers()
         out = self._collect(round_, taken, budgets, is_valid)
-        while len(out) < self.hcfg.min_peers and time.monotonic() < deadline:
+        counted = sum(map(ends_wait, out)) if ends_wait else len(out)
+        while counted < self.hcfg.min_peers and time.monotonic() < deadline:
             time.sleep(self.hcfg.poll_s)
             self._refresh_peers()  # peers that joined meanwhile
-            out += self._collect(round_, taken, budgets, is_valid)
+            more = self._collect(round_, taken, budgets, is_valid)
+            out += more
+            counted += sum(map(ends_wait, more)) if ends_wait else len(more)
         self.peers.end_round()
         self._count_slow_peers()
         self._report(round_, out, before)

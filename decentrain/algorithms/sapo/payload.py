@@ -505,9 +505,10 @@ class PayloadDecoder:
                 return Rejection("replayed", f"round {result.round} after {last[0]} from {result.node_id[:16]}")
         return result
 
-    def would_accept(self, data: Any, current_round: int, now: float | None = None) -> bool:
-        """What `__call__` would say, without recording anything (for an exchange counting valid peers)."""
-        return isinstance(self._check(data, current_round, now), RolloutPayload)
+    def peek(self, data: Any, current_round: int, now: float | None = None) -> RolloutPayload | None:
+        """What `__call__` would return, without recording anything (for an exchange counting valid peers)."""
+        result = self._check(data, current_round, now)
+        return result if isinstance(result, RolloutPayload) else None
 
     def __call__(self, data: Any, current_round: int, source: str = "?", now: float | None = None) -> RolloutPayload | None:
         result = self._check(data, current_round, now)
