@@ -182,6 +182,12 @@ class PairExchange:
         held = [ib for ib in self._pending if ib.peer == peer and ib.holds_body and ib.incarnation == inc]
         return any(not ib.received.is_set() for ib in held) or len(held) >= 2
 
+    def drain(self, timeout_s: float) -> bool:
+        """Wait until every late message of an earlier round has arrived (or `timeout_s` passed);
+        True if none is still owed. For callers that must order rounds on events: tests, shutdown."""
+        end = time.monotonic() + timeout_s
+        return all(ib.received.wait(max(end - time.monotonic(), 0.0)) for ib in list(self._pending))
+
     @property
     def policy(self) -> WaitPolicy:
         deadline = self.arrivals.deadline() if self.arrivals is not None and self.deadline_s is not None else self.deadline_s

@@ -50,8 +50,8 @@ def test_odd_world_triple_averages_three_ranks():
 
 def _duplex_deadline(world):
     # rank 0 gives up on round 0 (its 1 s deadline); rank 1 enters round 0 only then and completes it from
-    # rank 0's posted sends; rank 0 enters round 1 only once rank 1 is through round 0 (else it would still
-    # wait on round 0 and skip). Store keys order the ranks, not sleeps: on a loaded box a sleeping rank can
+    # rank 0's posted sends; rank 0 enters round 1 only once rank 1 is through round 0 and rank 1's late
+    # round-0 message has reached it (else it would still be owed and round 1 skipped). Store keys order the ranks, not sleeps: on a loaded box a sleeping rank can
     # still arrive first. Only rank 0's round-0 deadline is under test; every other wait is long.
     from torch.distributed.distributed_c10d import _get_default_store
 
@@ -63,6 +63,9 @@ def _duplex_deadline(world):
     if world.rank == 0:
         store.set("rank0_gave_up_round0", "1")
         store.wait(["rank1_done_round0"])
+        # rank 1 being through round 0 does not mean its round-0 message was consumed here yet
+        # (this rank's receive thread may still be on it): else round 1 is skipped as still owed
+        assert ex.drain(60.0)
     else:
         store.set("rank1_done_round0", "1")
     ex.deadline_s = 60.0
