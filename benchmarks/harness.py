@@ -225,7 +225,7 @@ class Harness:
             "wall_s_this_invocation": wall,
             "figures": relativize(figures, self.root),
         }
-        return upgrade_record(rec)  # only orders the keys: the record is already in the schema
+        return rec
 
     def write(self, figures: dict[str, Any], text_fn: Callable[[dict], str], plot_fn: Callable[[dict, Path], None] | None = None,
               results_dir: Path | None = None, config: dict[str, Any] | None = None) -> dict[str, Path]:

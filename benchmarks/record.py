@@ -158,28 +158,38 @@ def provenance(sha: str, dirty: bool, *, smoke: bool = False) -> dict[str, Any]:
 
 # -- older layouts ----------------------------------------------------------------------
 def upgrade_record(old: dict[str, Any]) -> dict[str, Any]:
-    """`old` (the harness's or results_io's layout, or this one) in the one schema; config and figures untouched."""
-    rec = dict(old)
-    env = rec.pop("environment", None)
+    """`old` (the harness's or results_io's layout, or this one) in the one schema; config and figures untouched.
+
+    Keys keep their order (a small diff against the committed file): `schema` goes first, `environment`'s
+    contents take its place, and other missing keys go just before `figures`. Idempotent."""
+    env = old.get("environment")
+    from_env: dict[str, Any] = {}
     if isinstance(env, dict):  # results_io: {git_sha[-dirty], python, torch, transformers, platform, cpu, cpu_count, cuda}
         sha = str(env.get("git_sha", "unknown"))
         dirty = sha.endswith("-dirty")
-        rec.setdefault("git_sha", sha.removesuffix("-dirty"))
-        rec.setdefault("dirty", dirty)
-        rec.setdefault("not_for_commit", dirty)
-        rec.setdefault("versions", {k: env[k] for k in ("python", "torch", "transformers", "numpy") if k in env})
-        rec.setdefault("hardware", {"cpu": env.get("cpu", "unknown"), "cpu_count": env.get("cpu_count"),
-                                    "platform": env.get("platform", "unknown"), "cuda": env.get("cuda"),
-                                    "load_avg_at_start": None})
-    rec.setdefault("dirty", bool(rec.get("not_for_commit", False)))
-    rec.setdefault("not_for_commit", rec["dirty"])
-    hw = rec.setdefault("hardware", {})
-    for k in HARDWARE:
-        hw.setdefault(k, None)
-    for k, v in (("command", None), ("code_version", None), ("runs_reused_from_cache", 0), ("runs_untimed", 0),
-                 ("compute_s", None), ("wall_s_this_invocation", None), ("versions", {})):
-        rec.setdefault(k, v)
-    rec["schema"] = SCHEMA_ID
-    order = [k for k in SCHEMA if k in rec] + [k for k in rec if k not in SCHEMA]  # schema first, figures last
-    order.remove("figures")
-    return {k: rec[k] for k in [*order, "figures"]}
+        from_env = {"git_sha": sha.removesuffix("-dirty"), "dirty": dirty, "not_for_commit": dirty,
+                    "versions": {k: env[k] for k in ("python", "torch", "transformers", "numpy") if k in env},
+                    "hardware": {"cpu": env.get("cpu", "unknown"), "cpu_count": env.get("cpu_count"),
+                                 "platform": env.get("platform", "unknown"), "cuda": env.get("cuda"),
+                                 "load_avg_at_start": None}}
+    dirty = bool(old.get("dirty", from_env.get("dirty", old.get("not_for_commit", False))))
+    missing = {"git_sha": "unknown", "dirty": dirty, "not_for_commit": dirty, "command": None, "versions": {},
+               "hardware": {}, "code_version": None, "runs_reused_from_cache": 0, "runs_untimed": 0, "compute_s": None,
+               "wall_s_this_invocation": None}
+    rec: dict[str, Any] = {"schema": SCHEMA_ID}
+
+    def fill() -> None:
+        for k, v in {**missing, **from_env}.items():
+            rec.setdefault(k, old.get(k, v))
+
+    for k, v in old.items():
+        if k == "environment":
+            fill()
+        elif k == "figures":
+            fill()
+            rec[k] = v
+        elif k != "schema":
+            rec[k] = v
+    fill()
+    rec["hardware"] = {**rec["hardware"], **{k: rec["hardware"].get(k) for k in HARDWARE}}
+    return rec
