@@ -334,8 +334,11 @@ def parse(ap: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> arg
     """`ap`'s arguments; with --smoke, the smoke defaults apply (flags given explicitly still win)."""
     args = ap.parse_args(argv)
     if args.smoke:
-        ap.set_defaults(**args._smoke_defaults)
+        smoke = args._smoke_defaults
+        plain = {k: ap.get_default(k) for k in smoke}
+        ap.set_defaults(**smoke)
         args = ap.parse_args(argv)
+        ap.set_defaults(**plain)  # the parser itself is left as it was
     del args._smoke_defaults
     return args
 

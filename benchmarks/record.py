@@ -193,3 +193,60 @@ def upgrade_record(old: dict[str, Any]) -> dict[str, Any]:
     fill()
     rec["hardware"] = {**rec["hardware"], **{k: rec["hardware"].get(k) for k in HARDWARE}}
     return rec
+
+
+# -- baselines --------------------------------------------------------------------------
+BASELINES = RESULTS.parent / "baselines"
+_BETTER = ("higher", "lower", "either")
+
+
+def figure_at(rec: dict[str, Any], path: list[Any]) -> Any:
+    """The value at `path` (keys and list indices) inside a record; KeyError/IndexError/TypeError if absent."""
+    value: Any = rec
+    for step in path:
+        value = value[step]
+    return value
+
+
+def check_baseline(rec: dict[str, Any], baseline: dict[str, Any]) -> list[str]:
+    """Every headline figure of `rec` that has left its baseline's tolerance, in the worse direction.
+
+    A baseline (`benchmarks/baselines/<name>.json`) is `{"result": name, "figures": [{"path": [...], "value": v,
+    "tolerance": t, "better": "higher"|"lower"|"either", "why": "..."}]}`: with "higher" the figure fails below
+    v - t, with "lower" above v + t, with "either" beyond |v - t|. Booleans count as 0/1 (a target met is 1), so
+    a target that was met and no longer is fails; one that becomes met passes (then raise the baseline)."""
+    problems = []
+    for fig in baseline.get("figures", []):
+        where = "/".join(map(str, fig["path"]))
+        try:
+            got = figure_at(rec, fig["path"])
+        except (KeyError, IndexError, TypeError):
+            problems.append(f"{where}: missing from the result")
+            continue
+        want, tol, better = fig["value"], float(fig["tolerance"]), fig.get("better", "either")
+        if not isinstance(got, (int, float)) or got != got:  # None or NaN where the baseline has a number
+            problems.append(f"{where}: {got!r}, baseline {want!r}")
+            continue
+        low = float(want) - tol if better in ("higher", "either") else float("-inf")
+        high = float(want) + tol if better in ("lower", "either") else float("inf")
+        if not low <= float(got) <= high:
+            problems.append(f"{where}: {got!r} outside baseline {want!r} ± {tol:g} ({better} is better): {fig.get('why', '')}")
+    return problems
+
+
+def validate_baseline(baseline: Any) -> list[str]:
+    """The ways a baseline file is malformed (each figure needs path, a numeric value, tolerance >= 0, better, why)."""
+    if not isinstance(baseline, dict) or not isinstance(baseline.get("result"), str) or not baseline.get("figures"):
+        return ["baseline: needs a result name and a non-empty figures list"]
+    errors = []
+    for i, fig in enumerate(baseline["figures"]):
+        if not isinstance(fig.get("path"), list) or not fig["path"] or fig["path"][0] != "figures":
+            errors.append(f"figures[{i}].path: a list starting with 'figures'")
+        if not isinstance(fig.get("value"), (int, float)) or not isinstance(fig.get("tolerance"), (int, float)) \
+                or fig["tolerance"] < 0:
+            errors.append(f"figures[{i}]: numeric value and tolerance >= 0")
+        if fig.get("better") not in _BETTER:
+            errors.append(f"figures[{i}].better: one of {_BETTER}")
+        if not fig.get("why"):
+            errors.append(f"figures[{i}].why: say why this figure and this tolerance")
+    return errors

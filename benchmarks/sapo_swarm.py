@@ -193,7 +193,7 @@ def selection_only_ratio(i: int, j: int, own_rate: float, external_rate: float |
     return (i + j * rho) / (i + j)
 
 
-def summarizerun_module(run: dict, num_external: int) -> dict:
+def summarize_run(run: dict, num_external: int) -> dict:
     nodes = run["nodes"]
     reward = np.array([v["reward"] for v in nodes.values()])  # [nodes, rounds]
     local = np.array([v["local_groups"] for v in nodes.values()])
@@ -259,7 +259,7 @@ def paired(runs: list[dict], base: list[dict], key: str) -> dict:
 
 def analyze(b: BenchConfig, seeds: list[int], runs: dict[tuple[str, int], dict]) -> dict:
     splits = b.splits.split(",")
-    per = {sp: [summarizerun_module(runs[sp, s], int(sp.split("/")[1])) for s in seeds] for sp in splits}
+    per = {sp: [summarize_run(runs[sp, s], int(sp.split("/")[1])) for s in seeds] for sp in splits}
     out: dict = {"splits": {}}
     for sp in splits:
         rs = per[sp]
