@@ -202,9 +202,9 @@ def summarise(rows: list[dict], args: argparse.Namespace) -> dict:
 
 def table(record: dict) -> str:
     """The TXT, generated from the JSON record alone."""
-    cfg, summary, env = record["config"], record["figures"], record["environment"]
+    cfg, summary, env = record["config"], record["figures"], record["hardware"]
     big = max(cfg["sizes"])
-    lines = [f"{record['name']} @ {env['git_sha'][:12]}: {env['cpu']}, {env['cpu_count']} cores (shared; loopback times are CPU-bound)",
+    lines = [f"{record['name']} @ {record['git_sha'][:12]}: {env['cpu']}, {env['cpu_count']} cores (shared; loopback times are CPU-bound)",
              f"payload {big * 4 / 1e6:.1f} MB ({big / 1e6:.1f}M fp32 params); fragment = {cfg['fragment_share']:.3f} of it; link {cfg['rate']}, "
              f"+{cfg['delay_ms']} ms each way (emulated); TCP slow start after idle: {'on' if cfg['slow_start_after_idle'] else 'off'}; "
              f"{cfg['repeats']} timed repeats per row",

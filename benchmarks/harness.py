@@ -1,12 +1,21 @@
-"""The harness every reproduction benchmark shares.
+"""The harness every reproduction benchmark shares: runs, records, command line, tails.
 
 It runs each (config, seed) job once, checkpoints its result to a cache so an interrupted
 benchmark resumes where it stopped, reports mean ± std over seeds, and writes the JSON and
 then the TXT and PNG *generated from that JSON* in the same run, so they cannot disagree.
 
-The record carries the resolved config, a clean git SHA (a dirty tree is refused unless
-`allow_dirty`, and the result is then marked `not_for_commit`), versions, hardware and the
-load the runtimes were measured under. Paths are stored relative to the repository.
+Every result is one record in the one schema (`benchmarks/record.py`: `validate_record`,
+`upgrade_record`): the resolved config, a clean git SHA (a dirty tree is refused unless
+`allow_dirty`, and the result is then marked `not_for_commit`), the command line, versions,
+hardware and the load the runtimes were measured under. Paths are stored relative to the repository.
+
+One command line (`bench_parser` + `parse`): `--seeds N`, `--smoke` (the script's reduced config;
+written under runs/bench_smoke, never over a committed result), `--fresh` (ignore the run cache),
+`--allow-dirty`, then each script's own flags. Headline figures of committed results have baselines
+with tolerances (`benchmarks/baselines/`), checked by tests/unit/test_benchmark_baselines.py.
+
+    python -m benchmarks.harness --upgrade benchmarks/results/*.json   # older layouts -> the one schema
+    python -m benchmarks.harness --validate benchmarks/results/*.json
 
 A cache entry is keyed by the job's config and the git tree hashes of the code it runs
 (decentrain/, recipes/, conf/ and the benchmark script), so a resumed run never reuses a
@@ -274,7 +283,7 @@ def reanalyse(json_path: Path, figures_fn: Callable[[dict], dict[str, Any]], tex
               plot_fn: Callable[[dict, Path], None] | None = None, allow_dirty: bool = False) -> dict[str, Path]:
     """Recompute a result's figures from its own per-run data (`figures_fn(record)`), running nothing: the runs'
     provenance (git_sha, hardware, compute) stays, `analysis_git_sha` names the code that computed the figures."""
-    rec = json.loads(Path(json_path).read_text())
+    rec = load_record(json_path)  # an older layout comes back in the one schema
     rec["figures"] = figures_fn(rec)
     sha, dirty = clean_sha(allow_dirty)
     rec["analysis_git_sha"] = sha + ("-dirty" if dirty else "")
