@@ -243,17 +243,17 @@ class Harness:
         results_dir = results_dir or (SMOKE_DIR if self.smoke else RESULTS)
         if config is not None:
             self.config = relativize(config, self.root)
-        rec = self.record(figures)
-        errors = validate_record(json.loads(json.dumps(rec, default=_json_default)))
-        if errors:  # a harness bug, not a benchmark's: the record is built here
-            raise ValueError(f"{self.name}: record breaks the schema: {errors}")
+        text = json.dumps(self.record(figures), indent=2, default=_json_default, allow_nan=True)
         results_dir.mkdir(parents=True, exist_ok=True)
         out = results_dir / f"{self.name}.json"
         tmp = out.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(rec, indent=2, default=_json_default, allow_nan=True))
+        tmp.write_text(text)
         os.replace(tmp, out)
         paths = render(out, text_fn, plot_fn)
         print("wrote " + ", ".join(relpath(p, self.root) for p in paths.values()))
+        errors = validate_record(json.loads(text))
+        if errors:  # a harness bug (the record is built here); raised after writing, so no run is lost
+            raise ValueError(f"{self.name}: record breaks the schema: {errors}")
         return paths
 
 
