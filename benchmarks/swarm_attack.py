@@ -64,7 +64,8 @@ G = 4  # loss.num_generations above
 EVAL_TASKS = ["string_insertion", "number_sorting", "polynomial_multiplication", "spiral_matrix", "binary_matrix"]
 PAYLOAD_ATTACKS = ["rce", "timestamp", "spoofing", "metadata_bomb", "id_spoofing", "sandbox_forgery",
                    "rebuild_amplification", "tail_injection", "group_hijack"]
-DEFAULT_TASK = "chain_sum"  # in the default task mix: its questions are real to honest nodes
+HONEST_TASK_MIX = "arith_legs"  # conf/rl.yaml's default task group: what the honest nodes rebuild
+DEFAULT_TASK = "chain_sum"  # in that mix: its questions are real to honest nodes
 DHT_ATTACKS = ["big_records", "far_future_ttl", "whole_key", "flood_1000", "stale_replay", "registry_eclipse",
                "sybil_crowding", "registry_poison", "slow_responder", "sybils_64"]
 # Control rows: the no-attack run first (every ratio's denominator) and again last, whose ratio
@@ -159,10 +160,21 @@ def _rce_markers(path: Path) -> list[str]:
 
 @functools.lru_cache(maxsize=None)
 def _questions(task: str, n: int = 1):
+    """`n` entries of `task`: for a task of the honest nodes' mix, entries of that very mix (its
+    task config and seeds, task.size=100 as in TINY), so groups addressing them rebuild there and
+    reach the scorers; for any other task, a mix of its own (refused as task_not_in_mix)."""
+    from omegaconf import OmegaConf
+
     from decentrain.tasks import TaskMixConfig, TaskMixture
 
-    mix = TaskMixture(TaskMixConfig(tasks=[task], size=100))  # task.size=100 as in TINY
-    return [mix[i] for i in range(n)]
+    honest = OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / "task" / f"{HONEST_TASK_MIX}.yaml"))
+    honest.pop("defaults", None)
+    if task not in honest["tasks"]:
+        mix = TaskMixture(TaskMixConfig(tasks=[task], size=100))
+        return [mix[i] for i in range(n)]
+    mix = TaskMixture(TaskMixConfig(**{**honest, "size": 100}))
+    items = {it.ref.index: it for it in (mix[i] for i in range(100 * len(honest["tasks"]))) if it.task == task}
+    return list(items.values())[:n]
 
 
 def hostile_payloads(kind: str, fr: Framer, round_: int, marker_dir: Path) -> list[bytes]:
