@@ -197,3 +197,69 @@ def test_library_never_imports_recipes():
         if mod == "decentrain.cli":  # the console script is the recipe's launcher
             continue
         assert not _under(_direct(mod), "recipes"), f
+
+
+def _runtime_imports(mod: str) -> set[str]:
+    """The library modules `mod` imports when it runs: `_direct` without its parent packages and
+    without imports under `if TYPE_CHECKING:` (annotations only, never executed)."""
+    tree = ast.parse(MODULES[mod].read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            node.body = []
+    path, found = MODULES[mod], set()
+    package = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            found |= {base} | {f"{base}.{a.name}" for a in node.names}
+    return {f for f in found if f in MODULES and f not in _parents(mod) and f != mod}
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan, iterative)."""
+    index, low, stack, on, out, counter = {}, {}, [], set(), [], [0]
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = counter[0]
+        counter[0] += 1
+        stack.append(root)
+        on.add(root)
+        while work:
+            v, children = work[-1]
+            for w in children:
+                if w not in index:
+                    index[w] = low[w] = counter[0]
+                    counter[0] += 1
+                    stack.append(w)
+                    on.add(w)
+                    work.append((w, iter(sorted(graph[w]))))
+                    break
+                if w in on:
+                    low[v] = min(low[v], index[w])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[v])
+                if low[v] == index[v]:
+                    comp = []
+                    while (w := stack.pop()) != v:
+                        on.discard(w)
+                        comp.append(w)
+                    on.discard(v)
+                    if comp:
+                        out.append(sorted([v, *comp]))
+    return out
+
+
+def test_no_import_cycles():
+    # A cycle (e.g. sapo/generation <-> sapo/vllm_backend, once) makes import order matter and
+    # forces imports into functions; the graph counts those function-level imports too.
+    assert _cycles({m: _runtime_imports(m) for m in MODULES}) == []
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]  # the check can fail
