@@ -41,11 +41,11 @@ def _parents(mod: str) -> list[str]:
     return [".".join(parts[:i]) for i in range(1, len(parts))]
 
 
-def _direct(mod: str) -> set[str]:
-    """Modules that importing `mod` (and calling its functions) imports, including parent packages."""
-    path, found = MODULES[mod], set(_parents(mod))
-    package = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
-    for node in ast.walk(ast.parse(path.read_text())):
+def _imported(mod: str, tree: ast.AST) -> set[str]:
+    """The module names `tree` (the source of `mod`) imports, relative imports resolved."""
+    package = mod if MODULES[mod].name == "__init__.py" else mod.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             found |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom):
@@ -55,6 +55,12 @@ def _direct(mod: str) -> set[str]:
                 base = ".".join(anchor + ([base] if base else []))
             found.add(base)
             found |= {f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" in MODULES}  # from pkg import submodule
+    return found
+
+
+def _direct(mod: str) -> set[str]:
+    """Modules that importing `mod` (and calling its functions) imports, including parent packages."""
+    found = set(_parents(mod)) | _imported(mod, ast.parse(MODULES[mod].read_text()))
     return {m for f in found for m in (f, *_parents(f)) if m in MODULES or m.split(".")[0] == "recipes"}
 
 
@@ -206,18 +212,7 @@ def _runtime_imports(mod: str) -> set[str]:
     for node in ast.walk(tree):
         if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
             node.body = []
-    path, found = MODULES[mod], set()
-    package = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            found |= {a.name for a in node.names}
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
-                base = ".".join(anchor + ([base] if base else []))
-            found |= {base} | {f"{base}.{a.name}" for a in node.names}
-    return {f for f in found if f in MODULES and f not in _parents(mod) and f != mod}
+    return {f for f in _imported(mod, tree) if f in MODULES and f not in _parents(mod) and f != mod}
 
 
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
