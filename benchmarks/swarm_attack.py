@@ -6,7 +6,9 @@ Per scenario: rounds completed, external records received (rate per round), peak
 RSS (node + its DHT process and p2p daemon), crashes, and files created by RCE markers; each
 ratio is over the no-attack run of the same seed (`--seeds`: every row once per seed; the table
 gives mean ± std and the minimum over seeds); `none_again`, a second no-attack run at the end,
-shows the drift between identical runs on this machine. Target: mean >= 0.9 of the no-attack rounds/s and
+shows the drift between identical runs on this machine. The no-attack runs have a benign third
+member in the attacker's place (an empty valid payload every 0.5 s), so that on one shared box a
+ratio does not count the CPU any third member's DHT process takes as the attack's doing. Target: mean >= 0.9 of the no-attack rounds/s and
 external rate, 0 crashes, 0 files.
 
 Attackers (one per scenario):
@@ -70,6 +72,10 @@ DHT_ATTACKS = ["big_records", "far_future_ttl", "whole_key", "flood_1000", "stal
                "sybil_crowding", "registry_poison", "slow_responder", "sybils_64"]
 # Control rows: the no-attack run first (every ratio's denominator) and again last, whose ratio
 # shows how far two identical runs drift apart on this machine (the noise floor of every row).
+# Their third member is benign (it joins the DHT and publishes a valid payload of no groups every
+# 0.5 s, as a payload attacker does), so a ratio measures the attack, not the CPU that any third
+# member's DHT process and daemon take from the honest nodes on the same 2 cores (without it,
+# attacks that the nodes refuse in microseconds read 0.83-0.89 of the rounds).
 NO_ATTACK = ("none", "none_again")
 SYBILS = 64  # sybils_64: fresh identities, each publishing usable groups within its own budget
 SYBIL_GROUPS = 4  # groups per Sybil payload
@@ -178,6 +184,8 @@ def _questions(task: str, n: int = 1):
 
 
 def hostile_payloads(kind: str, fr: Framer, round_: int, marker_dir: Path) -> list[bytes]:
+    if kind in NO_ATTACK:  # the benign third member of the control rows
+        return [fr.frame(fr.body(round_, []))]
     if kind == "rce":
         groups = []
         for task in EVAL_TASKS:
@@ -268,7 +276,7 @@ class Attacker:
         self.thread = threading.Thread(target=self._run, daemon=True)
 
     def prepare(self) -> None:
-        if self.kind in PAYLOAD_ATTACKS:
+        if self.kind in PAYLOAD_ATTACKS or self.kind in NO_ATTACK:
             from decentrain.algorithms.sapo.exchange import ExchangeConfig, HivemindConfig, build_exchange
             from decentrain.core.world import World
 
@@ -348,12 +356,10 @@ def run_scenario(kind: str, args: argparse.Namespace, work: Path, seed: int = 0)
     procs.append(start(1))
     while not all(_rows(run_dir, n) for n in nodes) and time.monotonic() - t0 < 180:
         time.sleep(0.5)
-    attacker = None
-    if kind not in NO_ATTACK:
-        peers = [line.strip() for line in peers_file.read_text().splitlines() if line.strip()]
-        attacker = Attacker(kind, peers, prefix, marker_dir, args.reattack_s)
-        attacker.prepare()
-        attacker.thread.start()
+    peers = [line.strip() for line in peers_file.read_text().splitlines() if line.strip()]
+    attacker = Attacker(kind, peers, prefix, marker_dir, args.reattack_s)  # benign in the control rows
+    attacker.prepare()
+    attacker.thread.start()
     start_rows = {n: len(_rows(run_dir, n)) for n in nodes}
     rss = {n: [] for n in nodes}
     crashed = {n: False for n in nodes}
@@ -365,10 +371,9 @@ def run_scenario(kind: str, args: argparse.Namespace, work: Path, seed: int = 0)
             rss[n].append(_tree_rss_mib(p.pid))
         time.sleep(2.0)
     window = time.monotonic() - t_start
-    if attacker is not None:
-        attacker.stop.set()
-        attacker.thread.join(timeout=60)
-        attacker.close()
+    attacker.stop.set()
+    attacker.thread.join(timeout=60)
+    attacker.close()
     for p in procs:
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGTERM)
