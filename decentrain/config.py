@@ -21,6 +21,7 @@ from decentrain.algorithms import ddp, diloco, noloco, sparseloco  # noqa: F401 
 from decentrain.algorithms.base import ALGORITHMS, algorithm_config
 from decentrain.algorithms.common.config import LoopConfig, TrainConfig, check_data_fits, check_run_dir, validate
 from decentrain.algorithms.common.engines import SCHEDULES, EngineConfig, OptimConfig
+from decentrain.algorithms.common.transports import TRANSPORTS, transport_config
 from decentrain.core.launch_config import LAUNCHERS, LauncherConfig
 from decentrain.core.metrics import LoggerConfig
 from decentrain.data.blocks import DataConfig
@@ -48,7 +49,7 @@ def config_from_dict(raw: dict[str, Any]) -> TrainConfig:
     unknown = sorted(set(raw) - set(sections))
     if unknown:
         raise ValueError(f"unknown top-level config key(s) {unknown}; allowed: {sorted(sections)}")
-    kwargs: dict[str, Any] = {"algorithm": algorithm_config(algo_raw)}
+    kwargs: dict[str, Any] = {"algorithm": algorithm_config(algo_raw), "transport": transport_config(raw.get("transport"))}
     for name in ("model", "data", "logger", "launcher", "optim", "train", "engine"):
         cls = type(sections[name].default_factory())
         kwargs[name] = _typed(cls, dict(raw.get(name) or {}), name)
@@ -66,6 +67,8 @@ def register_configs() -> None:
     cs.store(name="train_schema", node=TrainConfig)
     for name in ALGORITHMS.names():
         cs.store(group="algorithm", name=f"{name}_schema", node=ALGORITHMS.get(name).config_cls)
+    for name in TRANSPORTS.names():  # conf/transport/<name>.yaml extends its entry's own config class
+        cs.store(group="transport", name=f"{name}_schema", node=TRANSPORTS.get(name).config_cls)
     for group, cls in (("model", ModelConfig), ("data", DataConfig), ("logger", LoggerConfig), ("launcher", LauncherConfig),
                        ("engine", EngineConfig)):
         cs.store(group=group, name=f"{group}_schema", node=cls)

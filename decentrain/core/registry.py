@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Callable, Generic, TypeVar
+import importlib
+import pkgutil
+from typing import Callable, Generic, Iterable, TypeVar
 
 T = TypeVar("T")
 
@@ -34,3 +36,16 @@ class Registry(Generic[T]):
 
     def __contains__(self, name: str) -> bool:
         return name in self._entries
+
+
+def discover(package: str, path: Iterable[str]) -> list[str]:
+    """Import every module of `package` (its `__name__` and `__path__`), so that each registers itself.
+
+    The names come from the package's own directory listing (pkgutil), never from a config or
+    a peer: adding an entry is adding a module, with no import list to edit. Modules whose name
+    starts with `_` are helpers, not entries. Returns the modules imported, sorted.
+    """
+    names = sorted(info.name for info in pkgutil.iter_modules(list(path)) if not info.name.startswith("_"))
+    for name in names:
+        importlib.import_module(f"{package}.{name}")  # a file of this package (see the docstring)
+    return names

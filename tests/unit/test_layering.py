@@ -55,6 +55,9 @@ def _direct(mod: str) -> set[str]:
                 base = ".".join(anchor + ([base] if base else []))
             found.add(base)
             found |= {f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" in MODULES}  # from pkg import submodule
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "discover"
+              and path.name == "__init__.py"):  # core/registry.discover: the package imports each of its modules
+            found |= {m for m in MODULES if m.rpartition(".")[0] == mod and not m.rpartition(".")[2].startswith("_")}
     return {m for f in found for m in (f, *_parents(f)) if m in MODULES or m.split(".")[0] == "recipes"}
 
 
@@ -86,6 +89,8 @@ def test_the_static_graph_sees_the_imports():
     assert "decentrain.algorithms.base" in closure("decentrain.algorithms.ddp")
     assert "decentrain.core.registry" in closure("decentrain.algorithms.ddp.ddp")  # via base
     assert set(FAMILIES) >= {"ddp", "diloco", "noloco", "sapo", "hdee"}
+    # a package that discovers its modules (core/registry.discover) imports every one of them
+    assert "decentrain.algorithms.common.transports.torchft_groups" in closure("decentrain.algorithms.common.pretrain")
 
 
 def _library() -> set[str]:

@@ -22,7 +22,7 @@ from decentrain.algorithms.base import Algorithm, AlgorithmConfig
 from decentrain.algorithms.common.outer_optimizers import OuterOptimizerConfig
 from decentrain.algorithms.common.replicas import broadcast_parameters, check_replicas_match
 from decentrain.algorithms.common.speed import DeviceTimer
-from decentrain.core.dist_transport import TorchTransport
+from decentrain.algorithms.common.transports import DEFAULT_DOOR, TRANSPORTS, TransportConfig
 from decentrain.core.transport import Transport
 
 
@@ -83,13 +83,13 @@ class InnerOuterAlgorithm(Algorithm):
     """Subclasses implement `setup(model)`, `outer_step(model) -> metrics` and the outer state."""
 
     cfg: InnerOuterConfig
-    # how this replica talks to the others; set before on_train_start to run over another one
-    # (core/inprocess.py: replicas as threads of one process), else torch.distributed
+    # how this replica talks to the others: set by the run's transport entry (common/transports/,
+    # `transport.name`) before on_train_start; unset (an algorithm built by hand), the default entry's
     transport: Transport | None = None
 
     def comm(self) -> Transport:
         if self.transport is None:
-            self.transport = TorchTransport(self.world)
+            self.transport = TRANSPORTS.get(DEFAULT_DOOR).transport(self.world, TransportConfig(DEFAULT_DOOR))
         return self.transport
 
     def bytes_sent(self) -> int | None:

@@ -1,0 +1,100 @@
+"""The door to the network, chosen by config: `transport.name` picks a registry entry.
+
+An entry (a `Door`) owns its config class, its checks, the `Transport` it builds for one
+replica (core/transport.py: pair exchange, collective mean, all-gather of bytes), how the
+run's processes are started, and what it changes in the trainer. The pre-training job
+path (`pretrain.py`), the in-process replicas and the recipe ask the entry and never test
+which one it is. Entries: `torch` (torch.distributed, core/dist_transport.py), `inprocess`
+(replicas as threads of one process, core/inprocess.py), `torchft` (replica groups joined
+by torchft's Manager; see torchft_groups.py for how far it shares the protocol).
+
+Adding one: a module in this package that registers a `Door` subclass (found by the
+package's own module list, no import list to edit), plus conf/transport/<name>.yaml.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any, Mapping
+
+from omegaconf import OmegaConf
+
+from decentrain.algorithms.base import ALGORITHMS, Algorithm
+from decentrain.core.registry import Registry, discover
+from decentrain.core.transport import Transport
+from decentrain.core.world import World
+
+FIELD = "transport"
+# `transport.name: null` (the default): the door the launcher's mode implies, so that
+# `launcher.fault_tolerance=torchft` alone keeps selecting torchft's groups
+LAUNCHER_DOORS = {"none": "torch", "torchft": "torchft"}
+DEFAULT_DOOR = LAUNCHER_DOORS["none"]
+
+
+@dataclass
+class TransportConfig:
+    """The `transport` section; each entry subclasses it with its own fields."""
+
+    name: str | None = None  # null: LAUNCHER_DOORS[launcher.fault_tolerance]
+
+
+class Door:
+    """One registry entry. Class methods only: an entry is a kind of network, not a connection."""
+
+    config_cls: type[TransportConfig] = TransportConfig
+
+    @classmethod
+    def check(cls, cfg, world_size: int) -> None:
+        """ValueError naming the field for a run this door cannot carry; `cfg` is a TrainConfig."""
+
+    @classmethod
+    def transport(cls, world: World, cfg: TransportConfig) -> Transport:
+        """Replica `world.rank`'s view of the others."""
+        raise NotImplementedError
+
+    @classmethod
+    def algorithm(cls, cfg, world: World) -> Algorithm:
+        """The run's algorithm for this replica, talking through this door."""
+        algorithm = ALGORITHMS.get(cfg.algorithm.name)(cfg.algorithm, world)
+        if hasattr(algorithm, "transport"):  # loop algorithms without one (DDP) use torch.distributed's DDP
+            algorithm.transport = cls.transport(world, cfg.transport)
+        return algorithm
+
+    @classmethod
+    def attach(cls, trainer, cfg, world: World) -> None:
+        """What the door changes in a built trainer (torchft: each group reads its own data slice)."""
+
+    @classmethod
+    def launch(cls, cfg, overrides: list[str], run_dir: Path, module: str) -> bool:
+        """Outside torchrun: start the run's processes and return True, or False to run in this process."""
+        return False
+
+
+TRANSPORTS: Registry[type[Door]] = Registry(FIELD)
+
+
+def door_name(cfg) -> str:
+    """The entry a TrainConfig selects: `transport.name`, or the launcher's door when it is null."""
+    return cfg.transport.name or LAUNCHER_DOORS[cfg.launcher.fault_tolerance]
+
+
+def door(cfg) -> type[Door]:
+    return TRANSPORTS.get(door_name(cfg), field=f"{FIELD}.name")
+
+
+def transport_config(raw: Mapping[str, Any] | TransportConfig | None) -> TransportConfig:
+    """The typed `transport` section of the entry `raw["name"]` names; unknown keys fail naming the field."""
+    if isinstance(raw, TransportConfig):
+        return raw
+    raw = dict(raw or {})
+    name = raw.get("name")
+    cls = TransportConfig if name is None else TRANSPORTS.get(name, field=f"{FIELD}.name").config_cls
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise ValueError(f"{FIELD}: unknown field(s) {unknown}; allowed: {sorted(known)}")
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(cls), raw))
+
+
+discover(__name__, __path__)  # every entry module of this package registers itself
