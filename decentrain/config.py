@@ -18,7 +18,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from decentrain.algorithms import ddp, diloco, noloco, sparseloco  # noqa: F401  (register "ddp", "diloco", "streaming_diloco", "noloco", "sparseloco")
-from decentrain.algorithms.base import ALGORITHMS, algorithm_config
+from decentrain.algorithms.base import ALGORITHMS, algorithm_config, renamed_key
 from decentrain.algorithms.common.config import LoopConfig, TrainConfig, check_data_fits, check_run_dir, validate
 from decentrain.algorithms.common.engines import SCHEDULES, EngineConfig, OptimConfig
 from decentrain.algorithms.common.transports import TRANSPORTS, transport_config
@@ -154,4 +154,13 @@ def check_overrides(conf_dir: Path, config_name: str, args: list[str]) -> str | 
         return None
     finally:
         GlobalHydra.instance().clear()
-    return next((why for why in map(lambda k: _unknown_key(tree, k), keys) if why), None)
+    return next((why for why in map(lambda k: _removed_key(tree, k) or _unknown_key(tree, k), keys) if why), None)
+
+
+def _removed_key(tree: Any, key: str) -> str | None:
+    """`algorithm.<old>` for a key the composed algorithm's config renamed: the one line naming the new key."""
+    section, _, rest = key.partition(".")
+    algo = tree.get("algorithm") if isinstance(tree, dict) else None
+    if section != "algorithm" or not isinstance(algo, dict) or algo.get("name") not in ALGORITHMS:
+        return None
+    return renamed_key(ALGORITHMS.get(algo["name"]).config_cls, [rest.split(".")[0]])

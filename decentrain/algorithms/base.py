@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from typing import Any, Callable, ContextManager
+from typing import Any, Callable, ClassVar, ContextManager
 
 import torch
 from omegaconf import OmegaConf
@@ -23,6 +23,15 @@ from decentrain.core.world import World
 @dataclass
 class AlgorithmConfig:
     name: str = "ddp"
+    # keys this section no longer has -> the key that replaced them (relative to the section): a config
+    # that still sets one fails in one line naming the new key
+    RENAMED: ClassVar[dict[str, str]] = {}
+
+
+def renamed_key(cls: type[AlgorithmConfig], keys, where: str = "algorithm") -> str | None:
+    """The one-line error for the first removed key among `keys`, or None."""
+    old = sorted(set(keys) & set(cls.RENAMED))
+    return f"{where}.{old[0]} was removed; use {where}.{cls.RENAMED[old[0]]}" if old else None
 
 
 class Algorithm:
@@ -115,6 +124,9 @@ def algorithm_config(raw: Mapping[str, Any] | AlgorithmConfig, where: str = "alg
         return raw
     raw = dict(raw)
     cls = ALGORITHMS.get(raw.get("name", "ddp"), field=f"{where}.name").config_cls
+    gone = renamed_key(cls, raw, where)
+    if gone:
+        raise ValueError(gone)
     known = {f.name for f in fields(cls)}
     unknown = sorted(set(raw) - known)
     if unknown:

@@ -35,8 +35,6 @@ def test_h_below_one_is_rejected_naming_the_field():
         StreamingDiLoCoConfig(inner_steps=4, overlap_steps=4)
     with pytest.raises(ValueError, match="algorithm.outer_optimizer.nesterov=true needs algorithm.outer_optimizer.momentum"):
         DiLoCoConfig(outer_optimizer=OuterOptimizerConfig(momentum=0.0))
-    with pytest.raises(ValueError, match="algorithm.outer_optimizer.nesterov=true needs"):  # the old flat key
-        DiLoCoConfig(outer_momentum=0.0)
     with pytest.raises(ValueError, match="algorithm.quantization='int8'.*allowed"):
         StreamingDiLoCoConfig(quantization="int8")
 

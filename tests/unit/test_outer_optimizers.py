@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from decentrain.algorithms.base import algorithm_config
 from decentrain.algorithms.common.outer import OuterOptimizer, noloco_step_
 from decentrain.algorithms.common.outer_optimizers import OUTER_OPTIMIZERS, OuterOptimizerConfig
 from decentrain.algorithms.diloco import DiLoCoConfig, StreamingDiLoCo, StreamingDiLoCoConfig
@@ -88,11 +89,14 @@ def test_bad_values_fail_in_one_line_naming_field_and_range(kwargs, message) -> 
     assert str(e.value).startswith(message) and "\n" not in str(e.value)
 
 
-def test_every_family_takes_the_section_and_the_old_flat_keys() -> None:
+def test_every_family_takes_the_section_and_the_old_flat_keys_fail_naming_the_new_one() -> None:
     assert DiLoCoConfig().outer_optimizer == OuterOptimizerConfig("sgd", 0.7, 0.9, True)
     assert NoLoCoConfig().outer_optimizer == OuterOptimizerConfig("noloco", 0.7, 0.5, False)
-    old = DiLoCoConfig(outer_lr=0.5, outer_momentum=0.8, nesterov=False)
-    assert old.outer_optimizer == OuterOptimizerConfig("sgd", 0.5, 0.8, False) and old.outer_lr is None
+    for old, new in (("outer_lr", "lr"), ("outer_momentum", "momentum"), ("nesterov", "nesterov")):
+        with pytest.raises(ValueError, match=rf"^algorithm.{old} was removed; use algorithm.outer_optimizer.{new}$"):
+            algorithm_config({"name": "diloco", old: 0.5})
+    with pytest.raises(ValueError, match=r"^job.algorithm.outer_lr was removed; use job.algorithm.outer_optimizer.lr$"):
+        algorithm_config({"name": "noloco", "outer_lr": 0.5}, where="job.algorithm")
     with pytest.raises(ValueError, match="algorithm.gamma=0.2 .* allowed: algorithm.outer_optimizer.name=noloco"):
         NoLoCoConfig(gamma=0.2, outer_optimizer=OuterOptimizerConfig("sgd"))
 

@@ -12,9 +12,8 @@ from __future__ import annotations
 import math
 import statistics
 from collections import deque
-import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -34,21 +33,15 @@ class InnerOuterConfig(AlgorithmConfig):
     # partners reach the sync together; every worker still runs the same number of rounds.
     adaptive_inner_steps: bool = False
     min_inner_steps: int = 1
-    # the flat keys from before algorithm.outer_optimizer, still accepted: folded into it, then null
-    outer_lr: float | None = None  # outer_optimizer.lr
-    outer_momentum: float | None = None  # outer_optimizer.momentum
-    nesterov: bool | None = None  # outer_optimizer.nesterov
+    # the flat keys from before algorithm.outer_optimizer
+    RENAMED: ClassVar[dict[str, str]] = {"outer_lr": "outer_optimizer.lr", "outer_momentum": "outer_optimizer.momentum",
+                                         "nesterov": "outer_optimizer.nesterov"}
 
     def __post_init__(self) -> None:
         if self.inner_steps < 1:
             raise ValueError(f"algorithm.inner_steps={self.inner_steps} (H) must be >= 1")
         if isinstance(self.outer_optimizer, dict):  # built in Python with a plain dict
             self.outer_optimizer = OuterOptimizerConfig(**self.outer_optimizer)
-        aliases = {"outer_lr": "lr", "outer_momentum": "momentum", "nesterov": "nesterov"}
-        changes = {new: getattr(self, old) for old, new in aliases.items() if getattr(self, old) is not None}
-        if changes:  # replace() checks the section again with the aliases' values
-            self.outer_optimizer = dataclasses.replace(self.outer_optimizer, **changes)
-            self.outer_lr = self.outer_momentum = self.nesterov = None
         if not 1 <= self.min_inner_steps <= self.inner_steps:
             raise ValueError(
                 f"algorithm.min_inner_steps={self.min_inner_steps} must be in [1, algorithm.inner_steps={self.inner_steps}]"
