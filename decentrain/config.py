@@ -18,12 +18,14 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from decentrain.algorithms import ddp, diloco, noloco, sparseloco  # noqa: F401  (register "ddp", "diloco", "streaming_diloco", "noloco", "sparseloco")
-from decentrain.algorithms.base import ALGORITHMS, algorithm_config, renamed_key
+from decentrain.algorithms.base import ALGORITHMS, renamed_key
 from decentrain.algorithms.common.config import LoopConfig, TrainConfig, check_data_fits, check_run_dir, validate
-from decentrain.algorithms.common.engines import SCHEDULES, EngineConfig, OptimConfig
-from decentrain.algorithms.common.transports import TRANSPORTS, transport_config
+from decentrain.algorithms.common.engines import ENGINES, SCHEDULES, OptimConfig
+from decentrain.algorithms.common.outer_optimizers import OUTER_OPTIMIZERS
+from decentrain.algorithms.common.transports import TRANSPORTS
 from decentrain.core.launch_config import LAUNCHERS, LauncherConfig
 from decentrain.core.metrics import LoggerConfig
+from decentrain.core.typed import typed
 from decentrain.data.blocks import DataConfig
 from decentrain.models.factory import ModelConfig
 
@@ -32,31 +34,15 @@ __all__ = ["LAUNCHERS", "SCHEDULES", "LauncherConfig", "LoopConfig", "OptimConfi
            "check_overrides", "check_run_dir", "config_from_dict", "register_configs", "register_hdee_configs", "validate"]
 
 
-def _typed(cls: type, values: dict[str, Any], where: str):
-    """Build dataclass `cls` from a plain dict; unknown keys and bad types fail naming the field."""
-    known = {f.name for f in fields(cls)}
-    unknown = sorted(set(values) - known)
-    if unknown:
-        raise ValueError(f"{where}: unknown field(s) {unknown}; allowed: {sorted(known)}")
-    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(cls), values))
-
-
 def config_from_dict(raw: dict[str, Any]) -> TrainConfig:
-    """The recipe's one conversion: a resolved plain dict (from Hydra) to typed dataclasses."""
+    """The recipe's one conversion: a resolved plain dict (from Hydra) to typed dataclasses (core/typed.py)."""
     raw = dict(raw)
-    algo_raw = dict(raw.pop("algorithm", None) or {"name": "ddp"})
-    sections = {f.name: f for f in fields(TrainConfig)}
-    unknown = sorted(set(raw) - set(sections))
+    sections = {f.name for f in fields(TrainConfig)}
+    unknown = sorted(set(raw) - sections)
     if unknown:
         raise ValueError(f"unknown top-level config key(s) {unknown}; allowed: {sorted(sections)}")
-    kwargs: dict[str, Any] = {"algorithm": algorithm_config(algo_raw), "transport": transport_config(raw.get("transport"))}
-    for name in ("model", "data", "logger", "launcher", "optim", "train", "engine"):
-        cls = type(sections[name].default_factory())
-        kwargs[name] = _typed(cls, dict(raw.get(name) or {}), name)
-    for name in ("run_dir", "resume", "experiment"):
-        if name in raw:
-            kwargs[name] = raw[name]
-    return TrainConfig(**kwargs)
+    raw["algorithm"] = dict(raw.get("algorithm") or {"name": "ddp"})
+    return typed(TrainConfig, raw)
 
 
 def register_configs() -> None:
@@ -67,11 +53,14 @@ def register_configs() -> None:
     cs.store(name="train_schema", node=TrainConfig)
     for name in ALGORITHMS.names():
         cs.store(group="algorithm", name=f"{name}_schema", node=ALGORITHMS.get(name).config_cls)
+    for name in OUTER_OPTIMIZERS.names():  # conf/algorithm/outer_optimizer/*.yaml extend a rule's own config class
+        cs.store(group="algorithm/outer_optimizer", name=f"{name}_schema", node=OUTER_OPTIMIZERS.get(name).config_cls)
     for name in TRANSPORTS.names():  # conf/transport/<name>.yaml extends its entry's own config class
         cs.store(group="transport", name=f"{name}_schema", node=TRANSPORTS.get(name).config_cls)
-    for group, cls in (("model", ModelConfig), ("data", DataConfig), ("logger", LoggerConfig), ("launcher", LauncherConfig),
-                       ("engine", EngineConfig)):
+    for group, cls in (("model", ModelConfig), ("data", DataConfig), ("logger", LoggerConfig), ("launcher", LauncherConfig)):
         cs.store(group=group, name=f"{group}_schema", node=cls)
+    for name in ENGINES.names():  # conf/engine/*.yaml extend the engine's own config class
+        cs.store(group="engine", name=f"{name}_schema", node=ENGINES.get(name).config_cls)
 
 
 def register_hdee_configs() -> None:

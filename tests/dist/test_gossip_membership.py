@@ -36,7 +36,7 @@ def _noloco_run(world, rounds, lagger, lag_round, lag_s, stop):
     model = torch.nn.Linear(4, 4)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     stall = {"stall_s": 0.8 if stop else None} if "stall_s" in NoLoCoConfig.__dataclass_fields__ else {}  # (old code: none)
-    cfg = NoLoCoConfig(inner_steps=1, outer_optimizer=OuterOptimizerConfig("noloco", 0.5, 0.5, False), deadline_s=DEADLINE, full_duplex=False,
+    cfg = NoLoCoConfig(inner_steps=1, outer_optimizer=OuterOptimizerConfig("noloco", 0.5, 0.5), deadline_s=DEADLINE, full_duplex=False,
                        pairing_seed=5, **stall)
     algo = NoLoCo(cfg, world)
     algo.on_train_start(model, opt)

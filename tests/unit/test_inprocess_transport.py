@@ -50,7 +50,7 @@ def test_noloco_forms_the_partner_mean_in_fp32_for_bf16_weights():
     from decentrain.core.world import World
 
     hub = InProcessHub(2)
-    cfg = NoLoCoConfig(inner_steps=1, outer_optimizer=OuterOptimizerConfig("noloco", 0.5, 0.0, False), stall_s=None)
+    cfg = NoLoCoConfig(inner_steps=1, outer_optimizer=OuterOptimizerConfig("noloco", 0.5, 0.0), stall_s=None)
 
     def replica(rank):
         model = torch.nn.Linear(1, 1, bias=False).to(torch.bfloat16)

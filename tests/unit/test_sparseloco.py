@@ -5,7 +5,7 @@ import torch
 
 from decentrain.algorithms.sparseloco import SparseLoCo, SparseLoCoConfig
 from decentrain.core.world import World
-from decentrain.algorithms.common.outer_optimizers import OuterOptimizerConfig
+from decentrain.algorithms.common.outer_optimizers import SGDConfig
 
 
 def _model(values):
@@ -33,7 +33,7 @@ def test_config_errors_name_the_field_and_range(kw, msg):
 
 
 def test_outer_step_applies_the_decoded_topk_and_keeps_the_rest_as_error():
-    cfg = SparseLoCoConfig(inner_steps=2, outer_optimizer=OuterOptimizerConfig("sgd", 0.5, 0.0, False), tiling="flat", chunk_size=4, topk=1, bits=2, ef_decay=0.5,
+    cfg = SparseLoCoConfig(inner_steps=2, outer_optimizer=SGDConfig(lr=0.5, momentum=0.0, nesterov=False), tiling="flat", chunk_size=4, topk=1, bits=2, ef_decay=0.5,
                            quantizer="maxabs")
     model = _model([1.0, 1.0, 1.0, 1.0])
     algo = SparseLoCo(cfg, World())

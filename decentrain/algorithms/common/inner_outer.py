@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 import torch
 
 from decentrain.algorithms.base import Algorithm, AlgorithmConfig
-from decentrain.algorithms.common.outer_optimizers import OuterOptimizerConfig
+from decentrain.algorithms.common.outer_optimizers import OuterOptimizerConfig, outer_optimizer_config
 from decentrain.algorithms.common.replicas import broadcast_parameters, check_replicas_match
 from decentrain.algorithms.common.speed import DeviceTimer
 from decentrain.algorithms.common.transports import DEFAULT_DOOR, TRANSPORTS, TransportConfig
@@ -40,8 +40,9 @@ class InnerOuterConfig(AlgorithmConfig):
     def __post_init__(self) -> None:
         if self.inner_steps < 1:
             raise ValueError(f"algorithm.inner_steps={self.inner_steps} (H) must be >= 1")
-        if isinstance(self.outer_optimizer, dict):  # built in Python with a plain dict
-            self.outer_optimizer = OuterOptimizerConfig(**self.outer_optimizer)
+        # the rule's own config class (from a dict, or a default naming the rule), η and μ defaulting to ours
+        default = type(self).__dataclass_fields__["outer_optimizer"].default_factory()
+        self.outer_optimizer = outer_optimizer_config(self.outer_optimizer, default)
         if not 1 <= self.min_inner_steps <= self.inner_steps:
             raise ValueError(
                 f"algorithm.min_inner_steps={self.min_inner_steps} must be in [1, algorithm.inner_steps={self.inner_steps}]"

@@ -44,7 +44,7 @@ class NoLoCoConfig(InnerOuterConfig):
     inner_steps: int = 50  # reference: H=50, η=0.7, μ=0.5
     # lr: η = β, weight of the pair's pseudo-gradient; momentum: μ (the paper's α). name=noloco is the
     # paper's own form; any other outer optimizer steps on g = φ − θ̄ (γ = β only)
-    outer_optimizer: OuterOptimizerConfig = field(default_factory=lambda: OuterOptimizerConfig("noloco", 0.7, 0.5, False))
+    outer_optimizer: OuterOptimizerConfig = field(default_factory=lambda: OuterOptimizerConfig("noloco", 0.7, 0.5))
     gamma: float | None = None  # weight of the pull towards the pair's mean φ; None: γ = β
     # None: the official NoLoCo partner sequence, default_rng(k·H + 1) at the k-th sync (H = inner_steps);
     # an int: decentrain's own seeded stream default_rng([seed, round]), not the reference one

@@ -14,15 +14,14 @@ package's own module list, no import list to edit), plus conf/transport/<name>.y
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
-
-from omegaconf import OmegaConf
 
 from decentrain.algorithms.base import ALGORITHMS, Algorithm
 from decentrain.core.registry import Registry, discover
 from decentrain.core.transport import Transport
+from decentrain.core.typed import typed
 from decentrain.core.world import World
 
 FIELD = "transport"
@@ -37,6 +36,10 @@ class TransportConfig:
     """The `transport` section; each entry subclasses it with its own fields."""
 
     name: str | None = None  # null: LAUNCHER_DOORS[launcher.fault_tolerance]
+
+    @classmethod
+    def convert(cls, raw: Mapping[str, Any], where: str = FIELD, default: "TransportConfig | None" = None):
+        return transport_config(raw)
 
 
 class Door:
@@ -90,11 +93,7 @@ def transport_config(raw: Mapping[str, Any] | TransportConfig | None) -> Transpo
     raw = dict(raw or {})
     name = raw.get("name")
     cls = TransportConfig if name is None else TRANSPORTS.get(name, field=f"{FIELD}.name").config_cls
-    known = {f.name for f in fields(cls)}
-    unknown = sorted(set(raw) - known)
-    if unknown:
-        raise ValueError(f"{FIELD}: unknown field(s) {unknown}; allowed: {sorted(known)}")
-    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(cls), raw))
+    return typed(cls, raw, FIELD)
 
 
 discover(__name__, __path__)  # every entry module of this package registers itself
