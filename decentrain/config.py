@@ -3,7 +3,7 @@
 Schemas live next to what they build (ModelConfig in models/, DataConfig in data/,
 TrainConfig/LoopConfig in algorithms/common/config.py, OptimConfig and EngineConfig in
 algorithms/common/engines/, LauncherConfig in core/, each algorithm's config in its
-package). This module imports every loop algorithm (which registers it), converts
+package). This module imports every loop algorithm (found by its registration, which it runs), converts
 Hydra's resolved dict into those dataclasses once, and registers the schemas with
 Hydra's ConfigStore. Nothing in decentrain/ imports it; recipes, tests and benchmarks do.
 """
@@ -17,7 +17,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from decentrain.algorithms import ddp, diloco, noloco, sparseloco  # noqa: F401  (register "ddp", "diloco", "streaming_diloco", "noloco", "sparseloco")
+import decentrain.algorithms as algorithms
 from decentrain.algorithms.base import ALGORITHMS, renamed_key
 from decentrain.algorithms.common.config import LoopConfig, TrainConfig, check_data_fits, check_run_dir, validate
 from decentrain.algorithms.common.engines import ENGINES, SCHEDULES, OptimConfig
@@ -25,9 +25,14 @@ from decentrain.algorithms.common.outer_optimizers import OUTER_OPTIMIZERS
 from decentrain.algorithms.common.transports import TRANSPORTS
 from decentrain.core.launch_config import LAUNCHERS, LauncherConfig
 from decentrain.core.metrics import LoggerConfig
+from decentrain.core.registry import discover_marked
 from decentrain.core.typed import typed
 from decentrain.data.blocks import DataConfig
 from decentrain.models.factory import ModelConfig
+
+# every loop algorithm registers itself: the modules under algorithms/ that use the decorator are imported
+# (ddp, diloco, streaming_diloco, noloco, sparseloco); adding one is a module plus conf/algorithm/<name>.yaml
+LOOP_ALGORITHM_MODULES = discover_marked(algorithms.__name__, Path(algorithms.__file__).parent, ("@register_algorithm(",))
 
 # callers above the library (recipes, tests, benchmarks) import the run's schemas from here
 __all__ = ["LAUNCHERS", "SCHEDULES", "LauncherConfig", "LoopConfig", "OptimConfig", "TrainConfig", "check_data_fits",

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
-from typing import Callable, Generic, Iterable, TypeVar
+from pathlib import Path
+from typing import Callable, Generic, Iterable, Sequence, TypeVar
 
 T = TypeVar("T")
 
@@ -46,6 +47,26 @@ def discover(package: str, path: Iterable[str]) -> list[str]:
     starts with `_` are helpers, not entries. Returns the modules imported, sorted.
     """
     names = sorted(info.name for info in pkgutil.iter_modules(list(path)) if not info.name.startswith("_"))
+    return _import_all(package, names)
+
+
+def discover_marked(package: str, root: str | Path, markers: Sequence[str]) -> list[str]:
+    """Import every module under `root` (the directory of `package`, subpackages included) whose source
+    holds one of `markers` (e.g. a registration decorator), so that registries fill without an import list.
+
+    The names come from the package's own files; the source is only searched for the marker text.
+    Files and folders whose name starts with `_` are skipped. Returns the modules imported (dotted,
+    relative to `package`), sorted.
+    """
+    root, names = Path(root), []
+    for path in sorted(root.rglob("*.py")):
+        parts = path.relative_to(root).with_suffix("").parts
+        if not any(p.startswith("_") for p in parts) and any(m in path.read_text(encoding="utf-8") for m in markers):
+            names.append(".".join(parts))
+    return _import_all(package, names)
+
+
+def _import_all(package: str, names: list[str]) -> list[str]:
     for name in names:
-        importlib.import_module(f"{package}.{name}")  # a file of this package (see the docstring)
+        importlib.import_module(f"{package}.{name}")  # a file of this package (see the callers' docstrings)
     return names

@@ -58,6 +58,11 @@ def _direct(mod: str) -> set[str]:
         elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "discover"
               and path.name == "__init__.py"):  # core/registry.discover: the package imports each of its modules
             found |= {m for m in MODULES if m.rpartition(".")[0] == mod and not m.rpartition(".")[2].startswith("_")}
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "discover_marked"
+              and isinstance(node.args[2], ast.Tuple)):  # core/registry.discover_marked: modules holding a marker
+            markers = [c.value for c in node.args[2].elts if isinstance(c, ast.Constant)]
+            found |= {m for m, p in MODULES.items() if any(k in p.read_text() for k in markers) and p != path
+                      and not any(part.startswith("_") for part in m.split("."))}
     return {m for f in found for m in (f, *_parents(f)) if m in MODULES or m.split(".")[0] == "recipes"}
 
 
@@ -91,6 +96,7 @@ def test_the_static_graph_sees_the_imports():
     assert set(FAMILIES) >= {"ddp", "diloco", "noloco", "sapo", "hdee"}
     # a package that discovers its modules (core/registry.discover) imports every one of them
     assert "decentrain.algorithms.common.transports.torchft_groups" in closure("decentrain.algorithms.common.pretrain")
+    assert "decentrain.algorithms.sparseloco.sparseloco" in closure("decentrain.config")  # discover_marked
 
 
 def _library() -> set[str]:

@@ -73,7 +73,8 @@ def test_discovery_imports_only_the_package_s_own_module_names():
     src = (Path(decentrain.__file__).parent / "core" / "registry.py").read_text()
     calls = [n for n in ast.walk(ast.parse(src)) if isinstance(n, ast.Call) and _evaluating_call(n.func) == "import_module"]
     assert len(calls) == 1 and ast.unparse(calls[0].args[0]) == "f'{package}.{name}'"
-    assert "for info in pkgutil.iter_modules(list(path))" in src
+    assert "for info in pkgutil.iter_modules(list(path))" in src  # discover: the package's module list
+    assert 'for path in sorted(root.rglob("*.py"))' in src  # discover_marked: the package's own files
 
 
 def test_the_grep_catches_what_it_looks_for():
