@@ -37,16 +37,11 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.common import wire
+from benchmarks.harness import Harness, bench_parser, own_flags, parse, save_figure
+
 ROOT = Path(__file__).resolve().parents[1]
 WAN = ROOT / "launch" / "wan_emulation.sh"
-
-
-# --------------------------------------------------------------------------- model of the wire
-def wire(method: str, n: int, nbytes: int) -> tuple[float, float]:
-    """(messages in sequence, bytes each node uploads) for one sync of `nbytes` (what is reduced)."""
-    if method.startswith("pair"):
-        return 1.0, float(nbytes)
-    return 2.0 * (n - 1), 2.0 * (n - 1) / n * nbytes  # ring reduce-scatter + all-gather
 
 
 def fit_alpha_beta(points: list[tuple[float, float, float]]) -> tuple[float, float]:
@@ -207,9 +202,9 @@ def summarise(rows: list[dict], args: argparse.Namespace) -> dict:
 
 def table(record: dict) -> str:
     """The TXT, generated from the JSON record alone."""
-    cfg, summary, env = record["config"], record["figures"], record["environment"]
+    cfg, summary, env = record["config"], record["figures"], record["hardware"]
     big = max(cfg["sizes"])
-    lines = [f"{record['name']} @ {env['git_sha'][:12]}: {env['cpu']}, {env['cpu_count']} cores (shared; loopback times are CPU-bound)",
+    lines = [f"{record['name']} @ {record['git_sha'][:12]}: {env['cpu']}, {env['cpu_count']} cores (shared; loopback times are CPU-bound)",
              f"payload {big * 4 / 1e6:.1f} MB ({big / 1e6:.1f}M fp32 params); fragment = {cfg['fragment_share']:.3f} of it; link {cfg['rate']}, "
              f"+{cfg['delay_ms']} ms each way (emulated); TCP slow start after idle: {'on' if cfg['slow_start_after_idle'] else 'off'}; "
              f"{cfg['repeats']} timed repeats per row",
@@ -250,11 +245,11 @@ def plot(record: dict, path: Path) -> None:
         ax.set(title=f"{link}: {big * 4 / 1e6:.0f} MB sync", xlabel="workers N", ylabel="seconds", xticks=sorted({r["n"] for r in summary["rows"]}))
         ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path, dpi=120)
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = bench_parser(__doc__.splitlines()[0], seeds=None)
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--out", default="")
     ap.add_argument("--links", nargs="+", default=["loopback", "emulated"], choices=["loopback", "emulated"])
@@ -274,9 +269,10 @@ def main() -> None:
     ap.add_argument("--wan-prefix", default="dtc", help="network namespace prefix for the emulated links (WAN_PREFIX); "
                     "pick your own so another setup's namespaces are left alone")
     ap.add_argument("--delay-python", default=None, help="python with NetfilterQueue for the delay line (default: this one)")
-    args = ap.parse_args()
+    args = parse(ap)
     if args.worker:
         return worker(args)
+    hz = Harness(args.name, __file__, own_flags(args), allow_dirty=args.allow_dirty, fresh=args.fresh, smoke=args.smoke)
     if any(n % 2 for n in args.ns):
         ap.error("--ns: every N must be even (pairs)")
     if args.fragment_model:
@@ -295,16 +291,9 @@ def main() -> None:
     summary["wall_s"] = time.perf_counter() - t0
     # the pair path's checksum/copies and the userspace delay line need CPU: record what they competed with
     summary["load"] = {"nice": os.nice(0), "loadavg_start": load_start, "loadavg_end": os.getloadavg()}
-    sys.path.insert(0, str(ROOT))
-    from benchmarks.results_io import RESULTS, write_results
-
-    out = write_results(args.name, vars(args), summary)
-    record = json.loads(out.read_text())
-    txt = out.with_suffix(".txt")
-    txt.write_text(table(record) + "\n")
-    plot(record, out.with_suffix(".png"))
-    print(txt.read_text())
-    print(f"wrote {out}, {txt} and {out.with_suffix('.png')} in {summary['wall_s']:.0f}s")
+    paths = hz.write(summary, table, plot, config=own_flags(args))
+    print(paths["txt"].read_text())
+    print(f"in {summary['wall_s']:.0f}s")
 
 
 if __name__ == "__main__":

@@ -43,13 +43,12 @@ fields set in `_algorithm` (its record's `config` lists them).
 
 from __future__ import annotations
 
-import argparse
 import math
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness import Harness, fmt, header, mean_std, seeds_arg
+from benchmarks.harness import Harness, bench_parser, fmt, header, mean_std, parse, save_figure
 
 METHODS = ("diloco", "sparseloco", "noloco_c")
 # outer-lr ladder every grid is cut from (the outer optimizers accept (0, 2])
@@ -267,13 +266,11 @@ def plot(record: dict, png: Path) -> None:
         ax.set_title(f"N={f['ranks']}")
         ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(png, dpi=120)
-    plt.close(fig)
+    save_figure(fig, png, dpi=120)
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    seeds_arg(ap)
+    ap = bench_parser(__doc__.splitlines()[0], smoke={"steps": 40, "ranks": [2], "seeds": 1})
     ap.add_argument("--steps", type=int, default=640)
     ap.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
     ap.add_argument("--tune-seed", type=int, default=100)
@@ -284,7 +281,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--h-grid", nargs="+", default=[], metavar="METHOD:H,H", help="replace a method's H grid")
     ap.add_argument("--lr-start", nargs="+", default=[], metavar="METHOD:LR", help="centre a method's first lr grid on a rung")
     ap.add_argument("--name", default="compressed_sync")
-    args = ap.parse_args(argv)
+    args = parse(ap, argv)
     h_grid = {**H_GRID, **{m: tuple(int(h) for h in hs.split(",")) for m, hs in (x.split(":") for x in args.h_grid)}}
     plan = {"methods": args.methods, "h_grid": h_grid,
             "start": {**START, **{m: float(lr) for m, lr in (x.split(":") for x in args.lr_start)}}}
@@ -294,7 +291,7 @@ def main(argv: list[str] | None = None) -> None:
               "domains": ["python_stdlib", "python_docs", "licenses"], "batch": 16, "inner_lr": 1e-3, "warmup": 20,
               "eval_every": 20, "eval_seqs": 32, "topk": 64, "bits": 2, "ef_decay": 0.95, "state_topk": 32,
               "state_bits": 4, "anchor_every": 10}
-    harness = Harness(args.name, __file__, config, allow_dirty=args.allow_dirty, fresh=args.fresh)
+    harness = Harness(args.name, __file__, config, allow_dirty=args.allow_dirty, fresh=args.fresh, smoke=args.smoke)
     shared = {k: v for k, v in config.items() if k not in ("ranks", "tune_seed", "eval_seeds", "max_extend", "ladder", "plan")}
     figures: dict[str, Any] = {}
     for n in args.ranks:  # one N after the other: a run cut short still has a whole N

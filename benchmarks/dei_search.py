@@ -32,7 +32,7 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from benchmarks.harness import CACHE_DIR, Harness, config_parser, fmt, header, mean_std, parse_config
+from benchmarks.harness import CACHE_DIR, Harness, config_parser, fmt, header, mean_std, parse_config, save_figure
 
 ROOT = Path(__file__).resolve().parents[1]
 HELDOUT = ROOT / "benchmarks" / "dei_heldout"
@@ -124,8 +124,8 @@ def paired(a: list[float], b: list[float]) -> dict:
 
 def main() -> None:
     ap = config_parser(BenchConfig, __doc__)
-    cfg, seeds, allow_dirty, fresh = parse_config(ap, BenchConfig)
-    h = Harness("dei_search", __file__, {**asdict(cfg), "seeds": seeds}, allow_dirty=allow_dirty, fresh=fresh)
+    cfg, seeds, allow_dirty, fresh, smoke = parse_config(ap, BenchConfig, "smoke")
+    h = Harness("dei_search", __file__, {**asdict(cfg), "seeds": seeds}, allow_dirty=allow_dirty, fresh=fresh, smoke=smoke)
     operators = train_operators(cfg)
     jobs = [{"arm": arm, "seed": s, "cfg": asdict(cfg), "operators": operators} for s in range(seeds) for arm in ARMS]
     results = h.run_jobs(jobs, _run)
@@ -173,7 +173,7 @@ def plot(record: dict, png: Path) -> None:
         ax.set_title(title)
     fig.suptitle(f"DEI at equal total model calls ({record['git_sha'][:8]})")
     fig.tight_layout()
-    fig.savefig(png, dpi=110)
+    save_figure(fig, png, dpi=110)
 
 
 if __name__ == "__main__":

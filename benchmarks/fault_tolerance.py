@@ -46,8 +46,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness import Harness, fmt, header, mean_std, seeds_arg
-from benchmarks.results_io import read_live_jsonl
+from benchmarks.common import elastic_pid, stand_in
+from benchmarks.harness import Harness, bench_parser, fmt, header, mean_std, parse, read_live_jsonl, save_figure
 
 ROOT = Path(__file__).resolve().parents[1]
 WAN = ROOT / "launch" / "wan_emulation.sh"
@@ -162,19 +162,6 @@ def overrides(job: dict, run_dir: Path) -> list[str]:
     return out
 
 
-def elastic_pid(token: str, rank: int) -> int | None:
-    """A torch-elastic worker's pid: the live process whose environment holds this run's token and RANK."""
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-            if f"DECENTRAIN_BENCH={token}".encode() in env and f"RANK={rank}".encode() in env and \
-                    b"TORCHELASTIC_RUN_ID" in b"\0".join(env) and " Z " not in Path(f"/proc/{pid}/stat").read_text():
-                return int(pid)
-        except OSError:
-            continue
-    return None
-
-
 class Wan:
     """Emulated WAN for one run: namespaces up, a c10d store in the bridge namespace, always torn down."""
 
@@ -225,11 +212,6 @@ class Wan:
         ns, op = f"{PREFIX}{rank}", "-I" if on else "-D"
         for chain, flag in (("INPUT", "-i"), ("OUTPUT", "-o")):  # a silent outage: TCP retransmits, nothing resets
             self.sh("ip", "netns", "exec", ns, "iptables", op, chain, *(["1"] if on else []), flag, "eth0", "-j", "DROP")
-
-
-def stand_in() -> subprocess.Popen:
-    """One busy process: keeps the faulty worker's share of the cores taken while it is out."""
-    return subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
 
 
 def metrics_rows(run_dir: Path, rank: int) -> list[dict]:
@@ -413,7 +395,7 @@ def summarise(jobs: list[dict], results: list[dict], args: argparse.Namespace) -
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = bench_parser(__doc__.splitlines()[0], smoke={"links": ["loopback"], "steps": 200, "seeds": 1})
     ap.add_argument("--links", nargs="*", default=["loopback", "wan"], choices=["loopback", "wan"])
     ap.add_argument("--steps", type=int, default=1200, help="NoLoCo steps on loopback (>= 60 s of training without a fault)")
     ap.add_argument("--wan-steps", type=int, default=800, help="NoLoCo steps on the emulated WAN (slower per step)")
@@ -441,8 +423,7 @@ def main() -> None:
     ap.add_argument("--run-timeout-s", type=float, default=900)
     ap.add_argument("--runs-dir", default=str(ROOT / "runs" / "fault_tolerance"))
     ap.add_argument("--name", default="fault_tolerance")
-    seeds_arg(ap)
-    args = ap.parse_args()
+    args = parse(ap)
     if "wan" in args.links:
         if os.geteuid() != 0:
             ap.error("--links wan needs root (network namespaces)")
@@ -468,7 +449,7 @@ def main() -> None:
             jobs += [{**common, **coll, "algorithm": algo, "link": "loopback", "fault": f, "seed": seed} for f in ("none", "kill")]
     config = {**vars(args), "world": WORLD, "faulty_rank": FAULTY, "replace_scenario": with_replace,
               "model": "llama hidden 32, 2 layers, seq 32, global batch 8 (4 ranks x 2)"}
-    hz = Harness(args.name, __file__, config, allow_dirty=args.allow_dirty, fresh=args.fresh)
+    hz = Harness(args.name, __file__, config, allow_dirty=args.allow_dirty, fresh=args.fresh, smoke=args.smoke)
     results = hz.run_jobs(jobs, run_job, desc="scenarios")
     figures = summarise(jobs, results, args)
     if not with_replace:
@@ -543,7 +524,7 @@ def plot(rec: dict, png: Path) -> None:
         ax.set(title=f"{link}: NoLoCo survivors (ranks 0, 1, 3), seed 0", xlabel="seconds since rank 0's first step", ylabel="step")
         ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(png, dpi=120)
+    save_figure(fig, png, dpi=120)
 
 
 if __name__ == "__main__":

@@ -28,7 +28,6 @@ which lowers their rate (a conservative bias for the target).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import signal
@@ -40,8 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.fault_tolerance_netns import EmulatedHosts, netns_available
-from benchmarks.harness import Harness, fmt, header, mean_std
-from benchmarks.results_io import RESULTS, read_live_jsonl
+from benchmarks.harness import RESULTS, Harness, bench_parser, fmt, header, mean_std, parse, read_live_jsonl
 
 NODES, NPROC, DEAD_NODE = 3, 2, 1
 SURVIVORS, DEAD_RANKS = (0, 1, 4, 5), (2, 3)
@@ -199,20 +197,18 @@ def text(rec: dict) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = bench_parser(__doc__.splitlines()[0], seeds=2, smoke={"seeds": 1, "steps": 400})
     ap.add_argument("--steps", type=int, default=2000)  # the survivors must outlast a replacement's start-up
     ap.add_argument("--h", type=int, default=8)
     ap.add_argument("--deadline-s", type=float, default=5.0)
     ap.add_argument("--rate", default="100mbit")
-    ap.add_argument("--seeds", type=int, default=2)
-    ap.add_argument("--allow-dirty", action="store_true")
-    args = ap.parse_args()
+    args = parse(ap)
     if (why := netns_available()) is not None:
         ap.error(why)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # namespaces and processes are removed on the way out
     config = {"steps": args.steps, "h": args.h, "deadline_s": args.deadline_s, "rate": args.rate,
               "seeds": list(range(args.seeds)), "nodes": NODES, "nproc": NPROC}
-    h = Harness("fault_tolerance_hosts", __file__, config, allow_dirty=args.allow_dirty)
+    h = Harness("fault_tolerance_hosts", __file__, config, allow_dirty=args.allow_dirty, fresh=args.fresh, smoke=args.smoke)
     jobs = [{"scenario": sc, "seed": s, "steps": args.steps, "h": args.h, "deadline_s": args.deadline_s, "rate": args.rate}
             for s in config["seeds"] for sc in ("none", "kill")]
     results = h.run_jobs(jobs, run_job)

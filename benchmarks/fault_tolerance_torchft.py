@@ -35,7 +35,6 @@ gossip's).
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
@@ -48,9 +47,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from benchmarks.fault_tolerance import elastic_pid, stand_in
-from benchmarks.harness import Harness, fmt, header, mean_std, seeds_arg
-from benchmarks.results_io import read_live_jsonl
+from benchmarks.common import elastic_pid, stand_in
+from benchmarks.harness import Harness, bench_parser, fmt, header, mean_std, own_flags, parse, read_live_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
 MODES = ("ft_none", "ft_kill", "group_none", "group_restart")
@@ -272,7 +270,7 @@ def text(rec: dict) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = bench_parser(__doc__, seeds=1)
     ap.add_argument("--algorithms", nargs="+", default=["ddp", "diloco"], choices=["ddp", "diloco"])
     ap.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
     ap.add_argument("--steps", type=int, default=160)
@@ -282,13 +280,12 @@ def main() -> None:
     ap.add_argument("--timeout-s", type=float, default=1200)
     ap.add_argument("--runs-dir", default=str(ROOT / "runs" / "fault_tolerance_torchft"))
     ap.add_argument("--name", default="fault_tolerance_torchft")
-    seeds_arg(ap, default=1)
-    args = ap.parse_args()
+    args = parse(ap)
     jobs = [{"algorithm": a, "mode": m, "seed": s, "steps": args.steps, "fault_step": args.fault_step, "inner_steps": args.inner_steps,
              "checkpoint_every": args.checkpoint_every, "timeout_s": args.timeout_s, "runs_dir": args.runs_dir}
             for a in args.algorithms for s in range(args.seeds) for m in args.modes]
-    config = {k: v for k, v in vars(args).items() if k not in ("allow_dirty", "fresh")}
-    h = Harness(args.name, __file__, config, allow_dirty=args.allow_dirty, fresh=args.fresh)
+    config = own_flags(args)
+    h = Harness(args.name, __file__, config, allow_dirty=args.allow_dirty, fresh=args.fresh, smoke=args.smoke)
     results = h.run_jobs(jobs, run_job)
     paths = h.write(summarise(jobs, results), text)
     print(paths["txt"].read_text())

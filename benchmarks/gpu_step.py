@@ -22,7 +22,6 @@ Without CUDA (and without --smoke) it prints why and exits 0.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import tempfile
@@ -32,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.results_io import write_json_txt_png
+from benchmarks.harness import Harness, bench_parser, own_flags, parse, save_figure
 from decentrain.algorithms.base import ALGORITHMS
 from decentrain.algorithms.common.engines import build_optimizer
 from decentrain.algorithms.common.speed import apply_compile, autocast, resolve_precision, set_tf32, weight_dtype
@@ -208,31 +207,30 @@ def plot(fig: dict, out: Path) -> None:
     ax.set_ylabel("ms per step (mean ± std over seeds)")
     ax.set_title(f"{fig['gpu']}: ratio {fig['ratio']['mean']:.3f}")
     f.tight_layout()
-    f.savefig(out, dpi=120)
-    plt.close(f)
+    save_figure(f, out, dpi=120)
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    for name in ("micro_batch", "accum", "seq_len", "window", "windows", "seeds"):
+    p = bench_parser(__doc__, seeds=BenchConfig.seeds)
+    for name in ("micro_batch", "accum", "seq_len", "window", "windows"):
         p.add_argument(f"--{name.replace('_', '-')}", type=int, default=getattr(BenchConfig, name))
     p.add_argument("--precision", default=BenchConfig.precision, choices=["fp32", "bf16_autocast", "bf16"])
     p.add_argument("--compile", default=BenchConfig.compile, choices=["none", "model", "blocks"])
     p.add_argument("--peak-flops", type=float, default=None, help="FLOP/s of the GPU (default: looked up by name)")
-    p.add_argument("--smoke", action="store_true", help="tiny model, 2 short windows, any device; writes no results")
-    args = p.parse_args(argv)
-    b = BenchConfig(**{k: v for k, v in vars(args).items()})
+    args = parse(p, argv)  # --smoke: tiny model, 2 short windows, any device; writes no results
+    b = BenchConfig(**own_flags(args), smoke=args.smoke)
     if b.smoke:
         b.hidden_size, b.num_layers, b.num_heads, b.intermediate_size = 32, 2, 2, 64
         b.seq_len, b.micro_batch, b.window, b.windows, b.seeds, b.compile = min(b.seq_len, 64), 2, 2, 2, 2, "none"
     elif not torch.cuda.is_available():
         print("gpu_step: no CUDA device here; nothing measured (run it on a GPU machine, or --smoke to check the code path)")
         return 0
+    hz = None if b.smoke else Harness("gpu_step", __file__, asdict(b), allow_dirty=args.allow_dirty, fresh=args.fresh)
     fig = measure(b)
     print(text_table(fig))
-    if b.smoke:
+    if hz is None:
         return 0
-    write_json_txt_png("gpu_step", asdict(b), fig, text_table(fig), plot)
+    hz.write(fig, lambda rec: text_table(rec["figures"]), lambda rec, png: plot(rec["figures"], png))
     return 0
 
 

@@ -1,12 +1,21 @@
-"""The harness every reproduction benchmark shares.
+"""The harness every reproduction benchmark shares: runs, records, command line, tails.
 
 It runs each (config, seed) job once, checkpoints its result to a cache so an interrupted
 benchmark resumes where it stopped, reports mean ± std over seeds, and writes the JSON and
 then the TXT and PNG *generated from that JSON* in the same run, so they cannot disagree.
 
-The record carries the resolved config, a clean git SHA (a dirty tree is refused unless
-`allow_dirty`, and the result is then marked `not_for_commit`), versions, hardware and the
-load the runtimes were measured under. Paths are stored relative to the repository.
+Every result is one record in the one schema (`benchmarks/record.py`: `validate_record`,
+`upgrade_record`): the resolved config, a clean git SHA (a dirty tree is refused unless
+`allow_dirty`, and the result is then marked `not_for_commit`), the command line, versions,
+hardware and the load the runtimes were measured under. Paths are stored relative to the repository.
+
+One command line (`bench_parser` + `parse`): `--seeds N`, `--smoke` (the script's reduced config;
+written under runs/bench_smoke, never over a committed result), `--fresh` (ignore the run cache),
+`--allow-dirty`, then each script's own flags. Headline figures of committed results have baselines
+with tolerances (`benchmarks/baselines/`), checked by tests/unit/test_benchmark_baselines.py.
+
+    python -m benchmarks.harness --upgrade benchmarks/results/*.json   # older layouts -> the one schema
+    python -m benchmarks.harness --validate benchmarks/results/*.json
 
 A cache entry is keyed by the job's config and the git tree hashes of the code it runs
 (decentrain/, recipes/, conf/ and the benchmark script), so a resumed run never reuses a
@@ -15,11 +24,11 @@ result that older code produced, and unrelated commits (README, results) don't i
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import math
 import os
-import platform
 import statistics
 import subprocess
 import time
@@ -27,9 +36,11 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks.results_io import RESULTS
+# the record's pieces are re-exported: a script imports everything it needs from the harness
+from benchmarks.record import (RESULTS, ROOT, SCHEMA, SCHEMA_ID, _git, command_line, git_state, hardware,  # noqa: F401
+                               provenance, upgrade_record, validate_record, versions)
 
-ROOT = RESULTS.parent.parent
+SMOKE_DIR = ROOT / "runs" / "bench_smoke"  # a --smoke run writes here, never over a committed result
 CACHE_DIR = ROOT / "runs" / "bench_cache"  # runs/ is git-ignored: caches are never committed
 CODE_PATHS = ("decentrain", "recipes", "conf")
 
@@ -49,17 +60,6 @@ def fmt(ms: dict[str, Any], digits: int = 4) -> str:
 
 
 # -- git / environment ------------------------------------------------------------------
-def _git(*args: str, root: Path = ROOT) -> str:
-    return subprocess.run(["git", *args], capture_output=True, text=True, cwd=root, check=True).stdout.strip()
-
-
-def git_state(root: Path = ROOT) -> tuple[str, bool]:
-    """(HEAD sha, dirty?) where result files under benchmarks/results don't count as dirty."""
-    sha = _git("rev-parse", "HEAD", root=root)
-    status = _git("status", "--porcelain", "--", ".", ":!benchmarks/results", root=root)
-    return sha, bool(status)
-
-
 class DirtyTreeError(RuntimeError):
     pass
 
@@ -68,7 +68,8 @@ def clean_sha(allow_dirty: bool = False, root: Path = ROOT) -> tuple[str, bool]:
     """(sha, not_for_commit). Refuses a dirty tree unless allow_dirty, which marks the result."""
     sha, dirty = git_state(root)
     if dirty and not allow_dirty:
-        raise DirtyTreeError("the working tree has uncommitted changes: commit them first (or pass --allow-dirty: "
+        raise DirtyTreeError(f"the working tree {'has uncommitted changes' if sha != 'unknown' else 'is not a readable git checkout'}"
+                             ": commit them first (or pass --allow-dirty: "
                              "the result is then marked not_for_commit)")
     return sha, dirty
 
@@ -81,43 +82,13 @@ def code_version(script: str | Path, root: Path = ROOT) -> str:
             parts.append(_git("rev-parse", f"HEAD:{p}", root=root))
         except subprocess.CalledProcessError:
             parts.append("missing:" + p)
-    diff = _git("diff", "HEAD", "--", *CODE_PATHS, str(relpath(script, root)), root=root)
+    try:
+        diff = _git("diff", "HEAD", "--", *CODE_PATHS, str(relpath(script, root)), root=root)
+    except (OSError, subprocess.CalledProcessError):  # no git here: the key still names the script
+        diff = Path(script).read_text() if Path(script).exists() else ""
     if diff:  # uncommitted code must not share a cache key with HEAD's (other dirty files don't matter)
         parts.append(diff)
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
-
-
-def hardware() -> dict[str, Any]:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    out: dict[str, Any] = {"cpu": cpu, "cpu_count": os.cpu_count(), "platform": platform.platform()}
-    try:
-        out["load_avg_at_start"] = list(os.getloadavg())
-    except OSError:
-        pass
-    try:
-        import torch
-
-        out["cuda"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
-    except ImportError:
-        out["cuda"] = None
-    return out
-
-
-def versions() -> dict[str, str]:
-    out = {"python": platform.python_version()}
-    for mod in ("torch", "transformers", "numpy"):
-        try:
-            out[mod] = __import__(mod).__version__
-        except ImportError:
-            pass
-    return out
 
 
 # -- paths ------------------------------------------------------------------------------
@@ -189,15 +160,17 @@ class Harness:
     """One benchmark's run: jobs through the cache, then JSON -> TXT + PNG."""
 
     def __init__(self, name: str, script: str | Path, config: dict[str, Any], *, allow_dirty: bool = False,
-                 cache_dir: Path = CACHE_DIR, root: Path = ROOT, fresh: bool = False):
+                 cache_dir: Path = CACHE_DIR, root: Path = ROOT, fresh: bool = False, smoke: bool = False):
         self.name, self.root = name, root
+        self.smoke = smoke
         self.config = relativize(config, root)
-        self.sha, self.not_for_commit = clean_sha(allow_dirty, root)
+        self.sha, self.dirty = clean_sha(allow_dirty or self.smoke, root)
+        self.not_for_commit = self.dirty or self.smoke
         self.code = code_version(script, root)
         self.cache = RunCache(cache_dir / f"{name}.jsonl")
         if fresh:
             self.cache.entries.clear()
-        self.started = hardware()
+        self.provenance = provenance(self.sha, self.dirty, smoke=self.smoke)  # hardware and load at the start
         self.reused = 0
         self.t0 = time.perf_counter()
         self.job_seconds: list[float] = []  # every job's own run time, cached ones included
@@ -245,30 +218,43 @@ class Harness:
         return [self.cache.get(k) for k in keys]
 
     def record(self, figures: dict[str, Any]) -> dict[str, Any]:
-        return {
+        """The one schema's record (benchmarks/record.py) of this run's figures."""
+        wall = time.perf_counter() - self.t0
+        ran_jobs = bool(self.job_seconds) or self.untimed > 0
+        rec = {
+            "schema": SCHEMA_ID,
             "name": self.name,
             "config": self.config,
-            "git_sha": self.sha,
-            "not_for_commit": self.not_for_commit,
+            **self.provenance,
             "code_version": self.code,
-            "versions": versions(),
-            "hardware": self.started,
             "runs_reused_from_cache": self.reused,
-            # seconds of all runs behind the figures (resumed ones included), measured on `hardware`
-            "compute_s": sum(self.job_seconds), "runs_untimed": self.untimed,
-            "wall_s_this_invocation": time.perf_counter() - self.t0,
+            # seconds of all runs behind the figures (resumed ones included), measured on `hardware`;
+            # a benchmark that runs no harness jobs computed for the whole invocation
+            "compute_s": sum(self.job_seconds) if ran_jobs else wall, "runs_untimed": self.untimed,
+            "wall_s_this_invocation": wall,
             "figures": relativize(figures, self.root),
         }
+        return rec
 
     def write(self, figures: dict[str, Any], text_fn: Callable[[dict], str], plot_fn: Callable[[dict, Path], None] | None = None,
-              results_dir: Path = RESULTS) -> dict[str, Path]:
-        """Write <name>.json, then <name>.txt and <name>.png generated from the JSON just written."""
+              results_dir: Path | None = None, config: dict[str, Any] | None = None) -> dict[str, Path]:
+        """Write <name>.json (under runs/bench_smoke for a smoke run), then <name>.txt and <name>.png generated
+        from the JSON just written. `config` replaces the config given at the start (one resolved while running)."""
+        results_dir = results_dir or (SMOKE_DIR if self.smoke else RESULTS)
+        if config is not None:
+            self.config = relativize(config, self.root)
+        text = json.dumps(self.record(figures), indent=2, default=_json_default, allow_nan=True)
         results_dir.mkdir(parents=True, exist_ok=True)
         out = results_dir / f"{self.name}.json"
         tmp = out.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(self.record(figures), indent=2, default=_json_default, allow_nan=True))
+        tmp.write_text(text)
         os.replace(tmp, out)
-        return render(out, text_fn, plot_fn)
+        paths = render(out, text_fn, plot_fn)
+        print("wrote " + ", ".join(relpath(p, self.root) for p in paths.values()))
+        errors = validate_record(json.loads(text))
+        if errors:  # a harness bug (the record is built here); raised after writing, so no run is lost
+            raise ValueError(f"{self.name}: record breaks the schema: {errors}")
+        return paths
 
 
 def _timed(fn: Callable[[dict[str, Any]], Any], job: dict[str, Any]) -> tuple[Any, float]:
@@ -297,7 +283,7 @@ def reanalyse(json_path: Path, figures_fn: Callable[[dict], dict[str, Any]], tex
               plot_fn: Callable[[dict, Path], None] | None = None, allow_dirty: bool = False) -> dict[str, Path]:
     """Recompute a result's figures from its own per-run data (`figures_fn(record)`), running nothing: the runs'
     provenance (git_sha, hardware, compute) stays, `analysis_git_sha` names the code that computed the figures."""
-    rec = json.loads(Path(json_path).read_text())
+    rec = load_record(json_path)  # an older layout comes back in the one schema
     rec["figures"] = figures_fn(rec)
     sha, dirty = clean_sha(allow_dirty)
     rec["analysis_git_sha"] = sha + ("-dirty" if dirty else "")
@@ -315,7 +301,7 @@ def header(record: dict) -> str:
     lines = [f"{record['name']} @ {record['git_sha'][:12]}" + ("  (NOT FOR COMMIT: dirty tree)" if record.get("not_for_commit") else ""),
              f"hardware: {hw.get('cpu')}, {hw.get('cpu_count')} cores" + (f", load avg at start {load[0]:.1f}" if load else "")
              + ("  (runtimes measured on a shared, loaded machine)" if load and load[0] > (hw.get("cpu_count") or 1) else ""),
-             f"runs reused from cache: {record.get('runs_reused_from_cache', 0)}; compute {record.get('compute_s', 0) / 60:.1f} min"
+             f"runs reused from cache: {record.get('runs_reused_from_cache', 0)}; compute {(record.get('compute_s') or 0) / 60:.1f} min"
              + (f" ({record['runs_untimed']} runs untimed)" if record.get("runs_untimed") else "")]
     return "\n".join(lines)
 
@@ -328,26 +314,136 @@ def _json_default(o: Any) -> Any:
     return str(o)
 
 
-def config_parser(config_cls, doc: str | None):
-    """An argument parser with one `--flag` per field of the benchmark's dataclass config, plus `seeds_arg`."""
-    import argparse
-    from dataclasses import asdict
-
+# -- the one command line ---------------------------------------------------------------
+def bench_parser(doc: str | None, *, seeds: int | None = 3, smoke: dict[str, Any] | None = None, config_cls=None,
+                 seed_lists: bool = False) -> argparse.ArgumentParser:
+    """The one command line of every benchmark: `--seeds N` (seeds 0..N-1; omitted where a benchmark has no
+    seeds), `--smoke`, `--fresh`, `--allow-dirty`, one `--flag` per field of `config_cls` if given; each script
+    adds its own flags on top. `smoke` holds the flag defaults a smoke run uses (flags given still win);
+    `seed_lists` also takes an explicit `--seeds 0,2,5` (read it with `seed_list`)."""
     ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
-    for f, v in asdict(config_cls()).items():
-        ap.add_argument(f"--{f.replace('_', '-')}", type=type(v), default=v)
-    seeds_arg(ap)
+    if config_cls is not None:
+        from dataclasses import asdict
+
+        for f, v in asdict(config_cls()).items():
+            ap.add_argument(f"--{f.replace('_', '-')}", type=type(v), default=v)
+    if seeds is not None:
+        ap.add_argument("--seeds", type=_seeds_value if seed_lists else _seed_count, default=seeds,
+                        help="number of seeds (0..S-1) per reported setting" + (", or a list 0,2,5" if seed_lists else ""))
+    ap.add_argument("--smoke", action="store_true",
+                    help="a quick check of the whole path; writes under runs/bench_smoke, never benchmarks/results"
+                    + ("" if smoke else " (this benchmark has no reduced config: it runs the full protocol)"))
+    ap.add_argument("--allow-dirty", action="store_true", help="run on a dirty tree; the result is marked not_for_commit")
+    ap.add_argument("--fresh", action="store_true", help="ignore this benchmark's run cache")
+    ap.set_defaults(_smoke_defaults=smoke or {})
     return ap
+
+
+def parse(ap: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """`ap`'s arguments; with --smoke, the smoke defaults apply (flags given explicitly still win)."""
+    args = ap.parse_args(argv)
+    if args.smoke:
+        smoke = args._smoke_defaults
+        plain = {k: ap.get_default(k) for k in smoke}
+        ap.set_defaults(**smoke)
+        args = ap.parse_args(argv)
+        ap.set_defaults(**plain)  # the parser itself is left as it was
+    del args._smoke_defaults
+    return args
+
+
+def own_flags(args: argparse.Namespace) -> dict[str, Any]:
+    """A script's flags as its config: the harness's own (--smoke, --allow-dirty, --fresh) are not the benchmark's."""
+    return {k: v for k, v in vars(args).items() if k not in ("smoke", "allow_dirty", "fresh")}
+
+
+def _seed_count(text: str) -> int:
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{n}: at least one seed")
+    return n
+
+
+def _seeds_value(text: str) -> int | list[int]:
+    """N (seeds 0..N-1) or an explicit list `0,2,5` (one seed alone: `5,`)."""
+    return [int(x) for x in text.split(",") if x.strip()] if "," in text else _seed_count(text)
+
+
+def seed_list(seeds: int | list[int]) -> list[int]:
+    """`--seeds` as the seeds themselves: N is 0..N-1, a list is itself."""
+    return list(range(seeds)) if isinstance(seeds, int) else list(seeds)
+
+
+def config_parser(config_cls, doc: str | None, smoke: dict[str, Any] | None = None) -> argparse.ArgumentParser:
+    """`bench_parser` with one `--flag` per field of the benchmark's dataclass config."""
+    return bench_parser(doc, config_cls=config_cls, smoke=smoke)
 
 
 def parse_config(ap, config_cls, *extras: str) -> tuple:
     """(config, seeds, allow_dirty, fresh, *extras) from `config_parser`'s parser (extras: other flags' dests)."""
-    args = vars(ap.parse_args())
+    args = vars(parse(ap))
     rest = [args.pop(k) for k in ("seeds", "allow_dirty", "fresh", *extras)]
+    args.pop("smoke", None)  # a script that reads it names it in extras
     return (config_cls(**args), *rest)
 
 
-def seeds_arg(ap, default: int = 3) -> None:
-    ap.add_argument("--seeds", type=int, default=default, help="number of seeds (0..S-1) per reported setting")
-    ap.add_argument("--allow-dirty", action="store_true", help="run on a dirty tree; the result is marked not_for_commit")
-    ap.add_argument("--fresh", action="store_true", help="ignore this benchmark's run cache")
+# -- shared tails -----------------------------------------------------------------------
+def save_figure(fig, png: Path, dpi: int = 120) -> None:
+    """The plotting tail: save a benchmark's figure beside its JSON and free it."""
+    import matplotlib.pyplot as plt
+
+    fig.savefig(png, dpi=dpi)
+    plt.close(fig)
+
+
+def read_live_jsonl(path: Path) -> list[dict]:
+    """Rows of a JSONL file another process may still be writing: no file is no rows, and a
+    half-written last line is skipped (core.metrics.read_jsonl is for finished files)."""
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            pass
+    return out
+
+
+def load_record(path: Path) -> dict[str, Any]:
+    """A result JSON in the one schema (an older layout is upgraded as it is read)."""
+    return upgrade_record(json.loads(Path(path).read_text()))
+
+
+def upgrade_files(paths: Iterable[Path]) -> list[str]:
+    """Rewrite each result JSON in the one schema (in place; a file already in it is left byte for byte);
+    returns the problems of records that still do not validate."""
+    problems = []
+    for p in map(Path, paths):
+        text = p.read_text()
+        rec = upgrade_record(json.loads(text))
+        out = json.dumps(rec, indent=2, allow_nan=True) + ("\n" if text.endswith("\n") else "")
+        if out != text and json.loads(text) != rec:
+            tmp = p.with_suffix(".json.tmp")
+            tmp.write_text(out)
+            os.replace(tmp, p)
+            print(f"upgraded {p}")
+        problems += [f"{p}: {e}" for e in validate_record(rec)]
+    return problems
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="The benchmark harness's own commands.")
+    ap.add_argument("--upgrade", nargs="+", metavar="JSON", help="rewrite result JSONs in the one schema (idempotent)")
+    ap.add_argument("--validate", nargs="+", metavar="JSON", help="check result JSONs against the one schema")
+    args = ap.parse_args(argv)
+    problems = upgrade_files(args.upgrade) if args.upgrade else []
+    for p in args.validate or ():
+        problems += [f"{p}: {e}" for e in validate_record(json.loads(Path(p).read_text()))]
+    for line in problems:
+        print(line)
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

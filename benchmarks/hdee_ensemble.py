@@ -25,7 +25,6 @@ domain, the same paired per-domain differences, side by side in one record.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import dataclasses
 import io
@@ -38,8 +37,7 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from benchmarks.harness import Harness, fmt, header, mean_std, reanalyse, seeds_arg
-from benchmarks.results_io import RESULTS
+from benchmarks.harness import RESULTS, Harness, config_parser, fmt, header, mean_std, parse, reanalyse, save_figure
 from decentrain.algorithms.hdee.budget import plan_costs
 from decentrain.algorithms.hdee.config import check_plan, eval_domains, hdee_config_from_dict, plan_domains
 from decentrain.config import register_hdee_configs
@@ -120,15 +118,13 @@ def run_seed(job: dict) -> dict:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    for f, v in asdict(BenchConfig()).items():
-        p.add_argument(f"--{f.replace('_', '-')}", type=type(v), default=v)
-    seeds_arg(p)
+    p = config_parser(BenchConfig, __doc__)
     p.add_argument("--parallel", type=int, default=3, help="training seeds run at once (processes)")
     p.add_argument("--probe-steps", type=int, nargs="+", default=None,
                    help="scale probe instead: homogeneous vs het_steps at each of these steps per domain")
     p.add_argument("--regenerate", action="store_true", help="re-analyse benchmarks/results/hdee_ensemble.json (no training)")
-    args = vars(p.parse_args())
+    args = vars(parse(p))
+    smoke = args.pop("smoke")
     nseeds, allow_dirty, fresh, parallel = args.pop("seeds"), args.pop("allow_dirty"), args.pop("fresh"), args.pop("parallel")
     probe, regen = args.pop("probe_steps"), args.pop("regenerate")
     bench = BenchConfig(**args)
@@ -136,7 +132,7 @@ def main() -> None:
     if regen:
         return regenerate(RESULTS / "hdee_ensemble.json", allow_dirty)
     if probe:
-        return scale_probe(bench, probe, nseeds, parallel, allow_dirty, fresh)
+        return scale_probe(bench, probe, nseeds, parallel, allow_dirty, fresh, smoke)
     configs = {v: compose_variant(bench, v, 0) for v in VARIANTS}
     budgets = {}
     for v, (_, cfg) in configs.items():
@@ -146,7 +142,7 @@ def main() -> None:
                       "runs": [{"name": c.name, "params": c.params, "tokens": c.tokens} for c in costs]}
     config = {"bench": asdict(bench), "seeds": list(range(nseeds)),
               "variants_seed0": {v: raw for v, (raw, _) in configs.items()}}
-    hz = Harness("hdee_ensemble", __file__, config, allow_dirty=allow_dirty, fresh=fresh)
+    hz = Harness("hdee_ensemble", __file__, config, allow_dirty=allow_dirty, fresh=fresh, smoke=smoke)
     runs = hz.run_jobs([{"bench": asdict(bench), "seed": s} for s in range(nseeds)], run_seed, desc="hdee seeds", parallel=parallel)
     figures = {**analyze(bench, {v: c for v, (_, c) in configs.items()}, [r["perplexity"] for r in runs]), "budget": budgets,
                "train_s": {v: mean_std([r["train_s"][v] for r in runs]) for v in VARIANTS},
@@ -214,7 +210,8 @@ def paired_diffs(runs: list[dict], plan: str, weighting: str, domains: list[str]
                                                for r in runs])}
 
 
-def scale_probe(bench: BenchConfig, budgets: list[int], nseeds: int, parallel: int, allow_dirty: bool, fresh: bool) -> None:
+def scale_probe(bench: BenchConfig, budgets: list[int], nseeds: int, parallel: int, allow_dirty: bool, fresh: bool,
+                smoke: bool = False) -> None:
     """homogeneous vs het_steps at several expert step budgets (same seed model steps), side by side."""
     variants = ["homogeneous", "het_steps"]
     benches = {s: dataclasses.replace(bench, steps=s, work_dir=f"{bench.work_dir}_probe/steps{s}") for s in budgets}
@@ -223,7 +220,7 @@ def scale_probe(bench: BenchConfig, budgets: list[int], nseeds: int, parallel: i
             check_plan(compose_variant(b, v, 0)[1])  # matched compute at every budget, before training anything
     config = {"bench": asdict(bench), "probe_steps_per_domain": budgets, "seeds": list(range(nseeds)), "variants": variants,
               "question": "at what expert step budget does heterogeneity (het_steps) start to beat homogeneous?"}
-    hz = Harness("hdee_scale_probe", __file__, config, allow_dirty=allow_dirty, fresh=fresh)
+    hz = Harness("hdee_scale_probe", __file__, config, allow_dirty=allow_dirty, fresh=fresh, smoke=smoke)
     # seed-major, so a probe cut short still has every budget at the first seeds (re-run with fewer --seeds)
     jobs = [{"bench": asdict(benches[s]), "seed": seed, "variants": variants} for seed in range(nseeds) for s in budgets]
     res = hz.run_jobs(jobs, run_seed, desc="hdee probe", parallel=parallel)
@@ -288,8 +285,7 @@ def probe_plot(rec: dict, png: Path) -> None:
     ax.legend(fontsize=7)
     ax.set_title(f"HDEE scale probe, {len(rec['config']['seeds'])} seed(s) @ {rec['git_sha'][:10]}")
     fig.tight_layout()
-    fig.savefig(png, dpi=110)
-    plt.close(fig)
+    save_figure(fig, png, dpi=110)
 
 
 def text(rec: dict) -> str:
@@ -352,8 +348,7 @@ def plot(rec: dict, png: Path) -> None:
     np.atleast_1d(axes)[0].set_ylabel("perplexity reduction vs homogeneous (%), mean ± std over seeds")
     fig.suptitle(f"HDEE per plan, {len(rec['config']['seeds'])} seeds, matched compute @ {rec['git_sha'][:10]}")
     fig.tight_layout()
-    fig.savefig(png, dpi=110)
-    plt.close(fig)
+    save_figure(fig, png, dpi=110)
 
 
 if __name__ == "__main__":

@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from benchmarks.harness import Harness, config_parser, fmt, header, mean_std, parse_config
+from benchmarks.harness import Harness, config_parser, fmt, header, mean_std, parse_config, save_figure
 
 ROOT = Path(__file__).resolve().parents[1]
 PLAN = "homogeneous"
@@ -197,11 +197,11 @@ def analyze(b: BenchConfig, sched: dict, runs: list[dict], seeds: list[int]) -> 
 def main() -> None:
     ap = config_parser(BenchConfig, __doc__)
     ap.add_argument("--parallel", type=int, default=1, help="seeds merged and scored at once (processes)")
-    b, nseeds, allow_dirty, fresh, parallel = parse_config(ap, BenchConfig, "parallel")
+    b, nseeds, allow_dirty, fresh, parallel, smoke = parse_config(ap, BenchConfig, "parallel", "smoke")
     sched = _schedule(b)
     seeds = list(range(nseeds))
     hz = Harness("hdee_merge", __file__, {"bench": asdict(b), "seeds": seeds, "experts_from": {
-        "hdee_schedule_git_sha": sched["git_sha"], "plan": PLAN, "lanes": sched["figures"]["lanes"]}}, allow_dirty=allow_dirty, fresh=fresh)
+        "hdee_schedule_git_sha": sched["git_sha"], "plan": PLAN, "lanes": sched["figures"]["lanes"]}}, allow_dirty=allow_dirty, fresh=fresh, smoke=smoke)
     tune = hz.run_jobs([{"bench": asdict(b), "seed": 0, "tune": True, "schedule_sha": sched["git_sha"]}], run_job, "tune lambda")[0]
     chosen = pick_lambda(tune["tuning"])
     jobs = [{"bench": asdict(b), "seed": s, "lambda": {p: c["lambda"] for p, c in chosen.items()}, "schedule_sha": sched["git_sha"]}
@@ -270,8 +270,7 @@ def plot(rec: dict, png: Path) -> None:
         ax.grid(alpha=0.3)
     fig.suptitle(f"HDEE experts merged into one routed model, {len(rec['config']['seeds'])} seeds @ {rec['git_sha'][:10]}")
     fig.tight_layout()
-    fig.savefig(png, dpi=110)
-    plt.close(fig)
+    save_figure(fig, png, dpi=110)
 
 
 if __name__ == "__main__":

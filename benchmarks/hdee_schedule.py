@@ -69,7 +69,7 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from benchmarks.harness import Harness, fmt, header, mean_std, config_parser, parse_config
+from benchmarks.harness import Harness, config_parser, fmt, header, mean_std, parse_config, save_figure
 from decentrain.algorithms.common.trainer import evaluate
 from decentrain.algorithms.hdee.config import check_plan, hdee_config_from_dict
 from decentrain.algorithms.hdee.evaluate import EnsembleScorer
@@ -299,12 +299,12 @@ def budget_stats(runs: list[dict], weighting: str) -> dict:
 
 
 def main() -> None:
-    ap = config_parser(BenchConfig, __doc__)
+    ap = config_parser(BenchConfig, __doc__, smoke={"budgets": "8", "seeds": 2, "seed_steps": 40})
     ap.add_argument("--parallel", type=int, default=1)
-    b, nseeds, allow_dirty, fresh, parallel = parse_config(ap, BenchConfig, "parallel")
+    b, nseeds, allow_dirty, fresh, parallel, smoke = parse_config(ap, BenchConfig, "parallel", "smoke")
     register_hdee_configs()
     budgets = [int(x) for x in b.budgets.split(",")]
-    hz = Harness("hdee_schedule", __file__, {"bench": asdict(b), "seeds": list(range(nseeds))}, allow_dirty=allow_dirty, fresh=fresh)
+    hz = Harness("hdee_schedule", __file__, {"bench": asdict(b), "seeds": list(range(nseeds))}, allow_dirty=allow_dirty, fresh=fresh, smoke=smoke)
     seed_job = hz.run_jobs([{"bench": asdict(b), "stage": "seed_model"}], lambda j: train_seed_model(BenchConfig(**j["bench"])), "seed model")[0]
     if not Path(seed_job["path"]).exists():  # the cached record outlived runs/: train it again
         seed_job = train_seed_model(b)
@@ -438,8 +438,7 @@ def plot(rec: dict, png: Path) -> None:
     bx.set(xlabel="homogeneous steps per domain", ylabel="paired mean delta log-ppl over domains", title="trend over budgets")
     fig.suptitle(f"HDEE at the paper's schedule (scaled down), {len(rec['config']['seeds'])} seeds @ {rec['git_sha'][:10]}")
     fig.tight_layout()
-    fig.savefig(png, dpi=110)
-    plt.close(fig)
+    save_figure(fig, png, dpi=110)
 
 
 if __name__ == "__main__":

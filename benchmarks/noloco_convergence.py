@@ -37,7 +37,6 @@ multi-process gloo run. The curves are the Trainer's own evaluation, logged by e
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import time
@@ -46,8 +45,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.harness import Harness, fmt, header, mean_std, seeds_arg
-from benchmarks.results_io import RESULTS
+from benchmarks.harness import RESULTS, Harness, bench_parser, fmt, header, mean_std, parse, save_figure
 
 # the tiny Llama (2 shared CPU cores); the NoLoCo paper trains 125M-6.8B
 MODEL = {"hidden": 32, "layers": 2, "heads": 2, "intermediate": 88}
@@ -226,7 +224,7 @@ def open_axes(point: tuple[int, int], seen: set) -> list[str]:
 # -- communication model (secondary) ----------------------------------------------------
 def comm_per_step(algo: str, n: int, h: int, params: int, fits: dict) -> tuple[float, float]:
     """(bytes each node uploads, emulated-WAN seconds) per inner step, fp32 weights."""
-    from benchmarks.comm_sync import wire
+    from benchmarks.common import wire
 
     nbytes = 4 * params
     method, every = {"noloco": ("pair", h), "diloco": ("ring", h), "ddp": ("ring", 1)}[algo]
@@ -322,7 +320,8 @@ def analyse(res: dict, n: int, seeds: list[int], params: int, h: int, steps: int
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = bench_parser(__doc__.splitlines()[0],
+                      smoke={"workers": [4], "inner_steps": 2, "steps": 16, "grid_rounds": 2, "seeds": 2})
     ap.add_argument("--workers", type=int, nargs="+", default=[8], help="N replicas; the grid runs at the first (8 16: N=16 too)")
     ap.add_argument("--inner-steps", type=int, default=8, help="NoLoCo's H (DiLoCo gets 2H and H); paper 50 vs 100")
     ap.add_argument("--steps", type=int, default=640, help="inner steps of every run (a multiple of 2H)")
@@ -336,8 +335,7 @@ def main() -> None:
     ap.add_argument("--grid-rounds", type=int, default=2, help="pattern-search rounds of each arm's grid (round 0: 5 points)")
     ap.add_argument("--pairing-seed", type=int, default=-1, help="NoLoCo partner stream; -1: the official sequence")
     ap.add_argument("--parallel", type=int, default=2, help="runs at once (processes)")
-    seeds_arg(ap)
-    args = ap.parse_args()
+    args = parse(ap)
     h, steps = args.inner_steps, args.steps
     if steps % (2 * h):
         raise SystemExit(f"config error: steps={steps} must be a multiple of 2H={2 * h}")
@@ -352,7 +350,7 @@ def main() -> None:
                                                                        "rules": RULE, "max_rounds": args.grid_rounds},
               "seeds": seeds, "selection": "final val loss, mean over all replicas, tuning seed 0",
               "comm_fits": {k: fits[k] for k in ("emulated/pair", "emulated/ring")}, "emulation": "in-process replicas"}
-    hz = Harness("noloco_convergence", __file__, config, allow_dirty=args.allow_dirty, fresh=args.fresh)
+    hz = Harness("noloco_convergence", __file__, config, allow_dirty=args.allow_dirty, fresh=args.fresh, smoke=args.smoke)
 
     def make_job(arm: str, opt: dict | None, n: int, seed: int) -> dict:
         algo, mult = ARMS[arm]
@@ -536,8 +534,7 @@ def plot(rec: dict, png: Path) -> None:
         fig.colorbar(im, ax=ax, label="final val loss")
     fig.suptitle(f"{rec['name']} @ {rec['git_sha'][:10]}: NoLoCo H vs DiLoCo 2H / H, tuned; target {'met' if f['target_met'] else 'NOT met'}")
     fig.tight_layout()
-    fig.savefig(png, dpi=90)
-    plt.close(fig)
+    save_figure(fig, png, dpi=90)
 
 
 if __name__ == "__main__":

@@ -33,7 +33,6 @@ Writes results/overlap_utilisation.{json,txt,png}.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import tempfile
 import threading
@@ -43,8 +42,7 @@ from typing import Any, Sequence
 
 import torch
 
-from benchmarks.harness import clean_sha, fmt, mean_std
-from benchmarks.results_io import write_json_txt_png
+from benchmarks.harness import RESULTS, Harness, bench_parser, clean_sha, fmt, mean_std, own_flags, parse, reanalyse, save_figure
 from decentrain.core.transport import Transport, Work
 
 PAYLOAD_125M = 124_439_808 * 4  # llama_125m's parameters (conf/model/llama_125m.yaml) in fp32
@@ -305,30 +303,37 @@ def plot(figures: dict[str, Any], path: Path) -> None:
         ax.set_title(f"{m} (seed {figures['seeds'][0]})")
         ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path, dpi=120)
 
 
-def resummarise(sha: str, dirty: bool) -> None:
-    """The committed runs, summarised again (targets and costs as defined now); the runs' own SHA is kept."""
-    import json
+def text(record: dict[str, Any]) -> str:
+    figures = record["figures"]
+    out = text_report(figures, record["config"])
+    if "summary_recomputed" in figures:
+        out += f"\n(runs at {figures['git']['sha'][:12]}; summary recomputed at {figures['summary_recomputed']['sha'][:12]})"
+    return out
 
-    from benchmarks.results_io import RESULTS
 
-    record = json.loads((RESULTS / "overlap_utilisation.json").read_text())
-    config, figures = record["config"], record["figures"]
-    figures["summary"] = summarise(figures["runs"], config["methods"], figures["seeds"])
-    figures["summary_recomputed"] = {"sha": sha, "dirty": dirty}
-    figures["run_environment"] = record["environment"]  # the hardware and load the runs were measured under
-    text = text_report(figures, config) + f"\n(runs at {figures['git']['sha'][:12]}; summary recomputed at {sha[:12]})"
-    write_json_txt_png("overlap_utilisation", config, figures, text, plot)
-    print(text)
+def plot_record(record: dict[str, Any], path: Path) -> None:
+    plot(record["figures"], path)
+
+
+def resummarise(allow_dirty: bool) -> None:
+    """The committed runs, summarised again (targets and costs as defined now); the runs' provenance is kept."""
+    sha, dirty = clean_sha(allow_dirty)
+
+    def figures(record: dict[str, Any]) -> dict[str, Any]:
+        f = record["figures"]
+        f["summary"] = summarise(f["runs"], record["config"]["methods"], f["seeds"])
+        f["summary_recomputed"] = {"sha": sha, "dirty": dirty}
+        return f
+
+    print(reanalyse(RESULTS / "overlap_utilisation.json", figures, text, plot_record, allow_dirty)["txt"].read_text())
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = bench_parser(__doc__.split("\n")[0], smoke={"seeds": 1, "steps": 40})
     ap.add_argument("--methods", nargs="+", default=["diloco", "noloco"])
-    ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=240)
     ap.add_argument("--h", type=int, default=10)
     ap.add_argument("--hidden", type=int, default=32)
@@ -338,14 +343,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--rate_mbit", type=float, default=100.0)
     ap.add_argument("--one_way_ms", type=float, default=50.0)
     ap.add_argument("--sync_over_round", type=float, default=0.6)
-    ap.add_argument("--allow-dirty", action="store_true")
     ap.add_argument("--resummarise", action="store_true",
                     help="recompute the summary of the committed result's runs (no training) with this code")
-    args = ap.parse_args(argv)
-    sha, dirty = clean_sha(args.allow_dirty)
+    args = parse(ap, argv)
     if args.resummarise:
-        return resummarise(sha, dirty)
-    config = {k: v for k, v in vars(args).items() if k not in ("allow_dirty", "resummarise")}
+        return resummarise(args.allow_dirty)
+    config = {k: v for k, v in own_flags(args).items() if k != "resummarise"}
+    hz = Harness("overlap_utilisation", __file__, config, allow_dirty=args.allow_dirty, fresh=args.fresh, smoke=args.smoke)
+    sha, dirty = hz.sha, hz.dirty
     seeds = list(range(args.seeds))
     results: dict[str, list[dict[str, Any]]] = {}
     for seed in seeds:  # the variants of a seed run back to back: a paired comparison under the same load
@@ -361,8 +366,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                       f"(time x1/{r['time_compression']:.0f})", flush=True)
     figures = {"summary": summarise(results, args.methods, seeds), "runs": results, "seeds": seeds,
                "git": {"sha": sha, "dirty": dirty}}
-    write_json_txt_png("overlap_utilisation", config, figures, text_report(figures, config), plot)
-    print(text_report(figures, config))
+    print(hz.write(figures, text, plot_record)["txt"].read_text())
 
 
 if __name__ == "__main__":

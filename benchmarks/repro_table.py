@@ -11,11 +11,8 @@ protocol, departures and every figure are in the result's TXT (and in `--details
 from __future__ import annotations
 
 import argparse
-import json
-from pathlib import Path
 
-from benchmarks.harness import fmt
-from benchmarks.results_io import RESULTS
+from benchmarks.harness import RESULTS, fmt, load_record
 
 README = RESULTS.parents[1] / "README.md"
 START, END = "<!-- repro-table:start (python -m benchmarks.repro_table) -->", "<!-- repro-table:end -->"
@@ -23,19 +20,19 @@ START, END = "<!-- repro-table:start (python -m benchmarks.repro_table) -->", "<
 
 def _load(name: str) -> dict | None:
     p = RESULTS / f"{name}.json"
-    return json.loads(p.read_text()) if p.exists() else None
+    return load_record(p) if p.exists() else None
 
 
 def _runtime(rec: dict) -> str:
-    if "compute_s" in rec:
+    if rec.get("compute_s") is not None:
         return f"{rec['compute_s'] / 60:.0f} min"
     wall = rec.get("figures", {}).get("total_wall_s") or rec.get("figures", {}).get("wall_s")
     return f"{wall / 60:.0f} min" if wall else "?"
 
 
 def _provenance(rec: dict) -> str:
-    sha = rec.get("git_sha") or rec.get("environment", {}).get("git_sha", "?")
-    note = " (not for commit)" if rec.get("not_for_commit") or sha.endswith("-dirty") else ""
+    sha = rec["git_sha"]
+    note = " (not for commit)" if rec["not_for_commit"] else ""
     return f"`{sha[:10]}`{note}"
 
 

@@ -24,7 +24,6 @@ Without CUDA (and without --smoke) it prints why and exits 0.
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import statistics
 import sys
@@ -34,7 +33,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 from transformers import AutoModelForCausalLM, ByT5Tokenizer
 
-from benchmarks.results_io import write_json_txt_png
+from benchmarks.harness import Harness, bench_parser, own_flags, parse, save_figure
 from decentrain.algorithms.sapo.generation import SamplingConfig, build_generation_backend
 from decentrain.models.factory import ModelConfig, hf_config
 
@@ -180,18 +179,16 @@ def plot(fig: dict, out) -> None:
     ax.set_ylabel("new tokens/s (mean ± std over seeds)")
     ax.set_title(f"SAPO generation, {fig['device']}")
     f.tight_layout()
-    f.savefig(out, dpi=120)
-    plt.close(f)
+    save_figure(f, out, dpi=120)
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    for name in ("prompts", "generations", "prompt_bytes", "max_new_tokens", "repeats", "seeds"):
+    p = bench_parser(__doc__, seeds=GenBenchConfig.seeds)
+    for name in ("prompts", "generations", "prompt_bytes", "max_new_tokens", "repeats"):
         p.add_argument(f"--{name.replace('_', '-')}", type=int, default=getattr(GenBenchConfig, name))
     p.add_argument("--loops", nargs="+", default=list(LOOPS), choices=LOOPS)
-    p.add_argument("--smoke", action="store_true", help="tiny model, a few tokens, any device; writes no results")
-    args = p.parse_args(argv)
-    b = GenBenchConfig(**vars(args))
+    args = parse(p, argv)  # --smoke: tiny model, a few tokens, any device; writes no results
+    b = GenBenchConfig(**own_flags(args), smoke=args.smoke)
     if "decentrain" not in b.loops:
         b.loops.append("decentrain")
     if b.smoke:
@@ -200,11 +197,12 @@ def main(argv: list[str] | None = None) -> int:
     elif not torch.cuda.is_available():
         print("sapo_generation: no CUDA device here; nothing measured (run it on a GPU machine, or --smoke)")
         return 0
+    hz = None if b.smoke else Harness("sapo_generation", __file__, asdict(b), allow_dirty=args.allow_dirty, fresh=args.fresh)
     fig = measure(b)
     print(text_table(fig))
-    if b.smoke:
+    if hz is None:
         return 0
-    write_json_txt_png("sapo_generation", asdict(b), fig, text_table(fig), plot)
+    hz.write(fig, lambda rec: text_table(rec["figures"]), lambda rec, png: plot(rec["figures"], png))
     return 0
 
 

@@ -27,9 +27,10 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.harness import Harness, config_key, config_parser, fmt, header, mean_std, parse_config, reanalyse
-from benchmarks.results_io import RESULTS
-from benchmarks.sapo_swarm import LAST_EVALS, ROOT, BenchConfig as SwarmBench, _rows, _run, last_evals_mean, warm_start
+from benchmarks.common import ROOT, prompt_as_is_tokenizer, round_rows, run_module
+from benchmarks.harness import (RESULTS, Harness, config_key, config_parser, fmt, header, mean_std, parse_config, reanalyse,
+                                save_figure)
+from benchmarks.sapo_swarm import LAST_EVALS, BenchConfig as SwarmBench, last_evals_mean, warm_start
 
 GATE = 0.10
 
@@ -55,8 +56,8 @@ def node_overrides(b: BenchConfig, lr: float, seed: int, model_dir: Path, run_di
 
 
 def run_decentrain(b: BenchConfig, lr: float, seed: int, model_dir: Path, run_dir: Path) -> dict:
-    wall = _run("recipes.rl", node_overrides(b, lr, seed, model_dir, run_dir))
-    rows = _rows(run_dir / "node0" / "metrics.jsonl")
+    wall = run_module("recipes.rl", node_overrides(b, lr, seed, model_dir, run_dir))
+    rows = round_rows(run_dir / "node0" / "metrics.jsonl")
     evals = {int(r["step"]): r["heldout_greedy/mean"] for r in rows if "heldout_greedy/mean" in r}
     per_task = {int(r["step"]): {k.split("/", 1)[1]: v for k, v in r.items() if k.startswith("heldout_greedy/") and k != "heldout_greedy/mean"}
                 for r in rows if "heldout_greedy/mean" in r}
@@ -71,7 +72,6 @@ def run_trl(b: BenchConfig, lr: float, seed: int, model_dir: Path, run_dir: Path
     from transformers import AutoModelForCausalLM, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from benchmarks.sapo_round_time import prompt_as_is_tokenizer
     from decentrain.algorithms.sapo.config import SAPOConfig
     from decentrain.algorithms.sapo.evaluation import greedy_accuracy, heldout_items
     from decentrain.tasks import PromptTemplate, TaskMixture, Verifier
@@ -181,14 +181,14 @@ def main() -> None:
     ap = config_parser(BenchConfig, __doc__)
     ap.add_argument("--regenerate", action="store_true",
                     help="re-analyse benchmarks/results/sapo_learning.json's per-seed runs with this code; runs nothing")
-    b, nseeds, allow_dirty, fresh, regen = parse_config(ap, BenchConfig, "regenerate")
+    b, nseeds, allow_dirty, fresh, regen, smoke = parse_config(ap, BenchConfig, "regenerate", "smoke")
     if regen:
         print(regenerate(RESULTS / "sapo_learning.json", allow_dirty)["txt"].read_text())
         return
     swarm = SwarmBench()  # its warm start (cached under .cache/)
     hz = Harness("sapo_learning", __file__, {"bench": asdict(b), "seeds": list(range(nseeds)), "warm_start": asdict(swarm),
                                              "node_overrides_example": node_overrides(b, float(b.lrs.split(',')[0]), 0, Path("<sft>"), Path("<run>"))},
-                 allow_dirty=allow_dirty, fresh=fresh)
+                 allow_dirty=allow_dirty, fresh=fresh, smoke=smoke)
     model_dir, sft = warm_start(swarm)
     model_rel = model_dir.relative_to(ROOT).as_posix()
     lrs, systems = [float(x) for x in b.lrs.split(",")], b.systems.split(",")
@@ -299,8 +299,7 @@ def plot(rec: dict, png: Path) -> None:
         ax.legend(fontsize=7)
     fig.suptitle(f"SAPO single node vs TRL GRPOTrainer @ {rec['git_sha'][:10]}")
     fig.tight_layout()
-    fig.savefig(png, dpi=110)
-    plt.close(fig)
+    save_figure(fig, png, dpi=110)
 
 
 if __name__ == "__main__":

@@ -24,8 +24,9 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.harness import Harness, fmt, header, mean_std, seeds_arg
-from benchmarks.sapo_swarm import ROOT, BenchConfig, sft_overrides, warm_start
+from benchmarks.common import ROOT, prompt_as_is_tokenizer
+from benchmarks.harness import Harness, bench_parser, fmt, header, mean_std, parse, save_figure
+from benchmarks.sapo_swarm import BenchConfig, sft_overrides, warm_start
 
 QUESTIONS = 8
 
@@ -67,18 +68,6 @@ def sapo_round_times(model_dir: Path, args: argparse.Namespace, run_dir: Path, s
         return [node.run_round() for _ in range(args.warmup + args.steps)][args.warmup:]
     finally:
         exchange.close()
-
-
-def prompt_as_is_tokenizer(model_dir: Path):
-    """The warm start's tokenizer for TRL: TRL tokenizes plain prompts with special tokens, where ByT5
-    would append </s>; the node does not, so this one adds none."""
-    from transformers import AutoTokenizer
-
-    class PromptAsIs(type(AutoTokenizer.from_pretrained(model_dir))):
-        def build_inputs_with_special_tokens(self, token_ids_0, token_ids_1=None):
-            return token_ids_0 + (token_ids_1 or [])
-
-    return PromptAsIs.from_pretrained(model_dir)
 
 
 def trl_step_times(model_dir: Path, args: argparse.Namespace, run_dir: Path, seed: int) -> list[float]:
@@ -140,20 +129,19 @@ def run_seed(job: dict) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = bench_parser(__doc__.splitlines()[0])
     ap.add_argument("--g", type=int, default=8)
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--threads", type=int, default=2)
-    seeds_arg(ap)
-    args = ap.parse_args()
+    args = parse(ap)
     nseeds, allow_dirty, fresh = args.seeds, args.allow_dirty, args.fresh
     bench = BenchConfig()  # the sapo_swarm warm start, task mix and completion length
     cfg = {"g": args.g, "steps": args.steps, "warmup": args.warmup, "lr": args.lr, "threads": args.threads,
            "max_new_tokens": bench.max_new_tokens, "task": bench.task, "questions": QUESTIONS}
     hz = Harness("sapo_round_time", __file__, {**cfg, "seeds": list(range(nseeds)), "sft_overrides": sft_overrides(bench)},
-                 allow_dirty=allow_dirty, fresh=fresh)
+                 allow_dirty=allow_dirty, fresh=fresh, smoke=args.smoke)
     model_dir, _ = warm_start(bench)
     model_rel = model_dir.relative_to(ROOT).as_posix()
     runs = hz.run_jobs([{"args": cfg, "seed": s, "model_dir": model_rel} for s in range(nseeds)], run_seed, desc="sapo round time")
@@ -200,8 +188,7 @@ def plot(rec: dict, png: Path) -> None:
            title=f"{c['questions']} questions x G={c['g']}, CPU: ratio {fmt(f['ratio'], 2)}x")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(png, dpi=120)
-    plt.close(fig)
+    save_figure(fig, png, dpi=120)
 
 
 if __name__ == "__main__":

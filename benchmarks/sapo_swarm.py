@@ -41,22 +41,18 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import subprocess
-import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 
-from benchmarks.harness import Harness, config_key, config_parser, fmt, header, mean_std, parse_config, reanalyse
-from benchmarks.results_io import RESULTS
+from benchmarks.common import ROOT, round_rows, run_module
+from benchmarks.harness import (RESULTS, Harness, config_key, config_parser, fmt, header, mean_std, parse_config, reanalyse,
+                                save_figure)
 
-ROOT = Path(__file__).resolve().parents[1]
 PAPER = {"8/0": 561.79, "6/2": 854.43, "4/4": 1093.31, "2/6": 945.87}
 TARGET = 1.5
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline", "OMP_NUM_THREADS": "1"}
 SMOOTH = 20
 # rounds in the moving averages of curves and drawdowns
 
@@ -87,14 +83,6 @@ class BenchConfig:
     work_dir: str = "runs/bench/sapo_swarm"  # RL run dirs (git-ignored)
 
 
-def _run(module: str, overrides: list[str]) -> float:
-    t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", module, *overrides], cwd=ROOT, env=ENV, capture_output=True, text=True)
-    if proc.returncode:
-        raise RuntimeError(f"{module} {overrides} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
-    return time.perf_counter() - t0
-
-
 def sft_overrides(b: BenchConfig) -> list[str]:
     return [f"sft.steps={b.sft_steps}", "sft.batch_size=32", f"sft.lr={b.sft_lr}", f"sft.seed={b.sft_seed}",
             f"sampling.max_new_tokens={b.max_new_tokens}", f"eval.prompts_per_task={b.eval_prompts}",
@@ -108,7 +96,7 @@ def warm_start(b: BenchConfig) -> tuple[Path, dict]:
     cache = ROOT / b.cache_dir / f"sapo_sft_{key}"
     if not (cache / "sft_eval.json").exists():
         print(f"SFT warm start ({b.sft_steps} steps) -> {cache.relative_to(ROOT)}", flush=True)
-        _run("recipes.sft", [*overrides, "sft.threads=1", "logger.progress=false", f"run_dir={cache}", f"out_dir={cache / 'model'}"])
+        run_module("recipes.sft", [*overrides, "sft.threads=1", "logger.progress=false", f"run_dir={cache}", f"out_dir={cache / 'model'}"])
     return cache / "model", json.loads((cache / "sft_eval.json").read_text())
 
 
@@ -123,26 +111,14 @@ def rl_overrides(b: BenchConfig, split: str, seed: int, model_dir: str, run_dir:
             f"run_dir={run_dir}", "resume=true", f"task={b.rl_task}"]
 
 
-def _rows(path: Path) -> list[dict]:
-    """One row per round: a resumed run re-logs rounds after its checkpoint, so the last row wins."""
-    rows: dict[int, dict] = {}
-    for line in path.read_text().splitlines():
-        try:
-            r = json.loads(line)
-            rows[int(r["step"])] = r
-        except (ValueError, KeyError, TypeError):
-            continue
-    return [rows[k] for k in sorted(rows)]
-
-
 def run_job(job: dict) -> dict:
     """One swarm run (split, seed) through the recipe; returns per-node per-round series."""
     b = BenchConfig(**job["bench"])
     run_dir = ROOT / b.work_dir / f"{job['split'].replace('/', '_')}_seed{job['seed']}_{config_key(job)[:8]}"
-    wall = _run("recipes.rl", rl_overrides(b, job["split"], job["seed"], job["model_dir"], run_dir))
+    wall = run_module("recipes.rl", rl_overrides(b, job["split"], job["seed"], job["model_dir"], run_dir))
     nodes = {}
     for n in range(b.nodes):
-        all_rows = _rows(run_dir / f"node{n}" / "metrics.jsonl")
+        all_rows = round_rows(run_dir / f"node{n}" / "metrics.jsonl")
         rows = [r for r in all_rows if int(r["step"]) >= 1]  # step 0: the starting policy's held-out eval
         if len(rows) != b.rounds:
             raise RuntimeError(f"node{n} logged {len(rows)} rounds, expected {b.rounds}")
@@ -345,10 +321,10 @@ def analyze(b: BenchConfig, seeds: list[int], runs: dict[tuple[str, int], dict])
 
 
 def main() -> None:
-    ap = config_parser(BenchConfig, __doc__)
+    ap = config_parser(BenchConfig, __doc__, smoke={"nodes": 2, "rounds": 3, "sft_steps": 20, "seeds": 1})
     ap.add_argument("--regenerate", action="store_true",
                     help="re-analyse benchmarks/results/sapo_swarm.json's per-run data (runs_raw) with this code; runs nothing")
-    b, nseeds, allow_dirty, fresh, regen = parse_config(ap, BenchConfig, "regenerate")
+    b, nseeds, allow_dirty, fresh, regen, smoke = parse_config(ap, BenchConfig, "regenerate", "smoke")
     if regen:
         print(regenerate(RESULTS / "sapo_swarm.json", allow_dirty)["txt"].read_text())
         return
@@ -356,7 +332,7 @@ def main() -> None:
     splits = b.splits.split(",")
     hz = Harness("sapo_swarm", __file__, {"bench": asdict(b), "seeds": seeds, "sft_overrides": sft_overrides(b),
                                           "rl_overrides_example": rl_overrides(b, splits[-1], 0, "<sft model>", Path("<run dir>"))},
-                 allow_dirty=allow_dirty, fresh=fresh)
+                 allow_dirty=allow_dirty, fresh=fresh, smoke=smoke)
     t0 = time.perf_counter()
     model_dir, sft = warm_start(b)
     sft_wall = time.perf_counter() - t0
@@ -536,8 +512,7 @@ def plot(rec: dict, png: Path) -> None:
                  + (f": 4/4 own-rollout = {fmt(ratio, 2)}x 8/0, held-out gain = {gain:.2f}x 8/0's" if ratio and gain is not None else "")
                  + f" @ {rec['git_sha'][:10]}")
     fig.tight_layout()
-    fig.savefig(png, dpi=100)
-    plt.close(fig)
+    save_figure(fig, png, dpi=100)
 
 
 if __name__ == "__main__":

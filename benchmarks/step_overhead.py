@@ -9,7 +9,6 @@ ratios of median step times (target <= 1.05).
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import tempfile
 import time
@@ -19,7 +18,7 @@ from pathlib import Path
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from benchmarks.results_io import RESULTS, write_results
+from benchmarks.harness import Harness, bench_parser, parse, save_figure
 from decentrain.algorithms.base import ALGORITHMS
 from decentrain.algorithms.common.trainer import Trainer, build_optimizer, seed_everything
 from decentrain.config import TrainConfig, config_from_dict
@@ -120,24 +119,27 @@ def plot(results: list[dict], out: Path) -> None:
     ax.set_ylabel("median step time (ms)")
     ax.legend()
     fig.tight_layout()
-    fig.savefig(out, dpi=120)
+    save_figure(fig, out, dpi=120)
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = bench_parser(__doc__, seeds=None)
     p.add_argument("--rounds", type=int, default=BenchConfig.rounds)
     p.add_argument("--steps", type=int, default=BenchConfig.steps)
-    args = p.parse_args()
+    args = parse(p)
     b = BenchConfig(rounds=args.rounds, steps=args.steps)
+    hz = Harness("step_overhead", __file__, asdict(b), allow_dirty=args.allow_dirty, fresh=args.fresh, smoke=args.smoke)
     results = []
     for n in b.ranks:
         results.append(measure(b, 1) if n == 1 else run_on_ranks(measure, n, b, n)[0])
-    print(f"{'ranks':>5} | {'bare ms':>8} | {'decentrain ms':>13} | ratio (target <= 1.05)")
-    for r in results:
-        print(f"{r['world_size']:>5} | {r['bare_step_s'] * 1e3:8.2f} | {r['decentrain_step_s'] * 1e3:13.2f} | {r['ratio']:.3f}")
-    out = write_results("step_overhead", asdict(b), {"results": results})
-    plot(results, RESULTS / "step_overhead.png")
-    print(f"wrote {out} and step_overhead.png")
+    print(hz.write({"results": results}, text, lambda rec, png: plot(rec["figures"]["results"], png))["txt"].read_text())
+
+
+def text(record: dict) -> str:
+    lines = [f"{'ranks':>5} | {'bare ms':>8} | {'decentrain ms':>13} | ratio (target <= 1.05)"]
+    for r in record["figures"]["results"]:
+        lines.append(f"{r['world_size']:>5} | {r['bare_step_s'] * 1e3:8.2f} | {r['decentrain_step_s'] * 1e3:13.2f} | {r['ratio']:.3f}")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

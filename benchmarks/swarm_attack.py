@@ -30,7 +30,7 @@ Attackers (one per scenario):
 
     python -m benchmarks.swarm_attack            # 19 attacks + 2 no-attack runs, one seed, ~30 min on 2 cores
     python -m benchmarks.swarm_attack --seeds 0,1,2 --attacks group_hijack,registry_poison
-    python -m benchmarks.swarm_attack --quick    # smoke: baseline + 2 attacks, short windows
+    python -m benchmarks.swarm_attack --smoke    # baseline + 2 attacks, short windows (written under runs/bench_smoke)
     python -m benchmarks.swarm_attack --resume   # after an interruption: skips the finished scenarios
     python -m benchmarks.swarm_attack --report-partial   # tables from the finished scenarios only
     python -m benchmarks.swarm_attack --attacks flood_1000 --seconds 600 --baseline-seconds 60 \
@@ -53,7 +53,7 @@ import time
 from pathlib import Path
 
 from decentrain.testing import dht_attacks as shapes
-from benchmarks.results_io import RESULTS, read_live_jsonl, write_results
+from benchmarks.harness import RESULTS, Harness, bench_parser, own_flags, parse, read_live_jsonl, save_figure, seed_list
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["model.hidden_size=32", "model.num_layers=2", "model.intermediate_size=64", "model.num_heads=4",
@@ -64,7 +64,8 @@ G = 4  # loss.num_generations above
 EVAL_TASKS = ["string_insertion", "number_sorting", "polynomial_multiplication", "spiral_matrix", "binary_matrix"]
 PAYLOAD_ATTACKS = ["rce", "timestamp", "spoofing", "metadata_bomb", "id_spoofing", "sandbox_forgery",
                    "rebuild_amplification", "tail_injection", "group_hijack"]
-DEFAULT_TASK = "chain_sum"  # in the default task mix: its questions are real to honest nodes
+HONEST_TASK_MIX = "arith_legs"  # conf/rl.yaml's default task group: what the honest nodes rebuild
+DEFAULT_TASK = "chain_sum"  # in that mix: its questions are real to honest nodes
 DHT_ATTACKS = ["big_records", "far_future_ttl", "whole_key", "flood_1000", "stale_replay", "registry_eclipse",
                "sybil_crowding", "registry_poison", "slow_responder", "sybils_64"]
 # Control rows: the no-attack run first (every ratio's denominator) and again last, whose ratio
@@ -159,10 +160,21 @@ def _rce_markers(path: Path) -> list[str]:
 
 @functools.lru_cache(maxsize=None)
 def _questions(task: str, n: int = 1):
+    """`n` entries of `task`: for a task of the honest nodes' mix, entries of that very mix (its
+    task config and seeds, task.size=100 as in TINY), so groups addressing them rebuild there and
+    reach the scorers; for any other task, a mix of its own (refused as task_not_in_mix)."""
+    from omegaconf import OmegaConf
+
     from decentrain.tasks import TaskMixConfig, TaskMixture
 
-    mix = TaskMixture(TaskMixConfig(tasks=[task], size=100))  # task.size=100 as in TINY
-    return [mix[i] for i in range(n)]
+    honest = OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / "task" / f"{HONEST_TASK_MIX}.yaml"))
+    honest.pop("defaults", None)
+    if task not in honest["tasks"]:
+        mix = TaskMixture(TaskMixConfig(tasks=[task], size=100))
+        return [mix[i] for i in range(n)]
+    mix = TaskMixture(TaskMixConfig(**{**honest, "size": 100}))
+    items = {it.ref.index: it for it in (mix[i] for i in range(100 * len(honest["tasks"]))) if it.task == task}
+    return list(items.values())[:n]
 
 
 def hostile_payloads(kind: str, fr: Framer, round_: int, marker_dir: Path) -> list[bytes]:
@@ -463,35 +475,34 @@ def plot(summary: dict[str, dict], out_png: Path) -> None:
         ax.set_title(title)
         ax.grid(alpha=0.3, axis="y")
     fig.tight_layout()
-    fig.savefig(out_png, dpi=110)
-    plt.close(fig)
+    save_figure(fig, out_png, dpi=110)
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = bench_parser(__doc__.splitlines()[0], seeds=1, seed_lists=True)
     ap.add_argument("--seconds", type=float, default=45.0, help="measurement window per scenario")
     ap.add_argument("--attacks", default=",".join(PAYLOAD_ATTACKS + DHT_ATTACKS))
     ap.add_argument("--baseline-seconds", type=float, default=None, help="window of the no-attack run (default: --seconds)")
     ap.add_argument("--reattack-s", type=float, default=10.0)
-    ap.add_argument("--seeds", default="0", help="comma-separated honest nodes' train.seed; every row runs once per seed")
-    ap.add_argument("--quick", action="store_true", help="smoke run: baseline + 2 attacks, 12 s windows")
+    ap.add_argument("--quick", dest="smoke", action="store_true", help=argparse.SUPPRESS)  # the old name of --smoke
     ap.add_argument("--name", default="swarm_attack")
     ap.add_argument("--resume", action="store_true", help="skip scenarios already in <name>.partial.json")
     ap.add_argument("--report-partial", action="store_true",
                     help="write JSON/PNG/TXT from <name>.partial.json (an interrupted run) and exit")
-    args = ap.parse_args()
-    if args.quick:
+    args = parse(ap)
+    if args.smoke:
         args.seconds, args.attacks, args.name = 12.0, "timestamp,whole_key", args.name + "_quick"
     kinds = ["none", *[k for k in args.attacks.split(",") if k], "none_again"]
     unknown = set(kinds) - {*NO_ATTACK, *PAYLOAD_ATTACKS, *DHT_ATTACKS}
     if unknown:
         raise SystemExit(f"--attacks: unknown {sorted(unknown)}; allowed {PAYLOAD_ATTACKS + DHT_ATTACKS}")
-    seeds = [int(x) for x in args.seeds.split(",") if x.strip()]
+    seeds = seed_list(args.seeds)  # honest nodes' train.seed; every row runs once per seed
+    hz = Harness(args.name, __file__, own_flags(args), allow_dirty=args.allow_dirty, fresh=args.fresh, smoke=args.smoke)
     cache = RESULTS / f"{args.name}.partial.json"  # every finished scenario: a rerun resumes after it
     runs: dict[str, list[dict]] = {k: [] for k in kinds}
     if args.report_partial:
         done = json.loads(cache.read_text())
-        write_all(args, seeds, {k: v for k, v in done.items() if v and done.get("none")}, float("nan"))
+        write_all(hz, args, seeds, {k: v for k, v in done.items() if v and done.get("none")}, float("nan"))
         return
     if args.resume and cache.exists():
         done = json.loads(cache.read_text())
@@ -516,24 +527,21 @@ def main() -> None:
     finally:
         if not os.environ.get("SWARM_ATTACK_KEEP"):
             shutil.rmtree(work, ignore_errors=True)
-    write_all(args, seeds, {k: v for k, v in runs.items() if v}, time.perf_counter() - t0)
+    write_all(hz, args, seeds, {k: v for k, v in runs.items() if v}, time.perf_counter() - t0)
     cache.unlink(missing_ok=True)
 
 
-def write_all(args: argparse.Namespace, seeds: list[int], runs: dict[str, list[dict]], wall_s: float) -> None:
+def write_all(hz: Harness, args: argparse.Namespace, seeds: list[int], runs: dict[str, list[dict]], wall_s: float) -> None:
     """JSON, PNG and TXT of the finished scenarios (also by `--report-partial` from the cache)."""
     summary = summarize(runs)
     table = _table(summary)
     figures = {"scenarios": runs, "summary": summary, "total_wall_s": wall_s, "table": table,
                "all_ok": all(r["ok"] for r in summary.values())}
-    out = write_results(args.name, vars(args), figures)
-    plot(summary, RESULTS / f"{args.name}.png")
-    (RESULTS / f"{args.name}.txt").write_text(
+    hz.write(figures, lambda _rec: (
         f"swarm_attack ({args.seconds:.0f} s per scenario, 2 honest nodes, seeds {seeds}; ratios are over the same "
         f"seed's no-attack run; target: mean >= 0.9 of rounds/s and ext/round, 0 crashes, 0 files)\n\n{table}\n\n"
-        f"all targets met: {figures['all_ok']}\n")
+        f"all targets met: {figures['all_ok']}\n"), lambda _rec, png: plot(summary, png))
     print("\n" + table)
-    print(f"\nwrote {out}, {out.with_suffix('.png')} and {out.with_suffix('.txt')}")
 
 
 if __name__ == "__main__":

@@ -21,14 +21,13 @@ warm buffer and into a fresh one.
 
 from __future__ import annotations
 
-import argparse
 import os
 import socket
 import statistics
 import time
 from typing import Any
 
-from benchmarks.results_io import write_json_txt_png
+from benchmarks.harness import Harness, bench_parser, parse, save_figure
 
 METHODS = ("ring", "pair", "pair_fresh")
 
@@ -115,8 +114,8 @@ def measure(numel: int, repeats: int) -> dict[str, Any]:
 
 
 def text(record: dict[str, Any]) -> str:
-    c, f, env = record["config"], record["figures"], record["environment"]
-    lines = [f"wire_path @ {env['git_sha'][:12]}: {env['cpu']}, {env['cpu_count']} cores, 1-min load avg at end {f['loadavg'][0]:.1f} "
+    c, f, env = record["config"], record["figures"], record["hardware"]
+    lines = [f"wire_path @ {record['git_sha'][:12]}: {env['cpu']}, {env['cpu_count']} cores, 1-min load avg at end {f['loadavg'][0]:.1f} "
              f"(shared box: loopback times are CPU-bound)",
              f"N=2 on loopback, payload {c['numel'] * 4 / 1e6:.1f} MB fp32, {c['repeats']} warm-up + {c['repeats']} timed rounds", "",
              f"{'method':11s} {'median s':>9s} {'x ring':>7s}   all timed rounds"]
@@ -144,24 +143,19 @@ def plot(record: dict[str, Any], png) -> None:
     ax.set_title(f"N=2 loopback, {record['config']['numel'] * 4 / 1e6:.0f} MB")
     ax.legend()
     fig.tight_layout()
-    fig.savefig(png, dpi=120)
-    plt.close(fig)
+    save_figure(fig, png, dpi=120)
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = bench_parser(__doc__.splitlines()[0], seeds=None, smoke={"numel": 1_000_000, "repeats": 3})
     ap.add_argument("--numel", type=int, default=25_000_000)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--name", default="wire_path")
-    args = ap.parse_args(argv)
+    args = parse(ap, argv)
     config = {"numel": args.numel, "repeats": args.repeats, "ranks": 2, "link": "loopback"}
+    hz = Harness(args.name, __file__, config, allow_dirty=args.allow_dirty, fresh=args.fresh, smoke=args.smoke)
     figures = measure(args.numel, args.repeats)
-    record = {"name": args.name, "config": config, "figures": figures}
-    from benchmarks.results_io import environment
-
-    record["environment"] = environment()
-    write_json_txt_png(args.name, config, figures, text(record), lambda _f, png: plot(record, png))
-    print(text(record))
+    print(hz.write(figures, text, plot)["txt"].read_text())
 
 
 if __name__ == "__main__":

@@ -122,3 +122,43 @@ def test_parallel_jobs_keep_order_and_cache(tmp_path):
     h2 = H.Harness("p", root / "benchmarks" / "b.py", {}, cache_dir=tmp_path / "cache", root=root)
     h2.run_jobs(jobs, _square)
     assert h2.reused == 4 and len(h2.job_seconds) == 3
+
+
+def test_record_is_in_the_one_schema_with_its_provenance(tmp_path, monkeypatch):
+    root = _repo(tmp_path)
+    monkeypatch.setattr("sys.argv", [str(root / "benchmarks" / "b.py"), "--seeds", "2"])
+    h = H.Harness("t", root / "benchmarks" / "b.py", {"k": 1}, cache_dir=tmp_path / "cache", root=root)
+    rec = json.loads(h.write({"x": 1.0}, lambda r: "x", results_dir=tmp_path / "res")["json"].read_text())
+    assert H.validate_record(rec) == []
+    assert rec["command"] == "python -m benchmarks.b --seeds 2" and rec["dirty"] is False
+    assert rec["compute_s"] == rec["wall_s_this_invocation"]  # no harness jobs: the invocation was the compute
+    (root / "decentrain" / "a.py").write_text("x = 5\n")
+    d = H.Harness("t", root / "benchmarks" / "b.py", {}, cache_dir=tmp_path / "cache", root=root, allow_dirty=True)
+    rec = d.record({})
+    assert rec["dirty"] and rec["not_for_commit"] and len(rec["git_sha"]) == 40  # never a "-dirty" suffix
+
+
+def test_smoke_run_writes_beside_never_over_committed_results(tmp_path, monkeypatch):
+    root = _repo(tmp_path)
+    (root / "decentrain" / "a.py").write_text("x = 4\n")  # a smoke run may run on a dirty tree
+    monkeypatch.setattr(H, "SMOKE_DIR", tmp_path / "smoke")
+    h = H.Harness("t", root / "benchmarks" / "b.py", {}, cache_dir=tmp_path / "cache", root=root, smoke=True)
+    paths = h.write({"x": 1.0}, lambda r: "x")
+    assert paths["json"].parent == tmp_path / "smoke" and json.loads(paths["json"].read_text())["not_for_commit"] is True
+
+
+def test_one_command_line_with_smoke_defaults_and_seed_lists():
+    ap = H.bench_parser("d", smoke={"steps": 4, "seeds": 1})
+    ap.add_argument("--steps", type=int, default=640)
+    args = H.parse(ap, [])
+    assert (args.steps, args.seeds, args.smoke, args.fresh, args.allow_dirty) == (640, 3, False, False, False)
+    args = H.parse(ap, ["--smoke", "--steps", "8"])  # smoke defaults apply; a flag given still wins
+    assert (args.steps, args.seeds, args.smoke) == (8, 1, True)
+    assert H.own_flags(args) == {"steps": 8, "seeds": 1}
+    with pytest.raises(SystemExit):
+        H.parse(H.bench_parser("d"), ["--seeds", "0"])
+    lists = H.bench_parser("d", seeds=1, seed_lists=True)
+    assert H.seed_list(H.parse(lists, ["--seeds", "0,2,5"]).seeds) == [0, 2, 5]
+    assert H.seed_list(H.parse(lists, ["--seeds", "5,"]).seeds) == [5]
+    assert H.seed_list(H.parse(lists, []).seeds) == [0]
+    assert not hasattr(H.parse(H.bench_parser("d", seeds=None), []), "seeds")

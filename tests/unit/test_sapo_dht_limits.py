@@ -216,12 +216,14 @@ def test_min_peers_counts_only_records_that_end_the_wait(monkeypatch):
     out = x.exchange(7, b"mine", is_valid=lambda rec: True, ends_wait=lambda rec: False)
     assert [r.data for r in out] == [b"valid"]
     assert time.monotonic() - t >= 0.3
+    assert not x.peers.merit  # nor does it earn its key read priority
     polls = []
     monkeypatch.setattr(x, "_refresh_peers", lambda: polls.append(1) or x.peers.listed(b"newcomer", time.monotonic()),
                         raising=False)
     monkeypatch.setattr(x, "_assemble", lambda m, found: (8, zlib.compress(b"useful")), raising=False)
     assert [r.data for r in x.exchange(8, b"mine2", is_valid=lambda rec: True, ends_wait=lambda rec: True)] == [b"useful"]
     assert len(polls) == 1  # a record that counts ends the wait at the first look: no poll after it
+    assert x.peers.merit == {b"newcomer": pytest.approx(0.9)}  # one valid payload, decayed at the round's end
 
 
 def test_a_dht_call_that_never_returns_costs_the_round_not_the_node():

@@ -138,10 +138,10 @@ class WaitRecorder:
         pass
 
 
-def test_a_valid_payload_of_useless_groups_does_not_end_the_wait_once_a_peer_has_merit():
+def test_a_valid_payload_of_useless_groups_does_not_end_the_wait_once_a_peer_delivered():
     # Before: any valid record ended a hivemind node's wait (min_peers=1), so a member publishing
     # signed payloads of groups that never rebuild closed each round before the useful peer's
-    # record landed (swarm_attack rows rce/spoofing/tail_injection: ext/round 0.86-0.88).
+    # record landed (swarm_attack sybils_64: ext/round 0.79).
     cfg = tiny_sapo_config(exchange="collective", num_local=0, num_external=2)
     honest, attacker = NodeIdentity.generate(), NodeIdentity.generate()
     records = [("attacker", _signed(attacker, 0, _bad_groups(cfg, 2))), ("honest", _signed(honest, 0, _honest_groups(cfg)))]
@@ -149,8 +149,8 @@ def test_a_valid_payload_of_useless_groups_does_not_end_the_wait_once_a_peer_has
     node = SAPONode(cfg, 0, "node0", ex)
     node.train_step = lambda groups: {}
     node.run_round()
-    assert ex.counted == ["attacker", "honest"]  # no merit anywhere yet: every valid record counts
-    assert set(node.budget.merit) == {honest.node_id}
+    assert ex.counted == ["attacker", "honest"]  # nobody delivered yet: every valid record counts
+    assert set(node.budget.delivered) == {honest.node_id}  # its groups rebuilt and scored; the attacker's did not
     ex.records = [(src, _signed(ident, 1, groups)) for (src, _), ident, groups in
                   zip(records, (attacker, honest), (_bad_groups(cfg, 2), _honest_groups(cfg)))]
     node.run_round()

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from benchmarks import sapo_swarm as S
+from benchmarks.common import round_rows
 
 
 def _node(reward, mixed, recv=0, equal=0, used=0, local=4, batch=None, heldout=(0.2, 0.3)):
@@ -21,7 +22,7 @@ def test_rows_keeps_the_last_row_of_a_round_logged_twice(tmp_path):
     p = tmp_path / "metrics.jsonl"
     rows = [{"step": 1, "reward": 0.1}, {"step": 2, "reward": 0.2}, {"step": 3, "reward": 0.0}, {"step": 3, "reward": 0.3}]
     p.write_text("\n".join(json.dumps(r) for r in rows) + '\n{"step": 4, "rew')
-    assert [r["reward"] for r in S._rows(p)] == [0.1, 0.2, 0.3]
+    assert [r["reward"] for r in round_rows(p)] == [0.1, 0.2, 0.3]
 
 
 def test_drawdowns_by_hand():

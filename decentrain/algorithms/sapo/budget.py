@@ -54,6 +54,8 @@ class SenderBudget:
         self.dropped_total = 0  # sender-rounds dropped since start
         self.rounds_capped = 0  # rounds in which senders together reached round_limit_s
         self.merit: dict[str, float] = {}  # decayed count of groups drawn into batches, across rounds
+        # decayed count of groups that rebuilt and scored here (drawn or not): who ends a wait for peers
+        self.delivered: dict[str, float] = {}
 
     @property
     def total(self) -> float:
@@ -64,10 +66,11 @@ class SenderBudget:
         self.spent.clear()
         self.dropped.clear()
         self.allowance.clear()
-        for s in list(self.merit):
-            self.merit[s] *= MERIT_DECAY
-            if self.merit[s] < 1e-3:
-                del self.merit[s]
+        for ledger in (self.merit, self.delivered):
+            for s in list(ledger):
+                ledger[s] *= MERIT_DECAY
+                if ledger[s] < 1e-3:
+                    del ledger[s]
 
     def plan(self, senders: Iterable[str]) -> list[str]:
         """Split the round cap over `senders`; return them in serving order: most merit first."""
@@ -94,6 +97,10 @@ class SenderBudget:
     def credit(self, sender: str, groups: int = 1) -> None:
         """`sender` had `groups` groups drawn into this node's batch."""
         self.merit[sender] = self.merit.get(sender, 0.0) + groups
+
+    def deliver(self, sender: str, groups: int = 1) -> None:
+        """`sender` sent `groups` groups that rebuilt and scored here this round."""
+        self.delivered[sender] = self.delivered.get(sender, 0.0) + groups
 
     @contextmanager
     def timed(self, sender: str | None, extra_s: float = 0.0) -> Iterator[None]:

@@ -128,8 +128,9 @@ class RolloutExchange(Protocol):
 
         `is_valid` (the caller's decoder, without side effects): backends that wait for peers
         return and count only records that pass it, so a rejected record cannot stand in for a peer.
-        `ends_wait` (default: every valid record): which of those count towards the wait, so a
-        valid payload of useless groups cannot close the round before a useful peer's lands.
+        `ends_wait` (default: every valid record): which of those count towards the wait and earn
+        their peer read priority, so valid payloads of useless groups can neither close the round
+        before a useful peer's record lands nor crowd that peer out of the reads.
         """
         ...
 
@@ -309,8 +310,8 @@ class HivemindExchange:
             parts.append(chunk["payload"])
         return round_, b"".join(parts)
 
-    def _take(self, marker: bytes, found, budget: list[int], is_valid: Callable[[PeerRecord], bool] | None
-              ) -> PeerRecord | None:
+    def _take(self, marker: bytes, found, budget: list[int], is_valid: Callable[[PeerRecord], bool] | None,
+              ends_wait: Callable[[PeerRecord], bool] | None = None) -> PeerRecord | None:
         """One peer's record if it passes every receive-side rule; else counts why and returns None."""
         from decentrain.algorithms.sapo.dht_guard import inflate, owner_digest
 
@@ -342,7 +343,8 @@ class HivemindExchange:
         if is_valid is not None and not is_valid(record):
             self.drops["invalid_payload"] += 1
             return None  # neither merit nor a place towards min_peers
-        self.peers.contributed(marker)
+        if ends_wait is None or ends_wait(record):  # read priority for what the caller values, not any valid record
+            self.peers.contributed(marker)
         return record
 
     def _newer_than(self, marker: bytes) -> float | None:
@@ -361,7 +363,8 @@ class HivemindExchange:
         return True
 
     def _collect(self, round_: int, taken: set[bytes], budgets: tuple[list[int], list[int]],
-                 is_valid: Callable[[PeerRecord], bool] | None) -> list[PeerRecord]:
+                 is_valid: Callable[[PeerRecord], bool] | None,
+                 ends_wait: Callable[[PeerRecord], bool] | None = None) -> list[PeerRecord]:
         from decentrain.algorithms.sapo.dht_guard import rollouts_key
 
         trusted, explore = self.peers.choose(round_, taken)
@@ -381,7 +384,7 @@ class HivemindExchange:
             found = self._result(future, "lookup_error", deadline)
             if found is _FAILED:  # a failed or hung lookup costs this peer's record, not the round
                 continue
-            record = self._take(marker, found, budget, is_valid)
+            record = self._take(marker, found, budget, is_valid, ends_wait)
             if budget is budgets[1]:  # explored bytes count against the shared budget too
                 budgets[0][0] = max(budgets[0][0] - (left_before - budget[0]), 0)
             if record is not None:
@@ -413,12 +416,12 @@ class HivemindExchange:
         budgets = ([self.hcfg.max_fetch_bytes], [self._explore_cap])
         deadline = time.monotonic() + self.hcfg.wait_s
         self._refresh_peers()
-        out = self._collect(round_, taken, budgets, is_valid)
+        out = self._collect(round_, taken, budgets, is_valid, ends_wait)
         counted = sum(map(ends_wait, out)) if ends_wait else len(out)
         while counted < self.hcfg.min_peers and time.monotonic() < deadline:
             time.sleep(self.hcfg.poll_s)
             self._refresh_peers()  # peers that joined meanwhile
-            more = self._collect(round_, taken, budgets, is_valid)
+            more = self._collect(round_, taken, budgets, is_valid, ends_wait)
             out += more
             counted += sum(map(ends_wait, more)) if ends_wait else len(more)
         self.peers.end_round()

@@ -208,11 +208,11 @@ class SAPONode:
             return checked is not None
 
         def ends_wait(rec: PeerRecord) -> bool:
-            # Once some sender has merit (groups drawn into this node's batches), only a merited
-            # sender's record ends the wait: a member publishing valid payloads of groups that never
-            # rebuild or score would otherwise close each round before a useful peer's record lands
-            # (benchmarks/swarm_attack: external groups per round 0.86-0.88 of the no-attack run).
-            return not self.budget.merit or senders.get(id(rec.data)) in self.budget.merit
+            # Once some sender's groups rebuilt and scored here recently, only such a sender's record
+            # ends the wait (and earns its key read priority): a member publishing valid payloads of
+            # groups that never rebuild would otherwise close each round, and crowd the reads, before
+            # a useful peer's record lands (benchmarks/swarm_attack sybils_64: ext/round 0.79).
+            return not self.budget.delivered or senders.get(id(rec.data)) in self.budget.delivered
 
         wire = encode_payload(payload, self.identity, self.cfg.swarm_key)
         by_sender: dict[str, list[RolloutGroup]] = {}
@@ -264,6 +264,8 @@ class SAPONode:
                         continue
                 external.append(arrival)
         external = self._hand_over(external, copies)
+        for a in external:
+            self.budget.deliver(a.sender)
         self.decoder.drops.flush_log(f"{self.node_id} round {round_}: ")
         if dropped := {k: v - seen_groups.get(k, 0) for k, v in self.group_drops.items() if v != seen_groups.get(k, 0)}:
             logger.warning("%s round %d: dropped %d peer group(s): %s", self.node_id, round_,
