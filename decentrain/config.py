@@ -18,7 +18,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 import decentrain.algorithms as algorithms
-from decentrain.algorithms.base import ALGORITHMS, renamed_key
+from decentrain.algorithms.base import ALGORITHMS
 from decentrain.algorithms.common.config import LoopConfig, TrainConfig, check_data_fits, check_run_dir, validate
 from decentrain.algorithms.common.engines import ENGINES, SCHEDULES, OptimConfig
 from decentrain.algorithms.common.outer_optimizers import OUTER_OPTIMIZERS
@@ -26,7 +26,7 @@ from decentrain.algorithms.common.transports import TRANSPORTS
 from decentrain.core.launch_config import LAUNCHERS, LauncherConfig
 from decentrain.core.metrics import LoggerConfig
 from decentrain.core.registry import discover_marked
-from decentrain.core.typed import typed
+from decentrain.core.typed import renamed_key, typed
 from decentrain.data.blocks import DataConfig
 from decentrain.models.factory import ModelConfig
 
@@ -157,4 +157,4 @@ def _removed_key(tree: Any, key: str) -> str | None:
     algo = tree.get("algorithm") if isinstance(tree, dict) else None
     if section != "algorithm" or not isinstance(algo, dict) or algo.get("name") not in ALGORITHMS:
         return None
-    return renamed_key(ALGORITHMS.get(algo["name"]).config_cls, [rest.split(".")[0]])
+    return renamed_key(ALGORITHMS.get(algo["name"]).config_cls, [rest.split(".")[0]], "algorithm")

@@ -32,12 +32,6 @@ class AlgorithmConfig:
         return algorithm_config(raw, where)
 
 
-def renamed_key(cls: type[AlgorithmConfig], keys, where: str = "algorithm") -> str | None:
-    """The one-line error for the first removed key among `keys`, or None."""
-    old = sorted(set(keys) & set(cls.RENAMED))
-    return f"{where}.{old[0]} was removed; use {where}.{cls.RENAMED[old[0]]}" if old else None
-
-
 class Algorithm:
     config_cls: type[AlgorithmConfig] = AlgorithmConfig
     # True for gossip algorithms: the job goes on when a worker dies (launcher.launch_survivors);
@@ -130,7 +124,7 @@ def algorithm_config(raw: Mapping[str, Any] | AlgorithmConfig, where: str = "alg
         raw = asdict(raw)  # a default naming the algorithm (the base class): typed by its own class
     raw = dict(raw)
     cls = ALGORITHMS.get(raw.get("name", "ddp"), field=f"{where}.name").config_cls
-    check_known(cls, raw, where)  # also a renamed key (RENAMED), naming the new one
+    check_known(cls, raw, where)  # before the relabelling below: it names `where` itself (and a renamed key's successor)
     try:
         return typed(cls, raw, where)
     except ValueError as e:  # the sections name their fields `algorithm.<field>`

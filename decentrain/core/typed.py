@@ -10,7 +10,7 @@ OmegaConf. Unknown keys and bad values fail in one line naming the field.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping, TypeVar
+from typing import Any, Iterable, Mapping, TypeVar
 
 from omegaconf import OmegaConf
 
@@ -23,14 +23,20 @@ def _default(f: dataclasses.Field) -> Any:
     return None if f.default is dataclasses.MISSING else f.default
 
 
-def check_known(cls: type, raw: Mapping[str, Any], where: str) -> None:
-    """Unknown keys fail naming the section; a key the class renamed (`cls.RENAMED`: old -> new, relative
-    to the section) fails naming the new key."""
+def renamed_key(cls: type, keys: Iterable[str], where: str) -> str | None:
+    """The one-line error for the first of `keys` that `cls` renamed (`cls.RENAMED`: old -> new, both
+    relative to the section at `where`), or None."""
     renamed = getattr(cls, "RENAMED", {})
-    gone = sorted(set(raw) & set(renamed))
+    gone = sorted(set(keys) & set(renamed))
+    prefix = f"{where}." if where else ""
+    return f"{prefix}{gone[0]} was removed; use {prefix}{renamed[gone[0]]}" if gone else None
+
+
+def check_known(cls: type, raw: Mapping[str, Any], where: str) -> None:
+    """Unknown keys fail naming the section; a renamed key fails naming the new one."""
+    gone = renamed_key(cls, raw, where)
     if gone:
-        prefix = f"{where}." if where else ""
-        raise ValueError(f"{prefix}{gone[0]} was removed; use {prefix}{renamed[gone[0]]}")
+        raise ValueError(gone)
     known = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(raw) - known)
     if unknown:

@@ -20,7 +20,7 @@ from torch import Tensor
 
 from decentrain.core.checks import check_range
 from decentrain.core.registry import Registry
-from decentrain.core.typed import check_known, typed
+from decentrain.core.typed import typed
 
 FIELD = "algorithm.outer_optimizer"
 
@@ -58,7 +58,6 @@ def outer_optimizer_config(value: "Mapping[str, Any] | OuterOptimizerConfig",
     raw = dict(value)
     base = default if default is not None else OuterOptimizerConfig()
     cls = OUTER_OPTIMIZERS.get(raw.get("name", base.name), field=f"{FIELD}.name").config_cls
-    check_known(cls, raw, FIELD)
     start = {f.name: getattr(base, f.name) for f in fields(cls) if hasattr(base, f.name) and f.name != "name"}
     return typed(cls, {**start, **raw}, FIELD)
 
