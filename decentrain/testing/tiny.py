@@ -13,7 +13,7 @@ from decentrain.algorithms.hdee.train import model_dir
 from decentrain.algorithms.sapo.batching import SwarmBatchConfig
 from decentrain.algorithms.sapo.config import RLLoopConfig, RLOptimConfig, SAPOConfig
 from decentrain.algorithms.sapo.exchange import ExchangeConfig, HivemindConfig
-from decentrain.algorithms.sapo.generation import SamplingConfig
+from decentrain.algorithms.sapo.sampling import SamplingConfig
 from decentrain.algorithms.sapo.grpo import SAPOLossConfig
 from decentrain.algorithms.sapo.payload import PayloadLimits
 from decentrain.config import LoopConfig, OptimConfig

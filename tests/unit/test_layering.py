@@ -41,11 +41,11 @@ def _parents(mod: str) -> list[str]:
     return [".".join(parts[:i]) for i in range(1, len(parts))]
 
 
-def _direct(mod: str) -> set[str]:
-    """Modules that importing `mod` (and calling its functions) imports, including parent packages."""
-    path, found = MODULES[mod], set(_parents(mod))
-    package = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
-    for node in ast.walk(ast.parse(path.read_text())):
+def _imported(mod: str, tree: ast.AST) -> set[str]:
+    """The module names `tree` (the source of `mod`) imports, relative imports resolved."""
+    package = mod if MODULES[mod].name == "__init__.py" else mod.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             found |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom):
@@ -56,13 +56,19 @@ def _direct(mod: str) -> set[str]:
             found.add(base)
             found |= {f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" in MODULES}  # from pkg import submodule
         elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "discover"
-              and path.name == "__init__.py"):  # core/registry.discover: the package imports each of its modules
+              and MODULES[mod].name == "__init__.py"):  # core/registry.discover: the package imports each of its modules
             found |= {m for m in MODULES if m.rpartition(".")[0] == mod and not m.rpartition(".")[2].startswith("_")}
         elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "discover_marked"
               and isinstance(node.args[2], ast.Tuple)):  # core/registry.discover_marked: modules holding a marker
             markers = [c.value for c in node.args[2].elts if isinstance(c, ast.Constant)]
-            found |= {m for m, p in MODULES.items() if any(k in p.read_text() for k in markers) and p != path
+            found |= {m for m, p in MODULES.items() if any(k in p.read_text() for k in markers) and p != MODULES[mod]
                       and not any(part.startswith("_") for part in m.split("."))}
+    return found
+
+
+def _direct(mod: str) -> set[str]:
+    """Modules that importing `mod` (and calling its functions) imports, including parent packages."""
+    found = set(_parents(mod)) | _imported(mod, ast.parse(MODULES[mod].read_text()))
     return {m for f in found for m in (f, *_parents(f)) if m in MODULES or m.split(".")[0] == "recipes"}
 
 
@@ -208,3 +214,58 @@ def test_library_never_imports_recipes():
         if mod == "decentrain.cli":  # the console script is the recipe's launcher
             continue
         assert not _under(_direct(mod), "recipes"), f
+
+
+def _runtime_imports(mod: str) -> set[str]:
+    """The library modules `mod` imports when it runs: `_direct` without its parent packages and
+    without imports under `if TYPE_CHECKING:` (annotations only, never executed)."""
+    tree = ast.parse(MODULES[mod].read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            node.body = []
+    return {f for f in _imported(mod, tree) if f in MODULES and f not in _parents(mod) and f != mod}
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan, iterative)."""
+    index, low, stack, on, out, counter = {}, {}, [], set(), [], [0]
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = counter[0]
+        counter[0] += 1
+        stack.append(root)
+        on.add(root)
+        while work:
+            v, children = work[-1]
+            for w in children:
+                if w not in index:
+                    index[w] = low[w] = counter[0]
+                    counter[0] += 1
+                    stack.append(w)
+                    on.add(w)
+                    work.append((w, iter(sorted(graph[w]))))
+                    break
+                if w in on:
+                    low[v] = min(low[v], index[w])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[v])
+                if low[v] == index[v]:
+                    comp = []
+                    while (w := stack.pop()) != v:
+                        on.discard(w)
+                        comp.append(w)
+                    on.discard(v)
+                    if comp:
+                        out.append(sorted([v, *comp]))
+    return out
+
+
+def test_no_import_cycles():
+    # A cycle (e.g. sapo/generation <-> sapo/vllm_backend, once) makes import order matter and
+    # forces imports into functions; the graph counts those function-level imports too.
+    assert _cycles({m: _runtime_imports(m) for m in MODULES}) == []
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]  # the check can fail

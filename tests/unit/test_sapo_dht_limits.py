@@ -187,15 +187,24 @@ def _exchange_without_dht(dht, **hivemind):
     return x
 
 
+def _one_peer_exchange(monkeypatch, peer: bytes, round_: int, data: bytes, polls: list | None = None):
+    """An exchange whose only listed peer always holds `data` for `round_` (no DHT); wait_s 0.3 s.
+    Each look at the peers (the first and one per poll) appends to `polls`."""
+    x = _exchange_without_dht(SimpleNamespace(get=lambda *a, **k: SimpleNamespace(result=lambda timeout=None: None)),
+                              wait_s=0.3, poll_s=0.05, min_peers=1)
+    monkeypatch.setattr(x, "_publish", lambda r, d: None, raising=False)
+    looks = [] if polls is None else polls
+    monkeypatch.setattr(x, "_refresh_peers", lambda: looks.append(1) or x.peers.listed(peer, time.monotonic()),
+                        raising=False)
+    monkeypatch.setattr(x, "_assemble", lambda m, found: (round_, zlib.compress(data)), raising=False)
+    return x
+
+
 def test_min_peers_counts_only_valid_records(monkeypatch):
     pytest.importorskip("hivemind")
 
     # One attacker record that fails validation, polled until wait_s.
-    x = _exchange_without_dht(SimpleNamespace(get=lambda *a, **k: SimpleNamespace(result=lambda timeout=None: None)),
-                              wait_s=0.3, poll_s=0.05, min_peers=1)
-    monkeypatch.setattr(x, "_publish", lambda r, d: None, raising=False)
-    monkeypatch.setattr(x, "_refresh_peers", lambda: x.peers.listed(b"attacker", time.monotonic()), raising=False)
-    monkeypatch.setattr(x, "_assemble", lambda m, found: (7, zlib.compress(b"junk")), raising=False)
+    x = _one_peer_exchange(monkeypatch, b"attacker", 7, b"junk")
     t = time.monotonic()
     assert x.exchange(7, b"mine", is_valid=lambda rec: False) == []
     assert time.monotonic() - t >= 0.3  # kept waiting for a valid peer instead of returning at once
@@ -205,22 +214,16 @@ def test_min_peers_counts_only_valid_records(monkeypatch):
 def test_min_peers_counts_only_records_that_end_the_wait(monkeypatch):
     pytest.importorskip("hivemind")
 
-    # A valid record that the caller says ends no wait (a sender without merit while others have
-    # it): returned, but polled on until wait_s instead of closing the round at once.
-    x = _exchange_without_dht(SimpleNamespace(get=lambda *a, **k: SimpleNamespace(result=lambda timeout=None: None)),
-                              wait_s=0.3, poll_s=0.05, min_peers=1)
-    monkeypatch.setattr(x, "_publish", lambda r, d: None, raising=False)
-    monkeypatch.setattr(x, "_refresh_peers", lambda: x.peers.listed(b"newcomer", time.monotonic()), raising=False)
-    monkeypatch.setattr(x, "_assemble", lambda m, found: (7, zlib.compress(b"valid")), raising=False)
+    # A valid record that the caller says ends no wait (its sender delivered nothing usable while
+    # others did): returned, but polled on until wait_s instead of closing the round at once.
+    x = _one_peer_exchange(monkeypatch, b"newcomer", 7, b"valid")
     t = time.monotonic()
     out = x.exchange(7, b"mine", is_valid=lambda rec: True, ends_wait=lambda rec: False)
     assert [r.data for r in out] == [b"valid"]
     assert time.monotonic() - t >= 0.3
     assert not x.peers.merit  # nor does it earn its key read priority
-    polls = []
-    monkeypatch.setattr(x, "_refresh_peers", lambda: polls.append(1) or x.peers.listed(b"newcomer", time.monotonic()),
-                        raising=False)
-    monkeypatch.setattr(x, "_assemble", lambda m, found: (8, zlib.compress(b"useful")), raising=False)
+    polls: list = []
+    x = _one_peer_exchange(monkeypatch, b"newcomer", 8, b"useful", polls)
     assert [r.data for r in x.exchange(8, b"mine2", is_valid=lambda rec: True, ends_wait=lambda rec: True)] == [b"useful"]
     assert len(polls) == 1  # a record that counts ends the wait at the first look: no poll after it
     assert x.peers.merit == {b"newcomer": pytest.approx(0.9)}  # one valid payload, decayed at the round's end

@@ -16,7 +16,7 @@ from typing import Any
 from decentrain.algorithms.base import ALGORITHMS, AlgorithmConfig
 from decentrain.algorithms.common.engines import ENGINES, EngineConfig, OptimConfig
 from decentrain.algorithms.common.speed import COMPILE_SCOPES, PRECISIONS
-from decentrain.algorithms.common.transports import TransportConfig, door
+from decentrain.algorithms.common.transports.base import TransportConfig, door
 from decentrain.core.checks import check_range
 from decentrain.core.launch_config import LauncherConfig
 from decentrain.core.metrics import LoggerConfig

@@ -14,7 +14,7 @@ from decentrain.algorithms.sapo.batching import SwarmBatchConfig
 from decentrain.algorithms.sapo.config_checks import check_sapo_values
 from decentrain.algorithms.sapo.evaluation import RLEvalConfig
 from decentrain.algorithms.sapo.exchange import EXCHANGES, ExchangeConfig
-from decentrain.algorithms.sapo.generation import SamplingConfig
+from decentrain.algorithms.sapo.sampling import SamplingConfig
 from decentrain.algorithms.sapo.grpo import SAPOLossConfig
 from decentrain.core.identity import check_node_name
 from decentrain.algorithms.sapo.payload import PayloadLimits, check_swarm_key

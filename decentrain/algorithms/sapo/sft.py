@@ -19,7 +19,8 @@ import torch
 
 from decentrain.algorithms.sapo.batching import pad_sequences
 from decentrain.algorithms.sapo.config import SFTConfig
-from decentrain.algorithms.sapo.generation import HFGenerationBackend, SamplingConfig
+from decentrain.algorithms.sapo.generation import HFGenerationBackend
+from decentrain.algorithms.sapo.sampling import SamplingConfig
 from decentrain.core.metrics import MetricsLogger
 from decentrain.core.world import local_world
 from decentrain.models.factory import build_model, build_tokenizer, num_params, save_model

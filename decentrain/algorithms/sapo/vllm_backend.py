@@ -6,7 +6,8 @@ is written once with `save_pretrained` to a scratch directory that vLLM loads; b
 (names are the transformers ones, which vLLM's model classes map). Written against vLLM's documented
 offline API (`LLM`, `SamplingParams`, `RequestOutput.outputs[i].text`); it needs one GPU and a model
 vLLM supports (e.g. a pretrained Qwen2/Llama with its tokenizer; not the byte-level tiny models).
-No test here runs it: CI has neither vllm nor a GPU (tests/unit/test_sapo_vllm_backend.py skips).
+No test here runs it: CI has neither vllm nor a GPU (tests/unit/test_sapo_fast_generation.py checks
+that choosing it without vllm fails at config time).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 
 import torch
 
-from decentrain.algorithms.sapo.generation import GENERATION_BACKENDS, SamplingConfig, _cut_at_stop
+from decentrain.algorithms.sapo.sampling import GENERATION_BACKENDS, SamplingConfig, cut_at_stop
 
 
 def vllm_sampling_params(cfg: SamplingConfig, n: int, max_new_tokens: int, temperature: float, top_p: float,
@@ -64,7 +65,7 @@ class VLLMGenerationBackend:
             cfg, num_generations, cfg.max_new_tokens if max_new_tokens is None else max_new_tokens,
             cfg.temperature if temperature is None else temperature, cfg.top_p if top_p is None else top_p, seed))
         outputs = self.llm.generate(prompts, params, use_tqdm=False)
-        return [[_cut_at_stop(c.text, cfg.stop) for c in out.outputs] for out in outputs]
+        return [[cut_at_stop(c.text, cfg.stop) for c in out.outputs] for out in outputs]
 
     def generate_scored(self, prompts: list[str], num_generations: int, seed: int = 0):
         """Completions without log-probs: vLLM's per-token logprobs are, by default, of the raw

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from decentrain.algorithms.base import ALGORITHMS
-from decentrain.algorithms.common.transports import TRANSPORTS, Door, TransportConfig
+from decentrain.algorithms.common.transports.base import TRANSPORTS, Door, TransportConfig
 from decentrain.core.checks import check_range
-from decentrain.core.inprocess import InProcessHub, InProcessTransport
+from decentrain.core.inprocess import InProcessTransport
 from decentrain.core.world import World
 
 log = logging.getLogger(__name__)
@@ -49,11 +49,6 @@ class InProcessDoor(Door):
         if cfg.train.global_batch_size % (n * cfg.train.micro_batch_size):
             raise ValueError(f"train.global_batch_size={cfg.train.global_batch_size} does not divide into transport.replicas"
                              f"={n} x train.micro_batch_size={cfg.train.micro_batch_size}")
-
-    @classmethod
-    def hub(cls, cfg: InProcessConfig) -> InProcessHub:
-        """What the replicas of one run share; replica r's transport is `hub.transport(r)`."""
-        return InProcessHub(cfg.replicas, cfg.deadline_s)
 
     @classmethod
     def transport(cls, world: World, cfg: TransportConfig) -> InProcessTransport:

@@ -17,7 +17,7 @@ from pathlib import Path
 from decentrain.algorithms.base import Algorithm
 from decentrain.algorithms.common.ft import FT_ALGORITHMS, ReplicaGroup, replica_sampler
 from decentrain.algorithms.common.ft.checks import check_fault_tolerant_run
-from decentrain.algorithms.common.transports import TRANSPORTS, Door
+from decentrain.algorithms.common.transports.base import TRANSPORTS, Door
 from decentrain.core.ft_launch import launch_replica_groups
 from decentrain.core.world import World
 
