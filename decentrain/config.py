@@ -3,7 +3,7 @@
 Schemas live next to what they build (ModelConfig in models/, DataConfig in data/,
 TrainConfig/LoopConfig in algorithms/common/config.py, OptimConfig and EngineConfig in
 algorithms/common/engines/, LauncherConfig in core/, each algorithm's config in its
-package). This module imports every loop algorithm (which registers it), converts
+package). This module imports every loop algorithm (found by its registration, which it runs), converts
 Hydra's resolved dict into those dataclasses once, and registers the schemas with
 Hydra's ConfigStore. Nothing in decentrain/ imports it; recipes, tests and benchmarks do.
 """
@@ -17,45 +17,37 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from decentrain.algorithms import ddp, diloco, noloco, sparseloco  # noqa: F401  (register "ddp", "diloco", "streaming_diloco", "noloco", "sparseloco")
-from decentrain.algorithms.base import ALGORITHMS, algorithm_config
+import decentrain.algorithms as algorithms
+from decentrain.algorithms.base import ALGORITHMS
 from decentrain.algorithms.common.config import LoopConfig, TrainConfig, check_data_fits, check_run_dir, validate
-from decentrain.algorithms.common.engines import SCHEDULES, EngineConfig, OptimConfig
+from decentrain.algorithms.common.engines import ENGINES, SCHEDULES, OptimConfig
+from decentrain.algorithms.common.outer_optimizers import OUTER_OPTIMIZERS
+from decentrain.algorithms.common.transports import TRANSPORTS
 from decentrain.core.launch_config import LAUNCHERS, LauncherConfig
 from decentrain.core.metrics import LoggerConfig
+from decentrain.core.registry import discover_marked
+from decentrain.core.typed import renamed_key, typed
 from decentrain.data.blocks import DataConfig
 from decentrain.models.factory import ModelConfig
+
+# every loop algorithm registers itself: the modules under algorithms/ that use the decorator are imported
+# (ddp, diloco, streaming_diloco, noloco, sparseloco); adding one is a module plus conf/algorithm/<name>.yaml
+LOOP_ALGORITHM_MODULES = discover_marked(algorithms.__name__, Path(algorithms.__file__).parent, ("@register_algorithm(",))
 
 # callers above the library (recipes, tests, benchmarks) import the run's schemas from here
 __all__ = ["LAUNCHERS", "SCHEDULES", "LauncherConfig", "LoopConfig", "OptimConfig", "TrainConfig", "check_data_fits",
            "check_overrides", "check_run_dir", "config_from_dict", "register_configs", "register_hdee_configs", "validate"]
 
 
-def _typed(cls: type, values: dict[str, Any], where: str):
-    """Build dataclass `cls` from a plain dict; unknown keys and bad types fail naming the field."""
-    known = {f.name for f in fields(cls)}
-    unknown = sorted(set(values) - known)
-    if unknown:
-        raise ValueError(f"{where}: unknown field(s) {unknown}; allowed: {sorted(known)}")
-    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(cls), values))
-
-
 def config_from_dict(raw: dict[str, Any]) -> TrainConfig:
-    """The recipe's one conversion: a resolved plain dict (from Hydra) to typed dataclasses."""
+    """The recipe's one conversion: a resolved plain dict (from Hydra) to typed dataclasses (core/typed.py)."""
     raw = dict(raw)
-    algo_raw = dict(raw.pop("algorithm", None) or {"name": "ddp"})
-    sections = {f.name: f for f in fields(TrainConfig)}
-    unknown = sorted(set(raw) - set(sections))
+    sections = {f.name for f in fields(TrainConfig)}
+    unknown = sorted(set(raw) - sections)
     if unknown:
         raise ValueError(f"unknown top-level config key(s) {unknown}; allowed: {sorted(sections)}")
-    kwargs: dict[str, Any] = {"algorithm": algorithm_config(algo_raw)}
-    for name in ("model", "data", "logger", "launcher", "optim", "train", "engine"):
-        cls = type(sections[name].default_factory())
-        kwargs[name] = _typed(cls, dict(raw.get(name) or {}), name)
-    for name in ("run_dir", "resume", "experiment"):
-        if name in raw:
-            kwargs[name] = raw[name]
-    return TrainConfig(**kwargs)
+    raw["algorithm"] = dict(raw.get("algorithm") or {"name": "ddp"})
+    return typed(TrainConfig, raw)
 
 
 def register_configs() -> None:
@@ -66,9 +58,14 @@ def register_configs() -> None:
     cs.store(name="train_schema", node=TrainConfig)
     for name in ALGORITHMS.names():
         cs.store(group="algorithm", name=f"{name}_schema", node=ALGORITHMS.get(name).config_cls)
-    for group, cls in (("model", ModelConfig), ("data", DataConfig), ("logger", LoggerConfig), ("launcher", LauncherConfig),
-                       ("engine", EngineConfig)):
+    for name in OUTER_OPTIMIZERS.names():  # conf/algorithm/outer_optimizer/*.yaml extend a rule's own config class
+        cs.store(group="algorithm/outer_optimizer", name=f"{name}_schema", node=OUTER_OPTIMIZERS.get(name).config_cls)
+    for name in TRANSPORTS.names():  # conf/transport/<name>.yaml extends its entry's own config class
+        cs.store(group="transport", name=f"{name}_schema", node=TRANSPORTS.get(name).config_cls)
+    for group, cls in (("model", ModelConfig), ("data", DataConfig), ("logger", LoggerConfig), ("launcher", LauncherConfig)):
         cs.store(group=group, name=f"{group}_schema", node=cls)
+    for name in ENGINES.names():  # conf/engine/*.yaml extend the engine's own config class
+        cs.store(group="engine", name=f"{name}_schema", node=ENGINES.get(name).config_cls)
 
 
 def register_hdee_configs() -> None:
@@ -151,4 +148,13 @@ def check_overrides(conf_dir: Path, config_name: str, args: list[str]) -> str | 
         return None
     finally:
         GlobalHydra.instance().clear()
-    return next((why for why in map(lambda k: _unknown_key(tree, k), keys) if why), None)
+    return next((why for why in map(lambda k: _removed_key(tree, k) or _unknown_key(tree, k), keys) if why), None)
+
+
+def _removed_key(tree: Any, key: str) -> str | None:
+    """`algorithm.<old>` for a key the composed algorithm's config renamed: the one line naming the new key."""
+    section, _, rest = key.partition(".")
+    algo = tree.get("algorithm") if isinstance(tree, dict) else None
+    if section != "algorithm" or not isinstance(algo, dict) or algo.get("name") not in ALGORITHMS:
+        return None
+    return renamed_key(ALGORITHMS.get(algo["name"]).config_cls, [rest.split(".")[0]], "algorithm")

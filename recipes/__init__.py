@@ -23,11 +23,14 @@ def conf_dir() -> Path:
 
 
 def typed_config(dcfg, schema: type[T]) -> T:
-    """The one conversion of a recipe whose config is one dataclass: Hydra's config merged onto `schema`
-    (its `__post_init__` checks run here; a bad value raises ValueError naming the field)."""
-    from omegaconf import OmegaConf
+    """A recipe's one conversion: Hydra's config (or its resolved dict) typed as `schema` by
+    decentrain.core.typed, which every recipe's conversion ends in (registry-picked sections take their
+    entry's own config class; `__post_init__` checks run; a bad value raises ValueError naming the field)."""
+    from omegaconf import DictConfig, OmegaConf
 
-    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), OmegaConf.to_container(dcfg, resolve=True)))
+    from decentrain.core.typed import typed
+
+    return typed(schema, OmegaConf.to_container(dcfg, resolve=True) if isinstance(dcfg, DictConfig) else dict(dcfg))
 
 
 def run(main: Callable[[], None], config_name: str) -> None:

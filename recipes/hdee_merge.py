@@ -25,6 +25,7 @@ from decentrain.algorithms.hdee.merge import MergeConfig, build_routed, from_ens
 from decentrain.config import register_configs
 from decentrain.core.ensemble import token_logprobs
 from decentrain.data.blocks import build_corpus
+from recipes import typed_config
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 register_configs()
@@ -50,7 +51,7 @@ def to_config(dcfg: DictConfig) -> tuple[MergeConfig, bool]:
     """The recipe's one conversion: (MergeConfig, whether to score after saving)."""
     raw = OmegaConf.to_container(dcfg, resolve=True)
     do_score = raw.pop("score", True)
-    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(MergeConfig), raw)), do_score
+    return typed_config(raw, MergeConfig), do_score
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="hdee_merge")

@@ -14,7 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from decentrain.algorithms.sapo.config import SFTConfig, register_sapo_configs
 from decentrain.algorithms.sapo.sft import run_sft
-from recipes import conf_dir, run
+from recipes import conf_dir, run, typed_config
 
 CONF_DIR = conf_dir()
 register_sapo_configs()
@@ -23,7 +23,7 @@ register_sapo_configs()
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="sft")
 def main(dcfg: DictConfig) -> None:
     raw = OmegaConf.to_container(dcfg, resolve=True)
-    cfg: SFTConfig = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(SFTConfig), raw))  # the one conversion
+    cfg: SFTConfig = typed_config(raw, SFTConfig)  # the one conversion
     run_dir = Path(cfg.run_dir).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(raw))

@@ -15,10 +15,10 @@ from omegaconf import DictConfig, OmegaConf
 
 from decentrain.algorithms.base import ALGORITHMS
 from decentrain.algorithms.common.pretrain import run_pretraining
+from decentrain.algorithms.common.transports import door
 from decentrain.config import config_from_dict, register_configs, validate
 from decentrain.core.bytes_comm import agree_run_dir
-from decentrain.core.ft_launch import launch_replica_groups
-from decentrain.core.launcher import check_placement, exit_survivor, launch_job
+from decentrain.core.launcher import check_placement, exit_survivor
 from decentrain.core.world import init_world, read_launch_env
 from recipes import conf_dir, run
 
@@ -39,22 +39,12 @@ def main(dcfg: DictConfig) -> None:
         sys.exit(f"config error: {e}")
     if cfg.launcher.check_only:
         return
-    if not env.under_torchrun and cfg.launcher.fault_tolerance == "torchft":
-        try:  # replica groups, each its own torchrun job, joined by torchft's lighthouse
-            launch_replica_groups(list(HydraConfig.get().overrides.task), cfg.launcher.replicas, cfg.launcher.nproc_per_node or 1,
-                                  str(Path(cfg.run_dir).resolve()), cfg.launcher.torchft, cfg.launcher.max_restarts)
+    if not env.under_torchrun:
+        try:  # the transport starts the run's processes (torchrun workers, torchft groups) or runs it here (in-process)
+            if door(cfg).launch(cfg, list(HydraConfig.get().overrides.task), Path(cfg.run_dir).resolve(), MODULE):
+                return
         except RuntimeError as e:
             sys.exit(f"[decentrain] {e}")
-        return
-    if not env.under_torchrun and (cfg.launcher.world_size or 1) > 1:
-        run_dir = str(Path(cfg.run_dir).resolve())
-        argv = [*HydraConfig.get().overrides.task, f"run_dir={run_dir}", f"hydra.run.dir={run_dir}"]
-        try:  # gossip algorithms get the survivor launcher: a dead worker costs its partners a round, not the job
-            launch_job(argv, cfg.launcher, module=MODULE, run_dir=run_dir,
-                       survivors=ALGORITHMS.get(cfg.algorithm.name).survives_peer_loss)
-        except RuntimeError as e:
-            sys.exit(f"[decentrain] {e}")
-        return
     world = init_world(threads=cfg.train.threads, device=cfg.train.device)
     # a replacement (incarnation > 0) joins no world collective: the launcher passed it the resolved run_dir
     run_dir = Path(cfg.run_dir) if world.incarnation else agree_run_dir(world, cfg.run_dir)

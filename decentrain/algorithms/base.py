@@ -10,19 +10,26 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
-from typing import Any, Callable, ContextManager
+from dataclasses import asdict, dataclass
+from typing import Any, Callable, ClassVar, ContextManager
 
 import torch
-from omegaconf import OmegaConf
 
 from decentrain.core.registry import Registry
+from decentrain.core.typed import check_known, typed
 from decentrain.core.world import World
 
 
 @dataclass
 class AlgorithmConfig:
     name: str = "ddp"
+    # keys this section no longer has -> the key that replaced them (relative to the section): a config
+    # that still sets one fails in one line naming the new key
+    RENAMED: ClassVar[dict[str, str]] = {}
+
+    @classmethod
+    def convert(cls, raw: Mapping[str, Any], where: str = "algorithm", default: "AlgorithmConfig | None" = None):
+        return algorithm_config(raw, where)
 
 
 class Algorithm:
@@ -112,15 +119,14 @@ def algorithm_config(raw: Mapping[str, Any] | AlgorithmConfig, where: str = "alg
     place in the config: `algorithm` for a run, `job.algorithm` for HDEE's seed and expert runs).
     """
     if isinstance(raw, AlgorithmConfig):
-        return raw
+        if type(raw) is ALGORITHMS.get(raw.name, field=f"{where}.name").config_cls:
+            return raw
+        raw = asdict(raw)  # a default naming the algorithm (the base class): typed by its own class
     raw = dict(raw)
     cls = ALGORITHMS.get(raw.get("name", "ddp"), field=f"{where}.name").config_cls
-    known = {f.name for f in fields(cls)}
-    unknown = sorted(set(raw) - known)
-    if unknown:
-        raise ValueError(f"{where}: unknown field(s) {unknown}; allowed: {sorted(known)}")
+    check_known(cls, raw, where)  # before the relabelling below: it names `where` itself (and a renamed key's successor)
     try:
-        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(cls), raw))
+        return typed(cls, raw, where)
     except ValueError as e:  # the sections name their fields `algorithm.<field>`
         msg = str(e)
         raise ValueError(where + msg[len("algorithm"):] if msg.startswith("algorithm") else f"{where}: {msg}") from None

@@ -7,7 +7,6 @@ of the shared store (`core/membership.job_prefix`), and the exchange with its wa
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Sequence
 
 import torch
@@ -15,23 +14,12 @@ import torch.distributed as dist
 
 from decentrain.core.bytes_comm import GatheredBytes
 from decentrain.core.bytes_comm import all_gather_bytes as _all_gather_bytes
-from decentrain.core.deadline import AdaptiveDeadlineConfig, ArrivalWindow
+from decentrain.core.deadline import ArrivalWindow
 from decentrain.core.exchange import ExchangeStats, PairExchange
 from decentrain.core.membership import Membership, job_prefix
 from decentrain.core.pairs import PairGroups
-from decentrain.core.transport import Transport, Work, all_gather_bytes_sent
+from decentrain.core.transport import GossipOptions, Transport, Work, all_gather_bytes_sent
 from decentrain.core.world import World
-
-
-@dataclass
-class GossipOptions:
-    bucket_bytes: int = 32 << 20
-    deadline_s: float | None = None  # None: wait for a partner forever
-    stall_s: float | None = None  # give up on a partner whose heartbeat stopped this long
-    full_duplex: bool = True  # one process group per direction (start-up cost O(N²) groups)
-    adaptive: AdaptiveDeadlineConfig | None = None  # enabled: deadline_s is the cap of an adaptive deadline
-    # pooled wire buffers: an exchange's result is valid until the next exchange (NoLoCo averages it at once)
-    reuse_buffers: bool = True
 
 
 class _Done:

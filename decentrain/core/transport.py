@@ -17,13 +17,31 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, Sequence
 
 import torch
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from decentrain.core.bytes_comm import GatheredBytes
+from decentrain.core.deadline import AdaptiveDeadlineConfig
 from decentrain.core.exchange import ExchangeStats
+
+if TYPE_CHECKING:
+    from decentrain.core.membership import Membership
+    from decentrain.core.pairs import PairGroups
+
+
+@dataclass
+class GossipOptions:
+    """How a transport that keeps per-partner state sets up gossip (`Transport.start_gossip`)."""
+
+    bucket_bytes: int = 32 << 20
+    deadline_s: float | None = None  # None: wait for a partner forever
+    stall_s: float | None = None  # give up on a partner whose heartbeat stopped this long
+    full_duplex: bool = True  # one process group per direction (start-up cost O(N²) groups)
+    adaptive: AdaptiveDeadlineConfig | None = None  # enabled: deadline_s is the cap of an adaptive deadline
+    # pooled wire buffers: an exchange's result is valid until the next exchange (NoLoCo averages it at once)
+    reuse_buffers: bool = True
 
 
 def ring_all_reduce_bytes(nbytes: int, n: int) -> int:
@@ -88,8 +106,17 @@ class Transport(ABC):
     rank: int
     world_size: int
     stats: ExchangeStats  # stats.bytes_sent: every byte this replica put on the wire, any operation
+    # what a replacement heals over (noloco/healing.py): live replicas' progress and per-pair groups;
+    # None where the transport has neither (replacements cannot join it)
+    membership: Membership | None = None
+    pairs: PairGroups | None = None
 
     # -- gossip ---------------------------------------------------------------------------
+    def start_gossip(self, opts: GossipOptions) -> "Transport":
+        """Set up what pair exchanges need (collective at start-up: every replica calls it); a no-op where
+        nothing needs setting up."""
+        return self
+
     @abstractmethod
     def exchange(self, tensors: Sequence[torch.Tensor], group: tuple[int, ...], round_idx: int
                  ) -> list[list[torch.Tensor]] | None:

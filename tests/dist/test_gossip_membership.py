@@ -15,6 +15,7 @@ import torch
 from decentrain.testing import run_ranks
 
 from decentrain.algorithms.noloco.noloco import NoLoCo, NoLoCoConfig
+from decentrain.algorithms.common.outer_optimizers import OuterOptimizerConfig
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(600)]  # above run_ranks' 300 s
 
@@ -35,7 +36,7 @@ def _noloco_run(world, rounds, lagger, lag_round, lag_s, stop):
     model = torch.nn.Linear(4, 4)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     stall = {"stall_s": 0.8 if stop else None} if "stall_s" in NoLoCoConfig.__dataclass_fields__ else {}  # (old code: none)
-    cfg = NoLoCoConfig(inner_steps=1, outer_lr=0.5, outer_momentum=0.5, deadline_s=DEADLINE, full_duplex=False,
+    cfg = NoLoCoConfig(inner_steps=1, outer_optimizer=OuterOptimizerConfig("noloco", 0.5, 0.5), deadline_s=DEADLINE, full_duplex=False,
                        pairing_seed=5, **stall)
     algo = NoLoCo(cfg, world)
     algo.on_train_start(model, opt)

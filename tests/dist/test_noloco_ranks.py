@@ -11,6 +11,7 @@ from decentrain.testing import run_ranks
 from decentrain.algorithms.diloco import DiLoCo, DiLoCoConfig
 from decentrain.algorithms.noloco import NoLoCo, NoLoCoConfig
 from decentrain.core.pairing import gossip_groups, group_of
+from decentrain.algorithms.common.outer_optimizers import OuterOptimizerConfig
 
 pytestmark = pytest.mark.dist
 
@@ -80,7 +81,7 @@ def test_noloco_issues_no_collective_after_start_up(tmp_path):
 def _outer_step(world):
     model = torch.nn.Linear(2, 1, bias=False)
     model.weight.data.fill_(float(world.rank))  # broadcast at start-up makes this rank 0's: 0
-    algo = NoLoCo(NoLoCoConfig(inner_steps=1, outer_lr=0.5, outer_momentum=0.5, pairing_seed=4), world)
+    algo = NoLoCo(NoLoCoConfig(inner_steps=1, outer_optimizer=OuterOptimizerConfig("noloco", 0.5, 0.5), pairing_seed=4), world)
     algo.on_train_start(model, None)
     start = model.weight.detach().clone()
     model.weight.data.fill_(float(world.rank + 1))  # θ_i = i + 1 after the inner step

@@ -16,6 +16,7 @@ pytest.importorskip("torchft")
 from decentrain.algorithms.diloco.diloco import DiLoCoConfig  # noqa: E402
 from decentrain.algorithms.diloco.streaming import StreamingDiLoCoConfig  # noqa: E402
 from decentrain.testing import FRAGMENTS, Events, Replica, diloco_global_state, lighthouse, run_replicas  # noqa: E402
+from decentrain.algorithms.common.outer_optimizers import SGDConfig
 
 pytestmark = pytest.mark.dist
 
@@ -49,7 +50,7 @@ def assert_equal_after_every_sync(seen: dict, replicas=(0, 1), first: int = 1) -
 def test_diloco_healthy_global_state_equal_every_sync():
     """Mirrors torchft local_sgd_integ_test.test_diloco_healthy: H=2, three syncs, global state equal after each."""
     seen: dict = {}
-    cfg = DiLoCoConfig(inner_steps=2, outer_lr=0.7, outer_momentum=0.9)
+    cfg = DiLoCoConfig(inner_steps=2, outer_optimizer=SGDConfig(lr=0.7, momentum=0.9, nesterov=True))
     with lighthouse() as lh:
         results = run_replicas([Replica(i, lh, cfg, steps=6, record=record_syncs(seen)) for i in range(2)])
     assert_equal_global(results)
@@ -66,7 +67,7 @@ def test_diloco_recovery_heals_outer_state():
     weights, step, sampler), contributes to that very sync (both groups in its quorum), and from then on
     holds global state bit-equal to group 0's after every sync, and the same weights at the end."""
     events = Events(fail_at={(0, 3)})
-    cfg = DiLoCoConfig(inner_steps=2, outer_lr=0.7, outer_momentum=0.9)
+    cfg = DiLoCoConfig(inner_steps=2, outer_optimizer=SGDConfig(lr=0.7, momentum=0.9, nesterov=True))
     seen: dict = {}
     attempts: dict[int, list] = {}  # replica 1's rows per attempt: (manager step, participants)
 

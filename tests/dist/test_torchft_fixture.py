@@ -29,7 +29,7 @@ from torch import nn
 pytest.importorskip("torchft")
 
 from decentrain.algorithms.common.ft import FT_ALGORITHMS, ReplicaGroup  # noqa: E402
-from decentrain.algorithms.common.outer_optimizers import OuterOptimizerConfig  # noqa: E402
+from decentrain.algorithms.common.outer_optimizers import SGDConfig  # noqa: E402
 from decentrain.algorithms.diloco.streaming import StreamingDiLoCoConfig  # noqa: E402
 from decentrain.core.ft_config import TorchFTConfig  # noqa: E402
 from decentrain.core.world import World  # noqa: E402
@@ -59,7 +59,7 @@ class Layers(nn.Module):
 def config() -> StreamingDiLoCoConfig:
     return StreamingDiLoCoConfig(inner_steps=6, num_fragments=2, overlap_steps=0, mix_alpha=0.0,
                                  fragments=[["layers.0.weight"], ["layers.1.weight"]],
-                                 outer_optimizer=OuterOptimizerConfig("sgd", 2.0, 0.0, False))
+                                 outer_optimizer=SGDConfig(lr=2.0, momentum=0.0, nesterov=False))
 
 
 def attempt(replica_id: int, lighthouse: str, fail_at: int | None) -> dict[str, Any]:

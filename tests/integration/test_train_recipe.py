@@ -49,3 +49,13 @@ def test_resume_on_four_ranks_reproduces_the_uninterrupted_loss_curve(tmp_path):
     straight, resumed = train_losses(tmp_path / "straight"), train_losses(tmp_path / "preempted")
     assert sorted(resumed) == list(range(1, 7))
     assert resumed == straight  # bit-for-bit, not approximately
+
+
+def test_transport_inprocess_runs_the_replicas_as_threads_of_the_recipe(tmp_path):
+    """`transport=inprocess` from the command line: no worker process, the replicas train in the recipe's own."""
+    run = tmp_path / "run"
+    proc = run_train(run, "transport=inprocess", "transport.replicas=2", "launcher.nproc_per_node=1", "algorithm=noloco",
+                     "algorithm.inner_steps=2", "train.steps=4", "train.eval_every=4", "train.checkpoint_every=100")
+    assert "2 in-process replicas done" in proc.stdout + proc.stderr
+    assert "world 2" not in proc.stdout and not (run / "workers.json").exists()  # no torchrun job was started
+    assert sorted(train_losses(run)) == [1, 2, 3, 4]

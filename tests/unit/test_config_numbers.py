@@ -27,7 +27,6 @@ def _raw(**sections):
     ({"train": {"threads": -1}}, "train.threads"),
     ({"train": {"seed": -1}}, "train.seed"),
     ({"algorithm": {"name": "noloco", "outer_optimizer": {"lr": float("nan")}}}, "algorithm.outer_optimizer.lr"),
-    ({"algorithm": {"name": "noloco", "outer_lr": float("nan")}}, "algorithm.outer_optimizer.lr"),  # the old flat key
     ({"algorithm": {"name": "noloco", "gamma": float("nan")}}, "algorithm.gamma"),
     ({"algorithm": {"name": "noloco", "deadline_s": float("nan")}}, "algorithm.deadline_s"),
     ({"algorithm": {"name": "noloco", "outer_optimizer": {"momentum": float("nan")}}}, "algorithm.outer_optimizer.momentum"),

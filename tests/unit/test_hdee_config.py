@@ -51,7 +51,7 @@ def test_tokens_per_step_must_match_the_batch(tmp_path):
         (lambda: EvalConfig(split="dev"), "eval.split='dev' is unknown"),
         (lambda: EvalConfig(weightings=["median"]), "eval.weightings='median' is unknown"),
         (lambda: JobConfig(stage="lane"), "job.index=None must name a lane"),
-        (lambda: JobConfig(expert_algorithm="nope"), "job.expert_algorithm='nope' is unknown"),
+        (lambda: JobConfig(algorithm={"name": "nope"}), "job.algorithm.name='nope' is unknown"),
     ],
 )
 def test_field_errors(bad, match):
@@ -106,13 +106,22 @@ def test_job_algorithm_and_engine_are_whole_typed_sections(tmp_path):
                    engine=EngineConfig(name="torch"))
     assert isinstance(cfg.job.algorithm, NoLoCoConfig) and cfg.job.algorithm.inner_steps == 3
     assert cfg.job.algorithm.outer_optimizer.lr == 0.5
-    assert with_job(expert_algorithm="noloco").job.algorithm == NoLoCoConfig()  # the older key: that algorithm's defaults
+    assert with_job(algorithm={"name": "noloco"}).job.algorithm == NoLoCoConfig()  # that algorithm's defaults
     with pytest.raises(ValueError, match=r"^job.algorithm.inner_steps=0 \(H\) must be >= 1$"):
         with_job(algorithm={"name": "noloco", "inner_steps": 0})
     with pytest.raises(ValueError, match=r"^job.algorithm: unknown field\(s\) \['bogus'\]"):
         with_job(algorithm={"name": "diloco", "bogus": 1})
-    with pytest.raises(ValueError, match="job.expert_algorithm='noloco' and job.algorithm.name='diloco' disagree"):
-        with_job(algorithm={"name": "diloco"}, expert_algorithm="noloco")
+    with pytest.raises(ValueError, match=r"^job.expert_algorithm was removed; use job.algorithm.name$"):  # the older key
+        hdee_config_from_dict({"job": {"expert_algorithm": "noloco"}})
     odd = dataclasses.replace(with_job(algorithm={"name": "noloco"}), launcher=dataclasses.replace(tiny_hdee_config(tmp_path).launcher, nproc_per_node=3))
     with pytest.raises(ValueError, match="world size 3 is odd"):
         check_plan(odd)  # before any worker starts
+
+
+def test_job_engine_is_typed_by_the_engine_s_own_config_class(tmp_path):
+    pytest.importorskip("deepspeed")  # its config refuses to validate without the package
+    raw = OmegaConf.to_container(OmegaConf.structured(tiny_hdee_config(tmp_path)))
+    deepspeed = hdee_config_from_dict({**raw, "job": {"engine": {"name": "deepspeed", "zero_stage": 1}}})
+    assert type(deepspeed.job.engine).__name__ == "DeepSpeedConfig" and deepspeed.job.engine.zero_stage == 1
+    with pytest.raises(ValueError, match=r"^job.engine: unknown field\(s\) \['zero_stage'\]"):
+        hdee_config_from_dict({**raw, "job": {"engine": {"name": "torch", "zero_stage": 1}}})

@@ -104,7 +104,8 @@ def test_offline_corpus_too_small_names_the_knob():
 
 @pytest.mark.parametrize("args, expected", [
     (["train.stepz=10"], "train.stepz is not a config key; did you mean train.steps"),
-    (["trian.steps=3"], "trian.steps is not a config key; did you mean train?"),
+    (["trian.steps=3"], "trian.steps is not a config key; did you mean train"),
+    (["algorithm=diloco", "algorithm.outer_lr=0.3"], "algorithm.outer_lr was removed; use algorithm.outer_optimizer.lr"),
     (["algorithm=noloco", "algorithm.inner_stepz=3"], "did you mean algorithm.inner_steps"),
     (["-m", "optim.lr=1e-3,2e-3", "optim.lrr=3"], "optim.lrr is not a config key"),
     (["algorithm=nolocco"], "algorithm=nolocco is not an option; did you mean noloco"),

@@ -55,6 +55,14 @@ def _imported(mod: str, tree: ast.AST) -> set[str]:
                 base = ".".join(anchor + ([base] if base else []))
             found.add(base)
             found |= {f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" in MODULES}  # from pkg import submodule
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "discover"
+              and MODULES[mod].name == "__init__.py"):  # core/registry.discover: the package imports each of its modules
+            found |= {m for m in MODULES if m.rpartition(".")[0] == mod and not m.rpartition(".")[2].startswith("_")}
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "discover_marked"
+              and isinstance(node.args[2], ast.Tuple)):  # core/registry.discover_marked: modules holding a marker
+            markers = [c.value for c in node.args[2].elts if isinstance(c, ast.Constant)]
+            found |= {m for m, p in MODULES.items() if any(k in p.read_text() for k in markers) and p != MODULES[mod]
+                      and not any(part.startswith("_") for part in m.split("."))}
     return found
 
 
@@ -92,6 +100,9 @@ def test_the_static_graph_sees_the_imports():
     assert "decentrain.algorithms.base" in closure("decentrain.algorithms.ddp")
     assert "decentrain.core.registry" in closure("decentrain.algorithms.ddp.ddp")  # via base
     assert set(FAMILIES) >= {"ddp", "diloco", "noloco", "sapo", "hdee"}
+    # a package that discovers its modules (core/registry.discover) imports every one of them
+    assert "decentrain.algorithms.common.transports.torchft_groups" in closure("decentrain.algorithms.common.pretrain")
+    assert "decentrain.algorithms.sparseloco.sparseloco" in closure("decentrain.config")  # discover_marked
 
 
 def _library() -> set[str]:

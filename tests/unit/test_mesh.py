@@ -2,7 +2,7 @@
 
 import pytest
 
-from decentrain.algorithms.common.engines import EngineConfig
+from decentrain.algorithms.common.engines import engine_config
 from decentrain.core.mesh import layout_ranks, replica_layout
 from decentrain.core.world import World
 
@@ -33,7 +33,8 @@ def test_one_shard_per_replica_keeps_the_world_as_the_outer_world():
     ({"name": "deepspeed", "zero_stage": 0}, "engine.zero_stage=0"),
     ({"name": "torch", "shards_per_replica": 2}, "engine.shards_per_replica=2"),
     ({"name": "megatron"}, "engine.name='megatron'"),
+    ({"name": "torch", "zero_stage": 2}, "engine: unknown field.s. .'zero_stage'.; allowed: .'name', 'shards_per_replica'."),  # deepspeed's
 ])
 def test_engine_config_refusals_name_the_field(kwargs, field):
     with pytest.raises(ValueError, match=field.replace("[", r"\[")):
-        EngineConfig(**kwargs)
+        engine_config(kwargs)

@@ -6,8 +6,15 @@ from __future__ import annotations
 import pytest
 import torch
 
+from decentrain.algorithms.base import algorithm_config
 from decentrain.algorithms.common.outer import OuterOptimizer, noloco_step_
-from decentrain.algorithms.common.outer_optimizers import OUTER_OPTIMIZERS, OuterOptimizerConfig
+from decentrain.algorithms.common.outer_optimizers import (
+    OUTER_OPTIMIZERS,
+    AdamConfig,
+    OuterOptimizerConfig,
+    SGDConfig,
+    outer_optimizer_config,
+)
 from decentrain.algorithms.diloco import DiLoCoConfig, StreamingDiLoCo, StreamingDiLoCoConfig
 from decentrain.algorithms.noloco import NoLoCo, NoLoCoConfig
 from decentrain.core.world import World
@@ -21,7 +28,7 @@ def test_heavy_ball_sgd_two_steps() -> None:
     # φ = [1, -2], Δ̄ = [0.4, -0.8] then [0.1, 0.2]; η = 0.7, μ = 0.9, no Nesterov:
     # step 1: b = Δ̄ = [0.4, -0.8];  φ = [1, -2] − 0.7·b = [0.72, -1.44]
     # step 2: b = 0.9·[0.4, -0.8] + [0.1, 0.2] = [0.46, -0.52];  φ = [0.72, -1.44] − 0.7·b = [0.398, -1.076]
-    outer = OuterOptimizer([t(1.0, -2.0)], OuterOptimizerConfig("sgd", lr=0.7, momentum=0.9, nesterov=False))
+    outer = OuterOptimizer([t(1.0, -2.0)], SGDConfig(lr=0.7, momentum=0.9, nesterov=False))
     outer.step([t(0.4, -0.8)])
     torch.testing.assert_close(outer.slow[0], t(0.72, -1.44), rtol=0, atol=1e-6)
     outer.step([t(0.1, 0.2)])
@@ -53,9 +60,9 @@ def test_noloco_rule_is_the_papers_step_bit_for_bit() -> None:
         assert torch.equal(outer.opt.buffers()[0], ref_m[0])
 
 
-@pytest.mark.parametrize("cfg", [OuterOptimizerConfig("sgd", 0.7, 0.9, True), OuterOptimizerConfig("sgd", 0.5, 0.8, False),
-                                 OuterOptimizerConfig("noloco", 0.7, 0.5, False), OuterOptimizerConfig("adam", 0.01, 0.9, False)],
-                         ids=lambda c: f"{c.name}-{c.nesterov}")
+@pytest.mark.parametrize("cfg", [SGDConfig(lr=0.7, momentum=0.9, nesterov=True), SGDConfig(lr=0.5, momentum=0.8, nesterov=False),
+                                 OuterOptimizerConfig("noloco", 0.7, 0.5), AdamConfig(lr=0.01, momentum=0.9)],
+                         ids=lambda c: f"{c.name}-{getattr(c, 'nesterov', None)}")
 def test_every_rule_resumes_exactly(cfg) -> None:
     a = OuterOptimizer([t(1.0, -2.0, 0.5)], cfg)
     a.step([t(0.4, -0.8, 0.1)])
@@ -69,7 +76,7 @@ def test_every_rule_resumes_exactly(cfg) -> None:
 def test_resuming_under_another_outer_optimizer_is_refused() -> None:
     a = OuterOptimizer([t(1.0)], OuterOptimizerConfig("sgd"))
     with pytest.raises(ValueError, match="algorithm.outer_optimizer.name='noloco' differs from the checkpoint's 'sgd'"):
-        OuterOptimizer([t(1.0)], OuterOptimizerConfig("noloco", momentum=0.5, nesterov=False)).load_state_dict(a.state_dict())
+        OuterOptimizer([t(1.0)], OuterOptimizerConfig("noloco", momentum=0.5)).load_state_dict(a.state_dict())
 
 
 @pytest.mark.parametrize("kwargs, message", [
@@ -77,22 +84,30 @@ def test_resuming_under_another_outer_optimizer_is_refused() -> None:
     ({"lr": 0.0}, "algorithm.outer_optimizer.lr=0.0 must be a finite number in (0, 2]"),
     ({"lr": float("nan")}, "algorithm.outer_optimizer.lr=nan must be"),
     ({"momentum": 1.0}, "algorithm.outer_optimizer.momentum=1.0 must be a finite number in [0, 1)"),
-    ({"momentum": 0.0}, "algorithm.outer_optimizer.nesterov=true needs algorithm.outer_optimizer.momentum > 0"),
+    ({"momentum": 0.0, "nesterov": True}, "algorithm.outer_optimizer.nesterov=true needs algorithm.outer_optimizer.momentum > 0"),
+    # each rule owns its fields: another rule's key is refused, naming the rule's own
+    ({"name": "noloco", "nesterov": False}, "algorithm.outer_optimizer: unknown field(s) ['nesterov']; allowed: "
+                                           "['lr', 'momentum', 'name']"),
+    ({"name": "sgd", "beta2": 0.99}, "algorithm.outer_optimizer: unknown field(s) ['beta2']; allowed: "
+                                     "['lr', 'momentum', 'name', 'nesterov']"),
     ({"name": "noloco", "momentum": -0.1}, "algorithm.outer_optimizer.momentum=-0.1 must be"),
     ({"name": "adam", "lr": 1.5}, "algorithm.outer_optimizer.lr=1.5 must be a finite number in (0, 1]"),
     ({"name": "adam", "beta2": 1.0}, "algorithm.outer_optimizer.beta2=1.0 must be a finite number in [0, 1)"),
 ])
 def test_bad_values_fail_in_one_line_naming_field_and_range(kwargs, message) -> None:
     with pytest.raises(ValueError) as e:
-        OuterOptimizerConfig(**kwargs)
+        outer_optimizer_config(kwargs)
     assert str(e.value).startswith(message) and "\n" not in str(e.value)
 
 
-def test_every_family_takes_the_section_and_the_old_flat_keys() -> None:
-    assert DiLoCoConfig().outer_optimizer == OuterOptimizerConfig("sgd", 0.7, 0.9, True)
-    assert NoLoCoConfig().outer_optimizer == OuterOptimizerConfig("noloco", 0.7, 0.5, False)
-    old = DiLoCoConfig(outer_lr=0.5, outer_momentum=0.8, nesterov=False)
-    assert old.outer_optimizer == OuterOptimizerConfig("sgd", 0.5, 0.8, False) and old.outer_lr is None
+def test_every_family_takes_the_section_and_the_old_flat_keys_fail_naming_the_new_one() -> None:
+    assert DiLoCoConfig().outer_optimizer == SGDConfig(lr=0.7, momentum=0.9, nesterov=True)
+    assert NoLoCoConfig().outer_optimizer == OuterOptimizerConfig("noloco", 0.7, 0.5)
+    for old, new in (("outer_lr", "lr"), ("outer_momentum", "momentum"), ("nesterov", "nesterov")):
+        with pytest.raises(ValueError, match=rf"^algorithm.{old} was removed; use algorithm.outer_optimizer.{new}$"):
+            algorithm_config({"name": "diloco", old: 0.5})
+    with pytest.raises(ValueError, match=r"^job.algorithm.outer_lr was removed; use job.algorithm.outer_optimizer.lr$"):
+        algorithm_config({"name": "noloco", "outer_lr": 0.5}, where="job.algorithm")
     with pytest.raises(ValueError, match="algorithm.gamma=0.2 .* allowed: algorithm.outer_optimizer.name=noloco"):
         NoLoCoConfig(gamma=0.2, outer_optimizer=OuterOptimizerConfig("sgd"))
 
@@ -111,7 +126,7 @@ def test_streaming_diloco_builds_one_outer_optimizer_per_fragment() -> None:
             self.model.layers = torch.nn.ModuleList([Layer(), Layer()])
 
     cfg = StreamingDiLoCoConfig(inner_steps=2, num_fragments=2, overlap_steps=0,
-                                outer_optimizer=OuterOptimizerConfig("sgd", 0.5, 0.9, False))
+                                outer_optimizer=SGDConfig(lr=0.5, momentum=0.9, nesterov=False))
     algo = StreamingDiLoCo(cfg, World())
     algo.on_train_start(Model(), None)
     assert len(algo.outers) == 2
@@ -122,7 +137,7 @@ def test_noloco_runs_any_registered_rule_on_its_own_drift() -> None:
     # alone, θ̄ = θ: g = φ − θ = 1 − 3 = −2; heavy-ball SGD, η = 0.5: φ = 1 − 0.5·(−2) = 2
     model = torch.nn.Linear(1, 1, bias=False)
     model.weight.data.fill_(1.0)
-    algo = NoLoCo(NoLoCoConfig(inner_steps=1, outer_optimizer=OuterOptimizerConfig("sgd", 0.5, 0.5, False)), World())
+    algo = NoLoCo(NoLoCoConfig(inner_steps=1, outer_optimizer=SGDConfig(lr=0.5, momentum=0.5, nesterov=False)), World())
     algo.on_train_start(model, None)
     model.weight.data.fill_(3.0)
     algo.after_optimizer_step(1, model, None)
@@ -145,10 +160,13 @@ def test_every_outer_optimizer_yaml_composes_into_every_family(choice) -> None:
         for algorithm in ("diloco", "streaming_diloco", "noloco"):
             raw = compose("config", overrides=[f"algorithm={algorithm}", f"algorithm/outer_optimizer={choice}"])
             cfg = config_from_dict({"algorithm": OmegaConf.to_container(raw.algorithm, resolve=True)})
-            assert cfg.algorithm.outer_optimizer == OuterOptimizerConfig(**OmegaConf.load(conf / "algorithm/outer_optimizer" / f"{choice}.yaml"))
+            values = OmegaConf.to_container(OmegaConf.load(conf / "algorithm/outer_optimizer" / f"{choice}.yaml"))
+            values.pop("defaults")
+            assert cfg.algorithm.outer_optimizer == outer_optimizer_config(values)
+            assert type(cfg.algorithm.outer_optimizer) is OUTER_OPTIMIZERS.get(values["name"]).config_cls
 
 
-@pytest.mark.parametrize("rule", [OuterOptimizerConfig("noloco", 0.7, 0.5, False), OuterOptimizerConfig("adam", 0.01, 0.9, False)],
+@pytest.mark.parametrize("rule", [OuterOptimizerConfig("noloco", 0.7, 0.5), AdamConfig(lr=0.01, momentum=0.9)],
                          ids=lambda c: c.name)
 def test_noloco_outer_state_resumes_bit_for_bit(rule) -> None:
     def replica():

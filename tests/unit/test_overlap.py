@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from decentrain.algorithms.common.outer_optimizers import OuterOptimizerConfig
+from decentrain.algorithms.common.outer_optimizers import OuterOptimizerConfig, SGDConfig
 from decentrain.algorithms.common.overlap import delayed_correction_
 from decentrain.algorithms.diloco.diloco import DiLoCo, DiLoCoConfig
 from decentrain.algorithms.noloco.noloco import NoLoCo, NoLoCoConfig
@@ -58,7 +58,7 @@ def _weights(replicas):
 
 def test_diloco_overlap_lands_each_mean_one_round_late():
     # η = 1, no momentum: φ ← φ − mean Δ. Drifts +1 and +3 per step, H = 1.
-    cfg = DiLoCoConfig(inner_steps=1, overlap=True, outer_optimizer=OuterOptimizerConfig("sgd", 1.0, 0.0, False))
+    cfg = DiLoCoConfig(inner_steps=1, overlap=True, outer_optimizer=SGDConfig(lr=1.0, momentum=0.0, nesterov=False))
     reps = _pair(DiLoCo, cfg)
     _step(reps, 1)  # θ = (1, 3); nothing in flight; b = θ; sends Δ = φ − b = (−1, −3)
     assert _weights(reps) == [1.0, 3.0]
@@ -73,7 +73,7 @@ def test_diloco_overlap_lands_each_mean_one_round_late():
 
 def test_noloco_overlap_averages_with_the_partner_one_round_late():
     # NoLoCo's own step, η = 0.5, μ = 0: φ ← φ + 0.5·(θ̄ − φ). Drifts +1 and +3 per step, H = 1.
-    cfg = NoLoCoConfig(inner_steps=1, overlap=True, outer_optimizer=OuterOptimizerConfig("noloco", 0.5, 0.0, False))
+    cfg = NoLoCoConfig(inner_steps=1, overlap=True, outer_optimizer=OuterOptimizerConfig("noloco", 0.5, 0.0))
     reps = _pair(NoLoCo, cfg)
     _step(reps, 1)  # θ = (1, 3); sends b = θ
     _step(reps, 2)  # θ = (2, 6); θ̄ = 2: φ = 1; φ + (θ − b) = (1 + 1, 1 + 3)
@@ -88,7 +88,7 @@ def test_noloco_overlap_averages_with_the_partner_one_round_late():
 
 
 def test_noloco_overlap_late_partner_costs_that_round_only():
-    cfg = NoLoCoConfig(inner_steps=1, overlap=True, outer_optimizer=OuterOptimizerConfig("noloco", 0.5, 0.0, False))
+    cfg = NoLoCoConfig(inner_steps=1, overlap=True, outer_optimizer=OuterOptimizerConfig("noloco", 0.5, 0.0))
     reps = _pair(NoLoCo, cfg, deadline_s=5.0)
     late = reps[1][1].comm()
     exchange = late.exchange

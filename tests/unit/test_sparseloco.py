@@ -5,6 +5,7 @@ import torch
 
 from decentrain.algorithms.sparseloco import SparseLoCo, SparseLoCoConfig
 from decentrain.core.world import World
+from decentrain.algorithms.common.outer_optimizers import SGDConfig
 
 
 def _model(values):
@@ -23,7 +24,7 @@ def _set(model, values):
     ({"chunk_size": 70000}, r"algorithm.chunk_size=70000 must be a finite number in \[1, 65536\]"),
     ({"ef_decay": 1.5}, r"algorithm.ef_decay=1.5 must be a finite number in \[0, 1\]"),
     ({"ef_decay": float("nan")}, r"algorithm.ef_decay=nan"),
-    ({"nesterov": True}, r"algorithm.outer_optimizer.nesterov=true needs algorithm.outer_optimizer.momentum > 0"),
+    ({"outer_optimizer": {"name": "sgd", "lr": 1.0, "momentum": 0.0, "nesterov": True}}, r"algorithm.outer_optimizer.nesterov=true needs algorithm.outer_optimizer.momentum > 0"),
     ({"adaptive_inner_steps": True}, r"algorithm.adaptive_inner_steps is not supported by sparseloco"),
 ])
 def test_config_errors_name_the_field_and_range(kw, msg):
@@ -32,7 +33,7 @@ def test_config_errors_name_the_field_and_range(kw, msg):
 
 
 def test_outer_step_applies_the_decoded_topk_and_keeps_the_rest_as_error():
-    cfg = SparseLoCoConfig(inner_steps=2, outer_lr=0.5, tiling="flat", chunk_size=4, topk=1, bits=2, ef_decay=0.5,
+    cfg = SparseLoCoConfig(inner_steps=2, outer_optimizer=SGDConfig(lr=0.5, momentum=0.0, nesterov=False), tiling="flat", chunk_size=4, topk=1, bits=2, ef_decay=0.5,
                            quantizer="maxabs")
     model = _model([1.0, 1.0, 1.0, 1.0])
     algo = SparseLoCo(cfg, World())

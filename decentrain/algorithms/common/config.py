@@ -3,7 +3,7 @@
 `LoopConfig` (the `train` section) configures the `Trainer`; `TrainConfig` assembles it
 with the sections of what the run builds, each defined next to its code (ModelConfig in
 models/, DataConfig in data/, OptimConfig and EngineConfig in common/engines/,
-LauncherConfig in core/, each algorithm's config in its package). decentrain/config.py,
+LauncherConfig in core/, TransportConfig in common/transports/, each algorithm's config in its package). decentrain/config.py,
 the composition root above, converts Hydra's dict into these and registers them.
 """
 
@@ -15,8 +15,8 @@ from typing import Any
 
 from decentrain.algorithms.base import ALGORITHMS, AlgorithmConfig
 from decentrain.algorithms.common.engines import ENGINES, EngineConfig, OptimConfig
-from decentrain.algorithms.common.ft.checks import check_fault_tolerant_run
 from decentrain.algorithms.common.speed import COMPILE_SCOPES, PRECISIONS
+from decentrain.algorithms.common.transports.base import TransportConfig, door
 from decentrain.core.checks import check_range
 from decentrain.core.launch_config import LauncherConfig
 from decentrain.core.metrics import LoggerConfig
@@ -68,6 +68,7 @@ class TrainConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: LoopConfig = field(default_factory=LoopConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
+    transport: Any = field(default_factory=TransportConfig)  # the door to the network: an entry's own config class
     run_dir: str | None = None
     resume: bool = True  # continue from the newest complete checkpoint in run_dir
     experiment: str | None = None
@@ -126,4 +127,4 @@ def validate(cfg: TrainConfig, world_size: int) -> None:
                          "or an outer algorithm (diloco, noloco)")
     algorithm.check_world(cfg.algorithm, world_size // shards)
     algorithm.check_steps(cfg.algorithm, cfg.train.steps)
-    check_fault_tolerant_run(cfg, world_size)
+    door(cfg).check(cfg, world_size)  # what the selected transport cannot carry

@@ -12,17 +12,16 @@ from __future__ import annotations
 import math
 import statistics
 from collections import deque
-import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
 from decentrain.algorithms.base import Algorithm, AlgorithmConfig
-from decentrain.algorithms.common.outer_optimizers import OuterOptimizerConfig
+from decentrain.algorithms.common.outer_optimizers import OuterOptimizerConfig, outer_optimizer_config
 from decentrain.algorithms.common.replicas import broadcast_parameters, check_replicas_match
 from decentrain.algorithms.common.speed import DeviceTimer
-from decentrain.core.dist_transport import TorchTransport
+from decentrain.algorithms.common.transports import DEFAULT_DOOR, TRANSPORTS, TransportConfig
 from decentrain.core.transport import Transport
 
 
@@ -34,21 +33,16 @@ class InnerOuterConfig(AlgorithmConfig):
     # partners reach the sync together; every worker still runs the same number of rounds.
     adaptive_inner_steps: bool = False
     min_inner_steps: int = 1
-    # the flat keys from before algorithm.outer_optimizer, still accepted: folded into it, then null
-    outer_lr: float | None = None  # outer_optimizer.lr
-    outer_momentum: float | None = None  # outer_optimizer.momentum
-    nesterov: bool | None = None  # outer_optimizer.nesterov
+    # the flat keys from before algorithm.outer_optimizer
+    RENAMED: ClassVar[dict[str, str]] = {"outer_lr": "outer_optimizer.lr", "outer_momentum": "outer_optimizer.momentum",
+                                         "nesterov": "outer_optimizer.nesterov"}
 
     def __post_init__(self) -> None:
         if self.inner_steps < 1:
             raise ValueError(f"algorithm.inner_steps={self.inner_steps} (H) must be >= 1")
-        if isinstance(self.outer_optimizer, dict):  # built in Python with a plain dict
-            self.outer_optimizer = OuterOptimizerConfig(**self.outer_optimizer)
-        aliases = {"outer_lr": "lr", "outer_momentum": "momentum", "nesterov": "nesterov"}
-        changes = {new: getattr(self, old) for old, new in aliases.items() if getattr(self, old) is not None}
-        if changes:  # replace() checks the section again with the aliases' values
-            self.outer_optimizer = dataclasses.replace(self.outer_optimizer, **changes)
-            self.outer_lr = self.outer_momentum = self.nesterov = None
+        # the rule's own config class (from a dict, or a default naming the rule), η and μ defaulting to ours
+        default = type(self).__dataclass_fields__["outer_optimizer"].default_factory()
+        self.outer_optimizer = outer_optimizer_config(self.outer_optimizer, default)
         if not 1 <= self.min_inner_steps <= self.inner_steps:
             raise ValueError(
                 f"algorithm.min_inner_steps={self.min_inner_steps} must be in [1, algorithm.inner_steps={self.inner_steps}]"
@@ -83,13 +77,13 @@ class InnerOuterAlgorithm(Algorithm):
     """Subclasses implement `setup(model)`, `outer_step(model) -> metrics` and the outer state."""
 
     cfg: InnerOuterConfig
-    # how this replica talks to the others; set before on_train_start to run over another one
-    # (core/inprocess.py: replicas as threads of one process), else torch.distributed
+    # how this replica talks to the others: set by the run's transport entry (common/transports/,
+    # `transport.name`) before on_train_start; unset (an algorithm built by hand), the default entry's
     transport: Transport | None = None
 
     def comm(self) -> Transport:
         if self.transport is None:
-            self.transport = TorchTransport(self.world)
+            self.transport = TRANSPORTS.get(DEFAULT_DOOR).transport(self.world, TransportConfig(DEFAULT_DOOR))
         return self.transport
 
     def bytes_sent(self) -> int | None:

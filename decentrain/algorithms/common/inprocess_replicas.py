@@ -55,7 +55,7 @@ def run_replicas_in_process(cfg: TrainConfig, world_size: int, run_dir: Path, de
     `wrap_transport` wraps each replica's transport (benchmarks: an emulated slow link)."""
     algo_cls = ALGORITHMS.get(cfg.algorithm.name)
     algo_cls.check_world(cfg.algorithm, world_size)
-    hub = InProcessHub(world_size, deadline_s)
+    hub = InProcessHub(world_size, deadline_s)  # what transport=inprocess (common/transports/inprocess.py) runs on
     placement = plan_placement(cfg.train.device, world_size, visible_gpus())
     seed_everything(cfg.train.seed)
     tokenizer = build_tokenizer(cfg.model)

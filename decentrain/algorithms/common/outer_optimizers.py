@@ -3,41 +3,69 @@
 As in torchft's DiLoCo, an outer optimizer is an ordinary `torch.optim.Optimizer` over the fp32
 slow weights: the family writes the pseudo-gradient into `.grad` (DiLoCo: the replicas' mean
 Δ̄ = φ − mean θ; NoLoCo: φ_i − θ̄ over its gossip group) and steps it (common/outer.py's
-`OuterOptimizer` does that). Each entry checks its own fields when the config is built and
-builds its optimizer. Adding one: a class registered here, plus
-conf/algorithm/outer_optimizer/<name>.yaml.
+`OuterOptimizer` does that). Each entry owns its config class (the common η and μ plus its own
+fields: no union of every rule's keys), checks it when the config is built and builds its
+optimizer. Adding one: a class registered here (with its config class if it has fields of its
+own), plus conf/algorithm/outer_optimizer/<name>.yaml (`defaults: [<name>_schema]`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, fields
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from decentrain.core.checks import check_range
 from decentrain.core.registry import Registry
+from decentrain.core.typed import typed
 
 FIELD = "algorithm.outer_optimizer"
 
 
 @dataclass
 class OuterOptimizerConfig:
-    """The `algorithm.outer_optimizer` section; each entry says which fields it reads."""
+    """The `algorithm.outer_optimizer` fields every rule has; an entry's config class adds its own.
+
+    An instance of this class naming a rule with fields of its own (an algorithm's default, which
+    any entry's schema can extend under Hydra) becomes that rule's class in `outer_optimizer_config`.
+    """
 
     name: str = "sgd"
     lr: float = 0.7  # η
     momentum: float = 0.9  # μ
-    nesterov: bool = True  # sgd only
-    beta2: float = 0.999  # adam only (momentum is its beta1)
 
     def __post_init__(self) -> None:
-        OUTER_OPTIMIZERS.get(self.name, field=f"{FIELD}.name").check(self)
+        rule = OUTER_OPTIMIZERS.get(self.name, field=f"{FIELD}.name")
+        if type(self) is rule.config_cls:  # the rule's own class: complete, so check it
+            rule.check(self)
+
+    @classmethod
+    def convert(cls, raw: Mapping[str, Any], where: str = FIELD, default: "OuterOptimizerConfig | None" = None):
+        return outer_optimizer_config(raw, default)
+
+
+def outer_optimizer_config(value: "Mapping[str, Any] | OuterOptimizerConfig",
+                           default: OuterOptimizerConfig | None = None) -> OuterOptimizerConfig:
+    """The section typed by its rule's own class. Fields not given come from `default` (the algorithm's
+    η and μ) where it has them, else from the rule's class; a field the rule does not have fails."""
+    if isinstance(value, OuterOptimizerConfig):
+        if type(value) is OUTER_OPTIMIZERS.get(value.name, field=f"{FIELD}.name").config_cls:
+            return value
+        value = asdict(value)
+    raw = dict(value)
+    base = default if default is not None else OuterOptimizerConfig()
+    cls = OUTER_OPTIMIZERS.get(raw.get("name", base.name), field=f"{FIELD}.name").config_cls
+    start = {f.name: getattr(base, f.name) for f in fields(cls) if hasattr(base, f.name) and f.name != "name"}
+    return typed(cls, {**start, **raw}, FIELD)
 
 
 class OuterRule:
-    """One registry entry: its config checks and the optimizer it builds over the slow weights."""
+    """One registry entry: its config class and checks, and the optimizer it builds over the slow weights."""
+
+    config_cls: type[OuterOptimizerConfig] = OuterOptimizerConfig  # a subclass where the rule has fields of its own
 
     # True when `build` returns an optimizer with NoLoCo's momentum buffer m (φ ← φ + m), which
     # NoLoCo's general form (γ ≠ β) updates itself
@@ -56,12 +84,25 @@ class OuterRule:
 OUTER_OPTIMIZERS: Registry[type[OuterRule]] = Registry(FIELD)
 
 
+@dataclass
+class SGDConfig(OuterOptimizerConfig):
+    name: str = "sgd"
+    nesterov: bool | None = None  # None: Nesterov when momentum > 0 (DiLoCo's), plain SGD at momentum 0
+
+    def __post_init__(self) -> None:
+        if self.nesterov is None:
+            self.nesterov = self.momentum > 0
+        super().__post_init__()
+
+
 @OUTER_OPTIMIZERS.register("sgd")
 class SGDRule(OuterRule):
     """torch.optim.SGD: Nesterov (DiLoCo's) or, with nesterov=false, heavy-ball momentum (the
     NoLoCo paper's DiLoCo baseline, the official code's pipeline_diloco_optimizer):
         b ← μ·b + g ;  φ ← φ − η·(g + μ·b)  (Nesterov)  or  φ ← φ − η·b  (heavy ball)
     """
+
+    config_cls = SGDConfig
 
     @classmethod
     def check(cls, cfg: OuterOptimizerConfig) -> None:
@@ -115,10 +156,19 @@ class NoLoCoRule(OuterRule):
         return NoLoCoMomentum(params, lr=cfg.lr, momentum=cfg.momentum)
 
 
+@dataclass
+class AdamConfig(OuterOptimizerConfig):
+    name: str = "adam"
+    lr: float = 0.01  # ~lr per coordinate per outer step
+    beta2: float = 0.999  # momentum is beta1
+
+
 @OUTER_OPTIMIZERS.register("adam")
 class AdamRule(OuterRule):
     """torch.optim.Adam on the pseudo-gradient, betas (momentum, beta2): the adaptive outer step some
     DiLoCo follow-ups use. Its step is ~lr per coordinate whatever Δ's scale, so lr is far below SGD's."""
+
+    config_cls = AdamConfig
 
     @classmethod
     def check(cls, cfg: OuterOptimizerConfig) -> None:

@@ -13,10 +13,9 @@ from pathlib import Path
 
 import torch
 
-from decentrain.algorithms.base import ALGORITHMS
 from decentrain.algorithms.common.config import TrainConfig
-from decentrain.algorithms.common.ft import FT_ALGORITHMS, ReplicaGroup, replica_sampler
 from decentrain.algorithms.common.trainer import Trainer, TrainResult, seed_everything
+from decentrain.algorithms.common.transports import door
 from decentrain.core.mesh import replica_layout
 from decentrain.core.metrics import MetricsLogger, drop_rows_after, format_bytes, plot_curves, read_jsonl
 from decentrain.core.world import World
@@ -47,16 +46,11 @@ def run_pretraining(cfg: TrainConfig, world: World, run_dir: Path, config_dict: 
     torch.manual_seed(cfg.train.seed + 1 + world.rank)
     # replicas × shards: the outer algorithm sees one rank per replica (the whole world when 1 shard)
     layout = replica_layout(world, cfg.engine.shards_per_replica)
-    group = None
-    if cfg.launcher.fault_tolerance == "torchft":  # one replica group of several, joined by torchft
-        group = ReplicaGroup.from_config(cfg.launcher.replicas, cfg.launcher.torchft)
-        algorithm = FT_ALGORITHMS.get(cfg.algorithm.name)(cfg.algorithm, layout.outer, group, cfg.train.steps)
-    else:
-        algorithm = ALGORITHMS.get(cfg.algorithm.name)(cfg.algorithm, layout.outer)
+    network = door(cfg)  # transport.name: how this replica reaches the others
+    algorithm = network.algorithm(cfg, layout.outer)
     trainer = Trainer(cfg.train, world, algorithm, model, corpus, run_dir, layout, engine=cfg.engine, optim=cfg.optim,
                       logger=cfg.logger, resume=cfg.resume)
-    if group is not None:
-        trainer.sampler = replica_sampler(len(trainer.train_blocks), cfg.train.global_batch_size, world, group, cfg.train.seed)
+    network.attach(trainer, cfg, world)
     resumed = trainer.maybe_resume()
     if resumed is not None:  # the steps after the checkpoint will be logged again: drop their old rows
         name = "metrics.jsonl" if world.rank == 0 else f"metrics.rank{world.rank}.jsonl"
@@ -66,7 +60,7 @@ def run_pretraining(cfg: TrainConfig, world: World, run_dir: Path, config_dict: 
         shards = f" ({layout.replicas} replicas x {layout.shards} shards, {cfg.engine.name})" if layout.shards > 1 else ""
         where = f"resumed from step {resumed}" if resumed is not None else "from scratch"
         restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
-        if group is not None and restarts:  # torchrun restarted this group alone: it heals from a live one
+        if cfg.launcher.replicas > 1 and restarts:  # torchrun restarted this group alone: it heals from a live one
             where = f"restarted (restart {restarts}), healing from a live group at its first quorum"
         log.info(
             f"[decentrain] {cfg.algorithm.name}: {num_params(model) / 1e6:.2f}M params, world {world.world_size}{shards}, "

@@ -21,7 +21,7 @@ import torch
 
 from decentrain.algorithms.base import Algorithm
 from decentrain.algorithms.common.config import LoopConfig
-from decentrain.algorithms.common.engines import ENGINES, EngineConfig, OptimConfig, build_optimizer  # noqa: F401 (re-exported)
+from decentrain.algorithms.common.engines import ENGINES, EngineConfig, OptimConfig, build_optimizer, engine_config  # noqa: F401 (re-exported)
 from decentrain.core.checkpoint import Checkpointer
 from decentrain.core.mesh import ReplicaLayout, replica_layout
 from decentrain.algorithms.common.speed import apply_compile, autocast, resolve_precision, set_tf32, weight_dtype
@@ -104,7 +104,7 @@ class Trainer:
     def __init__(self, loop: LoopConfig, world: World, algorithm: Algorithm, model: torch.nn.Module, corpus: Corpus,
                  run_dir: Path, layout: ReplicaLayout | None = None, *, engine: EngineConfig | None = None,
                  optim: OptimConfig | None = None, logger: LoggerConfig | None = None, resume: bool = True):
-        engine, optim, self.logger_cfg = engine or EngineConfig(), optim or OptimConfig(), logger or LoggerConfig()
+        engine, optim, self.logger_cfg = engine_config(engine or EngineConfig()), optim or OptimConfig(), logger or LoggerConfig()
         self.loop, self.world, self.algorithm, self.resume = loop, world, algorithm, resume
         self.run_dir = run_dir
         self.precision = resolve_precision(loop.precision, world.device)

@@ -26,7 +26,7 @@ from decentrain.core.transport import PendingMean
 class DiLoCoConfig(InnerOuterConfig):
     name: str = "diloco"
     inner_steps: int = 500  # paper: H=500, η=0.7, μ=0.9 (Nesterov)
-    outer_optimizer: OuterOptimizerConfig = field(default_factory=lambda: OuterOptimizerConfig("sgd", 0.7, 0.9, True))
+    outer_optimizer: OuterOptimizerConfig = field(default_factory=lambda: OuterOptimizerConfig("sgd", 0.7, 0.9))  # sgd: Nesterov at μ > 0
     # one-step-delayed outer update: round r's all-reduce overlaps round r+1's inner steps (common/overlap.py)
     overlap: bool = False
 

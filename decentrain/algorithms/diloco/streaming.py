@@ -31,7 +31,7 @@ logger = logging.getLogger(__name__)
 class StreamingDiLoCoConfig(InnerOuterConfig):
     name: str = "streaming_diloco"
     inner_steps: int = 100  # H: each fragment syncs once every H inner steps
-    outer_optimizer: OuterOptimizerConfig = field(default_factory=lambda: OuterOptimizerConfig("sgd", 0.7, 0.9, True))
+    outer_optimizer: OuterOptimizerConfig = field(default_factory=lambda: OuterOptimizerConfig("sgd", 0.7, 0.9))  # sgd: Nesterov at μ > 0
     num_fragments: int = 4  # P, strided over layers
     overlap_steps: int = 1  # τ: inner steps between a fragment's send and its update
     mix_alpha: float = 0.5  # α: share of the local weights kept at the merge

@@ -14,18 +14,19 @@ import dataclasses
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, ClassVar, Optional
 
 from omegaconf import OmegaConf
 
-from decentrain.algorithms.base import ALGORITHMS, algorithm_config
+from decentrain.algorithms.base import ALGORITHMS, AlgorithmConfig, algorithm_config
 from decentrain.algorithms.hdee.budget import check_budget, homogeneous_baseline
 from decentrain.algorithms.hdee.mixing import WEIGHTINGS
 from decentrain.algorithms.hdee.plan import EnsemblePlan, SeedConfig, validate
 from decentrain.algorithms.common.config import LoopConfig
-from decentrain.algorithms.common.engines import EngineConfig, OptimConfig
+from decentrain.algorithms.common.engines import EngineConfig, OptimConfig, engine_config
 from decentrain.core.launch_config import LauncherConfig
 from decentrain.core.metrics import LoggerConfig
+from decentrain.core.typed import typed
 from decentrain.data.blocks import SPLITS, DataConfig
 from decentrain.data.corpus import DOMAINS
 from decentrain.models.factory import ModelConfig, build_tokenizer, hf_config
@@ -94,9 +95,11 @@ class JobConfig:
     stage: str = "all"
     index: int | None = None  # the seed (stage=seed) or lane (stage=lane) to run
     max_parallel: int = 3  # lane jobs running at once under stage=all
-    algorithm: Any = field(default_factory=lambda: {"name": "ddp"})  # as a run's `algorithm` section (conf/algorithm/)
+    # as a run's `algorithm` section (conf/algorithm/): the base class here, so that Hydra can extend it
+    # with any algorithm's schema; typed by its name in HdeeConfig
+    algorithm: Any = field(default_factory=AlgorithmConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)  # as a run's `engine` section (conf/engine/)
-    expert_algorithm: str | None = None  # the older key: job.algorithm.name with that algorithm's defaults
+    RENAMED: ClassVar[dict[str, str]] = {"expert_algorithm": "algorithm.name"}  # the older key
 
     def __post_init__(self) -> None:
         if self.stage not in STAGES:
@@ -105,22 +108,13 @@ class JobConfig:
             raise ValueError(f"job.index={self.index} must name a {self.stage} (>= 0) when job.stage={self.stage}")
         if self.max_parallel < 1:
             raise ValueError(f"job.max_parallel={self.max_parallel} must be >= 1")
-        if self.expert_algorithm is not None:
-            ALGORITHMS.get(self.expert_algorithm, field="job.expert_algorithm")
         name = getattr(self.algorithm, "name", None) or dict(self.algorithm).get("name", "ddp")
         ALGORITHMS.get(name, field="job.algorithm.name")
         # typed in HdeeConfig (typing it here would fix the schema's node to DDPConfig for Hydra)
 
     def typed(self) -> None:
-        """Fold the older `expert_algorithm` in and type `algorithm` by its name."""
-        if self.expert_algorithm is not None:
-            name = getattr(self.algorithm, "name", None) or dict(self.algorithm).get("name", "ddp")
-            if name not in ("ddp", self.expert_algorithm):
-                raise ValueError(f"job.expert_algorithm={self.expert_algorithm!r} and job.algorithm.name={name!r} "
-                                 "disagree; set job.algorithm only")
-            if name != self.expert_algorithm:
-                self.algorithm = {"name": self.expert_algorithm}
-            self.expert_algorithm = None
+        """Type `algorithm` and `engine` by their names (each entry's own config class)."""
+        self.engine = engine_config(self.engine, where="job.engine")
         self.algorithm = algorithm_config(self.algorithm, where="job.algorithm")
 
 
@@ -210,7 +204,7 @@ def hdee_config_from_dict(raw: dict[str, Any]) -> HdeeConfig:
 
     Unknown keys fail naming the field; each dataclass validates itself on construction.
     """
-    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(HdeeConfig), raw))
+    return typed(HdeeConfig, raw)
 
 
 def save_config(ensemble_dir: str | Path, raw: dict[str, Any]) -> Path:

@@ -31,8 +31,8 @@ from decentrain.algorithms.noloco.compressed_gossip import CompressedGossip, NoL
 from decentrain.algorithms.noloco.healing import Healer, tensors_crc
 from decentrain.core.checks import check_range
 from decentrain.core.deadline import AdaptiveDeadlineConfig
-from decentrain.core.dist_transport import GossipOptions, TorchTransport
 from decentrain.core.pairing import ODD_POLICIES, gossip_groups, group_of
+from decentrain.core.transport import GossipOptions
 from decentrain.core.wait_policy import BEHIND
 
 log = logging.getLogger(__name__)
@@ -44,7 +44,7 @@ class NoLoCoConfig(InnerOuterConfig):
     inner_steps: int = 50  # reference: H=50, η=0.7, μ=0.5
     # lr: η = β, weight of the pair's pseudo-gradient; momentum: μ (the paper's α). name=noloco is the
     # paper's own form; any other outer optimizer steps on g = φ − θ̄ (γ = β only)
-    outer_optimizer: OuterOptimizerConfig = field(default_factory=lambda: OuterOptimizerConfig("noloco", 0.7, 0.5, False))
+    outer_optimizer: OuterOptimizerConfig = field(default_factory=lambda: OuterOptimizerConfig("noloco", 0.7, 0.5))
     gamma: float | None = None  # weight of the pull towards the pair's mean φ; None: γ = β
     # None: the official NoLoCo partner sequence, default_rng(k·H + 1) at the k-th sync (H = inner_steps);
     # an int: decentrain's own seeded stream default_rng([seed, round]), not the reference one
@@ -142,12 +142,12 @@ class NoLoCo(InnerOuterAlgorithm):
         self.in_flight: tuple | None = None  # overlap: (round, group, payload sent, Future of the partners' tensors)
         self.background = Background("noloco-overlap") if self.cfg.overlap else None
         transport = self.comm()
-        if isinstance(transport, TorchTransport):  # membership, pair groups and lanes: start-up, every rank
-            transport.start_gossip(GossipOptions(int(self.cfg.bucket_mb * (1 << 20)), self.cfg.deadline_s,
-                                                 self.cfg.stall_s, self.cfg.full_duplex, self.cfg.adaptive_deadline))
-            if transport.pairs is not None and self.trainer_state is not None:  # replacements heal from us, or we from a live peer
-                self.healer = Healer(transport.membership, transport.pairs, self.trainer_state, self.load_trainer_state,
-                                     attempt_s=max(60.0, 4 * (self.cfg.deadline_s or 0)))
+        # membership, pair groups and lanes where the transport keeps them: start-up, every rank
+        transport.start_gossip(GossipOptions(int(self.cfg.bucket_mb * (1 << 20)), self.cfg.deadline_s,
+                                             self.cfg.stall_s, self.cfg.full_duplex, self.cfg.adaptive_deadline))
+        if transport.pairs is not None and self.trainer_state is not None:  # replacements heal from us, or we from a live peer
+            self.healer = Healer(transport.membership, transport.pairs, self.trainer_state, self.load_trainer_state,
+                                 attempt_s=max(60.0, 4 * (self.cfg.deadline_s or 0)))
         if self.world.incarnation == 0:  # a replacement publishes once it has healed
             transport.publish(self.round - self._resumed_in_flight())  # rounds whose exchange has landed
 

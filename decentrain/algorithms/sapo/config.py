@@ -19,6 +19,7 @@ from decentrain.algorithms.sapo.grpo import SAPOLossConfig
 from decentrain.core.identity import check_node_name
 from decentrain.algorithms.sapo.payload import PayloadLimits, check_swarm_key
 from decentrain.core.metrics import LoggerConfig
+from decentrain.core.typed import typed
 from decentrain.core.world import DEVICES
 from decentrain.models.factory import ModelConfig
 from decentrain.tasks import RewardConfig, TaskMixConfig, TemplateConfig
@@ -260,7 +261,7 @@ def sapo_config_from_dict(raw: dict[str, Any]) -> SAPOConfig:
         except OmegaConfBaseException as e:  # a wrong type or unknown field: OmegaConf names it
             raise ValueError(f"{name}.{getattr(e, 'full_key', '') or '?'}: {' '.join(str(e).split()[:12])}") from None
     try:
-        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(SAPOConfig), raw))
+        return typed(SAPOConfig, raw)  # the one conversion every recipe ends in (core/typed.py)
     except OmegaConfBaseException as e:
         raise ValueError(f"{getattr(e, 'full_key', '') or 'config'}: {' '.join(str(e).split()[:12])}") from None
 

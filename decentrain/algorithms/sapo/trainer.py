@@ -18,7 +18,7 @@ from typing import Any
 
 from decentrain.algorithms.sapo.config import SAPOConfig
 from decentrain.algorithms.sapo.evaluation import greedy_accuracy, heldout_items
-from decentrain.algorithms.sapo.exchange import build_exchange
+from decentrain.algorithms.sapo.exchange import EXCHANGES, build_exchange
 from decentrain.core.identity import NodeIdentity
 from decentrain.algorithms.sapo.node import SAPONode
 from decentrain.algorithms.sapo.results import round_line, summarize, summary_line, swarm_mean
@@ -38,7 +38,7 @@ def node_identity(cfg: SAPOConfig, world: World) -> tuple[int, str]:
 def _resume_round(cfg: SAPOConfig, world: World, ckpt: Checkpointer) -> int | None:
     if not cfg.resume:
         return None
-    if cfg.exchange.name == "collective":  # one all-reduce at start-up (a no-op on one process)
+    if EXCHANGES.get(cfg.exchange.name).joins_process_group:  # one all-reduce at start-up (a no-op on one process)
         return ckpt.agree_resume_step(world)
     return ckpt.newest_good_step()  # swarm nodes are independent: no agreement, no wait
 

@@ -65,7 +65,7 @@ class SparseLoCoConfig(InnerOuterConfig):
     inner_steps: int = 30  # H (the paper sweeps 15–100)
     # plain SGD at α = 1: the EF buffer replaces outer momentum (algorithm.outer_optimizer turns it back on)
     outer_optimizer: OuterOptimizerConfig = field(
-        default_factory=lambda: OuterOptimizerConfig("sgd", lr=1.0, momentum=0.0, nesterov=False))
+        default_factory=lambda: OuterOptimizerConfig("sgd", lr=1.0, momentum=0.0))  # sgd: no Nesterov at μ = 0
     ef_decay: float = 0.95  # β of e ← β·e + Δ
     tiling: str = "tensor"  # 64×64 tiles per tensor (reference), or "flat": chunks of chunk_size over all parameters
     tile_size: int = 64  # tile side (tiling: tensor)

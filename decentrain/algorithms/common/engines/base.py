@@ -10,9 +10,9 @@ this module names no engine.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import torch
 import torch.distributed as dist
@@ -21,6 +21,7 @@ from decentrain.algorithms.base import Algorithm
 from decentrain.core.checks import check_range
 from decentrain.core.mesh import ReplicaLayout
 from decentrain.core.registry import Registry
+from decentrain.core.typed import typed
 
 SCHEDULES = ("cosine", "constant")
 
@@ -54,14 +55,31 @@ class OptimConfig:
 
 @dataclass
 class EngineConfig:
+    """The `engine` fields every engine has; an engine with fields of its own subclasses it (`Engine.config_cls`)."""
+
     name: str = "torch"
-    zero_stage: int = 2  # deepspeed only
     shards_per_replica: int = 1  # ranks per replica; the inner engine shards across them
 
     def __post_init__(self) -> None:
         if self.shards_per_replica < 1:
             raise ValueError(f"engine.shards_per_replica={self.shards_per_replica} must be >= 1")
-        ENGINES.get(self.name, field="engine.name").check_config(self)
+        engine = ENGINES.get(self.name, field="engine.name")
+        if type(self) is engine.config_cls:  # the engine's own class: complete, so check it
+            engine.check_config(self)
+
+    @classmethod
+    def convert(cls, raw: Mapping[str, Any], where: str = "engine", default: "EngineConfig | None" = None) -> "EngineConfig":
+        return engine_config(raw, where)
+
+
+def engine_config(value: "Mapping[str, Any] | EngineConfig", where: str = "engine") -> EngineConfig:
+    """The `engine` section typed by the named engine's own config class; a field it lacks fails."""
+    if isinstance(value, EngineConfig):
+        if type(value) is ENGINES.get(value.name, field=f"{where}.name").config_cls:
+            return value
+        value = asdict(value)
+    raw = dict(value)
+    return typed(ENGINES.get(raw.get("name", "torch"), field=f"{where}.name").config_cls, raw, where)
 
 
 def lr_factor(cfg: OptimConfig, total_steps: int) -> Callable[[int], float]:
@@ -107,6 +125,7 @@ class Engine:
     # True: the engine shards state inside a replica and does not apply the algorithm's model wrapper,
     # so an algorithm that syncs every step (Algorithm.syncs_every_step, e.g. DDP) cannot run on it
     shards_replica: bool = True
+    config_cls: type[EngineConfig] = EngineConfig  # a subclass where the engine has fields of its own
 
     @classmethod
     def check_config(cls, cfg: EngineConfig) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -52,12 +53,20 @@ def _singleton_groups(world_size: int, rank: int) -> dist.ProcessGroup:
     return groups[rank]
 
 
+@dataclass
+class DeepSpeedConfig(EngineConfig):
+    name: str = "deepspeed"
+    zero_stage: int = 2  # 1: optimizer state sharded, 2: gradients too (3 shards the weights: refused)
+
+
 @ENGINES.register("deepspeed")
 class DeepSpeedEngine(Engine):
     """ZeRO-1/2 inside a replica. On CPU it runs over gloo with DeepSpeed's cpu accelerator."""
 
+    config_cls = DeepSpeedConfig
+
     @classmethod
-    def check_config(cls, cfg: EngineConfig) -> None:
+    def check_config(cls, cfg: DeepSpeedConfig) -> None:
         super().check_config(cfg)
         if cfg.zero_stage == 3:
             raise ValueError("engine.zero_stage=3 partitions the parameters themselves, which the outer "
