@@ -61,13 +61,16 @@ MIN_RANKS = {"diloco": 2, "sparseloco": 2, "noloco_c": 4}
 def _algorithm(job: dict[str, Any]) -> dict[str, Any]:
     m, h, lr = job["method"], job["h"], job["lr"]
     if m == "diloco":
-        return {"name": "diloco", "inner_steps": h, "outer_lr": lr, "outer_momentum": 0.9, "nesterov": True}
+        return {"name": "diloco", "inner_steps": h,
+                "outer_optimizer": {"name": "sgd", "lr": lr, "momentum": 0.9, "nesterov": True}}
     if m == "noloco_c":
-        return {"name": "noloco", "inner_steps": h, "outer_lr": lr, "outer_momentum": 0.5, "stall_s": None,
+        return {"name": "noloco", "inner_steps": h, "outer_optimizer": {"name": "noloco", "lr": lr, "momentum": 0.5},
+                "stall_s": None,
                 "compression": {"enabled": True, "ef_decay": job["ef_decay"], "topk": job["topk"], "bits": job["bits"],
                                 "state_topk": job["state_topk"], "state_bits": job["state_bits"],
                                 "anchor_every": job["anchor_every"]}}
-    return {"name": "sparseloco", "inner_steps": h, "outer_lr": lr, "ef_decay": job["ef_decay"], "topk": job["topk"],
+    return {"name": "sparseloco", "inner_steps": h, "outer_optimizer": {"name": "sgd", "lr": lr, "momentum": 0.0, "nesterov": False},
+            "ef_decay": job["ef_decay"], "topk": job["topk"],
             "bits": job["bits"]}
 
 

@@ -52,7 +52,7 @@ MODEL = {"hidden": 32, "layers": 2, "heads": 2, "intermediate": 88}
 # label -> (algorithm, H multiplier); every non-DDP arm is tuned on its own grid
 ARMS = {"noloco_H": ("noloco", 1), "diloco_2H": ("diloco", 2), "diloco_H": ("diloco", 1), "ddp": ("ddp", 1)}
 TUNED = [a for a, (algo, _) in ARMS.items() if algo != "ddp"]
-RULE = {"noloco": {"name": "noloco", "nesterov": False}, "diloco": {"name": "sgd", "nesterov": False}}  # both heavy-ball, as the paper
+RULE = {"noloco": {"name": "noloco"}, "diloco": {"name": "sgd", "nesterov": False}}  # both heavy-ball, as the paper
 # grid ladders: lr in ~sqrt(2) steps up to the config limit 2; momentum in steps of 0.1-0.2
 LR_LADDER = [0.25, 0.35, 0.5, 0.7, 1.0, 1.4, 2.0]
 MOM_LADDER = [0.0, 0.1, 0.3, 0.5, 0.7, 0.8, 0.9]
