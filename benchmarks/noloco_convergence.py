@@ -407,21 +407,27 @@ def _steps(tt: dict, name: str) -> str:
     return f"Δsteps {_ci(x['steps'], 1)}; speed-up {fmt(x['speedup'], 3)}"
 
 
-def steps_to_2h_final(cell: dict) -> list[str]:
+def steps_to_2h_final(cell: dict) -> dict[str, Any]:
     """Inner steps to DiLoCo 2H's own final val loss, per seed: the bar of the paper's 1:2 comparison
-    ("NoLoCo converges faster than DiLoCo at twice its H"), read off the stored curves."""
+    ("NoLoCo converges faster than DiLoCo at twice its H"), read off the stored curves. Returns the
+    per-seed targets, each arm's steps (None: not reached) and the paired test NoLoCo - DiLoCo 2H."""
     arms = cell["arms"]
     targets = [curve[-1]["val_loss"] for curve in arms["diloco_2H"]["val_curves"]]
     steps = {a: [first_step_at(cv, t) for cv, t in zip(arms[a]["val_curves"], targets)] for a in ("noloco_H", "diloco_2H")}
-    lines = [f"inner steps to DiLoCo 2H's own final val loss (per seed; {fmt(mean_std(targets))}):"]
-    for a, st in steps.items():
-        reached = [s for s in st if s is not None]
-        lines.append(f"  {a:10s} " + (f"{fmt(mean_std(st), 1)} steps" if len(reached) == len(st) else "—")
-                     + f"  (reached {len(reached)}/{len(st)})")
-    if all(s is not None for st in steps.values() for s in st):
-        sx, sy = steps["noloco_H"], steps["diloco_2H"]
-        lines.append(f"  NoLoCo H - DiLoCo 2H: Δsteps {_ci(paired_test(sx, sy), 1)}; "
-                     f"speed-up {fmt(mean_std([b / a - 1 for a, b in zip(sx, sy)]), 3)}")
+    sx, sy = steps["noloco_H"], steps["diloco_2H"]
+    both = all(s is not None for s in sx + sy)
+    return {"targets": targets, "steps": steps, "paired": paired_test(sx, sy) if both else None,
+            "speedup": mean_std([b / a - 1 for a, b in zip(sx, sy)]) if both else None}
+
+
+def _steps_to_2h_lines(cell: dict) -> list[str]:
+    r = steps_to_2h_final(cell)
+    lines = [f"inner steps to DiLoCo 2H's own final val loss (per seed; {fmt(mean_std(r['targets']))}):"]
+    for a, st in r["steps"].items():
+        reached = sum(s is not None for s in st)
+        lines.append(f"  {a:10s} " + (f"{fmt(mean_std(st), 1)} steps" if reached == len(st) else "—") + f"  (reached {reached}/{len(st)})")
+    if r["paired"]:
+        lines.append(f"  NoLoCo H - DiLoCo 2H: Δsteps {_ci(r['paired'], 1)}; speed-up {fmt(r['speedup'], 3)}")
     return lines
 
 
@@ -446,7 +452,7 @@ def text(rec: dict) -> str:
             lines.append(f"  {a:10s} " + (f"{fmt(x['steps'], 1)} steps" if x["steps"] else "—") + f"  (reached {x['reached']}/{len(tt['per_seed'])})")
         lines.append(f"  NoLoCo H - DiLoCo 2H: {_steps(tt, 'noloco_H_vs_diloco_2H')}")
         lines.append(f"  NoLoCo H - DiLoCo H:  {_steps(tt, 'noloco_H_vs_diloco_H')}")
-        lines += steps_to_2h_final(c)
+        lines += _steps_to_2h_lines(c)
         lines.append(f"{'arm':10s} {'outer':>14s} {'test loss, all replicas':>24s} {'ppl, replica mean':>18s} {'avg model':>17s} "
                      f"{'MB/node':>8s} {'WAN s':>7s}")
         for label, r in c["arms"].items():

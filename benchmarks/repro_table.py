@@ -68,6 +68,7 @@ def _row(name: str, paper: str, ours: str, target: str, command: str) -> str | N
     rec = _load(name)
     if rec is None:
         return None
+    command = rec.get("command") or command  # the command line the record ran under, where it kept one
     return f"| {name} | {paper} | {ours} | {target} | `{command}` | {_runtime(rec)} | {_provenance(rec)} |"
 
 
@@ -276,8 +277,13 @@ def _headline(name: str, rec: dict) -> str | None:
         def delta(c: dict) -> str:
             d = c["comparisons"]["noloco_H_vs_diloco_2H"]["loss"]
             return f"{d['mean']:+.3f} [95% CI {d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}] (detectable ±{d['detectable']:.2f})"
+        from benchmarks.noloco_convergence import steps_to_2h_final
+
+        def faster(c: dict) -> str:
+            t = steps_to_2h_final(c)["paired"]
+            return f"; to DiLoCo 2H's final loss {t['mean']:+.0f} [{t['ci95'][0]:+.0f}, {t['ci95'][1]:+.0f}] steps" if t and t["ci95"] else ""
         return "NoLoCo H − DiLoCo 2H final test loss, 640 steps, tuned, 3 seeds: " + "; ".join(
-            f"{k} {delta(c)}" for k, c in f["cells"].items())
+            f"{k} {delta(c)}{faster(c)}" for k, c in f["cells"].items())
     if name == "comm_sync" and "fits" in f:
         big = max(r["numel"] for r in f["rows"])
         at = {(r["method"], r["n"]): r["median_s"] for r in f["rows"] if r["link"] == "emulated" and r["numel"] == big}
@@ -312,7 +318,8 @@ def _short_row(row: str) -> str:
     headline = (_headline(name, rec) if rec else None) or cells[2]
     txt = RESULTS / f"{name}.txt"
     details = f"[TXT](benchmarks/results/{name}.txt)" if txt.exists() else "—"
-    return f"| {cells[0]} | {cells[1]} | {headline} | {cells[3]} | {cells[4]} | {cells[5]} | {cells[6]}, {details} |"
+    command = f"`{rec['command']}`" if rec and rec.get("command") else cells[4]  # as the record ran, where it kept it
+    return f"| {cells[0]} | {cells[1]} | {headline} | {cells[3]} | {command} | {cells[5]} | {cells[6]}, {details} |"
 
 
 def short_rows() -> list[str]:
