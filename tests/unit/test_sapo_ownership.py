@@ -155,3 +155,15 @@ def test_a_valid_payload_of_useless_groups_does_not_end_the_wait_once_a_peer_del
                   zip(records, (attacker, honest), (_bad_groups(cfg, 2), _honest_groups(cfg)))]
     node.run_round()
     assert ex.counted == ["honest"]  # the attacker's valid record is returned, but ends no wait
+
+
+def test_who_delivered_survives_a_restart():
+    # A restarted node that forgot who delivered would let any valid payload end its waits again.
+    cfg = tiny_sapo_config(exchange="collective", num_local=0, num_external=2)
+    honest = NodeIdentity.generate()
+    node = SAPONode(cfg, 0, "node0", FixedExchange([("honest", _signed(honest, 0, _honest_groups(cfg)))]))
+    node.train_step = lambda groups: {}
+    node.run_round()
+    restarted = SAPONode(cfg, 0, "node0", FixedExchange([]))
+    restarted.load_state_dict(node.state_dict())
+    assert restarted.budget.delivered == node.budget.delivered == {honest.node_id: pytest.approx(2.0)}

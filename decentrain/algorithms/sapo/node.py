@@ -428,6 +428,7 @@ class SAPONode:
             "high_water": dict(self.decoder.high_water),  # replay marks survive a restart
             "accepted": dict(self.decoder.accepted),
             "sender_merit": dict(self.budget.merit),  # the round budget's split survives a restart
+            "sender_delivered": dict(self.budget.delivered),  # and so does whose records end a wait
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -444,3 +445,4 @@ class SAPONode:
         self.decoder.high_water.update({k: (int(r), float(t)) for k, (r, t) in state.get("high_water", {}).items()})
         self.decoder.accepted.update({k: int(n) for k, n in state.get("accepted", {}).items()})
         self.budget.merit.update({k: float(v) for k, v in state.get("sender_merit", {}).items()})
+        self.budget.delivered.update({k: float(v) for k, v in state.get("sender_delivered", {}).items()})
