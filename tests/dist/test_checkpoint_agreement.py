@@ -19,6 +19,9 @@ def _agree(world, root, local_disks):
         ck.save(step, {"w": torch.full((4,), float(step))})
     if world.rank == 1 and not local_disks:  # rank 1's newest step is damaged; rank 0's is fine
         (base / "step_00000020" / "rank_1" / "tensors.safetensors").write_bytes(b"")
+    # A resume reads what every rank wrote before the restart: without this barrier a loaded box let
+    # rank 0 look before rank 1 had saved (or damaged) its files, and agree on nothing
+    torch.distributed.barrier()
     return _try(ck, world)  # on node-local disks, neither rank sees the other's files
 
 
