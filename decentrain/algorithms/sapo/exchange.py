@@ -310,8 +310,8 @@ class HivemindExchange:
             parts.append(chunk["payload"])
         return round_, b"".join(parts)
 
-    def _take(self, marker: bytes, found, budget: list[int], is_valid: Callable[[PeerRecord], bool] | None,
-              ends_wait: Callable[[PeerRecord], bool] | None = None) -> PeerRecord | None:
+    def _take(self, marker: bytes, found, budget: list[int], is_valid: Callable[[PeerRecord], bool] | None
+              ) -> PeerRecord | None:
         """One peer's record if it passes every receive-side rule; else counts why and returns None."""
         from decentrain.algorithms.sapo.dht_guard import inflate, owner_digest
 
@@ -343,8 +343,6 @@ class HivemindExchange:
         if is_valid is not None and not is_valid(record):
             self.drops["invalid_payload"] += 1
             return None  # neither merit nor a place towards min_peers
-        if ends_wait is None or ends_wait(record):  # read priority for what the caller values, not any valid record
-            self.peers.contributed(marker)
         return record
 
     def _newer_than(self, marker: bytes) -> float | None:
@@ -364,7 +362,8 @@ class HivemindExchange:
 
     def _collect(self, round_: int, taken: set[bytes], budgets: tuple[list[int], list[int]],
                  is_valid: Callable[[PeerRecord], bool] | None,
-                 ends_wait: Callable[[PeerRecord], bool] | None = None) -> list[PeerRecord]:
+                 ends_wait: Callable[[PeerRecord], bool]) -> tuple[list[PeerRecord], int]:
+        """This poll's new records, and how many of them end the wait (each also earns its peer read priority)."""
         from decentrain.algorithms.sapo.dht_guard import rollouts_key
 
         trusted, explore = self.peers.choose(round_, taken)
@@ -376,7 +375,7 @@ class HivemindExchange:
         futures = [self.dht.get(rollouts_key(self.hcfg.prefix, m), latest=False, return_future=True,
                                 sufficient_expiration_time=self._newer_than(m)) for m in peers]
         deadline = time.monotonic() + self.hcfg.rpc_timeout_s  # the lookups run together: one deadline for all
-        out = []
+        out, counted = [], 0
         for k, (marker, future) in enumerate(zip(peers, futures)):
             # Peers with merit spend the shared byte budget first; the explored ones at most half of it.
             budget = budgets[0] if k < len(trusted) else budgets[1]
@@ -384,13 +383,16 @@ class HivemindExchange:
             found = self._result(future, "lookup_error", deadline)
             if found is _FAILED:  # a failed or hung lookup costs this peer's record, not the round
                 continue
-            record = self._take(marker, found, budget, is_valid, ends_wait)
+            record = self._take(marker, found, budget, is_valid)
             if budget is budgets[1]:  # explored bytes count against the shared budget too
                 budgets[0][0] = max(budgets[0][0] - (left_before - budget[0]), 0)
             if record is not None:
                 taken.add(marker)
                 out.append(record)
-        return out
+                if ends_wait(record):  # read priority for what the caller values, not any valid record
+                    self.peers.contributed(marker)
+                    counted += 1
+        return out, counted
 
     @property
     def _explore_cap(self) -> int:
@@ -416,14 +418,14 @@ class HivemindExchange:
         budgets = ([self.hcfg.max_fetch_bytes], [self._explore_cap])
         deadline = time.monotonic() + self.hcfg.wait_s
         self._refresh_peers()
-        out = self._collect(round_, taken, budgets, is_valid, ends_wait)
-        counted = sum(map(ends_wait, out)) if ends_wait else len(out)
+        ends_wait = ends_wait or (lambda record: True)
+        out, counted = self._collect(round_, taken, budgets, is_valid, ends_wait)
         while counted < self.hcfg.min_peers and time.monotonic() < deadline:
             time.sleep(self.hcfg.poll_s)
             self._refresh_peers()  # peers that joined meanwhile
-            more = self._collect(round_, taken, budgets, is_valid, ends_wait)
+            more, more_counted = self._collect(round_, taken, budgets, is_valid, ends_wait)
             out += more
-            counted += sum(map(ends_wait, more)) if ends_wait else len(more)
+            counted += more_counted
         self.peers.end_round()
         self._count_slow_peers()
         self._report(round_, out, before)
