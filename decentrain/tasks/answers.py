@@ -1,4 +1,4 @@
-"""Pure scorers for the vetted tasks: strict parsers of each task's answer format, compared here.
+r"""Pure scorers for the vetted tasks: strict parsers of each task's answer format, compared here.
 
 A completion is text a stranger wrote. Each scorer parses it, under a length cap, into plain data
 (an int, a list of ints or strings, a polynomial as {monomial: coefficient}) with a small

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import torch
+import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
@@ -138,4 +139,31 @@ class FSDP2Engine(TorchEngine):
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """Whole, host-side weights for save_pretrained; collective over the replica's shard ranks."""
+        group = self.layout.shard_group
+        if dist.get_backend(group) == "gloo" and next(self.model.parameters()).device.type == "cuda":
+            return gather_on_host(self.model, group)
         return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def gather_on_host(model: torch.nn.Module, group: dist.ProcessGroup) -> dict[str, torch.Tensor]:
+    """The whole state dict of a dim-0-sharded model, gathered through host memory.
+
+    Why by hand: ranks that share one GPU talk over gloo, and there DTensor's own gather
+    (`full_tensor`, `get_model_state_dict(full_state_dict=True)`) segfaults every rank on CUDA
+    tensors (torch 2.11 + CUDA 13 on an H200, tests/gpu/test_recipes_cuda.py); gloo's
+    all_gather of host tensors does not. FSDP2 shards dim 0 as torch.chunk does (every shard
+    but the last ones holds ceil(n / ranks) rows), so padded pieces concatenate in order."""
+    ranks = dist.get_world_size(group)
+    whole = {}
+    for name, value in model.state_dict().items():
+        if not isinstance(value, DTensor):
+            whole[name] = value.detach().cpu()
+            continue
+        local = value.to_local().detach().cpu()
+        rows = -(-value.shape[0] // ranks)
+        piece = local.new_zeros((rows, *value.shape[1:]))
+        piece[: local.shape[0]] = local
+        pieces = [torch.empty_like(piece) for _ in range(ranks)]
+        dist.all_gather(pieces, piece, group=group)
+        whole[name] = torch.cat(pieces)[: value.shape[0]]
+    return whole
