@@ -51,8 +51,8 @@ from typing import Any
 from benchmarks.harness import Harness, bench_parser, fmt, header, mean_std, parse, save_figure
 
 METHODS = ("diloco", "sparseloco", "noloco_c")
-# outer-lr ladder every grid is cut from (the outer optimizers accept (0, 2])
-LADDER = (0.125, 0.25, 0.35, 0.5, 0.7, 1.0, 1.4, 2.0)
+# outer-lr ladder every grid is cut from (the outer optimizers accept (0, 4])
+LADDER = (0.125, 0.18, 0.25, 0.35, 0.5, 0.7, 1.0, 1.4, 2.0, 2.8, 4.0)
 START = {"diloco": 0.7, "sparseloco": 1.0, "noloco_c": 0.7}  # each grid starts at this rung ± 1
 H_GRID = {"diloco": (10, 20), "sparseloco": (5, 20), "noloco_c": (5, 20)}
 MIN_RANKS = {"diloco": 2, "sparseloco": 2, "noloco_c": 4}

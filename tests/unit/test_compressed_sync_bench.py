@@ -10,11 +10,13 @@ pytestmark = pytest.mark.unit
 
 def test_grids_start_around_a_rung_and_grow_only_at_an_edge():
     assert start_grid("diloco") == [0.5, 0.7, 1.0]
-    assert start_grid("sparseloco", {"sparseloco": 2.0}) == [1.4, 2.0]  # the ladder's end
+    assert start_grid("sparseloco", {"sparseloco": 2.0}) == [1.4, 2.0, 2.8]
+    assert start_grid("sparseloco", {"sparseloco": 4.0}) == [2.8, 4.0]  # the ladder's end
     assert next_rungs([0.5, 0.7, 1.0], {0.5: 2.0, 0.7: 1.9, 1.0: 2.1}) == []  # bracketed
     assert next_rungs([0.5, 0.7, 1.0], {0.5: 1.8, 0.7: 1.9, 1.0: 2.1}) == [0.35]
     assert next_rungs([0.5, 0.7, 1.0], {0.5: 2.2, 0.7: 1.9, 1.0: 1.7}) == [1.4]
-    assert next_rungs([1.4, 2.0], {1.4: 2.0, 2.0: 1.0}) == [] and LADDER[-1] == 2.0  # nothing past the ladder
+    assert next_rungs([1.4, 2.0], {1.4: 2.0, 2.0: 1.0}) == [2.8]
+    assert next_rungs([2.8, 4.0], {2.8: 2.0, 4.0: 1.0}) == [] and LADDER[-1] == 4.0  # nothing past the ladder
 
 
 def test_sync_bytes_diloco_is_dense_fp32_and_the_others_are_logged():

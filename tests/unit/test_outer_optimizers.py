@@ -81,7 +81,7 @@ def test_resuming_under_another_outer_optimizer_is_refused() -> None:
 
 @pytest.mark.parametrize("kwargs, message", [
     ({"name": "lion"}, "algorithm.outer_optimizer.name='lion' is unknown; allowed: "),
-    ({"lr": 0.0}, "algorithm.outer_optimizer.lr=0.0 must be a finite number in (0, 2]"),
+    ({"lr": 0.0}, "algorithm.outer_optimizer.lr=0.0 must be a finite number in (0, 4]"),
     ({"lr": float("nan")}, "algorithm.outer_optimizer.lr=nan must be"),
     ({"momentum": 1.0}, "algorithm.outer_optimizer.momentum=1.0 must be a finite number in [0, 1)"),
     ({"momentum": 0.0, "nesterov": True}, "algorithm.outer_optimizer.nesterov=true needs algorithm.outer_optimizer.momentum > 0"),
