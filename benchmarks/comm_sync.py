@@ -61,7 +61,7 @@ def fragment_sizes(model_name: str, fragments: int) -> list[int]:
     import torch
     from omegaconf import OmegaConf
 
-    from decentrain.algorithms.common.outer import fragment_param_names
+    from decentrain.algorithms.outer.updates import fragment_param_names
     from decentrain.models.factory import ModelConfig, build_model
 
     raw = OmegaConf.load(ROOT / "conf" / "model" / f"{model_name}.yaml")

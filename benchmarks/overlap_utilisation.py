@@ -172,8 +172,8 @@ def _config(job: dict[str, Any]):
 
 def run(job: dict[str, Any]) -> dict[str, Any]:
     """One training run of 2 replicas over the emulated link; per-replica utilisation and the eval curve."""
-    from decentrain.algorithms.common import inprocess_replicas
-    from decentrain.algorithms.common.trainer import Trainer
+    from decentrain.algorithms.pretraining import inprocess_replicas
+    from decentrain.algorithms.pretraining.trainer import Trainer
     from decentrain.core.metrics import read_jsonl
 
     torch.set_num_threads(1)

@@ -105,7 +105,7 @@ TRAINER_MODEL = ModelConfig(hidden_size=16, num_layers=4, num_heads=2, intermedi
 
 
 def tiny_trainer(tmp_path, world=None, **train):
-    from decentrain.algorithms.common.trainer import Trainer
+    from decentrain.algorithms.pretraining.trainer import Trainer
     from decentrain.algorithms.ddp.ddp import DDP
     from decentrain.config import TrainConfig
     from decentrain.core.world import World

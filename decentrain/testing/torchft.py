@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from decentrain.algorithms.common.ft import FT_ALGORITHMS, ReplicaGroup
+from decentrain.algorithms.pretraining.torchft import FT_ALGORITHMS, ReplicaGroup
 from decentrain.core.ft_config import TorchFTConfig
 from decentrain.core.world import World
 

@@ -11,7 +11,7 @@ from decentrain.testing import run_ranks
 from decentrain.algorithms.diloco import DiLoCo, DiLoCoConfig
 from decentrain.algorithms.noloco import NoLoCo, NoLoCoConfig
 from decentrain.core.pairing import gossip_groups, group_of
-from decentrain.algorithms.common.outer_optimizers import OuterOptimizerConfig
+from decentrain.algorithms.outer.optimizers import OuterOptimizerConfig
 
 pytestmark = pytest.mark.dist
 
@@ -22,7 +22,7 @@ P2P = ("isend", "irecv", "send", "recv", "batch_isend_irecv")
 
 
 def _count_calls(world, run_dir):
-    from decentrain.algorithms.common.pretrain import run_pretraining
+    from decentrain.algorithms.pretraining.run import run_pretraining
     from decentrain.config import config_from_dict
 
     calls: list[tuple[str, str]] = []

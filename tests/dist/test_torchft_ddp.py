@@ -91,7 +91,7 @@ def test_quorum_timeout_raises_at_the_calls_timeout():
     second: a loaded box may stall the raising thread for seconds, never for 10."""
     import torch.distributed as dist
 
-    from decentrain.algorithms.common.ft import ReplicaGroup, build_manager
+    from decentrain.algorithms.pretraining.torchft import ReplicaGroup, build_manager
     from decentrain.core.ft_config import TorchFTConfig
     from decentrain.core.world import World
 

@@ -27,7 +27,7 @@ def test_a_healed_torchft_group_says_from_which_group_at_which_step(monkeypatch,
     pytest.importorskip("torchft")
     import torchft
 
-    from decentrain.algorithms.common.ft.manager import ReplicaGroup, build_manager
+    from decentrain.algorithms.pretraining.torchft.manager import ReplicaGroup, build_manager
     from decentrain.core.ft_config import TorchFTConfig
 
     made = {}

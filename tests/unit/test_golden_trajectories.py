@@ -63,7 +63,7 @@ def _losses(run_dir: Path, rank: int) -> list[float]:
 
 @pytest.mark.parametrize("algo", list(PRETRAINING))
 def test_pretraining_trajectory_matches_the_golden_one(algo, tmp_path, one_thread):
-    from decentrain.algorithms.common.inprocess_replicas import run_replicas_in_process
+    from decentrain.algorithms.pretraining.inprocess_replicas import run_replicas_in_process
 
     algorithm, world_size = PRETRAINING[algo]
     runs = run_replicas_in_process(_pretraining_cfg(algorithm), world_size, tmp_path)

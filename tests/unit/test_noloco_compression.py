@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from decentrain.algorithms.common.outer_optimizers import OuterOptimizerConfig
+from decentrain.algorithms.outer.optimizers import OuterOptimizerConfig
 from decentrain.algorithms.noloco import NoLoCo, NoLoCoConfig
 from decentrain.algorithms.noloco.compressed_gossip import CompressedGossip, Decoded, NoLoCoCompressionConfig, step_direction
 from decentrain.core.world import World

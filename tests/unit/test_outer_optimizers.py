@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from decentrain.algorithms.base import algorithm_config
-from decentrain.algorithms.common.outer import OuterOptimizer, noloco_step_
-from decentrain.algorithms.common.outer_optimizers import (
+from decentrain.algorithms.outer.updates import OuterOptimizer, noloco_step_
+from decentrain.algorithms.outer.optimizers import (
     OUTER_OPTIMIZERS,
     AdamConfig,
     OuterOptimizerConfig,

@@ -5,7 +5,7 @@ import torch
 
 from decentrain.algorithms.sparseloco import SparseLoCo, SparseLoCoConfig
 from decentrain.core.world import World
-from decentrain.algorithms.common.outer_optimizers import SGDConfig
+from decentrain.algorithms.outer.optimizers import SGDConfig
 
 
 def _model(values):

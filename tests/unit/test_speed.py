@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from decentrain.algorithms.common.speed import apply_compile, autocast, resolve_precision, transformer_blocks, weight_dtype
+from decentrain.algorithms.pretraining.precision import apply_compile, autocast, resolve_precision, transformer_blocks, weight_dtype
 from decentrain.core.metrics import LoggerConfig, Throughput, flops_per_token, mfu, peak_flops
 from decentrain.models.factory import ModelConfig, build_model
 
@@ -23,8 +23,8 @@ def test_precision_auto_is_bf16_autocast_on_cuda_and_fp32_on_cpu():
 
 
 def test_outer_optimizers_keep_fp32_state_for_bf16_weights():
-    from decentrain.algorithms.common.outer import OuterOptimizer
-    from decentrain.algorithms.common.outer_optimizers import OuterOptimizerConfig
+    from decentrain.algorithms.outer.updates import OuterOptimizer
+    from decentrain.algorithms.outer.optimizers import OuterOptimizerConfig
 
     params = [torch.nn.Parameter(torch.ones(3, dtype=torch.bfloat16))]
     outer = OuterOptimizer(params, OuterOptimizerConfig(lr=0.7, momentum=0.9))
@@ -73,7 +73,7 @@ def test_throughput_reads_tokens_per_second_and_mfu():
 
 
 def test_model_flops_per_token_excludes_the_embedding_table():
-    from decentrain.algorithms.common.trainer import model_flops_per_token
+    from decentrain.algorithms.pretraining.trainer import model_flops_per_token
 
     model = build_model(TINY)
     n = sum(p.numel() for p in model.parameters()) - model.get_input_embeddings().weight.numel()
@@ -81,7 +81,7 @@ def test_model_flops_per_token_excludes_the_embedding_table():
 
 
 def _trainer(tmp_path, **train):
-    from decentrain.algorithms.common.trainer import Trainer
+    from decentrain.algorithms.pretraining.trainer import Trainer
     from decentrain.algorithms.ddp.ddp import DDP, DDPConfig
     from decentrain.config import LoopConfig, TrainConfig
     from decentrain.core.world import World
@@ -97,7 +97,7 @@ def _trainer(tmp_path, **train):
 
 
 def test_train_step_and_eval_never_sync_the_host_per_micro_batch(tmp_path, monkeypatch):
-    from decentrain.algorithms.common.trainer import evaluate
+    from decentrain.algorithms.pretraining.trainer import evaluate
 
     trainer = _trainer(tmp_path)
 

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from decentrain.algorithms.base import Algorithm
-from decentrain.algorithms.common.ft.manager import FT_ALGORITHMS, ReplicaGroup, build_manager, ft_metrics
+from decentrain.algorithms.pretraining.torchft.manager import FT_ALGORITHMS, ReplicaGroup, build_manager, ft_metrics
 from decentrain.algorithms.ddp.ddp import DDPConfig
 from decentrain.core.world import World
 

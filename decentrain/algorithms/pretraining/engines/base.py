@@ -138,7 +138,7 @@ class Engine:
 
     def __init__(self, cfg: EngineConfig, optim: OptimConfig, loop: Any, layout: ReplicaLayout,
                  model: torch.nn.Module, accum: int):
-        """`loop`: the `train` section (common/config.py's LoopConfig, which imports this module: typed Any
+        """`loop`: the `train` section (pretraining/config.py's LoopConfig, which imports this module: typed Any
         to keep the import one way); `model` is already on the device; `accum` micro-batches make one step."""
         self.cfg, self.optim_cfg, self.loop = cfg, optim, loop
         self.layout, self.model, self.accum = layout, model, accum

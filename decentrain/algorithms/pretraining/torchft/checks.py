@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from decentrain.algorithms.common.ft.manager import FT_ALGORITHMS, torchft_available
+from decentrain.algorithms.pretraining.torchft.manager import FT_ALGORITHMS, torchft_available
 
 
 def check_fault_tolerant_run(cfg, world_size: int) -> None:

@@ -74,7 +74,7 @@ def build_manager(world: World, group: ReplicaGroup, state_dict: Callable[[], An
     """
     from torchft import Manager, ProcessGroupGloo
 
-    from decentrain.algorithms.common.ft.transport import SafeHTTPTransport
+    from decentrain.algorithms.pretraining.torchft.transport import SafeHTTPTransport
 
     ft = group.ft
     timeout = timedelta(seconds=ft.timeout_s)

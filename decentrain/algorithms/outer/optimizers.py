@@ -2,7 +2,7 @@
 
 As in torchft's DiLoCo, an outer optimizer is an ordinary `torch.optim.Optimizer` over the fp32
 slow weights: the family writes the pseudo-gradient into `.grad` (DiLoCo: the replicas' mean
-Δ̄ = φ − mean θ; NoLoCo: φ_i − θ̄ over its gossip group) and steps it (common/outer.py's
+Δ̄ = φ − mean θ; NoLoCo: φ_i − θ̄ over its gossip group) and steps it (outer/updates.py's
 `OuterOptimizer` does that). Each entry owns its config class (the common η and μ plus its own
 fields: no union of every rule's keys), checks it when the config is built and builds its
 optimizer. Adding one: a class registered here (with its config class if it has fields of its
@@ -121,7 +121,7 @@ class NoLoCoMomentum(torch.optim.Optimizer):
     """The NoLoCo paper's outer step on the gradient g = φ − θ̄ (β = γ = η):
         m ← μ·m − η·g ;  φ ← φ + m
     Heavy-ball momentum with m = −η·b, written as the paper writes it (and rounded as
-    common/outer.py's `noloco_step_`, bit for bit: −η·(φ − θ̄) is exactly η·(θ̄ − φ)).
+    outer/updates.py's `noloco_step_`, bit for bit: −η·(φ − θ̄) is exactly η·(θ̄ − φ)).
     """
 
     def __init__(self, params: Sequence[Tensor], lr: float, momentum: float):

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import torch
 
-from decentrain.algorithms.common.config import TrainConfig
-from decentrain.algorithms.common.trainer import Trainer, TrainResult, seed_everything
-from decentrain.algorithms.common.transports import door
+from decentrain.algorithms.pretraining.config import TrainConfig
+from decentrain.algorithms.pretraining.trainer import Trainer, TrainResult, seed_everything
+from decentrain.algorithms.pretraining.transports import door
 from decentrain.core.mesh import replica_layout
 from decentrain.core.metrics import MetricsLogger, drop_rows_after, format_bytes, plot_curves, read_jsonl
 from decentrain.core.world import World

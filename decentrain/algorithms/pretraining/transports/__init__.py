@@ -3,7 +3,7 @@
 An entry (a `Door`) owns its config class, its checks, the `Transport` it builds for one
 replica (core/transport.py: pair exchange, collective mean, all-gather of bytes), how the
 run's processes are started, and what it changes in the trainer. The pre-training job
-path (`pretrain.py`), the in-process replicas and the recipe ask the entry and never test
+path (`run.py`), the in-process replicas and the recipe ask the entry and never test
 which one it is. Entries: `torch` (torch.distributed, core/dist_transport.py), `inprocess`
 (replicas as threads of one process, core/inprocess.py), `torchft` (replica groups joined
 by torchft's Manager; see torchft_groups.py for how far it shares the protocol).
@@ -12,7 +12,7 @@ Adding one: a module in this package that registers a `Door` subclass (found by 
 package's own module list, no import list to edit), plus conf/transport/<name>.yaml.
 """
 
-from decentrain.algorithms.common.transports.base import (  # noqa: F401  (the package's public names)
+from decentrain.algorithms.pretraining.transports.base import (  # noqa: F401  (the package's public names)
     DEFAULT_DOOR,
     FIELD,
     LAUNCHER_DOORS,

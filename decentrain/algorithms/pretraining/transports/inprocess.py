@@ -1,7 +1,7 @@
 """`transport=inprocess`: `transport.replicas` replicas as threads of this process (core/inprocess.py).
 
 No process group and no worker processes: the recipe runs the replicas here, through the same
-`Trainer` and algorithm hooks (common/inprocess_replicas.py), each replica's metrics in the run
+`Trainer` and algorithm hooks (pretraining/inprocess_replicas.py), each replica's metrics in the run
 dir as a multi-process run writes them. For tests, fast benchmarks and a laptop; gossip and
 collectives give bit-identical results to torch.distributed (tests/integration/test_transports_agree.py).
 """
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from decentrain.algorithms.base import ALGORITHMS
-from decentrain.algorithms.common.transports.base import TRANSPORTS, Door, TransportConfig
+from decentrain.algorithms.pretraining.transports.base import TRANSPORTS, Door, TransportConfig
 from decentrain.core.checks import check_range
 from decentrain.core.inprocess import InProcessTransport
 from decentrain.core.world import World
@@ -52,11 +52,11 @@ class InProcessDoor(Door):
 
     @classmethod
     def transport(cls, world: World, cfg: TransportConfig) -> InProcessTransport:
-        raise ValueError("transport.name=inprocess: the replicas share one hub; common/inprocess_replicas.py builds them")
+        raise ValueError("transport.name=inprocess: the replicas share one hub; pretraining/inprocess_replicas.py builds them")
 
     @classmethod
     def launch(cls, cfg, overrides: list[str], run_dir: Path, module: str) -> bool:
-        from decentrain.algorithms.common.inprocess_replicas import run_replicas_in_process  # it imports this package
+        from decentrain.algorithms.pretraining.inprocess_replicas import run_replicas_in_process  # it imports this package
 
         run_dir.mkdir(parents=True, exist_ok=True)
         runs = run_replicas_in_process(cfg, cfg.transport.replicas, run_dir, deadline_s=cfg.transport.deadline_s)

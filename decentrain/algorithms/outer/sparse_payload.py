@@ -24,8 +24,8 @@ import struct
 import numpy as np
 import torch
 
-from decentrain.algorithms.common.compression import CompressionSpec, SparseChunks, pack_codes, unpack_codes
-from decentrain.algorithms.common.sparse_quantizers import QUANTIZERS
+from decentrain.algorithms.outer.compression import CompressionSpec, SparseChunks, pack_codes, unpack_codes
+from decentrain.algorithms.outer.sparse_quantizers import QUANTIZERS
 
 MAGIC = b"DSLC"
 VERSION = 2

@@ -7,7 +7,7 @@ from typing import Any
 import torch
 
 from decentrain.algorithms.base import Algorithm
-from decentrain.algorithms.common.engines.base import ENGINES, Engine, build_optimizer
+from decentrain.algorithms.pretraining.engines.base import ENGINES, Engine, build_optimizer
 
 
 @ENGINES.register("torch")

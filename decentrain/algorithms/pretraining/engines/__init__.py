@@ -6,7 +6,7 @@ package's module list. Adding an engine: a module here plus conf/engine/<name>.y
 (`defaults: [<name>_schema]`).
 """
 
-from decentrain.algorithms.common.engines.base import (  # noqa: F401  (the package's public names)
+from decentrain.algorithms.pretraining.engines.base import (  # noqa: F401  (the package's public names)
     ENGINES,
     SCHEDULES,
     Engine,

@@ -12,7 +12,7 @@ from typing import Sequence
 
 import torch
 
-from decentrain.algorithms.common.outer import QuantKind, dequantize, quantize
+from decentrain.algorithms.outer.updates import QuantKind, dequantize, quantize
 
 QUANTIZATIONS = ("none", "fp16", "int4")
 # Backends with all_gather of uint8/fp16 buffers; others (mpi, ucc builds) are not tested here.

@@ -18,10 +18,10 @@ from typing import Any, ClassVar
 import torch
 
 from decentrain.algorithms.base import Algorithm, AlgorithmConfig
-from decentrain.algorithms.common.outer_optimizers import OuterOptimizerConfig, outer_optimizer_config
-from decentrain.algorithms.common.replicas import broadcast_parameters, check_replicas_match
-from decentrain.algorithms.common.speed import DeviceTimer
-from decentrain.algorithms.common.transports import DEFAULT_DOOR, TRANSPORTS, TransportConfig
+from decentrain.algorithms.outer.optimizers import OuterOptimizerConfig, outer_optimizer_config
+from decentrain.algorithms.pretraining.replicas import broadcast_parameters, check_replicas_match
+from decentrain.algorithms.pretraining.precision import DeviceTimer
+from decentrain.algorithms.pretraining.transports import DEFAULT_DOOR, TRANSPORTS, TransportConfig
 from decentrain.core.transport import Transport
 
 
@@ -77,7 +77,7 @@ class InnerOuterAlgorithm(Algorithm):
     """Subclasses implement `setup(model)`, `outer_step(model) -> metrics` and the outer state."""
 
     cfg: InnerOuterConfig
-    # how this replica talks to the others: set by the run's transport entry (common/transports/,
+    # how this replica talks to the others: set by the run's transport entry (pretraining/transports/,
     # `transport.name`) before on_train_start; unset (an algorithm built by hand), the default entry's
     transport: Transport | None = None
 

@@ -15,9 +15,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from decentrain.algorithms.base import Algorithm
-from decentrain.algorithms.common.ft import FT_ALGORITHMS, ReplicaGroup, replica_sampler
-from decentrain.algorithms.common.ft.checks import check_fault_tolerant_run
-from decentrain.algorithms.common.transports.base import TRANSPORTS, Door
+from decentrain.algorithms.pretraining.torchft import FT_ALGORITHMS, ReplicaGroup, replica_sampler
+from decentrain.algorithms.pretraining.torchft.checks import check_fault_tolerant_run
+from decentrain.algorithms.pretraining.transports.base import TRANSPORTS, Door
 from decentrain.core.ft_launch import launch_replica_groups
 from decentrain.core.world import World
 

@@ -19,7 +19,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from decentrain.algorithms.common.outer_optimizers import OUTER_OPTIMIZERS, OuterOptimizerConfig, outer_optimizer_config
+from decentrain.algorithms.outer.optimizers import OUTER_OPTIMIZERS, OuterOptimizerConfig, outer_optimizer_config
 
 Tensors = Sequence[Tensor]
 QuantKind = Literal["none", "fp16", "int4"]
@@ -261,7 +261,7 @@ def noloco_general_step_(
     with Δ_j = φ_j − θ_j over the partner group (self included). Because
     mean Δ = mean φ − θ̄, β = γ = η reduces it to `noloco_step_` (α = μ);
     γ ≠ β needs the mean of φ exchanged as well. `theta=None` leaves θ alone (an overlapped
-    step moves θ by its own correction, common/overlap.py).
+    step moves θ by its own correction, outer/overlap.py).
     """
     for i, (p, d, md, mp) in enumerate(zip(phi, delta, mean_pseudo_grad, mean_phi, strict=True)):
         d.mul_(alpha).sub_(md.to(d.dtype), alpha=beta).sub_(p - mp.to(p.dtype), alpha=gamma)

@@ -2,8 +2,8 @@
 
 `LoopConfig` (the `train` section) configures the `Trainer`; `TrainConfig` assembles it
 with the sections of what the run builds, each defined next to its code (ModelConfig in
-models/, DataConfig in data/, OptimConfig and EngineConfig in common/engines/,
-LauncherConfig in core/, TransportConfig in common/transports/, each algorithm's config in its package). decentrain/config.py,
+models/, DataConfig in data/, OptimConfig and EngineConfig in pretraining/engines/,
+LauncherConfig in core/, TransportConfig in pretraining/transports/, each algorithm's config in its package). decentrain/config.py,
 the composition root above, converts Hydra's dict into these and registers them.
 """
 
@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from decentrain.algorithms.base import ALGORITHMS, AlgorithmConfig
-from decentrain.algorithms.common.engines import ENGINES, EngineConfig, OptimConfig
-from decentrain.algorithms.common.speed import COMPILE_SCOPES, PRECISIONS
-from decentrain.algorithms.common.transports.base import TransportConfig, door
+from decentrain.algorithms.pretraining.engines import ENGINES, EngineConfig, OptimConfig
+from decentrain.algorithms.pretraining.precision import COMPILE_SCOPES, PRECISIONS
+from decentrain.algorithms.pretraining.transports.base import TransportConfig, door
 from decentrain.core.checks import check_range
 from decentrain.core.launch_config import LauncherConfig
 from decentrain.core.metrics import LoggerConfig
@@ -40,7 +40,7 @@ class LoopConfig:
     device: str = "auto"  # auto | cpu | cuda; more local ranks than GPUs share them round-robin over gloo
     precision: str = "auto"  # auto (bf16_autocast on CUDA, fp32 on CPU) | fp32 | bf16_autocast | bf16 (pure)
     compile: str = "none"  # none | model | blocks: torch.compile of the whole model or of each layer
-    tf32: bool = True  # CUDA: fp32 matmuls on TF32 tensor cores (speed.set_tf32); false keeps IEEE fp32
+    tf32: bool = True  # CUDA: fp32 matmuls on TF32 tensor cores (precision.set_tf32); false keeps IEEE fp32
 
     def __post_init__(self) -> None:
         if self.device not in DEVICES:

@@ -5,7 +5,7 @@ Precision:
 - `bf16_autocast`: fp32 master weights and AdamW state, matmuls in bf16 under
   `torch.autocast` (the default on CUDA; small late updates do not round away).
 - `bf16`: pure bf16 weights and optimizer state, an explicit choice (less memory).
-The outer optimizers (algorithms/common/outer.py) keep fp32 slow weights and momentum
+The outer optimizers (algorithms/outer/updates.py) keep fp32 slow weights and momentum
 whatever the inner precision is.
 """
 

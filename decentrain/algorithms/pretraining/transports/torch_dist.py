@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from decentrain.algorithms.base import ALGORITHMS
-from decentrain.algorithms.common.transports.base import TRANSPORTS, Door, TransportConfig
+from decentrain.algorithms.pretraining.transports.base import TRANSPORTS, Door, TransportConfig
 from decentrain.core.dist_transport import TorchTransport
 from decentrain.core.launcher import launch_job
 from decentrain.core.world import World

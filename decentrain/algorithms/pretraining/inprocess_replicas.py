@@ -23,8 +23,8 @@ from typing import Callable
 import torch
 
 from decentrain.algorithms.base import ALGORITHMS
-from decentrain.algorithms.common.config import TrainConfig
-from decentrain.algorithms.common.trainer import Trainer, TrainResult, seed_everything
+from decentrain.algorithms.pretraining.config import TrainConfig
+from decentrain.algorithms.pretraining.trainer import Trainer, TrainResult, seed_everything
 from decentrain.core.inprocess import InProcessHub
 from decentrain.core.transport import Transport
 from decentrain.core.metrics import MetricsLogger, drop_rows_after
@@ -55,7 +55,7 @@ def run_replicas_in_process(cfg: TrainConfig, world_size: int, run_dir: Path, de
     `wrap_transport` wraps each replica's transport (benchmarks: an emulated slow link)."""
     algo_cls = ALGORITHMS.get(cfg.algorithm.name)
     algo_cls.check_world(cfg.algorithm, world_size)
-    hub = InProcessHub(world_size, deadline_s)  # what transport=inprocess (common/transports/inprocess.py) runs on
+    hub = InProcessHub(world_size, deadline_s)  # what transport=inprocess (pretraining/transports/inprocess.py) runs on
     placement = plan_placement(cfg.train.device, world_size, visible_gpus())
     seed_everything(cfg.train.seed)
     tokenizer = build_tokenizer(cfg.model)

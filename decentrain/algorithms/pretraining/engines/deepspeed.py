@@ -16,7 +16,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from decentrain.algorithms.common.engines.base import ENGINES, Engine, EngineConfig, build_optimizer
+from decentrain.algorithms.pretraining.engines.base import ENGINES, Engine, EngineConfig, build_optimizer
 from decentrain.core.mesh import ReplicaLayout
 
 ZERO_STAGES = (1, 2)

@@ -31,9 +31,9 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
-from decentrain.algorithms.common.engines.base import ENGINES
-from decentrain.algorithms.common.engines.torch import TorchEngine
-from decentrain.algorithms.common.speed import resolve_precision, transformer_blocks
+from decentrain.algorithms.pretraining.engines.base import ENGINES
+from decentrain.algorithms.pretraining.engines.torch import TorchEngine
+from decentrain.algorithms.pretraining.precision import resolve_precision, transformer_blocks
 
 
 class LocalShards:

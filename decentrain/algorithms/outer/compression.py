@@ -2,7 +2,7 @@
 
 A reusable piece of the outer sync: it turns one replica's flat fp32 pseudo-gradient
 into a small sparse message and remembers, in fp32, everything it did not send.
-Notation as in common/outer.py (θ fast weights, Δ = θ_prev − θ the pseudo-gradient).
+Notation as in outer/updates.py (θ fast weights, Δ = θ_prev − θ the pseudo-gradient).
 
 Error feedback (DeMo, arXiv 2411.19870; SparseLoCo, arXiv 2508.15706, Alg. 1), per
 replica r at outer round t, with R replicas:
@@ -30,7 +30,7 @@ Tiles (`CompressionSpec`), two layouts:
   - `flat` (this library's first layout, kept as an option): chunks of C entries over the flat
     concatenation of all parameters (a chunk may span two tensors), the last one zero-padded.
 Each tensor (tiled) or the whole vector (flat) is one `TileGroup`: its tiles share a length, a k
-and one quantiser scope. Q_b and D are in common/sparse_quantizers.py ("statistical", the
+and one quantiser scope. Q_b and D are in outer/sparse_quantizers.py ("statistical", the
 reference's 2-bit quantiser, or "maxabs").
 
 The error buffer e is the algorithm's state: it goes into the checkpoint and a resumed
@@ -57,7 +57,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from decentrain.algorithms.common.sparse_quantizers import QUANTIZERS
+from decentrain.algorithms.outer.sparse_quantizers import QUANTIZERS
 from decentrain.core.registry import Registry
 
 BITS = (2, 4, 8)
