@@ -78,8 +78,8 @@ def worker(args: argparse.Namespace) -> None:
     import torch
     import torch.distributed as dist
 
-    from decentrain.core.exchange import PairExchange
-    from decentrain.core.pairing import gossip_groups, group_of
+    from decentrain.core.comm.pair_exchange import PairExchange
+    from decentrain.core.comm.pairing import gossip_groups, group_of
     from decentrain.core.world import init_world
 
     torch.set_num_threads(1)

@@ -76,7 +76,7 @@ from decentrain.algorithms.hdee.evaluate import EnsembleScorer
 from decentrain.algorithms.hdee.config import eval_domains
 from decentrain.algorithms.hdee.plan import LaneConfig, run_name
 from decentrain.algorithms.hdee.train import model_dir, run_stage
-from decentrain.core.ensemble import token_logprobs
+from decentrain.core.comm.ensemble import token_logprobs
 from decentrain.config import register_hdee_configs
 from decentrain.core.world import World
 from decentrain.data.blocks import build_corpus

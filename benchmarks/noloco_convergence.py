@@ -26,7 +26,7 @@ NoLoCo up to 4 % faster convergence):
 Why in-process replicas: on 2 shared cores one `recipes.train` launch costs ~60 s of start-up before
 its first step. Each run is the library's own training (`Trainer` and the algorithm's hooks, the
 recipe's model, corpus, sampler, AdamW, clip and schedule) with N replicas as threads of one process
-over `core/inprocess.py` (`algorithms/pretraining/inprocess_replicas.py`);
+over `core/comm/inprocess_transport.py` (`algorithms/pretraining/inprocess_replicas.py`);
 tests/integration/test_transports_agree.py checks that this gives bit-identical weights to a
 multi-process gloo run. The curves are the Trainer's own evaluation, logged by every replica.
 

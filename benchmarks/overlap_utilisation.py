@@ -43,7 +43,7 @@ from typing import Any, Sequence
 import torch
 
 from benchmarks.harness import RESULTS, Harness, bench_parser, clean_sha, fmt, mean_std, own_flags, parse, reanalyse, save_figure
-from decentrain.core.transport import Transport, Work
+from decentrain.core.comm.transport import Transport, Work
 
 PAYLOAD_125M = 124_439_808 * 4  # llama_125m's parameters (conf/model/llama_125m.yaml) in fp32
 

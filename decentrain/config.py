@@ -2,7 +2,7 @@
 
 Schemas live next to what they build (ModelConfig in models/, DataConfig in data/,
 TrainConfig/LoopConfig in algorithms/pretraining/config.py, OptimConfig and EngineConfig in
-algorithms/pretraining/engines/, LauncherConfig in core/, each algorithm's config in its
+algorithms/pretraining/engines/, LauncherConfig in core/launch/, each algorithm's config in its
 package). This module imports every loop algorithm (found by its registration, which it runs), converts
 Hydra's resolved dict into those dataclasses once, and registers the schemas with
 Hydra's ConfigStore. Nothing in decentrain/ imports it; recipes, tests and benchmarks do.
@@ -23,7 +23,7 @@ from decentrain.algorithms.pretraining.config import LoopConfig, TrainConfig, ch
 from decentrain.algorithms.pretraining.engines import ENGINES, SCHEDULES, OptimConfig
 from decentrain.algorithms.outer.optimizers import OUTER_OPTIMIZERS
 from decentrain.algorithms.pretraining.transports import TRANSPORTS
-from decentrain.core.launch_config import LAUNCHERS, LauncherConfig
+from decentrain.core.launch.config import LAUNCHERS, LauncherConfig
 from decentrain.core.metrics import LoggerConfig
 from decentrain.core.registry import discover_marked
 from decentrain.core.typed import renamed_key, typed

@@ -30,7 +30,7 @@ import torch.distributed as dist
 from torch import nn
 
 from decentrain.algorithms.pretraining.torchft import FT_ALGORITHMS, ReplicaGroup
-from decentrain.core.ft_config import TorchFTConfig
+from decentrain.core.launch.ft_config import TorchFTConfig
 from decentrain.core.world import World
 
 INIT_LOCK = threading.Lock()

@@ -13,7 +13,7 @@ import torch
 
 from decentrain.config import config_from_dict
 from decentrain.core.metrics import CommMeter, format_bytes
-from decentrain.core.transport import all_gather_bytes_sent, ring_all_reduce_bytes
+from decentrain.core.comm.transport import all_gather_bytes_sent, ring_all_reduce_bytes
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS, H = 6, 2

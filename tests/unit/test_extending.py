@@ -22,7 +22,7 @@ from decentrain.algorithms.outer.optimizers import FIELD, OUTER_OPTIMIZERS, Oute
 from decentrain.algorithms.pretraining.run import run_pretraining
 from decentrain.algorithms import diloco
 from decentrain.config import config_from_dict, register_configs, validate
-from decentrain.core.checks import check_range
+from decentrain.core.config_checks import check_range
 from decentrain.core.registry import discover, discover_marked
 from decentrain.core.world import World
 from decentrain.testing import TINY

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from decentrain.core.bytes_comm import PayloadTooLarge
-from decentrain.core.inprocess import InProcessHub
+from decentrain.core.comm.bytes_comm import PayloadTooLarge
+from decentrain.core.comm.inprocess_transport import InProcessHub
 from decentrain.testing import run_in_threads
 
 

@@ -188,13 +188,13 @@ def test_what_python_loads_matches_the_static_graph():
 def test_the_probe_skips_a_module_whose_extra_is_missing():
     """A `.[dev]`-only venv has no hivemind: SAPO's DHT guard is skipped there, its layer still checked."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    mods = ["decentrain.algorithms.sapo.dht_guard", "decentrain.core.checks"]
+    mods = ["decentrain.algorithms.sapo.dht_guard", "decentrain.core.config_checks"]
     run = subprocess.run([sys.executable, "-c", _NO_HIVEMIND + _PROBE, *mods], env=env, text=True, capture_output=True,
                          timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
     out = json.loads(run.stdout.splitlines()[-1])
     assert [m for m, _ in out["skipped"]] == ["decentrain.algorithms.sapo.dht_guard"]
-    assert "decentrain.core.checks" in out["loaded"]
+    assert "decentrain.core.config_checks" in out["loaded"]
 
 
 @pytest.mark.parametrize("mod", sorted(_library() | ROOTS))

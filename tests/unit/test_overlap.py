@@ -11,7 +11,7 @@ from decentrain.algorithms.outer.optimizers import OuterOptimizerConfig, SGDConf
 from decentrain.algorithms.outer.overlap import delayed_correction_
 from decentrain.algorithms.diloco.diloco import DiLoCo, DiLoCoConfig
 from decentrain.algorithms.noloco.noloco import NoLoCo, NoLoCoConfig
-from decentrain.core.inprocess import InProcessHub
+from decentrain.core.comm.inprocess_transport import InProcessHub
 from decentrain.core.world import World
 
 

@@ -14,8 +14,8 @@ from decentrain.algorithms.pretraining import transports
 from decentrain.algorithms.pretraining.run import run_pretraining
 from decentrain.algorithms.pretraining.transports import TRANSPORTS, door, door_name
 from decentrain.config import config_from_dict, register_configs, validate
-from decentrain.core.dist_transport import TorchTransport
-from decentrain.core.inprocess import InProcessTransport
+from decentrain.core.comm.dist_transport import TorchTransport
+from decentrain.core.comm.inprocess_transport import InProcessTransport
 from decentrain.core.registry import discover
 from decentrain.core.world import World
 from decentrain.testing import TINY
@@ -82,7 +82,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from decentrain.algorithms.pretraining.transports import TRANSPORTS, Door, TransportConfig
-from decentrain.core.inprocess import InProcessHub
+from decentrain.core.comm.inprocess_transport import InProcessHub
 
 
 @dataclass

@@ -19,7 +19,7 @@ from decentrain.algorithms.pretraining.inner_outer import InnerOuterAlgorithm, I
 from decentrain.algorithms.outer.updates import OuterOptimizer
 from decentrain.algorithms.outer.optimizers import OuterOptimizerConfig
 from decentrain.algorithms.outer.overlap import DelayedOuter, check_overlap
-from decentrain.core.transport import PendingMean
+from decentrain.core.comm.transport import PendingMean
 
 
 @dataclass

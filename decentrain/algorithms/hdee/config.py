@@ -24,7 +24,7 @@ from decentrain.algorithms.hdee.mixing import WEIGHTINGS
 from decentrain.algorithms.hdee.plan import EnsemblePlan, SeedConfig, validate
 from decentrain.algorithms.pretraining.config import LoopConfig
 from decentrain.algorithms.pretraining.engines import EngineConfig, OptimConfig, engine_config
-from decentrain.core.launch_config import LauncherConfig
+from decentrain.core.launch.config import LauncherConfig
 from decentrain.core.metrics import LoggerConfig
 from decentrain.core.typed import typed
 from decentrain.data.blocks import SPLITS, DataConfig

@@ -48,7 +48,7 @@ def _train_run(cfg: HdeeConfig, world: World, name: str, model: ModelConfig, dom
                seed: int, schedule_steps: int | None = None, poll_s: float = 0.2) -> Path:
     """One run of the shared job path (pretraining/run.py): `steps` steps of a `schedule_steps`-step LR
     schedule (an expert stops inside one shared cosine); resumes from its own checkpoints. Gossip keys of
-    consecutive runs in one process group are apart by construction (`core/membership.job_prefix`)."""
+    consecutive runs in one process group are apart by construction (`core/comm/membership.job_prefix`)."""
     tcfg = run_config(cfg, name, model, domains, steps, seed, schedule_steps)
     validate(tcfg, world.world_size)  # e.g. a batch that does not divide over this job's ranks
     run_dir = Path(tcfg.run_dir)

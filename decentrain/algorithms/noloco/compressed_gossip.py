@@ -65,7 +65,7 @@ from torch import Tensor
 from decentrain.algorithms.outer.compression import (AGGREGATIONS, BITS, MAX_CHUNK, CompressionSpec, ErrorFeedback, compress,
                                                       decompress, sent_mask)
 from decentrain.algorithms.outer.sparse_payload import decode, encode, payload_bytes
-from decentrain.core.checks import check_range
+from decentrain.core.config_checks import check_range
 
 log = logging.getLogger(__name__)
 

@@ -29,11 +29,11 @@ from decentrain.algorithms.outer.optimizers import OUTER_OPTIMIZERS, OuterOptimi
 from decentrain.algorithms.outer.overlap import Background, DelayedOuter, check_overlap
 from decentrain.algorithms.noloco.compressed_gossip import CompressedGossip, NoLoCoCompressionConfig, compressed_outer_step
 from decentrain.algorithms.noloco.healing import Healer, tensors_crc
-from decentrain.core.checks import check_range
-from decentrain.core.deadline import AdaptiveDeadlineConfig
-from decentrain.core.pairing import ODD_POLICIES, gossip_groups, group_of
-from decentrain.core.transport import GossipOptions
-from decentrain.core.wait_policy import BEHIND
+from decentrain.core.config_checks import check_range
+from decentrain.core.comm.deadline import AdaptiveDeadlineConfig
+from decentrain.core.comm.pairing import ODD_POLICIES, gossip_groups, group_of
+from decentrain.core.comm.transport import GossipOptions
+from decentrain.core.comm.wait_policy import BEHIND
 
 log = logging.getLogger(__name__)
 

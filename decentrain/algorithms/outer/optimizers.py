@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from decentrain.core.checks import check_range
+from decentrain.core.config_checks import check_range
 from decentrain.core.registry import Registry
 from decentrain.core.typed import typed
 

@@ -29,7 +29,7 @@ def check_quantization_backend(quantization: str, backend: str | None) -> None:
 
 @dataclass(frozen=True)
 class QuantCodec:
-    """A `core.transport.MeanCodec` for `quantize`/`dequantize` (chunks may span tensor boundaries)."""
+    """A `core.comm.transport.MeanCodec` for `quantize`/`dequantize` (chunks may span tensor boundaries)."""
 
     kind: QuantKind
     chunk: int = 128

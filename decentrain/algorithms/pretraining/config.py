@@ -3,7 +3,7 @@
 `LoopConfig` (the `train` section) configures the `Trainer`; `TrainConfig` assembles it
 with the sections of what the run builds, each defined next to its code (ModelConfig in
 models/, DataConfig in data/, OptimConfig and EngineConfig in pretraining/engines/,
-LauncherConfig in core/, TransportConfig in pretraining/transports/, each algorithm's config in its package). decentrain/config.py,
+LauncherConfig in core/launch/, TransportConfig in pretraining/transports/, each algorithm's config in its package). decentrain/config.py,
 the composition root above, converts Hydra's dict into these and registers them.
 """
 
@@ -17,8 +17,8 @@ from decentrain.algorithms.base import ALGORITHMS, AlgorithmConfig
 from decentrain.algorithms.pretraining.engines import ENGINES, EngineConfig, OptimConfig
 from decentrain.algorithms.pretraining.precision import COMPILE_SCOPES, PRECISIONS
 from decentrain.algorithms.pretraining.transports.base import TransportConfig, door
-from decentrain.core.checks import check_range
-from decentrain.core.launch_config import LauncherConfig
+from decentrain.core.config_checks import check_range
+from decentrain.core.launch.config import LauncherConfig
 from decentrain.core.metrics import LoggerConfig
 from decentrain.core.world import DEVICES
 from decentrain.data.blocks import DataConfig, build_corpus, builds_locally, check_data_files

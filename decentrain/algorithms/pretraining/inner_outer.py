@@ -22,7 +22,7 @@ from decentrain.algorithms.outer.optimizers import OuterOptimizerConfig, outer_o
 from decentrain.algorithms.pretraining.replicas import broadcast_parameters, check_replicas_match
 from decentrain.algorithms.pretraining.precision import DeviceTimer
 from decentrain.algorithms.pretraining.transports import DEFAULT_DOOR, TRANSPORTS, TransportConfig
-from decentrain.core.transport import Transport
+from decentrain.core.comm.transport import Transport
 
 
 @dataclass

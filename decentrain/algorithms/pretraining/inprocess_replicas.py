@@ -1,4 +1,4 @@
-"""N replicas of one pre-training job as threads of this process, over `core/inprocess.py`.
+"""N replicas of one pre-training job as threads of this process, over `core/comm/inprocess_transport.py`.
 
 The same `Trainer` and algorithm hooks as a multi-process run, so tests and benchmarks
 exercise the library's own loop without starting processes or process groups. Each replica
@@ -25,8 +25,8 @@ import torch
 from decentrain.algorithms.base import ALGORITHMS
 from decentrain.algorithms.pretraining.config import TrainConfig
 from decentrain.algorithms.pretraining.trainer import Trainer, TrainResult, seed_everything
-from decentrain.core.inprocess import InProcessHub
-from decentrain.core.transport import Transport
+from decentrain.core.comm.inprocess_transport import InProcessHub
+from decentrain.core.comm.transport import Transport
 from decentrain.core.metrics import MetricsLogger, drop_rows_after
 from decentrain.core.world import World, plan_placement, visible_gpus
 from decentrain.data.blocks import build_corpus

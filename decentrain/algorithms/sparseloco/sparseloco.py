@@ -3,7 +3,7 @@
 Every H inner steps each replica folds its pseudo-gradient into its fp32 error buffer,
 sends the top-k entries of each tile as b-bit codes (outer/compression.py has the
 equations, outer/sparse_quantizers.py the quantisers), all-gathers everybody's payload
-as bytes through the transport (over torch.distributed, core/bytes_comm.py: sizes are
+as bytes through the transport (over torch.distributed, core/comm/bytes_comm.py: sizes are
 agreed first and capped at the one size an honest payload has, nothing is unpickled),
 decodes them in rank order, averages each
 index over the replicas that sent it (`algorithm.aggregation`: "mean_over_senders", the
@@ -53,7 +53,7 @@ from decentrain.algorithms.pretraining.inner_outer import InnerOuterAlgorithm, I
 from decentrain.algorithms.outer.updates import OuterOptimizer
 from decentrain.algorithms.outer.optimizers import OuterOptimizerConfig
 from decentrain.algorithms.outer.sparse_payload import decode, encode, payload_bytes
-from decentrain.core.checks import check_range
+from decentrain.core.config_checks import check_range
 from decentrain.core.registry import Registry
 
 logger = logging.getLogger(__name__)

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from decentrain.algorithms.base import Algorithm
-from decentrain.core.checks import check_range
+from decentrain.core.config_checks import check_range
 from decentrain.core.mesh import ReplicaLayout
 from decentrain.core.registry import Registry
 from decentrain.core.typed import typed

@@ -16,7 +16,7 @@ from datetime import timedelta
 from typing import Any, Callable
 
 from decentrain.algorithms.base import Algorithm
-from decentrain.core.ft_config import TorchFTConfig
+from decentrain.core.launch.ft_config import TorchFTConfig
 from decentrain.core.registry import Registry
 from decentrain.core.world import World
 from decentrain.data.blocks import ShardedSampler

@@ -2,7 +2,7 @@
 
 torchft's transports unpickle what the peer sends (`_streaming_load(weights_only=False)`,
 `pickle.loads` of PGTransport's metadata). A peer is data, never code: here the sender
-encodes the state as decentrain's checkpoints are (core/heal.py: a JSON skeleton plus one
+encodes the state as decentrain's checkpoints are (core/comm/heal_transfer.py: a JSON skeleton plus one
 safetensors blob, tensors cloned at send time, so the weights may move on while a
 receiver fetches), torchft's HTTP server serves the two byte buffers as uint8 tensors,
 and the receiver loads them with `weights_only=True` (tensors and plain containers only)
@@ -21,8 +21,8 @@ from torchft.checkpointing._serialization import _streaming_load
 from torchft.checkpointing.http_transport import HTTPTransport
 
 from decentrain.core.checkpoint import unflatten_state
-from decentrain.core.wire import all_finite
-from decentrain.core.heal import encode_state
+from decentrain.core.comm.wire import all_finite
+from decentrain.core.comm.heal_transfer import encode_state
 
 
 class SafeHTTPTransport(HTTPTransport):

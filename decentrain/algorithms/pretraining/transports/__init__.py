@@ -1,11 +1,11 @@
 """The door to the network, chosen by config: `transport.name` picks a registry entry.
 
 An entry (a `Door`) owns its config class, its checks, the `Transport` it builds for one
-replica (core/transport.py: pair exchange, collective mean, all-gather of bytes), how the
+replica (core/comm/transport.py: pair exchange, collective mean, all-gather of bytes), how the
 run's processes are started, and what it changes in the trainer. The pre-training job
 path (`run.py`), the in-process replicas and the recipe ask the entry and never test
-which one it is. Entries: `torch` (torch.distributed, core/dist_transport.py), `inprocess`
-(replicas as threads of one process, core/inprocess.py), `torchft` (replica groups joined
+which one it is. Entries: `torch` (torch.distributed, core/comm/dist_transport.py), `inprocess`
+(replicas as threads of one process, core/comm/inprocess_transport.py), `torchft` (replica groups joined
 by torchft's Manager; see torchft_groups.py for how far it shares the protocol).
 
 Adding one: a module in this package that registers a `Door` subclass (found by the

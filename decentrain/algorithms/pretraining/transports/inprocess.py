@@ -1,4 +1,4 @@
-"""`transport=inprocess`: `transport.replicas` replicas as threads of this process (core/inprocess.py).
+"""`transport=inprocess`: `transport.replicas` replicas as threads of this process (core/comm/inprocess_transport.py).
 
 No process group and no worker processes: the recipe runs the replicas here, through the same
 `Trainer` and algorithm hooks (pretraining/inprocess_replicas.py), each replica's metrics in the run
@@ -14,8 +14,8 @@ from pathlib import Path
 
 from decentrain.algorithms.base import ALGORITHMS
 from decentrain.algorithms.pretraining.transports.base import TRANSPORTS, Door, TransportConfig
-from decentrain.core.checks import check_range
-from decentrain.core.inprocess import InProcessTransport
+from decentrain.core.config_checks import check_range
+from decentrain.core.comm.inprocess_transport import InProcessTransport
 from decentrain.core.world import World
 
 log = logging.getLogger(__name__)

@@ -11,8 +11,8 @@ from pathlib import Path
 
 from decentrain.algorithms.base import ALGORITHMS
 from decentrain.algorithms.pretraining.transports.base import TRANSPORTS, Door, TransportConfig
-from decentrain.core.dist_transport import TorchTransport
-from decentrain.core.launcher import launch_job
+from decentrain.core.comm.dist_transport import TorchTransport
+from decentrain.core.launch.launcher import launch_job
 from decentrain.core.world import World
 
 

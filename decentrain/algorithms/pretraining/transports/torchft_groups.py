@@ -1,12 +1,12 @@
 """`transport=torchft` (selected by `launcher.fault_tolerance=torchft`): replica groups joined by torchft.
 
 The recipe starts `launcher.replicas` groups, each its own torchrun job, and a Lighthouse
-(core/ft_launch.py). torchft's Manager owns membership and the cross-group collectives:
+(core/launch/ft_launch.py). torchft's Manager owns membership and the cross-group collectives:
 each collective family registers its torchft variant in `FT_ALGORITHMS` (ddp/torchft_ddp.py,
 diloco/torchft_diloco.py), built here with the group, and each group reads its own data
 slice. Departure from the `Transport` protocol, named: those variants sync through the
 Manager (torchft's DDP/DiLoCo wrappers, which heal and re-form quorums themselves), not
-through `core/transport.py`'s operations; what this door shares with the others is the
+through `core/comm/transport.py`'s operations; what this door shares with the others is the
 entry: config, checks, how processes start, the algorithm and the trainer change.
 """
 
@@ -18,7 +18,7 @@ from decentrain.algorithms.base import Algorithm
 from decentrain.algorithms.pretraining.torchft import FT_ALGORITHMS, ReplicaGroup, replica_sampler
 from decentrain.algorithms.pretraining.torchft.checks import check_fault_tolerant_run
 from decentrain.algorithms.pretraining.transports.base import TRANSPORTS, Door
-from decentrain.core.ft_launch import launch_replica_groups
+from decentrain.core.launch.ft_launch import launch_replica_groups
 from decentrain.core.world import World
 
 

@@ -26,7 +26,7 @@ import statistics
 from collections import deque
 from dataclasses import dataclass, field
 
-from decentrain.core.checks import check_range
+from decentrain.core.config_checks import check_range
 
 
 def adaptive_deadline(arrivals: list[float], k: float, margin: float, cap: float) -> float:

@@ -69,7 +69,7 @@ def flatten_buckets(tensors: Sequence[torch.Tensor], bucket_bytes: int) -> list[
 def pack(tensors: Sequence[torch.Tensor], buckets: list[list[int]], device: torch.device, pool=None) -> list[torch.Tensor]:
     """One flat copy per bucket on `device` (always a copy: a send may outlive the caller's tensors).
 
-    With `pool` (core/buffer_pool.BufferPool) the copies land in reused buffers: a fresh
+    With `pool` (core/comm/buffer_pool.BufferPool) the copies land in reused buffers: a fresh
     model-sized buffer costs more to fault in than the copy itself.
     """
     out = []

@@ -13,7 +13,7 @@ stopped or lagging rank costs at most one deadline wait, and a rank that wakes f
 can see where the live ranks are. Everything read is untrusted: a malformed value reads as
 "unknown", never raises; the live round is a median, so one lying rank cannot move it.
 This is decentrain's own (torchft's Lighthouse needs a quorum per step; gossip needs none: the
-store is enough, the launcher's on one host, the job store over several, core/job_store.py).
+store is enough, the launcher's on one host, the job store over several, core/comm/job_store.py).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import torch.distributed as dist
 
-from decentrain.core.incarnation import IncarnationCheck
+from decentrain.core.launch.incarnation import IncarnationCheck
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +78,7 @@ class Membership:
     # where the launcher records incarnations: the job's whole store, above this job's namespace
     # (None: `store` itself)
     launcher_store: dist.Store | None = None
-    # the launchers' public key and this rank's token (core/incarnation.py); None: no heal request is honoured
+    # the launchers' public key and this rank's token (core/launch/incarnation.py); None: no heal request is honoured
     authority: IncarnationCheck | None = field(default_factory=IncarnationCheck.from_env)
     _served: int | None = field(default=None, repr=False)  # heal requests already taken
     _granted: set = field(default_factory=set, repr=False)  # (rank, incarnation) served once: a replay is not

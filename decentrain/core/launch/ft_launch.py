@@ -19,8 +19,8 @@ import sys
 import time
 from pathlib import Path
 
-from decentrain.core.ft_config import TorchFTConfig
-from decentrain.core.launcher import stop_all
+from decentrain.core.launch.ft_config import TorchFTConfig
+from decentrain.core.launch.launcher import stop_all
 
 log = logging.getLogger(__name__)
 

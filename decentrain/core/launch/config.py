@@ -1,10 +1,10 @@
-"""How a run's workers are started: the `launcher` config section (see core/launcher.py)."""
+"""How a run's workers are started: the `launcher` config section (see core/launch/launcher.py)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from decentrain.core.ft_config import TorchFTConfig, check_fault_tolerance
+from decentrain.core.launch.ft_config import TorchFTConfig, check_fault_tolerance
 
 # local: start the workers here; torchrun: already under torchrun; hosts: this host's share of a job
 # over several hosts (launch/multinode.sh, launch/slurm.sbatch; docs/multihost.md)
@@ -21,10 +21,10 @@ class LauncherConfig:
     # validate the config for this layout (nproc_per_node x nnodes), then exit: launch/slurm.sbatch
     # runs it once before torchrun, so a bad config fails once instead of once per restart and rank
     check_only: bool = False
-    fault_tolerance: str = "none"  # none | torchft (core/ft_config.py)
+    fault_tolerance: str = "none"  # none | torchft (core/launch/ft_config.py)
     replicas: int = 1  # torchft: replica groups, each its own torchrun job of nproc_per_node ranks
     torchft: TorchFTConfig = field(default_factory=TorchFTConfig)
-    # launcher=hosts: the job store's HOST:PORT (gossip algorithms; core/job_store.py), this host's
+    # launcher=hosts: the job store's HOST:PORT (gossip algorithms; core/comm/job_store.py), this host's
     # place among nnodes, and the job's id (the same on every host)
     store: str = ""
     node_rank: int = 0
@@ -53,7 +53,7 @@ class LauncherConfig:
 
 def check_hosts(cfg: LauncherConfig) -> None:
     """launcher=hosts: a job store address, a node rank in range, a job id and a rank count (ValueError, one line)."""
-    from decentrain.core.job_store import parse_endpoint  # torch.distributed: only when this launcher is used
+    from decentrain.core.comm.job_store import parse_endpoint  # torch.distributed: only when this launcher is used
 
     parse_endpoint(cfg.store)
     if not 0 <= cfg.node_rank < cfg.nnodes:

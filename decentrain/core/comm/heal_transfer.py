@@ -25,7 +25,7 @@ from safetensors.torch import load as load_tensors
 from safetensors.torch import save as save_tensors
 
 from decentrain.core.checkpoint import flatten_state, unflatten_state
-from decentrain.core.wire import Tags, all_finite
+from decentrain.core.comm.wire import Tags, all_finite
 
 HEAL_MAGIC = 0x6865_616C_7374  # "healst"
 

@@ -2,11 +2,11 @@
 
 `PairExchange.exchange` sends this rank's tensors to every partner of its group and
 returns the partners' tensors (the mean, or any other use, is the caller's business).
-Buffers are bucketed and framed by `core/wire.py`: a fixed-size header first, a body only
+Buffers are bucketed and framed by `core/comm/wire.py`: a fixed-size header first, a body only
 of the agreed sizes. A partner is untrusted and may die at any time: every failure -- a
 closed connection, a late partner, a wrong header, a bad checksum, non-finite values --
 is counted and costs that round's exchange (None), never the run. When to give up on a
-partner is `core/wait_policy.py`'s decision.
+partner is `core/comm/wait_policy.py`'s decision.
 """
 
 from __future__ import annotations
@@ -20,12 +20,12 @@ from typing import Sequence
 import torch
 import torch.distributed as dist
 
-from decentrain.core.buffer_pool import BufferPool
-from decentrain.core.deadline import ArrivalWindow
-from decentrain.core.membership import Membership
-from decentrain.core.pairs import PairGroups
-from decentrain.core.wait_policy import WaitPolicy
-from decentrain.core.wire import (FLAG_SKIP, HEADER_LEN, BodyCheck, Tags, flatten_buckets, header_problem, make_header, pack,
+from decentrain.core.comm.buffer_pool import BufferPool
+from decentrain.core.comm.deadline import ArrivalWindow
+from decentrain.core.comm.membership import Membership
+from decentrain.core.comm.pair_groups import PairGroups
+from decentrain.core.comm.wait_policy import WaitPolicy
+from decentrain.core.comm.wire import (FLAG_SKIP, HEADER_LEN, BodyCheck, Tags, flatten_buckets, header_problem, make_header, pack,
                                   skip_header, unpack)
 from decentrain.core.world import World
 
@@ -117,9 +117,9 @@ class PairExchange:
     # with pairs: every exchange runs on a 2-rank gloo group of its own (rebuilt when the partner is
     # replaced), not on the world group, so a replacement that never joined the world can take part
     pairs: PairGroups | None = None
-    # with arrivals: the deadline follows observed arrival times (core/deadline.py), deadline_s its cap
+    # with arrivals: the deadline follows observed arrival times (core/comm/deadline.py), deadline_s its cap
     arrivals: ArrivalWindow | None = None
-    # reuse_buffers: send and receive buffers come from a pool (core/buffer_pool.py), so the tensors
+    # reuse_buffers: send and receive buffers come from a pool (core/comm/buffer_pool.py), so the tensors
     # `exchange` returns are valid until the next `exchange` call only (copy them to keep them)
     reuse_buffers: bool = False
     _pool: BufferPool = field(default_factory=BufferPool, repr=False)

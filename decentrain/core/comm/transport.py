@@ -2,8 +2,8 @@
 
 Three operations cover the families: a pair (group) exchange with a deadline (NoLoCo's
 gossip), a collective mean across replicas (DiLoCo, Streaming DiLoCo), and an all-gather
-of byte payloads. Implementations: `core/dist_transport.py` over torch.distributed
-(gloo/NCCL) and `core/inprocess.py` (N replicas as threads of one process, for tests and
+of byte payloads. Implementations: `core/comm/dist_transport.py` over torch.distributed
+(gloo/NCCL) and `core/comm/inprocess_transport.py` (N replicas as threads of one process, for tests and
 fast benchmarks). Like torchft's `ProcessGroup` seam, an algorithm written against this
 class runs unchanged over either.
 
@@ -22,13 +22,13 @@ from typing import TYPE_CHECKING, Any, Protocol, Sequence
 import torch
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
-from decentrain.core.bytes_comm import GatheredBytes
-from decentrain.core.deadline import AdaptiveDeadlineConfig
-from decentrain.core.exchange import ExchangeStats
+from decentrain.core.comm.bytes_comm import GatheredBytes
+from decentrain.core.comm.deadline import AdaptiveDeadlineConfig
+from decentrain.core.comm.pair_exchange import ExchangeStats
 
 if TYPE_CHECKING:
-    from decentrain.core.membership import Membership
-    from decentrain.core.pairs import PairGroups
+    from decentrain.core.comm.membership import Membership
+    from decentrain.core.comm.pair_groups import PairGroups
 
 
 @dataclass

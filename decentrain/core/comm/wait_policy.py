@@ -14,7 +14,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from decentrain.core.membership import Membership
+from decentrain.core.comm.membership import Membership
 
 BEHIND = 3  # a partner this many rounds behind (us and the live ranks) is skipped; it jumps ahead itself
 POLL_S = 0.1  # how often a rank waiting on a partner re-reads the partner's membership keys

@@ -1,6 +1,6 @@
 """The job store of a gossip job over several hosts: one c10d TCPStore server, in a process that runs no worker.
 
-`python -m decentrain.core.job_store --port 29400` (one per job, started before the hosts, the
+`python -m decentrain.core.comm.job_store --port 29400` (one per job, started before the hosts, the
 way torchft's lighthouse is). Every host's launcher (`launcher=hosts launcher.store=HOST:PORT`)
 and every worker is a client: gossip membership, heal requests, incarnation records and the
 per-pair gloo rendezvous all live here, so any worker host may die without taking them along.
@@ -56,7 +56,7 @@ def serve(host: str, port: int, stop: threading.Event, ready_file: str | None = 
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m decentrain.core.job_store", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m decentrain.core.comm.job_store", description=__doc__.splitlines()[0])
     parser.add_argument("--host", default="0.0.0.0", help="address to listen on (default: every interface)")
     parser.add_argument("--port", type=int, default=29400, help="port (0: any free one, see --ready-file)")
     parser.add_argument("--ready-file", help="write HOST:PORT here once the store accepts clients")

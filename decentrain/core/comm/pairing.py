@@ -1,6 +1,6 @@
 """Gossip pairing: every rank derives the same random matching for round t from a shared seed.
 
-No messages are needed to agree on partners; the exchange itself lives in `core/exchange.py`.
+No messages are needed to agree on partners; the exchange itself lives in `core/comm/pair_exchange.py`.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ keyed (round, sender, receiver), collectives through slots keyed by each replica
 count (every replica makes the same collective calls in the same order, as with
 torch.distributed). Sums run in rank order; with two replicas that is bit-identical to a
 gloo all-reduce, with more it may differ from gloo's ring order in the last bit. Nothing
-is serialised: a peer here is this process, so the wire checks of `core/wire.py` are not
+is serialised: a peer here is this process, so the wire checks of `core/comm/wire.py` are not
 exercised (the dist tests do that).
 """
 
@@ -17,9 +17,9 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from decentrain.core.bytes_comm import GatheredBytes, PayloadTooLarge, accepted_lengths
-from decentrain.core.exchange import ExchangeStats
-from decentrain.core.transport import Transport, Work, all_gather_bytes_sent
+from decentrain.core.comm.bytes_comm import GatheredBytes, PayloadTooLarge, accepted_lengths
+from decentrain.core.comm.pair_exchange import ExchangeStats
+from decentrain.core.comm.transport import Transport, Work, all_gather_bytes_sent
 
 _SKIP = object()  # what a replica that skips a round leaves in its partners' mailboxes
 

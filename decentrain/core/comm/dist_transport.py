@@ -2,7 +2,7 @@
 
 Collectives run on the world's process group. Gossip needs more, set up once by
 `start_gossip` at start-up: membership keys and per-pair groups in this job's namespace
-of the shared store (`core/membership.job_prefix`), and the exchange with its wait policy.
+of the shared store (`core/comm/membership.job_prefix`), and the exchange with its wait policy.
 """
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ from typing import Sequence
 import torch
 import torch.distributed as dist
 
-from decentrain.core.bytes_comm import GatheredBytes
-from decentrain.core.bytes_comm import all_gather_bytes as _all_gather_bytes
-from decentrain.core.deadline import ArrivalWindow
-from decentrain.core.exchange import ExchangeStats, PairExchange
-from decentrain.core.membership import Membership, job_prefix
-from decentrain.core.pairs import PairGroups
-from decentrain.core.transport import GossipOptions, Transport, Work, all_gather_bytes_sent
+from decentrain.core.comm.bytes_comm import GatheredBytes
+from decentrain.core.comm.bytes_comm import all_gather_bytes as _all_gather_bytes
+from decentrain.core.comm.deadline import ArrivalWindow
+from decentrain.core.comm.pair_exchange import ExchangeStats, PairExchange
+from decentrain.core.comm.membership import Membership, job_prefix
+from decentrain.core.comm.pair_groups import PairGroups
+from decentrain.core.comm.transport import GossipOptions, Transport, Work, all_gather_bytes_sent
 from decentrain.core.world import World
 
 

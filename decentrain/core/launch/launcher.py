@@ -7,7 +7,7 @@ every worker down on one failure), so `launch_survivors` runs them with its own 
 membership: this process hosts the c10d TCPStore (so any worker, rank 0 included, may
 die without taking the store with it), starts the workers with torchrun's environment,
 and waits for each alone. Over several hosts (`launcher=hosts`) the store is the job store
-(core/job_store.py), a process that runs no worker, and each host's launcher is its client:
+(core/comm/job_store.py), a process that runs no worker, and each host's launcher is its client:
 a whole host may die, and a host started in its place heals its ranks from live peers.
 """
 
@@ -28,9 +28,9 @@ from typing import Any, Callable, Iterable
 from torch.distributed import PrefixStore, TCPStore
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-from decentrain.core.incarnation import SECRET_ENV, LauncherKey
-from decentrain.core.job_store import connect, parse_endpoint
-from decentrain.core.launch_config import LauncherConfig
+from decentrain.core.launch.incarnation import SECRET_ENV, LauncherKey
+from decentrain.core.comm.job_store import connect, parse_endpoint
+from decentrain.core.launch.config import LauncherConfig
 from decentrain.core.world import Placement, plan_placement, read_launch_env, shared_store_prefix, visible_gpus
 
 log = logging.getLogger(__name__)
@@ -121,7 +121,7 @@ def run_on_ranks(fn: Callable[..., Any], nproc: int, *args: Any) -> dict[int, An
 class HostSlot:
     """This host's place in a gossip job over several hosts (`launcher=hosts`)."""
 
-    store: str  # HOST:PORT of the job store (core/job_store.py), which runs no worker
+    store: str  # HOST:PORT of the job store (core/comm/job_store.py), which runs no worker
     node_rank: int  # this host runs ranks node_rank * nproc ... node_rank * nproc + nproc - 1
     nnodes: int
     job_id: str  # the same on every host of the job
