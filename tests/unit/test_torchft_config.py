@@ -31,7 +31,7 @@ def test_launcher_fields_fail_in_one_line():
 
 def test_runs_torchft_cannot_carry_are_refused():
     pytest.importorskip("torchft")
-    from decentrain.algorithms.pretraining.torchft.checks import check_fault_tolerant_run
+    from decentrain.algorithms.pretraining.torchft.preflight import check_fault_tolerant_run
 
     with pytest.raises(ValueError, match=r"does not support algorithm.name='noloco'; allowed: \['ddp', 'diloco', 'streaming_diloco'\]"):
         check_fault_tolerant_run(cfg({"name": "noloco"}), 1)

@@ -19,7 +19,7 @@ from typing import Any, ClassVar, Optional
 from omegaconf import OmegaConf
 
 from decentrain.algorithms.base import ALGORITHMS, AlgorithmConfig, algorithm_config
-from decentrain.algorithms.hdee.budget import check_budget, homogeneous_baseline
+from decentrain.algorithms.hdee.compute_budget import check_budget, homogeneous_baseline
 from decentrain.algorithms.hdee.mixing import WEIGHTINGS
 from decentrain.algorithms.hdee.plan import EnsemblePlan, SeedConfig, validate
 from decentrain.algorithms.pretraining.config import LoopConfig

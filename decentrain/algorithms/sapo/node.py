@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from decentrain.algorithms.sapo.batching import Arrival, build_swarm_batch, tokenize_batch
-from decentrain.algorithms.sapo.budget import SenderBudget
+from decentrain.algorithms.sapo.sender_budget import SenderBudget
 from decentrain.algorithms.sapo.config import SAPOConfig
 from decentrain.algorithms.sapo.exchange import PeerRecord, RolloutExchange
 from decentrain.algorithms.sapo.generation import build_generation_backend, clip_to_tokens, completion_logprobs

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from decentrain.algorithms.base import Algorithm
 from decentrain.algorithms.pretraining.torchft import FT_ALGORITHMS, ReplicaGroup, replica_sampler
-from decentrain.algorithms.pretraining.torchft.checks import check_fault_tolerant_run
+from decentrain.algorithms.pretraining.torchft.preflight import check_fault_tolerant_run
 from decentrain.algorithms.pretraining.transports.base import TRANSPORTS, Door
 from decentrain.core.launch.ft_launch import launch_replica_groups
 from decentrain.core.world import World

@@ -5,7 +5,7 @@ import re
 import pytest
 from transformers import GPT2Config, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from decentrain.algorithms.hdee.budget import (
+from decentrain.algorithms.hdee.compute_budget import (
     check_budget,
     count_non_embedding_params,
     homogeneous_baseline,
