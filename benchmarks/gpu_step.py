@@ -34,7 +34,8 @@ import torch
 from benchmarks.harness import Harness, bench_parser, own_flags, parse, save_figure
 from decentrain.algorithms.base import ALGORITHMS
 from decentrain.algorithms.pretraining.engines import build_optimizer
-from decentrain.algorithms.pretraining.precision import apply_compile, autocast, resolve_precision, set_tf32, weight_dtype
+from decentrain.algorithms.pretraining.precision import (apply_compile, autocast, resolve_precision, set_tf32,
+                                                         weight_dtype)
 from decentrain.algorithms.pretraining.trainer import Trainer, model_flops_per_token, seed_everything
 from decentrain.config import TrainConfig, config_from_dict
 from decentrain.core.metrics import MetricsLogger, mfu, peak_flops, read_jsonl

@@ -70,14 +70,14 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from benchmarks.harness import Harness, config_parser, fmt, header, mean_std, parse_config, save_figure
-from decentrain.algorithms.pretraining.trainer import evaluate
 from decentrain.algorithms.hdee.config import check_plan, hdee_config_from_dict
 from decentrain.algorithms.hdee.evaluate import EnsembleScorer
 from decentrain.algorithms.hdee.config import eval_domains
 from decentrain.algorithms.hdee.plan import LaneConfig, run_name
 from decentrain.algorithms.hdee.train import model_dir, run_stage
-from decentrain.core.comm.ensemble import token_logprobs
+from decentrain.algorithms.pretraining.trainer import evaluate
 from decentrain.config import register_hdee_configs
+from decentrain.core.comm.ensemble import token_logprobs
 from decentrain.core.world import World
 from decentrain.data.blocks import build_corpus
 from decentrain.models.factory import ModelConfig, build_model, build_tokenizer

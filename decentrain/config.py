@@ -19,9 +19,9 @@ from omegaconf import OmegaConf
 
 import decentrain.algorithms as algorithms
 from decentrain.algorithms.base import ALGORITHMS
+from decentrain.algorithms.outer.optimizers import OUTER_OPTIMIZERS
 from decentrain.algorithms.pretraining.config import LoopConfig, TrainConfig, check_data_fits, check_run_dir, validate
 from decentrain.algorithms.pretraining.engines import ENGINES, SCHEDULES, OptimConfig
-from decentrain.algorithms.outer.optimizers import OUTER_OPTIMIZERS
 from decentrain.algorithms.pretraining.transports import TRANSPORTS
 from decentrain.core.launch.config import LAUNCHERS, LauncherConfig
 from decentrain.core.metrics import LoggerConfig

@@ -10,8 +10,8 @@ from decentrain.testing import run_ranks
 
 from decentrain.algorithms.diloco import DiLoCo, DiLoCoConfig
 from decentrain.algorithms.noloco import NoLoCo, NoLoCoConfig
-from decentrain.core.comm.pairing import gossip_groups, group_of
 from decentrain.algorithms.outer.optimizers import OuterOptimizerConfig
+from decentrain.core.comm.pairing import gossip_groups, group_of
 
 pytestmark = pytest.mark.dist
 

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from decentrain.config import config_from_dict
-from decentrain.core.metrics import CommMeter, format_bytes
 from decentrain.core.comm.transport import all_gather_bytes_sent, ring_all_reduce_bytes
+from decentrain.core.metrics import CommMeter, format_bytes
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS, H = 6, 2

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from decentrain.algorithms.outer.optimizers import OuterOptimizerConfig, SGDConfig
 from decentrain.algorithms.diloco import DiLoCo, DiLoCoConfig, StreamingDiLoCo, StreamingDiLoCoConfig
+from decentrain.algorithms.outer.optimizers import OuterOptimizerConfig, SGDConfig
 from decentrain.algorithms.outer.quantized_mean import check_quantization_backend, codec_for
 from decentrain.core.comm.dist_transport import TorchTransport
 from decentrain.core.world import World

@@ -15,12 +15,12 @@ from omegaconf import OmegaConf
 
 import decentrain.algorithms as algorithms
 from decentrain.algorithms.base import ALGORITHMS
+from decentrain.algorithms import diloco
+from decentrain.algorithms.outer.optimizers import FIELD, OUTER_OPTIMIZERS, OuterOptimizerConfig, OuterRule
+from decentrain.algorithms.outer.updates import OuterOptimizer
 from decentrain.algorithms.pretraining import engines
 from decentrain.algorithms.pretraining.engines import ENGINES
-from decentrain.algorithms.outer.updates import OuterOptimizer
-from decentrain.algorithms.outer.optimizers import FIELD, OUTER_OPTIMIZERS, OuterOptimizerConfig, OuterRule
 from decentrain.algorithms.pretraining.run import run_pretraining
-from decentrain.algorithms import diloco
 from decentrain.config import config_from_dict, register_configs, validate
 from decentrain.core.config_checks import check_range
 from decentrain.core.registry import discover, discover_marked

@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
+from decentrain.core.comm.membership import Membership
 from decentrain.core.launch.incarnation import (INCARNATION_KEY, PUBLIC_KEY_ENV, SECRET_ENV, TOKEN_ENV, IncarnationCheck,
                                          LauncherKey)
-from decentrain.core.comm.membership import Membership
 
 JOB = "job1"
 

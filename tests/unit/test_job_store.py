@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from decentrain.core.launch.incarnation import SECRET_ENV
 from decentrain.core.comm.job_store import connect, parse_endpoint
 from decentrain.core.launch.config import LauncherConfig
+from decentrain.core.launch.incarnation import SECRET_ENV
 from decentrain.core.launch.launcher import HostSlot, launch_survivors
 from decentrain.testing import start_store
 

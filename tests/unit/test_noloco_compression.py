@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from decentrain.algorithms.outer.optimizers import OuterOptimizerConfig
 from decentrain.algorithms.noloco import NoLoCo, NoLoCoConfig
 from decentrain.algorithms.noloco.compressed_gossip import CompressedGossip, Decoded, NoLoCoCompressionConfig, step_direction
+from decentrain.algorithms.outer.optimizers import OuterOptimizerConfig
 from decentrain.core.world import World
 from decentrain.testing import run_in_threads
 

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from decentrain.algorithms.base import algorithm_config
-from decentrain.algorithms.outer.updates import OuterOptimizer, noloco_step_
+from decentrain.algorithms.diloco import DiLoCoConfig, StreamingDiLoCo, StreamingDiLoCoConfig
+from decentrain.algorithms.noloco import NoLoCo, NoLoCoConfig
 from decentrain.algorithms.outer.optimizers import (
     OUTER_OPTIMIZERS,
     AdamConfig,
@@ -15,8 +16,7 @@ from decentrain.algorithms.outer.optimizers import (
     SGDConfig,
     outer_optimizer_config,
 )
-from decentrain.algorithms.diloco import DiLoCoConfig, StreamingDiLoCo, StreamingDiLoCoConfig
-from decentrain.algorithms.noloco import NoLoCo, NoLoCoConfig
+from decentrain.algorithms.outer.updates import OuterOptimizer, noloco_step_
 from decentrain.core.world import World
 
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from decentrain.algorithms.outer.optimizers import OuterOptimizerConfig, SGDConfig
-from decentrain.algorithms.outer.overlap import delayed_correction_
 from decentrain.algorithms.diloco.diloco import DiLoCo, DiLoCoConfig
 from decentrain.algorithms.noloco.noloco import NoLoCo, NoLoCoConfig
+from decentrain.algorithms.outer.optimizers import OuterOptimizerConfig, SGDConfig
+from decentrain.algorithms.outer.overlap import delayed_correction_
 from decentrain.core.comm.inprocess_transport import InProcessHub
 from decentrain.core.world import World
 

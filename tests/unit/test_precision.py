@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from decentrain.algorithms.pretraining.precision import apply_compile, autocast, resolve_precision, transformer_blocks, weight_dtype
+from decentrain.algorithms.pretraining.precision import (apply_compile, autocast, resolve_precision, transformer_blocks,
+                                                         weight_dtype)
 from decentrain.core.metrics import LoggerConfig, Throughput, flops_per_token, mfu, peak_flops
 from decentrain.models.factory import ModelConfig, build_model
 
@@ -23,8 +24,8 @@ def test_precision_auto_is_bf16_autocast_on_cuda_and_fp32_on_cpu():
 
 
 def test_outer_optimizers_keep_fp32_state_for_bf16_weights():
-    from decentrain.algorithms.outer.updates import OuterOptimizer
     from decentrain.algorithms.outer.optimizers import OuterOptimizerConfig
+    from decentrain.algorithms.outer.updates import OuterOptimizer
 
     params = [torch.nn.Parameter(torch.ones(3, dtype=torch.bfloat16))]
     outer = OuterOptimizer(params, OuterOptimizerConfig(lr=0.7, momentum=0.9))
@@ -81,8 +82,8 @@ def test_model_flops_per_token_excludes_the_embedding_table():
 
 
 def _trainer(tmp_path, **train):
-    from decentrain.algorithms.pretraining.trainer import Trainer
     from decentrain.algorithms.ddp.ddp import DDP, DDPConfig
+    from decentrain.algorithms.pretraining.trainer import Trainer
     from decentrain.config import LoopConfig, TrainConfig
     from decentrain.core.world import World
     from decentrain.data.blocks import DataConfig, build_corpus

@@ -3,9 +3,9 @@
 import pytest
 import torch
 
+from decentrain.algorithms.outer.optimizers import SGDConfig
 from decentrain.algorithms.sparseloco import SparseLoCo, SparseLoCoConfig
 from decentrain.core.world import World
-from decentrain.algorithms.outer.optimizers import SGDConfig
 
 
 def _model(values):

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from decentrain.config import config_from_dict
-from decentrain.core.launch.ft_config import TorchFTConfig
 from decentrain.core.launch.config import LauncherConfig
+from decentrain.core.launch.ft_config import TorchFTConfig
 from decentrain.core.world import World
 
 

@@ -15,10 +15,10 @@ from typing import Any
 import torch
 
 from decentrain.algorithms.base import register_algorithm
-from decentrain.algorithms.pretraining.inner_outer import InnerOuterAlgorithm, InnerOuterConfig
-from decentrain.algorithms.outer.updates import OuterOptimizer
 from decentrain.algorithms.outer.optimizers import OuterOptimizerConfig
 from decentrain.algorithms.outer.overlap import DelayedOuter, check_overlap
+from decentrain.algorithms.outer.updates import OuterOptimizer
+from decentrain.algorithms.pretraining.inner_outer import InnerOuterAlgorithm, InnerOuterConfig
 from decentrain.core.comm.transport import PendingMean
 
 

@@ -18,10 +18,10 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from decentrain.algorithms.pretraining.config import TrainConfig, validate
-from decentrain.algorithms.pretraining.run import MODEL_SUBDIR, run_pretraining
 from decentrain.algorithms.hdee.config import HdeeConfig, expert_config
 from decentrain.algorithms.hdee.plan import ExpertRun, SeedConfig
+from decentrain.algorithms.pretraining.config import TrainConfig, validate
+from decentrain.algorithms.pretraining.run import MODEL_SUBDIR, run_pretraining
 from decentrain.core.world import World
 from decentrain.models.factory import ModelConfig
 

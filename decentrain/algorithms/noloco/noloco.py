@@ -23,17 +23,17 @@ from typing import Any
 import torch
 
 from decentrain.algorithms.base import register_algorithm
-from decentrain.algorithms.pretraining.inner_outer import InnerOuterAlgorithm, InnerOuterConfig
-from decentrain.algorithms.outer.updates import OuterOptimizer, noloco_general_step_
-from decentrain.algorithms.outer.optimizers import OUTER_OPTIMIZERS, OuterOptimizerConfig
-from decentrain.algorithms.outer.overlap import Background, DelayedOuter, check_overlap
 from decentrain.algorithms.noloco.compressed_gossip import CompressedGossip, NoLoCoCompressionConfig, compressed_outer_step
 from decentrain.algorithms.noloco.healing import Healer, tensors_crc
-from decentrain.core.config_checks import check_range
+from decentrain.algorithms.outer.optimizers import OUTER_OPTIMIZERS, OuterOptimizerConfig
+from decentrain.algorithms.outer.overlap import Background, DelayedOuter, check_overlap
+from decentrain.algorithms.outer.updates import OuterOptimizer, noloco_general_step_
+from decentrain.algorithms.pretraining.inner_outer import InnerOuterAlgorithm, InnerOuterConfig
 from decentrain.core.comm.deadline import AdaptiveDeadlineConfig
 from decentrain.core.comm.pairing import ODD_POLICIES, gossip_groups, group_of
 from decentrain.core.comm.transport import GossipOptions
 from decentrain.core.comm.wait_policy import BEHIND
+from decentrain.core.config_checks import check_range
 
 log = logging.getLogger(__name__)
 

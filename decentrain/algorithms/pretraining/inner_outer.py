@@ -19,8 +19,8 @@ import torch
 
 from decentrain.algorithms.base import Algorithm, AlgorithmConfig
 from decentrain.algorithms.outer.optimizers import OuterOptimizerConfig, outer_optimizer_config
-from decentrain.algorithms.pretraining.replicas import broadcast_parameters, check_replicas_match
 from decentrain.algorithms.pretraining.precision import DeviceTimer
+from decentrain.algorithms.pretraining.replicas import broadcast_parameters, check_replicas_match
 from decentrain.algorithms.pretraining.transports import DEFAULT_DOOR, TRANSPORTS, TransportConfig
 from decentrain.core.comm.transport import Transport
 

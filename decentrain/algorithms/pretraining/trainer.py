@@ -22,9 +22,10 @@ import torch
 from decentrain.algorithms.base import Algorithm
 from decentrain.algorithms.pretraining.config import LoopConfig
 from decentrain.algorithms.pretraining.engines import ENGINES, EngineConfig, OptimConfig, build_optimizer, engine_config  # noqa: F401 (re-exported)
+from decentrain.algorithms.pretraining.precision import (apply_compile, autocast, resolve_precision, set_tf32,
+                                                         weight_dtype)
 from decentrain.core.checkpoint import Checkpointer
 from decentrain.core.mesh import ReplicaLayout, replica_layout
-from decentrain.algorithms.pretraining.precision import apply_compile, autocast, resolve_precision, set_tf32, weight_dtype
 from decentrain.core.metrics import (CommMeter, LoggerConfig, MetricsLogger, Throughput, accumulate_metrics,
                                      flops_per_token, peak_flops)
 from decentrain.core.world import World

@@ -48,11 +48,11 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from decentrain.algorithms.base import register_algorithm
 from decentrain.algorithms.outer.compression import (AGGREGATIONS, BITS, MAX_CHUNK, CompressionSpec, ErrorFeedback,
                                                       decompress, sent_mask)
-from decentrain.algorithms.outer.sparse_quantizers import QUANTIZERS
-from decentrain.algorithms.pretraining.inner_outer import InnerOuterAlgorithm, InnerOuterConfig
-from decentrain.algorithms.outer.updates import OuterOptimizer
 from decentrain.algorithms.outer.optimizers import OuterOptimizerConfig
 from decentrain.algorithms.outer.sparse_payload import decode, encode, payload_bytes
+from decentrain.algorithms.outer.sparse_quantizers import QUANTIZERS
+from decentrain.algorithms.outer.updates import OuterOptimizer
+from decentrain.algorithms.pretraining.inner_outer import InnerOuterAlgorithm, InnerOuterConfig
 from decentrain.core.config_checks import check_range
 from decentrain.core.registry import Registry
 

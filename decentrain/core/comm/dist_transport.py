@@ -15,8 +15,8 @@ import torch.distributed as dist
 from decentrain.core.comm.bytes_comm import GatheredBytes
 from decentrain.core.comm.bytes_comm import all_gather_bytes as _all_gather_bytes
 from decentrain.core.comm.deadline import ArrivalWindow
-from decentrain.core.comm.pair_exchange import ExchangeStats, PairExchange
 from decentrain.core.comm.membership import Membership, job_prefix
+from decentrain.core.comm.pair_exchange import ExchangeStats, PairExchange
 from decentrain.core.comm.pair_groups import PairGroups
 from decentrain.core.comm.transport import GossipOptions, Transport, Work, all_gather_bytes_sent
 from decentrain.core.world import World

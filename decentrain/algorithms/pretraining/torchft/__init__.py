@@ -5,6 +5,7 @@ families register their torchft variants in `FT_ALGORITHMS` (ddp/torchft_ddp.py,
 diloco/torchft_diloco.py); `transport.SafeHTTPTransport` moves heal state pickle-free.
 """
 
-from decentrain.algorithms.pretraining.torchft.manager import FT_ALGORITHMS, ReplicaGroup, build_manager, replica_sampler, torchft_available
+from decentrain.algorithms.pretraining.torchft.manager import (FT_ALGORITHMS, ReplicaGroup, build_manager,
+                                                               replica_sampler, torchft_available)
 
 __all__ = ["FT_ALGORITHMS", "ReplicaGroup", "build_manager", "replica_sampler", "torchft_available"]

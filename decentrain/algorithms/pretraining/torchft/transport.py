@@ -21,8 +21,8 @@ from torchft.checkpointing._serialization import _streaming_load
 from torchft.checkpointing.http_transport import HTTPTransport
 
 from decentrain.core.checkpoint import unflatten_state
-from decentrain.core.comm.wire import all_finite
 from decentrain.core.comm.heal_transfer import encode_state
+from decentrain.core.comm.wire import all_finite
 
 
 class SafeHTTPTransport(HTTPTransport):

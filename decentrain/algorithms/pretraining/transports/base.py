@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from decentrain.algorithms.base import ALGORITHMS, Algorithm
-from decentrain.core.registry import Registry
 from decentrain.core.comm.transport import Transport
+from decentrain.core.registry import Registry
 from decentrain.core.typed import typed
 from decentrain.core.world import World
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 from decentrain.algorithms.base import ALGORITHMS
 from decentrain.algorithms.pretraining.transports.base import TRANSPORTS, Door, TransportConfig
-from decentrain.core.config_checks import check_range
 from decentrain.core.comm.inprocess_transport import InProcessTransport
+from decentrain.core.config_checks import check_range
 from decentrain.core.world import World
 
 log = logging.getLogger(__name__)
