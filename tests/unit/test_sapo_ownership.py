@@ -167,3 +167,29 @@ def test_who_delivered_survives_a_restart():
     restarted = SAPONode(cfg, 0, "node0", FixedExchange([]))
     restarted.load_state_dict(node.state_dict())
     assert restarted.budget.delivered == node.budget.delivered == {honest.node_id: pytest.approx(2.0)}
+
+
+class ValidatingExchange(FixedExchange):
+    """Fixed records, each asked `is_valid` first as the real exchanges do; the invalid ones stay out."""
+
+    def exchange(self, round_, payload, is_valid=None, ends_wait=None):
+        return [rec for rec in super().exchange(round_, payload) if is_valid is None or is_valid(rec)]
+
+
+def test_each_accepted_payload_is_verified_and_parsed_once(monkeypatch):
+    # Before, the node peeked each record (signature check + JSON parse) for the exchange, then decoded
+    # it again to record its replay mark: every valid payload cost its sender's receivers twice the work.
+    import decentrain.algorithms.sapo.payload as payload_mod
+
+    calls = []
+    real = payload_mod.decode_payload
+    monkeypatch.setattr(payload_mod, "decode_payload", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    cfg = tiny_sapo_config(exchange="collective", num_local=0, num_external=2)
+    honest = NodeIdentity.generate()
+    wire = _signed(honest, 0, _honest_groups(cfg))
+    node = SAPONode(cfg, 0, "node0", ValidatingExchange([("honest", wire), ("replay", wire)]))
+    node.train_step = lambda groups: {}
+    m = node.run_round()
+    assert m["external_groups"] == 2 and len(calls) == 2  # one decode per record, none again on acceptance
+    assert node.decoder.drops.counts["replayed"] == 1  # the second copy of the same payload: still refused
+    assert node.decoder.high_water[honest.node_id][0] == 0

@@ -200,11 +200,17 @@ class SAPONode:
             # up across nodes there, so the signed timestamp must also be fresh.
             return (round_, None) if rec.round is None else (rec.round, time.time())
 
-        senders: dict[int, str] = {}  # id(record data) -> its signer, for the records that pass
+        # id(record data) -> (that data, its payload) for the records that pass: verified and parsed
+        # once, here. Holding the data keeps its id from being reused by another record's bytes.
+        peeked: dict[int, tuple[Any, RolloutPayload]] = {}
+
+        def peeked_payload(rec: PeerRecord) -> RolloutPayload | None:
+            data, checked = peeked.get(id(rec.data), (None, None))
+            return checked if data is rec.data else None
 
         def is_valid(rec: PeerRecord) -> bool:
             if (checked := self.decoder.peek(rec.data, *when(rec))) is not None:
-                senders[id(rec.data)] = checked.node_id
+                peeked[id(rec.data)] = (rec.data, checked)
             return checked is not None
 
         def ends_wait(rec: PeerRecord) -> bool:
@@ -212,14 +218,18 @@ class SAPONode:
             # ends the wait (and earns its key read priority): a member publishing valid payloads of
             # groups that never rebuild would otherwise close each round, and crowd the reads, before
             # a useful peer's record lands (benchmarks/swarm_attack sybils_64: ext/round 0.79).
-            return not self.budget.delivered or senders.get(id(rec.data)) in self.budget.delivered
+            checked = peeked_payload(rec)
+            return not self.budget.delivered or (checked is not None and checked.node_id in self.budget.delivered)
 
         wire = encode_payload(payload, self.identity, self.cfg.swarm_key)
         by_sender: dict[str, list[RolloutGroup]] = {}
         tokenizer_of: dict[int, str | None] = {}  # id(group) -> the fingerprint its payload declared
         for rec in self.exchange.exchange(round_, wire, is_valid=is_valid, ends_wait=ends_wait):
-            current, now = when(rec)
-            decoded = self.decoder(rec.data, current_round=current, source=rec.source, now=now)
+            if (checked := peeked_payload(rec)) is not None:
+                decoded = self.decoder.accept(checked, source=rec.source)
+            else:  # an exchange that did not ask is_valid (a fixed list in tests): decode it here
+                current, now = when(rec)
+                decoded = self.decoder(rec.data, current_round=current, source=rec.source, now=now)
             if decoded is not None and decoded.node_id != self.identity.node_id:
                 by_sender.setdefault(decoded.node_id, []).extend(decoded.groups)
                 tokenizer_of.update((id(g), decoded.tokenizer) for g in decoded.groups)

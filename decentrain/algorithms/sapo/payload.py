@@ -497,13 +497,15 @@ class PayloadDecoder:
         # fewest go first, so a burst of fresh keys evicts each other, not a long-standing peer's.
         self.accepted: Counter[str] = Counter()
 
+    def _replayed(self, payload: RolloutPayload) -> Rejection | None:
+        last = self.high_water.get(payload.node_id)
+        if last is not None and (payload.timestamp <= last[1] or payload.round == last[0]):
+            return Rejection("replayed", f"round {payload.round} after {last[0]} from {payload.node_id[:16]}")
+        return None
+
     def _check(self, data: Any, current_round: int, now: float | None) -> RolloutPayload | Rejection:
         result = decode_payload(data, self.limits, current_round=current_round, key=self.key, now=now)
-        if isinstance(result, RolloutPayload):
-            last = self.high_water.get(result.node_id)
-            if last is not None and (result.timestamp <= last[1] or result.round == last[0]):
-                return Rejection("replayed", f"round {result.round} after {last[0]} from {result.node_id[:16]}")
-        return result
+        return (self._replayed(result) or result) if isinstance(result, RolloutPayload) else result
 
     def peek(self, data: Any, current_round: int, now: float | None = None) -> RolloutPayload | None:
         """What `__call__` would return, without recording anything (for an exchange counting valid peers)."""
@@ -511,7 +513,13 @@ class PayloadDecoder:
         return result if isinstance(result, RolloutPayload) else None
 
     def __call__(self, data: Any, current_round: int, source: str = "?", now: float | None = None) -> RolloutPayload | None:
-        result = self._check(data, current_round, now)
+        return self.accept(self._check(data, current_round, now), source)
+
+    def accept(self, result: RolloutPayload | Rejection, source: str = "?") -> RolloutPayload | None:
+        """Record a verdict: a payload `peek` returned (verified and parsed once, not again) or a drop.
+        Replay is asked again: a payload of the same sender may have been accepted since the peek."""
+        if isinstance(result, RolloutPayload):
+            result = self._replayed(result) or result
         if isinstance(result, Rejection):
             self.drops.record(result, source)
             return None
