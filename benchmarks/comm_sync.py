@@ -61,7 +61,7 @@ def fragment_sizes(model_name: str, fragments: int) -> list[int]:
     import torch
     from omegaconf import OmegaConf
 
-    from decentrain.algorithms.common.outer import fragment_param_names
+    from decentrain.algorithms.outer.updates import fragment_param_names
     from decentrain.models.factory import ModelConfig, build_model
 
     raw = OmegaConf.load(ROOT / "conf" / "model" / f"{model_name}.yaml")
@@ -78,8 +78,8 @@ def worker(args: argparse.Namespace) -> None:
     import torch
     import torch.distributed as dist
 
-    from decentrain.core.exchange import PairExchange
-    from decentrain.core.pairing import gossip_groups, group_of
+    from decentrain.core.comm.pair_exchange import PairExchange
+    from decentrain.core.comm.pairing import gossip_groups, group_of
     from decentrain.core.world import init_world
 
     torch.set_num_threads(1)

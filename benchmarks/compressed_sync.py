@@ -1,7 +1,7 @@
 """compressed_sync: bytes each method sends to reach DiLoCo's best final loss: DiLoCo, SparseLoCo, compressed NoLoCo.
 
 Each run is the library's own training loop (`Trainer` and the algorithm's hooks) with N
-replicas as threads over the in-process transport (algorithms/common/inprocess_replicas.py),
+replicas as threads over the in-process transport (algorithms/pretraining/inprocess_replicas.py),
 a small Llama on the offline corpus, CPU. Methods share everything but `algorithm`: model,
 data, seed, inner AdamW, global batch (split over the N replicas), steps.
 
@@ -105,7 +105,7 @@ def train_run(job: dict[str, Any]) -> dict[str, Any]:
     """One run of N in-process replicas: rank 0's eval curve with cumulative bytes at each eval step."""
     import torch
 
-    from decentrain.algorithms.common.inprocess_replicas import run_replicas_in_process
+    from decentrain.algorithms.pretraining.inprocess_replicas import run_replicas_in_process
     from decentrain.config import config_from_dict
     from decentrain.core.metrics import read_jsonl
     from decentrain.models.factory import build_model, build_tokenizer

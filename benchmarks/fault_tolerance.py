@@ -60,7 +60,7 @@ THROUGHPUT_FAULTS = ("kill", "stop", "partition", "replace")  # kill_raw is conf
 
 # -- pure figures from metrics rows -------------------------------------------------------
 def pairings_with(rank: int, faulty: int, rounds: int, seed: int = 0) -> set[int]:
-    from decentrain.core.pairing import gossip_groups, group_of
+    from decentrain.core.comm.pairing import gossip_groups, group_of
 
     return {t for t in range(rounds) if faulty in group_of(rank, gossip_groups(t, WORLD, seed))}
 
@@ -323,7 +323,7 @@ def thin(points: list[tuple[float, int]], n: int = 80) -> list[tuple[float, int]
 
 # -- the benchmark ------------------------------------------------------------------------
 def replace_supported() -> bool:
-    from decentrain.core.launcher import launch_survivors
+    from decentrain.core.launch.launcher import launch_survivors
 
     return "max_restarts" in inspect.signature(launch_survivors).parameters
 
@@ -453,7 +453,7 @@ def main() -> None:
     results = hz.run_jobs(jobs, run_job, desc="scenarios")
     figures = summarise(jobs, results, args)
     if not with_replace:
-        figures["replace_not_run"] = "decentrain.core.launcher.launch_survivors takes no max_restarts at this commit"
+        figures["replace_not_run"] = "decentrain.core.launch.launcher.launch_survivors takes no max_restarts at this commit"
     paths = hz.write(figures, text, plot)
     print(paths["txt"].read_text())
 

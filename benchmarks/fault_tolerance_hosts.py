@@ -187,7 +187,7 @@ def text(rec: dict) -> str:
             "", "targets:"]
     out += [f"  {name}: {'MET' if ok else 'NOT MET'}" for name, ok in f["targets"].items()]
     out += ["", "README (multi-node NoLoCo):",
-            "  python -m decentrain.core.job_store --port 29400          # once per job, on a machine that runs no worker",
+            "  python -m decentrain.core.comm.job_store --port 29400          # once per job, on a machine that runs no worker",
             "  NNODES=3 NODE_RANK=<k> NPROC=8 STORE=<store-host>:29400 RUN_ID=myrun DECENTRAIN_JOB_SECRET=<shared> \\",
             "    launch/multinode.sh algorithm=noloco                     # on each host; a dead host: same line, same NODE_RANK, any machine",
             "  sbatch --no-kill --nodes 3 launch/slurm.sbatch algorithm=noloco   # Slurm: the store runs on the batch host"]

@@ -3,7 +3,7 @@
 Used by benchmarks/fault_tolerance_hosts.py and tests/integration/test_noloco_hosts.py. Namespaces
 come from launch/wan_emulation.sh (veth pairs on a bridge, tbf-capped uplinks, optional delay
 line) under a prefix unique to this run, and are always removed on exit. The last namespace runs
-the job store (`python -m decentrain.core.job_store`) and nothing else; each other one is a host:
+the job store (`python -m decentrain.core.comm.job_store`) and nothing else; each other one is a host:
 `recipes.train launcher=hosts` with its node rank, as launch/multinode.sh starts it on a machine.
 
 The root namespace cannot reach the emulated subnet, so reading the store is done by a short-lived
@@ -86,7 +86,7 @@ class EmulatedHosts:
         try:
             self.wan("up", str(self.n), self.rate, str(self.delay_ms))
             ready = Path(f"/run/decentrain-wan-{self.prefix}/store.addr")
-            self.store = self.spawn(self.store_ns, [sys.executable, "-m", "decentrain.core.job_store", "--host",
+            self.store = self.spawn(self.store_ns, [sys.executable, "-m", "decentrain.core.comm.job_store", "--host",
                                                     f"{SUBNET}.{self.n}", "--port", str(STORE_PORT), "--ready-file", str(ready)],
                                     subprocess.DEVNULL)
             while not ready.exists():

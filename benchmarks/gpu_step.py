@@ -33,9 +33,10 @@ import torch
 
 from benchmarks.harness import Harness, bench_parser, own_flags, parse, save_figure
 from decentrain.algorithms.base import ALGORITHMS
-from decentrain.algorithms.common.engines import build_optimizer
-from decentrain.algorithms.common.speed import apply_compile, autocast, resolve_precision, set_tf32, weight_dtype
-from decentrain.algorithms.common.trainer import Trainer, model_flops_per_token, seed_everything
+from decentrain.algorithms.pretraining.engines import build_optimizer
+from decentrain.algorithms.pretraining.precision import (apply_compile, autocast, resolve_precision, set_tf32,
+                                                         weight_dtype)
+from decentrain.algorithms.pretraining.trainer import Trainer, model_flops_per_token, seed_everything
 from decentrain.config import TrainConfig, config_from_dict
 from decentrain.core.metrics import MetricsLogger, mfu, peak_flops, read_jsonl
 from decentrain.core.world import init_world

@@ -38,7 +38,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from benchmarks.harness import RESULTS, Harness, config_parser, fmt, header, mean_std, parse, reanalyse, save_figure
-from decentrain.algorithms.hdee.budget import plan_costs
+from decentrain.algorithms.hdee.compute_budget import plan_costs
 from decentrain.algorithms.hdee.config import check_plan, eval_domains, hdee_config_from_dict, plan_domains
 from decentrain.config import register_hdee_configs
 from decentrain.algorithms.hdee.evaluate import EnsembleScorer

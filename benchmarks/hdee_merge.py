@@ -82,7 +82,7 @@ def merge_config(sched: dict, budget: int, seed: int, b: BenchConfig, lam: float
 @torch.no_grad()
 def expert_logprobs(model, blocks: torch.Tensor) -> torch.Tensor:
     """[K, B, T-1] each frozen expert's token log-probs: computed once, whatever the router."""
-    from decentrain.core.ensemble import token_logprobs
+    from decentrain.core.comm.ensemble import token_logprobs
 
     return torch.stack([token_logprobs(e, blocks) for e in model.experts]).double()
 
@@ -101,7 +101,7 @@ def run_job(job: dict) -> dict:
     blocks at every lambda (tuning job) or on the test blocks at the chosen lambda."""
     from decentrain.algorithms.hdee.config import eval_domains
     from decentrain.algorithms.hdee.merge import build_routed, calibration_blocks
-    from decentrain.core.ensemble import token_logprobs
+    from decentrain.core.comm.ensemble import token_logprobs
     from decentrain.data.blocks import build_corpus
 
     torch.set_num_threads(1)

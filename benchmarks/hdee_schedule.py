@@ -22,7 +22,7 @@ and what this run does with it:
     easier first); the lane with the two easiest gets the 3-share last phase, the hardest the 5-share.
     python_tests is held out (no seed or expert trains on it).
 Every seed and expert run goes through the library's job path (`hdee.train.run_stage` ->
-`common.pretrain.run_pretraining`), and the ensembles through `hdee.evaluate.EnsembleScorer`.
+`pretraining.run.run_pretraining`), and the ensembles through `hdee.evaluate.EnsembleScorer`.
 Seeds (`--seeds`) change the experts' data order (train.seed), not the seed model.
 
 Specialisation gate, before any plan comparison: on each of its lane's domains, each plan's final
@@ -70,14 +70,14 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from benchmarks.harness import Harness, config_parser, fmt, header, mean_std, parse_config, save_figure
-from decentrain.algorithms.common.trainer import evaluate
 from decentrain.algorithms.hdee.config import check_plan, hdee_config_from_dict
 from decentrain.algorithms.hdee.evaluate import EnsembleScorer
 from decentrain.algorithms.hdee.config import eval_domains
 from decentrain.algorithms.hdee.plan import LaneConfig, run_name
 from decentrain.algorithms.hdee.train import model_dir, run_stage
-from decentrain.core.ensemble import token_logprobs
+from decentrain.algorithms.pretraining.trainer import evaluate
 from decentrain.config import register_hdee_configs
+from decentrain.core.comm.ensemble import token_logprobs
 from decentrain.core.world import World
 from decentrain.data.blocks import build_corpus
 from decentrain.models.factory import ModelConfig, build_model, build_tokenizer

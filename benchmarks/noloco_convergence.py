@@ -26,7 +26,7 @@ NoLoCo up to 4 % faster convergence):
 Why in-process replicas: on 2 shared cores one `recipes.train` launch costs ~60 s of start-up before
 its first step. Each run is the library's own training (`Trainer` and the algorithm's hooks, the
 recipe's model, corpus, sampler, AdamW, clip and schedule) with N replicas as threads of one process
-over `core/inprocess.py` (`algorithms/common/inprocess_replicas.py`);
+over `core/comm/inprocess_transport.py` (`algorithms/pretraining/inprocess_replicas.py`);
 tests/integration/test_transports_agree.py checks that this gives bit-identical weights to a
 multi-process gloo run. The curves are the Trainer's own evaluation, logged by every replica.
 
@@ -99,7 +99,7 @@ def _corpus(cfg):
 
 
 def _loss(model, corpus, split: str, n: int) -> float:
-    from decentrain.algorithms.common.trainer import evaluate
+    from decentrain.algorithms.pretraining.trainer import evaluate
 
     blocks = {d: corpus.split(split, d)[:n] for d in corpus.blocks}
     return float(sum(evaluate(model, blocks, 8, torch.device("cpu")).values()) / len(blocks))
@@ -121,7 +121,7 @@ def train_run(job: dict[str, Any]) -> dict[str, Any]:
     over the in-process transport (1 replica with the whole global batch for DDP)."""
     import tempfile
 
-    from decentrain.algorithms.common.inprocess_replicas import run_replicas_in_process
+    from decentrain.algorithms.pretraining.inprocess_replicas import run_replicas_in_process
     from decentrain.core.metrics import read_jsonl
     from decentrain.models.factory import build_model, build_tokenizer, num_params
 

@@ -43,7 +43,7 @@ from typing import Any, Sequence
 import torch
 
 from benchmarks.harness import RESULTS, Harness, bench_parser, clean_sha, fmt, mean_std, own_flags, parse, reanalyse, save_figure
-from decentrain.core.transport import Transport, Work
+from decentrain.core.comm.transport import Transport, Work
 
 PAYLOAD_125M = 124_439_808 * 4  # llama_125m's parameters (conf/model/llama_125m.yaml) in fp32
 
@@ -172,8 +172,8 @@ def _config(job: dict[str, Any]):
 
 def run(job: dict[str, Any]) -> dict[str, Any]:
     """One training run of 2 replicas over the emulated link; per-replica utilisation and the eval curve."""
-    from decentrain.algorithms.common import inprocess_replicas
-    from decentrain.algorithms.common.trainer import Trainer
+    from decentrain.algorithms.pretraining import inprocess_replicas
+    from decentrain.algorithms.pretraining.trainer import Trainer
     from decentrain.core.metrics import read_jsonl
 
     torch.set_num_threads(1)

@@ -20,9 +20,9 @@ from torch.nn.parallel import DistributedDataParallel
 
 from benchmarks.harness import Harness, bench_parser, parse, save_figure
 from decentrain.algorithms.base import ALGORITHMS
-from decentrain.algorithms.common.trainer import Trainer, build_optimizer, seed_everything
+from decentrain.algorithms.pretraining.trainer import Trainer, build_optimizer, seed_everything
 from decentrain.config import TrainConfig, config_from_dict
-from decentrain.core.launcher import run_on_ranks
+from decentrain.core.launch.launcher import run_on_ranks
 from decentrain.core.metrics import MetricsLogger
 from decentrain.core.world import init_world
 from decentrain.data.blocks import build_corpus

@@ -7,7 +7,7 @@ check. N=2 ranks (processes), one payload of `--numel` fp32 values (100 MB by de
   ring         dist.all_reduce of the payload, in place (DiLoCo's sync; 2(N−1)/N·S = S bytes
                up per rank at N=2, the same as the pair swap)
   pair         PairExchange.exchange with one process group per direction and pooled wire
-               buffers (core/buffer_pool.py): what NoLoCo runs
+               buffers (core/comm/buffer_pool.py): what NoLoCo runs
   pair_fresh   the same with a fresh send copy and fresh receive buffers every round (the
                wire path before the pool)
 Each method runs `--repeats` untimed rounds first (connections up, buffers warm), then
@@ -36,7 +36,7 @@ def _passes(numel: int) -> dict[str, float]:
     """Median seconds of each CPU pass the wire format makes over one payload."""
     import torch
 
-    from decentrain.core.wire import all_finite, checksum
+    from decentrain.core.comm.wire import all_finite, checksum
 
     x = torch.randn(numel, generator=torch.Generator().manual_seed(0))
     warm = torch.zeros_like(x)
@@ -59,7 +59,7 @@ def _rank(rank: int, port: int, numel: int, repeats: int, queue) -> None:
     import torch
     import torch.distributed as dist
 
-    from decentrain.core.exchange import PairExchange
+    from decentrain.core.comm.pair_exchange import PairExchange
     from decentrain.core.world import init_world
 
     world = init_world(backend="gloo", timeout_s=600, threads=1)

@@ -1,8 +1,8 @@
 """The composition root: the one place below the recipes that knows every schema.
 
 Schemas live next to what they build (ModelConfig in models/, DataConfig in data/,
-TrainConfig/LoopConfig in algorithms/common/config.py, OptimConfig and EngineConfig in
-algorithms/common/engines/, LauncherConfig in core/, each algorithm's config in its
+TrainConfig/LoopConfig in algorithms/pretraining/config.py, OptimConfig and EngineConfig in
+algorithms/pretraining/engines/, LauncherConfig in core/launch/, each algorithm's config in its
 package). This module imports every loop algorithm (found by its registration, which it runs), converts
 Hydra's resolved dict into those dataclasses once, and registers the schemas with
 Hydra's ConfigStore. Nothing in decentrain/ imports it; recipes, tests and benchmarks do.
@@ -19,11 +19,11 @@ from omegaconf import OmegaConf
 
 import decentrain.algorithms as algorithms
 from decentrain.algorithms.base import ALGORITHMS
-from decentrain.algorithms.common.config import LoopConfig, TrainConfig, check_data_fits, check_run_dir, validate
-from decentrain.algorithms.common.engines import ENGINES, SCHEDULES, OptimConfig
-from decentrain.algorithms.common.outer_optimizers import OUTER_OPTIMIZERS
-from decentrain.algorithms.common.transports import TRANSPORTS
-from decentrain.core.launch_config import LAUNCHERS, LauncherConfig
+from decentrain.algorithms.outer.optimizers import OUTER_OPTIMIZERS
+from decentrain.algorithms.pretraining.config import LoopConfig, TrainConfig, check_data_fits, check_run_dir, validate
+from decentrain.algorithms.pretraining.engines import ENGINES, SCHEDULES, OptimConfig
+from decentrain.algorithms.pretraining.transports import TRANSPORTS
+from decentrain.core.launch.config import LAUNCHERS, LauncherConfig
 from decentrain.core.metrics import LoggerConfig
 from decentrain.core.registry import discover_marked
 from decentrain.core.typed import renamed_key, typed

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Several machines (docs/multihost.md). Once per job, on a machine that runs no worker (a login
 # or head node; it must outlive the hosts), start the job store:
-#   python -m decentrain.core.job_store --port 29400
+#   python -m decentrain.core.comm.job_store --port 29400
 # then run the same line on every host, each with its own NODE_RANK (0 .. NNODES-1):
 #   export DECENTRAIN_JOB_SECRET=<the same secret on every host, e.g. from `openssl rand -hex 32`>
 #   NNODES=3 NODE_RANK=0 NPROC=8 STORE=storehost:29400 RUN_ID=myrun launch/multinode.sh algorithm=noloco
@@ -17,7 +17,7 @@
 # and the job again with resume=true.
 set -euo pipefail
 : "${NNODES:?set NNODES}" "${NODE_RANK:?set NODE_RANK (0..NNODES-1)}" "${NPROC:?set NPROC (ranks per node)}"
-: "${STORE:?set STORE=host:port of the job store (python -m decentrain.core.job_store)}"
+: "${STORE:?set STORE=host:port of the job store (python -m decentrain.core.comm.job_store)}"
 RUN_ID=${RUN_ID:-decentrain-$(date +%Y%m%d)}
 MAX_RESTARTS=${MAX_RESTARTS:-3}  # survivors: replacements per rank on this host; elastic: restarts of the group
 cd "$(dirname "$0")/.."

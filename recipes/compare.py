@@ -18,7 +18,7 @@ import hydra
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig
 
-from decentrain.algorithms.common.comparison import CompareConfig, arm_overrides, read_arm, write_summary
+from decentrain.algorithms.pretraining.comparison import CompareConfig, arm_overrides, read_arm, write_summary
 from recipes import conf_dir, run, typed_config
 
 ConfigStore.instance().store(name="compare_schema", node=CompareConfig)

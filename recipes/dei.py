@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from decentrain.algorithms.dei.config import DEIConfig, register_dei_configs
 from decentrain.algorithms.dei.run import run_node, summarize
-from decentrain.core.launcher import launch_survivors
+from decentrain.core.launch.launcher import launch_survivors
 from decentrain.core.world import read_launch_env
 from recipes import conf_dir, run, typed_config
 

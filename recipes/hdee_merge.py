@@ -23,7 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from decentrain.algorithms.hdee.merge import MergeConfig, build_routed, from_ensemble, save_routed
 from decentrain.config import register_configs
-from decentrain.core.ensemble import token_logprobs
+from decentrain.core.comm.ensemble import token_logprobs
 from decentrain.data.blocks import build_corpus
 from recipes import typed_config
 

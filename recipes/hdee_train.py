@@ -28,7 +28,7 @@ from decentrain.algorithms.hdee.config import check_plan, hdee_config_from_dict,
 from decentrain.algorithms.hdee.jobs import child_jobs, run_jobs
 from decentrain.algorithms.hdee.train import run_stage
 from decentrain.config import register_hdee_configs
-from decentrain.core.launcher import check_placement, exit_survivor, launch_job
+from decentrain.core.launch.launcher import check_placement, exit_survivor, launch_job
 from decentrain.core.world import init_world, read_launch_env
 from recipes import conf_dir
 

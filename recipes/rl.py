@@ -18,9 +18,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from decentrain.algorithms.sapo.config import SAPOConfig, register_sapo_configs, sapo_config_from_dict
 from decentrain.algorithms.sapo.exchange import EXCHANGES
-from decentrain.algorithms.sapo.trainer import run_sapo
-from decentrain.core.bytes_comm import agree_run_dir
-from decentrain.core.launcher import check_placement, launch_workers
+from decentrain.algorithms.sapo.rounds import run_sapo
+from decentrain.core.comm.bytes_comm import agree_run_dir
+from decentrain.core.launch.launcher import check_placement, launch_workers
 from decentrain.core.world import init_world, local_world, read_launch_env
 from decentrain.models.factory import check_model_paths
 from recipes import conf_dir, run

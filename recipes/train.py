@@ -14,11 +14,11 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from decentrain.algorithms.base import ALGORITHMS
-from decentrain.algorithms.common.pretrain import run_pretraining
-from decentrain.algorithms.common.transports import door
+from decentrain.algorithms.pretraining.run import run_pretraining
+from decentrain.algorithms.pretraining.transports import door
 from decentrain.config import config_from_dict, register_configs, validate
-from decentrain.core.bytes_comm import agree_run_dir
-from decentrain.core.launcher import check_placement, exit_survivor
+from decentrain.core.comm.bytes_comm import agree_run_dir
+from decentrain.core.launch.launcher import check_placement, exit_survivor
 from decentrain.core.world import init_world, read_launch_env
 from recipes import conf_dir, run
 

@@ -1,4 +1,5 @@
-"""Algorithm families, on the shared `base` (hooks + registry) and `common` (the loop).
+"""Algorithm families, on the shared `base` (hooks + registry), `pretraining` (the loop, its engines and
+transports) and `outer` (the outer updates: outer optimizers, overlap, compression).
 
 Importing this package imports no family, so no family pulls in another through it.
 A loop algorithm registers itself when its package is imported; decentrain/config.py

@@ -139,7 +139,7 @@ def run_in_threads(fn: Callable[[int], Any], n: int, timeout: float = 60.0) -> l
 def start_store(tmp_path: Path) -> tuple[subprocess.Popen, str]:
     """Start the store; returns (process, HOST:PORT) once it accepts clients (its ready file)."""
     ready = tmp_path / "store.addr"
-    proc = subprocess.Popen([sys.executable, "-m", "decentrain.core.job_store", "--host", "127.0.0.1", "--port", "0",
+    proc = subprocess.Popen([sys.executable, "-m", "decentrain.core.comm.job_store", "--host", "127.0.0.1", "--port", "0",
                              "--ready-file", str(ready)], stderr=subprocess.PIPE, text=True)
     while not ready.exists():
         assert proc.poll() is None, proc.stderr.read()

@@ -105,8 +105,8 @@ TRAINER_MODEL = ModelConfig(hidden_size=16, num_layers=4, num_heads=2, intermedi
 
 
 def tiny_trainer(tmp_path, world=None, **train):
-    from decentrain.algorithms.common.trainer import Trainer
     from decentrain.algorithms.ddp.ddp import DDP
+    from decentrain.algorithms.pretraining.trainer import Trainer
     from decentrain.config import TrainConfig
     from decentrain.core.world import World
     from decentrain.data.blocks import build_corpus

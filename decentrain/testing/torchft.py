@@ -29,8 +29,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from decentrain.algorithms.common.ft import FT_ALGORITHMS, ReplicaGroup
-from decentrain.core.ft_config import TorchFTConfig
+from decentrain.algorithms.pretraining.torchft import FT_ALGORITHMS, ReplicaGroup
+from decentrain.core.launch.ft_config import TorchFTConfig
 from decentrain.core.world import World
 
 INIT_LOCK = threading.Lock()

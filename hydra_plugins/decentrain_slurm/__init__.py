@@ -10,7 +10,7 @@ from typing import Sequence
 
 from hydra.core.utils import JobReturn
 
-from decentrain.core.slurm_sweep import check_schedulable
+from decentrain.core.launch.slurm_sweep import check_schedulable
 
 try:
     from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher

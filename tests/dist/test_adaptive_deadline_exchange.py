@@ -7,8 +7,8 @@ import torch
 
 from decentrain.testing import average, run_ranks
 
-from decentrain.core.deadline import AdaptiveDeadlineConfig, ArrivalWindow
-from decentrain.core.exchange import PairExchange
+from decentrain.core.comm.deadline import AdaptiveDeadlineConfig, ArrivalWindow
+from decentrain.core.comm.pair_exchange import PairExchange
 
 pytestmark = pytest.mark.dist
 

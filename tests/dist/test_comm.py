@@ -3,10 +3,10 @@ import torch
 
 from decentrain.testing import average, run_ranks
 
-from decentrain.core.bytes_comm import all_gather_bytes, broadcast_bytes
-from decentrain.core.ensemble import ExpertPlacement, gather_expert_logprobs
-from decentrain.core.exchange import PairExchange
-from decentrain.core.pairing import gossip_groups, group_of
+from decentrain.core.comm.bytes_comm import all_gather_bytes, broadcast_bytes
+from decentrain.core.comm.ensemble import ExpertPlacement, gather_expert_logprobs
+from decentrain.core.comm.pair_exchange import PairExchange
+from decentrain.core.comm.pairing import gossip_groups, group_of
 
 pytestmark = pytest.mark.dist
 
@@ -85,7 +85,7 @@ def test_ensemble_gather_orders_experts_across_ranks():
 
 
 def _oversized(world):
-    from decentrain.core.bytes_comm import PayloadTooLarge
+    from decentrain.core.comm.bytes_comm import PayloadTooLarge
 
     data = b"y" * (100 if world.rank == 1 else 3)
     try:

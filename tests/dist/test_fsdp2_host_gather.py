@@ -15,7 +15,7 @@ def _both_gathers(world):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    from decentrain.algorithms.common.engines.fsdp2 import gather_on_host
+    from decentrain.algorithms.pretraining.engines.fsdp2 import gather_on_host
 
     mesh = init_device_mesh("cpu", (world.world_size,))
     torch.manual_seed(0)

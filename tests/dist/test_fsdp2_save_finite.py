@@ -13,7 +13,7 @@ pytestmark = [pytest.mark.dist, pytest.mark.slow]
 
 def _save_with_nan_on_rank1(world, root):
     from decentrain.algorithms.base import ALGORITHMS
-    from decentrain.algorithms.common.trainer import Trainer
+    from decentrain.algorithms.pretraining.trainer import Trainer
     from decentrain.config import config_from_dict
     from decentrain.core.mesh import replica_layout
     from decentrain.data.blocks import build_corpus

@@ -5,8 +5,8 @@ import torch
 
 from decentrain.testing import average, run_ranks
 
-from decentrain.core.exchange import PairExchange
-from decentrain.core.pairing import gossip_groups, group_of
+from decentrain.core.comm.pair_exchange import PairExchange
+from decentrain.core.comm.pairing import gossip_groups, group_of
 
 pytestmark = pytest.mark.dist
 

@@ -10,9 +10,9 @@ import torch.distributed as dist
 
 from decentrain.testing import average, run_ranks
 
-from decentrain.core.wire import Tags, make_header
-from decentrain.core.exchange import PairExchange
-from decentrain.core.pairing import gossip_groups, group_of
+from decentrain.core.comm.pair_exchange import PairExchange
+from decentrain.core.comm.pairing import gossip_groups, group_of
+from decentrain.core.comm.wire import Tags, make_header
 
 pytestmark = pytest.mark.dist
 

@@ -15,7 +15,7 @@ JOBS, ROUNDS = 8, 3
 
 
 def _jobs_back_to_back(world):
-    from decentrain.core.dist_transport import GossipOptions, TorchTransport
+    from decentrain.core.comm.dist_transport import GossipOptions, TorchTransport
 
     rows = []
     for job in range(JOBS):

@@ -15,7 +15,7 @@ import torch
 from decentrain.testing import run_ranks
 
 from decentrain.algorithms.noloco.noloco import NoLoCo, NoLoCoConfig
-from decentrain.algorithms.common.outer_optimizers import OuterOptimizerConfig
+from decentrain.algorithms.outer.optimizers import OuterOptimizerConfig
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(600)]  # above run_ranks' 300 s
 

@@ -10,8 +10,8 @@ from decentrain.testing import run_ranks
 
 from decentrain.algorithms.diloco import DiLoCo, DiLoCoConfig
 from decentrain.algorithms.noloco import NoLoCo, NoLoCoConfig
-from decentrain.core.pairing import gossip_groups, group_of
-from decentrain.algorithms.common.outer_optimizers import OuterOptimizerConfig
+from decentrain.algorithms.outer.optimizers import OuterOptimizerConfig
+from decentrain.core.comm.pairing import gossip_groups, group_of
 
 pytestmark = pytest.mark.dist
 
@@ -22,7 +22,7 @@ P2P = ("isend", "irecv", "send", "recv", "batch_isend_irecv")
 
 
 def _count_calls(world, run_dir):
-    from decentrain.algorithms.common.pretrain import run_pretraining
+    from decentrain.algorithms.pretraining.run import run_pretraining
     from decentrain.config import config_from_dict
 
     calls: list[tuple[str, str]] = []
@@ -35,7 +35,7 @@ def _count_calls(world, run_dir):
             return _orig(*a, **k)
 
         setattr(dist, name, counted)
-    from decentrain.core import pairs  # exchanges on per-pair groups call the group's send/recv directly
+    from decentrain.core.comm import pair_groups  # exchanges on per-pair groups call the group's send/recv directly
 
     class CountedPair:
         def __init__(self, pg):
@@ -49,8 +49,8 @@ def _count_calls(world, run_dir):
             calls.append((phase[0], "irecv"))
             return self.pg.recv(*a)
 
-    get = pairs.PairGroups.get
-    pairs.PairGroups.get = lambda self, *a: (CountedPair(get(self, *a)[0]), get(self, *a)[1])
+    get = pair_groups.PairGroups.get
+    pair_groups.PairGroups.get = lambda self, *a: (CountedPair(get(self, *a)[0]), get(self, *a)[1])
     start = NoLoCo.on_train_start
 
     def mark(self, *a):

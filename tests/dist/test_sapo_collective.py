@@ -6,7 +6,7 @@ from decentrain.testing import run_ranks, tiny_sapo_config
 
 from decentrain.algorithms.sapo.exchange import build_exchange
 from decentrain.algorithms.sapo.node import SAPONode
-from decentrain.algorithms.sapo.trainer import run_sapo
+from decentrain.algorithms.sapo.rounds import run_sapo
 
 pytestmark = pytest.mark.dist
 

@@ -91,8 +91,8 @@ def test_quorum_timeout_raises_at_the_calls_timeout():
     second: a loaded box may stall the raising thread for seconds, never for 10."""
     import torch.distributed as dist
 
-    from decentrain.algorithms.common.ft import ReplicaGroup, build_manager
-    from decentrain.core.ft_config import TorchFTConfig
+    from decentrain.algorithms.pretraining.torchft import ReplicaGroup, build_manager
+    from decentrain.core.launch.ft_config import TorchFTConfig
     from decentrain.core.world import World
 
     ft_cfg = TorchFTConfig(replica_id=0, min_replicas=2, quorum_timeout_s=60.0)

@@ -15,8 +15,8 @@ pytest.importorskip("torchft")
 
 from decentrain.algorithms.diloco.diloco import DiLoCoConfig  # noqa: E402
 from decentrain.algorithms.diloco.streaming import StreamingDiLoCoConfig  # noqa: E402
+from decentrain.algorithms.outer.optimizers import SGDConfig
 from decentrain.testing import FRAGMENTS, Events, Replica, diloco_global_state, lighthouse, run_replicas  # noqa: E402
-from decentrain.algorithms.common.outer_optimizers import SGDConfig
 
 pytestmark = pytest.mark.dist
 

@@ -28,10 +28,10 @@ from torch import nn
 
 pytest.importorskip("torchft")
 
-from decentrain.algorithms.common.ft import FT_ALGORITHMS, ReplicaGroup  # noqa: E402
-from decentrain.algorithms.common.outer_optimizers import SGDConfig  # noqa: E402
 from decentrain.algorithms.diloco.streaming import StreamingDiLoCoConfig  # noqa: E402
-from decentrain.core.ft_config import TorchFTConfig  # noqa: E402
+from decentrain.algorithms.outer.optimizers import SGDConfig  # noqa: E402
+from decentrain.algorithms.pretraining.torchft import FT_ALGORITHMS, ReplicaGroup  # noqa: E402
+from decentrain.core.launch.ft_config import TorchFTConfig  # noqa: E402
 from decentrain.core.world import World  # noqa: E402
 from decentrain.testing import InjectedFailure, lighthouse  # noqa: E402
 

@@ -22,7 +22,7 @@ def _model():
 def test_compiled_blocks_on_cuda_stay_within_two_graphs(tmp_path):
     from decentrain.testing import tiny_trainer
 
-    from decentrain.algorithms.common.trainer import evaluate
+    from decentrain.algorithms.pretraining.trainer import evaluate
     from decentrain.core.world import World
 
     torch._dynamo.reset()
@@ -48,7 +48,7 @@ def test_bf16_static_cache_generation_matches_dynamic_greedy_text_mostly():
 
 
 def test_device_timer_measures_gpu_work_not_launches():
-    from decentrain.algorithms.common.speed import DeviceTimer
+    from decentrain.algorithms.pretraining.precision import DeviceTimer
 
     a = torch.randn(4096, 4096, device="cuda")
     timer = DeviceTimer(torch.device("cuda"))
@@ -61,8 +61,8 @@ def test_device_timer_measures_gpu_work_not_launches():
 
 
 def test_tf32_and_cuda_rng_round_trip():
-    from decentrain.algorithms.common.speed import set_tf32
-    from decentrain.algorithms.common.trainer import rng_state, set_rng_state
+    from decentrain.algorithms.pretraining.precision import set_tf32
+    from decentrain.algorithms.pretraining.trainer import rng_state, set_rng_state
 
     set_tf32(torch.device("cuda"), True)
     assert torch.backends.cuda.matmul.fp32_precision == "tf32"

@@ -17,7 +17,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(900
 def _runs(world, algo, root):
     from safetensors.torch import load_file
 
-    from decentrain.algorithms.common.pretrain import run_pretraining
+    from decentrain.algorithms.pretraining.run import run_pretraining
     from decentrain.config import config_from_dict
     from decentrain.core.metrics import read_jsonl
 

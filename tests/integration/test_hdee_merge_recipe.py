@@ -11,7 +11,7 @@ from decentrain.testing import run_recipe, save_random_experts, tiny_hdee_config
 
 from decentrain.algorithms.hdee.config import save_config
 from decentrain.algorithms.hdee.train import model_dir
-from decentrain.core.ensemble import token_logprobs
+from decentrain.core.comm.ensemble import token_logprobs
 from decentrain.models.factory import ModelConfig, build_model, build_tokenizer, save_model
 
 pytestmark = pytest.mark.integration

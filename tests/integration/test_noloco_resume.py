@@ -21,7 +21,7 @@ ALGO = {
 
 
 def _three_runs(world, algo, root):
-    from decentrain.algorithms.common.pretrain import run_pretraining
+    from decentrain.algorithms.pretraining.run import run_pretraining
     from decentrain.config import config_from_dict
     from decentrain.core.metrics import read_jsonl
 

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from decentrain.algorithms.common.pretrain import run_pretraining
-from decentrain.algorithms.common.trainer import Trainer
+from decentrain.algorithms.pretraining.run import run_pretraining
+from decentrain.algorithms.pretraining.trainer import Trainer
 from decentrain.config import config_from_dict
 from decentrain.core.checkpoint import Checkpointer
 from decentrain.core.world import World

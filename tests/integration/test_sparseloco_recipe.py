@@ -32,7 +32,7 @@ def test_sparseloco_experiment_sends_compressed_payloads_every_h(tmp_path):
 def _straight_and_preempted(world, root):
     from safetensors.torch import load_file
 
-    from decentrain.algorithms.common.pretrain import run_pretraining
+    from decentrain.algorithms.pretraining.run import run_pretraining
     from decentrain.config import config_from_dict
     from decentrain.core.metrics import read_jsonl
 

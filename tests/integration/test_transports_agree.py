@@ -33,7 +33,7 @@ def _cfg(algo: str):
 
 
 def _multi_process(world, algo, root):
-    from decentrain.algorithms.common.pretrain import run_pretraining
+    from decentrain.algorithms.pretraining.run import run_pretraining
     from decentrain.core.checkpoint import Checkpointer
 
     run_dir = Path(root) / "dist"
@@ -46,7 +46,7 @@ def _multi_process(world, algo, root):
 
 @pytest.mark.parametrize("algo", list(ALGO))
 def test_both_transports_give_the_same_weights(tmp_path, algo):
-    from decentrain.algorithms.common.inprocess_replicas import run_replicas_in_process
+    from decentrain.algorithms.pretraining.inprocess_replicas import run_replicas_in_process
 
     world_size = 4 if algo == "noloco" else 2  # sums of 2 are order-free: gloo's ring and rank order agree
     from safetensors.torch import load

@@ -3,7 +3,7 @@
 import pytest
 
 from decentrain.algorithms.noloco import NoLoCoConfig
-from decentrain.core.deadline import AdaptiveDeadlineConfig, ArrivalWindow, adaptive_deadline
+from decentrain.core.comm.deadline import AdaptiveDeadlineConfig, ArrivalWindow, adaptive_deadline
 
 
 def test_median_plus_k_mads_by_hand():

@@ -2,8 +2,8 @@
 
 import torch
 
-from decentrain.core.buffer_pool import BufferPool
-from decentrain.core.wire import flatten_buckets, pack
+from decentrain.core.comm.buffer_pool import BufferPool
+from decentrain.core.comm.wire import flatten_buckets, pack
 
 
 def test_a_given_back_buffer_is_taken_again_and_the_pool_is_bounded():
@@ -31,7 +31,7 @@ def test_pack_into_pooled_buffers_equals_the_concatenation():
 
 
 def test_bucket_by_bucket_checks_equal_the_whole_body_checksum():
-    from decentrain.core.wire import BodyCheck, body_problem, checksum
+    from decentrain.core.comm.wire import BodyCheck, body_problem, checksum
 
     bufs = [torch.randn(1001), torch.randn(77), torch.arange(5, dtype=torch.int64) * (2**61)]  # partial sums wrap
     check = BodyCheck()

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from decentrain.config import config_from_dict
+from decentrain.core.comm.transport import all_gather_bytes_sent, ring_all_reduce_bytes
 from decentrain.core.metrics import CommMeter, format_bytes
-from decentrain.core.transport import all_gather_bytes_sent, ring_all_reduce_bytes
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS, H = 6, 2
@@ -54,7 +54,7 @@ def test_meter_prefers_a_reported_count_and_never_double_counts():
     ({"name": "noloco", "inner_steps": H, "pairing_seed": None, "stall_s": None}, 4, lambda numel, n: 4 * numel),
 ])
 def test_in_process_runs_log_bytes_per_sync_and_in_total(tmp_path, algo, world, per_sync):
-    from decentrain.algorithms.common.inprocess_replicas import run_replicas_in_process
+    from decentrain.algorithms.pretraining.inprocess_replicas import run_replicas_in_process
 
     torch.set_num_threads(1)
     runs = run_replicas_in_process(_cfg(algo), world, tmp_path)

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from decentrain.algorithms.common.comparison import CompareConfig, arm_overrides, read_arm, write_summary
+from decentrain.algorithms.pretraining.comparison import CompareConfig, arm_overrides, read_arm, write_summary
 
 
 def test_arms_share_the_layout_and_differ_only_in_the_algorithm(tmp_path):

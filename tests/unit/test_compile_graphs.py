@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import torch
 
-from decentrain.algorithms.common.speed import transformer_blocks
+from decentrain.algorithms.pretraining.precision import transformer_blocks
 from decentrain.testing import tiny_trainer
 
 
 def test_compiled_blocks_compile_at_most_two_graphs(tmp_path):
     """A DynamicCache per forward makes every block guard on its own cache layer: one graph per
     layer, then the recompile limit. The loop and evaluation pass use_cache=False: train + eval."""
-    from decentrain.algorithms.common.trainer import evaluate
+    from decentrain.algorithms.pretraining.trainer import evaluate
 
     trainer = tiny_trainer(tmp_path)  # compile=none: the blocks get a counting backend below
     graphs = []

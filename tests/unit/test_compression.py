@@ -3,11 +3,11 @@
 import pytest
 import torch
 
-from decentrain.algorithms.common.compression import (
+from decentrain.algorithms.outer.compression import (
     CompressionSpec, ErrorFeedback, compress, decompress, pack_codes, topk_per_chunk, unpack_codes,
 )
-from decentrain.algorithms.common.compression import sent_mask
-from decentrain.algorithms.common.sparse_quantizers import MaxAbs, Statistical
+from decentrain.algorithms.outer.compression import sent_mask
+from decentrain.algorithms.outer.sparse_quantizers import MaxAbs, Statistical
 
 quantize_symmetric, dequantize_symmetric = MaxAbs.quantize, MaxAbs.dequantize
 

@@ -101,7 +101,7 @@ def test_noloco_gossip_payload_stays_on_device(dtype, gamma, adaptive, backend):
 
 
 def test_hdee_expert_parallel_gather_stays_on_device():
-    from decentrain.core.ensemble import ExpertPlacement, gather_expert_logprobs
+    from decentrain.core.comm.ensemble import ExpertPlacement, gather_expert_logprobs
 
     placement = ExpertPlacement(num_experts=3, world_size=2)
     # scorers hand host tensors in; empty rows because the agreed shape is read back from meta as zeros
@@ -113,7 +113,7 @@ def test_hdee_expert_parallel_gather_stays_on_device():
 
 
 def test_sapo_collective_bytes_stay_on_device():
-    from decentrain.core.bytes_comm import agree_run_dir, all_gather_bytes, broadcast_bytes
+    from decentrain.core.comm.bytes_comm import agree_run_dir, all_gather_bytes, broadcast_bytes
 
     with device_guard(META) as calls:
         all_gather_bytes(_world(0), b'{"rollouts": []}')

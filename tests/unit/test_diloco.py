@@ -3,10 +3,10 @@
 import pytest
 import torch
 
-from decentrain.algorithms.common.outer_optimizers import OuterOptimizerConfig, SGDConfig
 from decentrain.algorithms.diloco import DiLoCo, DiLoCoConfig, StreamingDiLoCo, StreamingDiLoCoConfig
-from decentrain.algorithms.common.quantized_mean import check_quantization_backend, codec_for
-from decentrain.core.dist_transport import TorchTransport
+from decentrain.algorithms.outer.optimizers import OuterOptimizerConfig, SGDConfig
+from decentrain.algorithms.outer.quantized_mean import check_quantization_backend, codec_for
+from decentrain.core.comm.dist_transport import TorchTransport
 from decentrain.core.world import World
 
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from decentrain.core.exchange import PairExchange
+from decentrain.core.comm.pair_exchange import PairExchange
 from decentrain.core.world import World
 from decentrain.testing import run_in_threads
 

@@ -15,14 +15,14 @@ from omegaconf import OmegaConf
 
 import decentrain.algorithms as algorithms
 from decentrain.algorithms.base import ALGORITHMS
-from decentrain.algorithms.common import engines
-from decentrain.algorithms.common.engines import ENGINES
-from decentrain.algorithms.common.outer import OuterOptimizer
-from decentrain.algorithms.common.outer_optimizers import FIELD, OUTER_OPTIMIZERS, OuterOptimizerConfig, OuterRule
-from decentrain.algorithms.common.pretrain import run_pretraining
 from decentrain.algorithms import diloco
+from decentrain.algorithms.outer.optimizers import FIELD, OUTER_OPTIMIZERS, OuterOptimizerConfig, OuterRule
+from decentrain.algorithms.outer.updates import OuterOptimizer
+from decentrain.algorithms.pretraining import engines
+from decentrain.algorithms.pretraining.engines import ENGINES
+from decentrain.algorithms.pretraining.run import run_pretraining
 from decentrain.config import config_from_dict, register_configs, validate
-from decentrain.core.checks import check_range
+from decentrain.core.config_checks import check_range
 from decentrain.core.registry import discover, discover_marked
 from decentrain.core.world import World
 from decentrain.testing import TINY
@@ -38,8 +38,8 @@ from dataclasses import dataclass
 
 import torch
 
-from decentrain.algorithms.common.engines.base import ENGINES, EngineConfig
-from decentrain.algorithms.common.engines.torch import TorchEngine
+from decentrain.algorithms.pretraining.engines.base import ENGINES, EngineConfig
+from decentrain.algorithms.pretraining.engines.torch import TorchEngine
 
 
 @dataclass
@@ -84,7 +84,7 @@ from typing import Any
 import torch
 
 from decentrain.algorithms.base import register_algorithm
-from decentrain.algorithms.common.inner_outer import InnerOuterAlgorithm, InnerOuterConfig
+from decentrain.algorithms.pretraining.inner_outer import InnerOuterAlgorithm, InnerOuterConfig
 
 
 @dataclass
@@ -131,7 +131,7 @@ alpha: 0.99
 '''
 
 
-# what adding an outer optimizer appends to decentrain/algorithms/common/outer_optimizers.py
+# what adding an outer optimizer appends to decentrain/algorithms/outer/optimizers.py
 @dataclass
 class RMSpropConfig(OuterOptimizerConfig):
     name: str = "rmsprop"

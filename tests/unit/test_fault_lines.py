@@ -8,14 +8,14 @@ import sys
 
 import pytest
 
-from decentrain.core.launcher import launch_survivors
+from decentrain.core.launch.launcher import launch_survivors
 from decentrain.core.world import World
 
 
 def test_a_dead_worker_is_logged_when_it_dies_and_named_in_the_summary(tmp_path, caplog, monkeypatch):
     (tmp_path / "nu_worker.py").write_text("import os, sys\nsys.exit(3 if os.environ['RANK'] == '1' else 0)\n")
     monkeypatch.setenv("PYTHONPATH", f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
-    with caplog.at_level(logging.WARNING, logger="decentrain.core.launcher"):
+    with caplog.at_level(logging.WARNING, logger="decentrain.core.launch.launcher"):
         codes = launch_survivors([], 2, module="nu_worker", poll_s=0.05)
     assert codes == {0: 0, 1: 3}
     lines = [r.getMessage() for r in caplog.records]
@@ -27,8 +27,8 @@ def test_a_healed_torchft_group_says_from_which_group_at_which_step(monkeypatch,
     pytest.importorskip("torchft")
     import torchft
 
-    from decentrain.algorithms.common.ft.manager import ReplicaGroup, build_manager
-    from decentrain.core.ft_config import TorchFTConfig
+    from decentrain.algorithms.pretraining.torchft.manager import ReplicaGroup, build_manager
+    from decentrain.core.launch.ft_config import TorchFTConfig
 
     made = {}
     monkeypatch.setattr(torchft, "Manager", lambda **kw: made.update(kw) or "manager")

@@ -63,7 +63,7 @@ def _losses(run_dir: Path, rank: int) -> list[float]:
 
 @pytest.mark.parametrize("algo", list(PRETRAINING))
 def test_pretraining_trajectory_matches_the_golden_one(algo, tmp_path, one_thread):
-    from decentrain.algorithms.common.inprocess_replicas import run_replicas_in_process
+    from decentrain.algorithms.pretraining.inprocess_replicas import run_replicas_in_process
 
     algorithm, world_size = PRETRAINING[algo]
     runs = run_replicas_in_process(_pretraining_cfg(algorithm), world_size, tmp_path)
@@ -78,7 +78,7 @@ def test_pretraining_trajectory_matches_the_golden_one(algo, tmp_path, one_threa
 def test_sapo_trajectory_matches_the_golden_one(tmp_path, one_thread):
     from safetensors.torch import load_file
 
-    from decentrain.algorithms.sapo.trainer import run_sapo
+    from decentrain.algorithms.sapo.rounds import run_sapo
     from decentrain.core.world import World
     from decentrain.tasks import RewardConfig
     from decentrain.testing import tiny_sapo_config

@@ -2,7 +2,7 @@
 
 import torch
 
-from decentrain.core.wire import _MASK, all_finite, checksum
+from decentrain.core.comm.wire import _MASK, all_finite, checksum
 
 
 def test_checksum_is_the_wrapping_sum_of_8_byte_words_plus_the_tail_bytes():

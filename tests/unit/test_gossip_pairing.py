@@ -2,8 +2,8 @@ import numpy as np
 import pytest
 import torch
 
-from decentrain.core.wire import flatten_buckets
-from decentrain.core.pairing import gossip_groups, group_of
+from decentrain.core.comm.pairing import gossip_groups, group_of
+from decentrain.core.comm.wire import flatten_buckets
 
 
 @pytest.mark.parametrize("n", [2, 4, 8, 16])

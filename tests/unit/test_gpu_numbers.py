@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from decentrain.algorithms.common.inner_outer import InnerOuterAlgorithm, InnerOuterConfig
-from decentrain.algorithms.common.speed import DeviceTimer, set_tf32
+from decentrain.algorithms.pretraining.inner_outer import InnerOuterAlgorithm, InnerOuterConfig
+from decentrain.algorithms.pretraining.precision import DeviceTimer, set_tf32
 from decentrain.core.metrics import Throughput
 from decentrain.core.world import World, plan_placement
 from decentrain.testing import tiny_trainer
@@ -125,7 +125,7 @@ def test_tf32_is_switched_on_for_cuda_only_and_can_be_turned_off():
 
 
 def test_checkpoint_rng_includes_the_cuda_generator(monkeypatch):
-    from decentrain.algorithms.common.trainer import rng_state, set_rng_state
+    from decentrain.algorithms.pretraining.trainer import rng_state, set_rng_state
 
     cuda_rng = {"state": torch.tensor([1, 2, 3], dtype=torch.uint8)}
     monkeypatch.setattr(torch.cuda, "get_rng_state", lambda device=None: cuda_rng["state"].clone())
@@ -139,7 +139,7 @@ def test_checkpoint_rng_includes_the_cuda_generator(monkeypatch):
 
 
 def test_compile_model_compiles_the_wrapped_module_not_the_bare_one(tmp_path, monkeypatch):
-    import decentrain.algorithms.common.trainer as trainer_mod
+    import decentrain.algorithms.pretraining.trainer as trainer_mod
     from decentrain.core.metrics import LoggerConfig, MetricsLogger
 
     compiled = []

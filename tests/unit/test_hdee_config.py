@@ -96,8 +96,8 @@ def test_run_jobs_runs_in_parallel_and_names_failures(tmp_path):
 def test_job_algorithm_and_engine_are_whole_typed_sections(tmp_path):
     import dataclasses
 
-    from decentrain.algorithms.common.engines import EngineConfig
     from decentrain.algorithms.noloco import NoLoCoConfig
+    from decentrain.algorithms.pretraining.engines import EngineConfig
 
     def with_job(**job):
         return dataclasses.replace(tiny_hdee_config(tmp_path), job=JobConfig(**job))

@@ -11,7 +11,7 @@ from decentrain.testing import save_random_experts, tiny_hdee_config
 from decentrain.algorithms.hdee import evaluate as ev
 from decentrain.algorithms.hdee.evaluate import EnsembleScorer, check_saved_plan, expert_refs
 from decentrain.algorithms.hdee.mixing import CachedPrior
-from decentrain.core.ensemble import token_logprobs
+from decentrain.core.comm.ensemble import token_logprobs
 from decentrain.core.world import World
 from decentrain.data.blocks import build_corpus
 from decentrain.models.factory import build_model

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from decentrain.algorithms.hdee.router import RouterStats, fit_router, ridge_weights, route
-from decentrain.core.ensemble import token_logprobs
+from decentrain.core.comm.ensemble import token_logprobs
 from decentrain.models.factory import ModelConfig, build_model, build_tokenizer
 
 TINY = ModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, max_seq_len=64)

@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
-from decentrain.core.incarnation import (INCARNATION_KEY, PUBLIC_KEY_ENV, SECRET_ENV, TOKEN_ENV, IncarnationCheck,
+from decentrain.core.comm.membership import Membership
+from decentrain.core.launch.incarnation import (INCARNATION_KEY, PUBLIC_KEY_ENV, SECRET_ENV, TOKEN_ENV, IncarnationCheck,
                                          LauncherKey)
-from decentrain.core.membership import Membership
 
 JOB = "job1"
 
@@ -124,7 +124,7 @@ open(sys.argv[1] + "." + os.environ["RANK"], "w").write(json.dumps({k: v for k, 
 
 
 def test_the_launcher_gives_workers_the_public_key_and_their_token_never_the_secret(tmp_path, monkeypatch):
-    from decentrain.core.launcher import launch_survivors
+    from decentrain.core.launch.launcher import launch_survivors
 
     (tmp_path / "envdump.py").write_text(WORKER)
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))

@@ -2,7 +2,7 @@
 
 import torch
 
-from decentrain.core.heal import decode_state, encode_state
+from decentrain.core.comm.heal_transfer import decode_state, encode_state
 
 
 def _state(out_features=2, value=1.0):
@@ -69,8 +69,8 @@ def test_heal_requests_are_honoured_only_from_ranks_the_launcher_restarted():
 
     import torch.distributed as dist
 
-    from decentrain.core.incarnation import IncarnationCheck, LauncherKey
-    from decentrain.core.membership import Membership
+    from decentrain.core.comm.membership import Membership
+    from decentrain.core.launch.incarnation import IncarnationCheck, LauncherKey
 
     store = dist.HashStore()
     store.set_timeout(timedelta(seconds=5))

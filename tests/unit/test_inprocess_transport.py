@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from decentrain.core.bytes_comm import PayloadTooLarge
-from decentrain.core.inprocess import InProcessHub
+from decentrain.core.comm.bytes_comm import PayloadTooLarge
+from decentrain.core.comm.inprocess_transport import InProcessHub
 from decentrain.testing import run_in_threads
 
 
@@ -45,8 +45,8 @@ def test_an_oversized_own_payload_contributes_nothing_then_raises():
 def test_noloco_forms_the_partner_mean_in_fp32_for_bf16_weights():
     """bf16 weights 1 and 1 + 2**-7 average to 1 + 2**-8, which bf16 cannot hold: rounding θ̄ to bf16
     first (as the exchange once did) gave φ = 1 exactly, losing the whole pull."""
-    from decentrain.algorithms.common.outer_optimizers import OuterOptimizerConfig
     from decentrain.algorithms.noloco.noloco import NoLoCo, NoLoCoConfig
+    from decentrain.algorithms.outer.optimizers import OuterOptimizerConfig
     from decentrain.core.world import World
 
     hub = InProcessHub(2)

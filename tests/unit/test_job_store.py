@@ -1,4 +1,4 @@
-"""The job store of a multi-host gossip job (core/job_store.py) and each host's launcher as its client."""
+"""The job store of a multi-host gossip job (core/comm/job_store.py) and each host's launcher as its client."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from decentrain.core.incarnation import SECRET_ENV
-from decentrain.core.job_store import connect, parse_endpoint
-from decentrain.core.launch_config import LauncherConfig
-from decentrain.core.launcher import HostSlot, launch_survivors
+from decentrain.core.comm.job_store import connect, parse_endpoint
+from decentrain.core.launch.config import LauncherConfig
+from decentrain.core.launch.incarnation import SECRET_ENV
+from decentrain.core.launch.launcher import HostSlot, launch_survivors
 from decentrain.testing import start_store
 
 # a worker that says it is up, then waits to be stopped (the test synchronises on its file, not on time)

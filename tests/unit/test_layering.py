@@ -21,7 +21,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PKG = ROOT / "decentrain"
-SHARED = {"base", "common"}  # what every algorithm family may use
+SHARED = {"base", "pretraining", "outer"}  # what every algorithm family may use
 ROOTS = {"decentrain.config", "decentrain.cli"}  # the composition root and the console script sit above the library
 TESTING = "decentrain.testing"  # the test kit: support for tests, above the library like the roots
 
@@ -95,13 +95,13 @@ def _family(mod: str) -> str | None:
 
 def test_the_static_graph_sees_the_imports():
     # the walker itself: direct, relative, `from pkg import submodule`, parent packages, transitive
-    assert "decentrain.core.checkpoint" in closure("decentrain.algorithms.common.trainer")
+    assert "decentrain.core.checkpoint" in closure("decentrain.algorithms.pretraining.trainer")
     assert "decentrain.algorithms" in closure("decentrain.algorithms.ddp.ddp")
     assert "decentrain.algorithms.base" in closure("decentrain.algorithms.ddp")
     assert "decentrain.core.registry" in closure("decentrain.algorithms.ddp.ddp")  # via base
     assert set(FAMILIES) >= {"ddp", "diloco", "noloco", "sapo", "hdee"}
     # a package that discovers its modules (core/registry.discover) imports every one of them
-    assert "decentrain.algorithms.common.transports.torchft_groups" in closure("decentrain.algorithms.common.pretrain")
+    assert "decentrain.algorithms.pretraining.transports.torchft_groups" in closure("decentrain.algorithms.pretraining.run")
     assert "decentrain.algorithms.sparseloco.sparseloco" in closure("decentrain.config")  # discover_marked
 
 
@@ -164,7 +164,7 @@ def _layer_modules(layer: str) -> list[str]:
 def test_what_python_loads_matches_the_static_graph():
     """Import every module of a layer in a fresh interpreter (all layers at once) and check what came with it."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    layers = ["core", "common", *FAMILIES]
+    layers = ["core", "pretraining", "outer", *FAMILIES]
     procs = {layer: subprocess.Popen([sys.executable, "-c", _PROBE, *_layer_modules(layer)], env=env, text=True,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE) for layer in layers}
     try:
@@ -178,7 +178,7 @@ def test_what_python_loads_matches_the_static_graph():
         assert not _under(loaded, "decentrain.config") | _under(loaded, "recipes"), (layer, sorted(loaded))
         if layer == "core":
             assert not _under(loaded, "decentrain.algorithms"), sorted(_under(loaded, "decentrain.algorithms"))
-        own = None if layer == "common" else layer
+        own = None if layer in SHARED else layer
         assert not {m for m in loaded if _family(m) not in (None, own)}, (layer, sorted(loaded))
         mods = _layer_modules(layer)
         static = set(mods) | {m for mod in mods for m in closure(mod)}
@@ -188,13 +188,13 @@ def test_what_python_loads_matches_the_static_graph():
 def test_the_probe_skips_a_module_whose_extra_is_missing():
     """A `.[dev]`-only venv has no hivemind: SAPO's DHT guard is skipped there, its layer still checked."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    mods = ["decentrain.algorithms.sapo.dht_guard", "decentrain.core.checks"]
+    mods = ["decentrain.algorithms.sapo.dht_guard", "decentrain.core.config_checks"]
     run = subprocess.run([sys.executable, "-c", _NO_HIVEMIND + _PROBE, *mods], env=env, text=True, capture_output=True,
                          timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
     out = json.loads(run.stdout.splitlines()[-1])
     assert [m for m, _ in out["skipped"]] == ["decentrain.algorithms.sapo.dht_guard"]
-    assert "decentrain.core.checks" in out["loaded"]
+    assert "decentrain.core.config_checks" in out["loaded"]
 
 
 @pytest.mark.parametrize("mod", sorted(_library() | ROOTS))

@@ -2,7 +2,7 @@
 
 import pytest
 
-from decentrain.algorithms.common.engines import engine_config
+from decentrain.algorithms.pretraining.engines import engine_config
 from decentrain.core.mesh import layout_ranks, replica_layout
 from decentrain.core.world import World
 

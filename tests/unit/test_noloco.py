@@ -5,9 +5,9 @@ import math
 import pytest
 import torch
 
-from decentrain.algorithms.common.inner_outer import StepPace
-from decentrain.algorithms.common.outer_optimizers import OuterOptimizerConfig
 from decentrain.algorithms.noloco import NoLoCo, NoLoCoConfig
+from decentrain.algorithms.outer.optimizers import OuterOptimizerConfig
+from decentrain.algorithms.pretraining.inner_outer import StepPace
 from decentrain.core.world import World
 
 

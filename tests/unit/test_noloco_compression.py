@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from decentrain.algorithms.common.outer_optimizers import OuterOptimizerConfig
 from decentrain.algorithms.noloco import NoLoCo, NoLoCoConfig
 from decentrain.algorithms.noloco.compressed_gossip import CompressedGossip, Decoded, NoLoCoCompressionConfig, step_direction
+from decentrain.algorithms.outer.optimizers import OuterOptimizerConfig
 from decentrain.core.world import World
 from decentrain.testing import run_in_threads
 
@@ -122,7 +122,7 @@ def test_resume_is_bit_exact_and_needs_the_error_buffer():
 
 def test_two_replicas_over_the_in_process_transport_keep_one_anchor_and_mix():
     """Both replicas apply the same learning update, opposite consensus pulls, and re-anchor to the same A."""
-    from decentrain.core.inprocess import InProcessHub
+    from decentrain.core.comm.inprocess_transport import InProcessHub
 
     hub = InProcessHub(2)
     cfg = NoLoCoConfig(inner_steps=1, outer_optimizer=OuterOptimizerConfig("noloco", lr=0.5, momentum=0.0),
@@ -153,7 +153,7 @@ def test_two_replicas_over_the_in_process_transport_keep_one_anchor_and_mix():
 def _four_replicas(compression, rounds=8):
     """`rounds` syncs of 4 NoLoCo replicas (H = 1, momentum 0.5) over the in-process transport, replica-specific
     drifts: each replica's weights at the start and after every round, and its metrics."""
-    from decentrain.core.inprocess import InProcessHub
+    from decentrain.core.comm.inprocess_transport import InProcessHub
 
     hub = InProcessHub(4)
     cfg = NoLoCoConfig(inner_steps=1, outer_optimizer=OuterOptimizerConfig("noloco", lr=0.7, momentum=0.5),
@@ -188,7 +188,7 @@ def test_lossless_compression_tracks_noloco_through_the_real_exchange_at_four_re
     every round, so the consensus message φ − A carries real differences. Tolerance: 2 % of the weights' spread
     from their start after 8 rounds (8-bit max-abs steps are 1/255 of a chunk's largest entry; the EF re-sends
     each round's residual)."""
-    from decentrain.core.pairing import gossip_groups
+    from decentrain.core.comm.pairing import gossip_groups
 
     lossless = NoLoCoCompressionConfig(enabled=True, chunk_size=136, topk=136, bits=8, state_topk=136, state_bits=8,
                                        anchor_every=3)

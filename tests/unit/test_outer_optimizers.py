@@ -7,16 +7,16 @@ import pytest
 import torch
 
 from decentrain.algorithms.base import algorithm_config
-from decentrain.algorithms.common.outer import OuterOptimizer, noloco_step_
-from decentrain.algorithms.common.outer_optimizers import (
+from decentrain.algorithms.diloco import DiLoCoConfig, StreamingDiLoCo, StreamingDiLoCoConfig
+from decentrain.algorithms.noloco import NoLoCo, NoLoCoConfig
+from decentrain.algorithms.outer.optimizers import (
     OUTER_OPTIMIZERS,
     AdamConfig,
     OuterOptimizerConfig,
     SGDConfig,
     outer_optimizer_config,
 )
-from decentrain.algorithms.diloco import DiLoCoConfig, StreamingDiLoCo, StreamingDiLoCoConfig
-from decentrain.algorithms.noloco import NoLoCo, NoLoCoConfig
+from decentrain.algorithms.outer.updates import OuterOptimizer, noloco_step_
 from decentrain.core.world import World
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from decentrain.algorithms.common.outer import (
+from decentrain.algorithms.outer.updates import (
     OuterOptimizer,
     OuterOptimizerConfig,
     check_fragments_cover,

@@ -1,4 +1,4 @@
-"""One-step-delayed (overlapped) outer updates, `algorithm.overlap=true` (common/overlap.py):
+"""One-step-delayed (overlapped) outer updates, `algorithm.overlap=true` (outer/overlap.py):
 the correction against hand-computed numbers, DiLoCo and NoLoCo on two in-process replicas
 driven step by step, a late partner costing one round, and exact resume with a round in flight."""
 
@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from decentrain.algorithms.common.outer_optimizers import OuterOptimizerConfig, SGDConfig
-from decentrain.algorithms.common.overlap import delayed_correction_
 from decentrain.algorithms.diloco.diloco import DiLoCo, DiLoCoConfig
 from decentrain.algorithms.noloco.noloco import NoLoCo, NoLoCoConfig
-from decentrain.core.inprocess import InProcessHub
+from decentrain.algorithms.outer.optimizers import OuterOptimizerConfig, SGDConfig
+from decentrain.algorithms.outer.overlap import delayed_correction_
+from decentrain.core.comm.inprocess_transport import InProcessHub
 from decentrain.core.world import World
 
 
@@ -127,7 +127,7 @@ def _cfg(algo: str, **train):
 
 @pytest.mark.parametrize("algo", ["diloco", "noloco"])
 def test_resume_with_a_round_in_flight_is_exact(tmp_path, algo):
-    from decentrain.algorithms.common.inprocess_replicas import run_replicas_in_process
+    from decentrain.algorithms.pretraining.inprocess_replicas import run_replicas_in_process
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from benchmarks.overlap_utilisation import ComputeClock, EmulatedLink, LinkClock, time_to
-from decentrain.core.inprocess import InProcessHub
+from decentrain.core.comm.inprocess_transport import InProcessHub
 
 
 class FakeTime:

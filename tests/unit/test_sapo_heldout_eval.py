@@ -5,7 +5,7 @@ import json
 import pytest
 
 from decentrain.algorithms.sapo.evaluation import RLEvalConfig, heldout_items
-from decentrain.algorithms.sapo.trainer import run_sapo
+from decentrain.algorithms.sapo.rounds import run_sapo
 from decentrain.core.world import World
 from decentrain.tasks import TaskMixConfig, TaskMixture
 from decentrain.testing import EASY_TASKS, tiny_sapo_config

@@ -14,10 +14,10 @@ from decentrain.testing import tiny_sapo_config
 from decentrain.algorithms.sapo.batching import ScoredGroup
 from decentrain.algorithms.sapo.exchange import PeerRecord
 from decentrain.algorithms.sapo.grpo import SAPOLossConfig
+from decentrain.algorithms.sapo.rounds import run_sapo
 from decentrain.core.identity import NodeIdentity
 from decentrain.algorithms.sapo.node import SAPONode, group_of
 from decentrain.algorithms.sapo.payload import RolloutGroup, RolloutPayload, encode_payload
-from decentrain.algorithms.sapo.trainer import run_sapo
 from decentrain.core.metrics import read_jsonl
 from decentrain.core.world import World
 from decentrain.tasks import RewardConfig, TaskMixConfig, TaskMixture

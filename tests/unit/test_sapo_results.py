@@ -7,7 +7,7 @@ import logging
 
 from decentrain.algorithms.sapo.evaluation import RLEvalConfig
 from decentrain.algorithms.sapo.results import round_line
-from decentrain.algorithms.sapo.trainer import run_sapo
+from decentrain.algorithms.sapo.rounds import run_sapo
 from decentrain.core.world import World
 from decentrain.testing import tiny_sapo_config
 

@@ -90,7 +90,7 @@ def test_a_merited_peer_keeps_its_share_under_a_sybil_flood():
 
 
 def test_split_gives_merit_half_and_never_exceeds_the_cap():
-    from decentrain.algorithms.sapo.budget import SenderBudget, split_round_budget
+    from decentrain.algorithms.sapo.sender_budget import SenderBudget, split_round_budget
 
     merit = {"a": 3.0, "b": 1.0}
     senders = ["a", "b"] + [f"s{i}" for i in range(64)]

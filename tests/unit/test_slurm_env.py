@@ -42,7 +42,7 @@ def test_only_multi_task_submitit_jobs_are_read(monkeypatch):
 
 def test_sbatch_test_args():
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
-    from decentrain.core.slurm_sweep import sbatch_test_args
+    from decentrain.core.launch.slurm_sweep import sbatch_test_args
     args = sbatch_test_args({"nodes": 2, "tasks_per_node": 2, "cpus_per_task": 1, "gpus_per_node": None, "mem_gb": 4,
                              "timeout_min": 60, "partition": None, "additional_parameters": {"reservation": "r1"}})
     assert args == ["--nodes=2", "--ntasks-per-node=2", "--cpus-per-task=1", "--time=60", "--mem=4G", "--reservation=r1"]

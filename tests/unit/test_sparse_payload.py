@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from decentrain.algorithms.common.compression import CompressionSpec, compress, decompress
-from decentrain.algorithms.common.sparse_payload import _HEADER, decode, encode, payload_bytes
+from decentrain.algorithms.outer.compression import CompressionSpec, compress, decompress
+from decentrain.algorithms.outer.sparse_payload import _HEADER, decode, encode, payload_bytes
 
 SPEC = CompressionSpec.flat(numel=1000, chunk=128, k=8, bits=2)
 

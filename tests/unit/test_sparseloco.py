@@ -3,9 +3,9 @@
 import pytest
 import torch
 
+from decentrain.algorithms.outer.optimizers import SGDConfig
 from decentrain.algorithms.sparseloco import SparseLoCo, SparseLoCoConfig
 from decentrain.core.world import World
-from decentrain.algorithms.common.outer_optimizers import SGDConfig
 
 
 def _model(values):
@@ -89,7 +89,7 @@ def test_resume_continues_bit_exactly_and_needs_the_error_buffer():
 
 def _two_replicas(cfg, drifts):
     """One sync of two SparseLoCo replicas over the in-process transport; each replica's weights after it."""
-    from decentrain.core.inprocess import InProcessHub
+    from decentrain.core.comm.inprocess_transport import InProcessHub
     from decentrain.testing import run_in_threads
 
     hub = InProcessHub(2)

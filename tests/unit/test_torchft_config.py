@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from decentrain.config import config_from_dict
-from decentrain.core.ft_config import TorchFTConfig
-from decentrain.core.launch_config import LauncherConfig
+from decentrain.core.launch.config import LauncherConfig
+from decentrain.core.launch.ft_config import TorchFTConfig
 from decentrain.core.world import World
 
 
@@ -31,7 +31,7 @@ def test_launcher_fields_fail_in_one_line():
 
 def test_runs_torchft_cannot_carry_are_refused():
     pytest.importorskip("torchft")
-    from decentrain.algorithms.common.ft.checks import check_fault_tolerant_run
+    from decentrain.algorithms.pretraining.torchft.preflight import check_fault_tolerant_run
 
     with pytest.raises(ValueError, match=r"does not support algorithm.name='noloco'; allowed: \['ddp', 'diloco', 'streaming_diloco'\]"):
         check_fault_tolerant_run(cfg({"name": "noloco"}), 1)
@@ -49,7 +49,7 @@ def test_runs_torchft_cannot_carry_are_refused():
 
 
 def test_each_group_reads_its_own_slice_and_positions_agree():
-    from decentrain.algorithms.common.ft import ReplicaGroup, replica_sampler
+    from decentrain.algorithms.pretraining.torchft import ReplicaGroup, replica_sampler
 
     slices, positions = [], []
     for replica in range(2):
@@ -66,7 +66,7 @@ def test_safe_transport_round_trips_state_and_refuses_pickles():
     pytest.importorskip("torchft")
     from torchft.checkpointing.http_transport import HTTPTransport
 
-    from decentrain.algorithms.common.ft.transport import SafeHTTPTransport
+    from decentrain.algorithms.pretraining.torchft.transport import SafeHTTPTransport
 
     model = torch.nn.Linear(3, 2)
     opt = torch.optim.AdamW(model.parameters())

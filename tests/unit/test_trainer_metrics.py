@@ -20,8 +20,8 @@ def test_byte_counts_add_up_and_readings_keep_the_newest():
 
 
 def test_trainer_logs_the_bytes_of_syncs_between_log_lines(tmp_path):
-    from decentrain.algorithms.common.trainer import Trainer
     from decentrain.algorithms.ddp.ddp import DDP
+    from decentrain.algorithms.pretraining.trainer import Trainer
     from decentrain.config import LoopConfig, TrainConfig
     from decentrain.core.metrics import LoggerConfig, MetricsLogger
     from decentrain.core.world import World

@@ -1,4 +1,4 @@
-"""One door to the network: `transport.name` picks a registry entry (common/transports/), and adding
+"""One door to the network: `transport.name` picks a registry entry (pretraining/transports/), and adding
 one is one module plus one YAML."""
 
 import sys
@@ -10,12 +10,12 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
-from decentrain.algorithms.common import transports
-from decentrain.algorithms.common.pretrain import run_pretraining
-from decentrain.algorithms.common.transports import TRANSPORTS, door, door_name
+from decentrain.algorithms.pretraining import transports
+from decentrain.algorithms.pretraining.run import run_pretraining
+from decentrain.algorithms.pretraining.transports import TRANSPORTS, door, door_name
 from decentrain.config import config_from_dict, register_configs, validate
-from decentrain.core.dist_transport import TorchTransport
-from decentrain.core.inprocess import InProcessTransport
+from decentrain.core.comm.dist_transport import TorchTransport
+from decentrain.core.comm.inprocess_transport import InProcessTransport
 from decentrain.core.registry import discover
 from decentrain.core.world import World
 from decentrain.testing import TINY
@@ -81,8 +81,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from decentrain.algorithms.common.transports import TRANSPORTS, Door, TransportConfig
-from decentrain.core.inprocess import InProcessHub
+from decentrain.algorithms.pretraining.transports import TRANSPORTS, Door, TransportConfig
+from decentrain.core.comm.inprocess_transport import InProcessHub
 
 
 @dataclass

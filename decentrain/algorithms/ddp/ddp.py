@@ -9,7 +9,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from decentrain.algorithms.base import Algorithm, AlgorithmConfig, register_algorithm
-from decentrain.core.transport import ring_all_reduce_bytes
+from decentrain.core.comm.transport import ring_all_reduce_bytes
 
 
 @dataclass

@@ -18,8 +18,8 @@ import torch
 import torch.distributed as dist
 
 from decentrain.algorithms.base import Algorithm
-from decentrain.algorithms.common.ft.manager import FT_ALGORITHMS, ReplicaGroup, build_manager, ft_metrics
 from decentrain.algorithms.ddp.ddp import DDPConfig
+from decentrain.algorithms.pretraining.torchft.manager import FT_ALGORITHMS, ReplicaGroup, build_manager, ft_metrics
 from decentrain.core.world import World
 
 log = logging.getLogger(__name__)

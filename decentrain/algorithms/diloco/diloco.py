@@ -4,7 +4,7 @@ Like torchft's DiLoCo it is only optimizer-step hooks: the trainer's AdamW is th
 inner optimizer; every H steps `outer_step` averages Δ = θ_prev − θ_i over replicas,
 takes an outer step on the fp32 slow weights (`algorithm.outer_optimizer`, by default
 Nesterov SGD) and copies them back. With `algorithm.overlap=true` the all-reduce of round r
-runs during round r+1 and lands at its end, one outer step late (common/overlap.py).
+runs during round r+1 and lands at its end, one outer step late (outer/overlap.py).
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ from typing import Any
 import torch
 
 from decentrain.algorithms.base import register_algorithm
-from decentrain.algorithms.common.inner_outer import InnerOuterAlgorithm, InnerOuterConfig
-from decentrain.algorithms.common.outer import OuterOptimizer
-from decentrain.algorithms.common.outer_optimizers import OuterOptimizerConfig
-from decentrain.algorithms.common.overlap import DelayedOuter, check_overlap
-from decentrain.core.transport import PendingMean
+from decentrain.algorithms.outer.optimizers import OuterOptimizerConfig
+from decentrain.algorithms.outer.overlap import DelayedOuter, check_overlap
+from decentrain.algorithms.outer.updates import OuterOptimizer
+from decentrain.algorithms.pretraining.inner_outer import InnerOuterAlgorithm, InnerOuterConfig
+from decentrain.core.comm.transport import PendingMean
 
 
 @dataclass
@@ -27,7 +27,7 @@ class DiLoCoConfig(InnerOuterConfig):
     name: str = "diloco"
     inner_steps: int = 500  # paper: H=500, η=0.7, μ=0.9 (Nesterov)
     outer_optimizer: OuterOptimizerConfig = field(default_factory=lambda: OuterOptimizerConfig("sgd", 0.7, 0.9))  # sgd: Nesterov at μ > 0
-    # one-step-delayed outer update: round r's all-reduce overlaps round r+1's inner steps (common/overlap.py)
+    # one-step-delayed outer update: round r's all-reduce overlaps round r+1's inner steps (outer/overlap.py)
     overlap: bool = False
 
     def __post_init__(self) -> None:

@@ -19,10 +19,10 @@ from typing import Any
 import torch
 
 from decentrain.algorithms.base import register_algorithm
-from decentrain.algorithms.common.inner_outer import InnerOuterAlgorithm, InnerOuterConfig
-from decentrain.algorithms.common.outer import OuterOptimizer, check_fragments_cover, fragment_param_names, mix_
-from decentrain.algorithms.common.outer_optimizers import OuterOptimizerConfig
-from decentrain.algorithms.common.quantized_mean import QUANTIZATIONS, check_quantization_backend, codec_for
+from decentrain.algorithms.outer.optimizers import OuterOptimizerConfig
+from decentrain.algorithms.outer.quantized_mean import QUANTIZATIONS, check_quantization_backend, codec_for
+from decentrain.algorithms.outer.updates import OuterOptimizer, check_fragments_cover, fragment_param_names, mix_
+from decentrain.algorithms.pretraining.inner_outer import InnerOuterAlgorithm, InnerOuterConfig
 
 logger = logging.getLogger(__name__)
 

@@ -25,11 +25,11 @@ import torch
 from torch import nn
 
 from decentrain.algorithms.base import Algorithm
-from decentrain.algorithms.common.ft.manager import FT_ALGORITHMS, ReplicaGroup, build_manager, ft_metrics
-from decentrain.algorithms.common.outer import fragment_param_names
-from decentrain.algorithms.common.outer_optimizers import OUTER_OPTIMIZERS
 from decentrain.algorithms.diloco.diloco import DiLoCoConfig
 from decentrain.algorithms.diloco.streaming import StreamingDiLoCoConfig
+from decentrain.algorithms.outer.optimizers import OUTER_OPTIMIZERS
+from decentrain.algorithms.outer.updates import fragment_param_names
+from decentrain.algorithms.pretraining.torchft.manager import FT_ALGORITHMS, ReplicaGroup, build_manager, ft_metrics
 from decentrain.core.world import World
 
 log = logging.getLogger(__name__)

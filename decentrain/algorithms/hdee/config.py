@@ -19,12 +19,12 @@ from typing import Any, ClassVar, Optional
 from omegaconf import OmegaConf
 
 from decentrain.algorithms.base import ALGORITHMS, AlgorithmConfig, algorithm_config
-from decentrain.algorithms.hdee.budget import check_budget, homogeneous_baseline
+from decentrain.algorithms.hdee.compute_budget import check_budget, homogeneous_baseline
 from decentrain.algorithms.hdee.mixing import WEIGHTINGS
 from decentrain.algorithms.hdee.plan import EnsemblePlan, SeedConfig, validate
-from decentrain.algorithms.common.config import LoopConfig
-from decentrain.algorithms.common.engines import EngineConfig, OptimConfig, engine_config
-from decentrain.core.launch_config import LauncherConfig
+from decentrain.algorithms.pretraining.config import LoopConfig
+from decentrain.algorithms.pretraining.engines import EngineConfig, OptimConfig, engine_config
+from decentrain.core.launch.config import LauncherConfig
 from decentrain.core.metrics import LoggerConfig
 from decentrain.core.typed import typed
 from decentrain.data.blocks import SPLITS, DataConfig
@@ -88,7 +88,7 @@ class JobConfig:
     """Which part of the plan this process runs, and how each seed or expert run trains.
 
     `all` trains seeds, then every lane as its own job. Each run is one pre-training job
-    (common/pretrain.py) of the `algorithm` and `engine` sections: `algorithm@job.algorithm=noloco`
+    (pretraining/run.py) of the `algorithm` and `engine` sections: `algorithm@job.algorithm=noloco`
     trains a lane with a NoLoCo group of `launcher.nproc_per_node` replicas.
     """
 

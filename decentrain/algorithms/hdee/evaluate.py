@@ -23,7 +23,7 @@ from transformers import ByT5Tokenizer
 from decentrain.algorithms.hdee.config import HdeeConfig, eval_domains
 from decentrain.algorithms.hdee.mixing import CachedPrior, MixingConfig, mix
 from decentrain.algorithms.hdee.train import model_dir
-from decentrain.core.ensemble import ExpertPlacement, gather_expert_logprobs, token_logprobs
+from decentrain.core.comm.ensemble import ExpertPlacement, gather_expert_logprobs, token_logprobs
 from decentrain.core.world import World
 from decentrain.data.blocks import build_corpus, encode
 from decentrain.models.factory import build_model, build_tokenizer

@@ -1,6 +1,6 @@
 """HDEE training: seeds on general text, then each lane's experts branched from them.
 
-Every seed and every expert iteration is one ordinary pre-training job (common/pretrain.py,
+Every seed and every expert iteration is one ordinary pre-training job (pretraining/run.py,
 the path recipes/train.py runs too) of `job.algorithm` and `job.engine`: one process, or a
 group of replicas (DDP, DiLoCo, a NoLoCo gossip group). Runs are saved with `save_pretrained` to
 `<ensemble_dir>/<run name>/model`, where the run name is unique per (lane, iteration,
@@ -18,10 +18,10 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from decentrain.algorithms.common.config import TrainConfig, validate
-from decentrain.algorithms.common.pretrain import MODEL_SUBDIR, run_pretraining
 from decentrain.algorithms.hdee.config import HdeeConfig, expert_config
 from decentrain.algorithms.hdee.plan import ExpertRun, SeedConfig
+from decentrain.algorithms.pretraining.config import TrainConfig, validate
+from decentrain.algorithms.pretraining.run import MODEL_SUBDIR, run_pretraining
 from decentrain.core.world import World
 from decentrain.models.factory import ModelConfig
 
@@ -46,9 +46,9 @@ def run_config(cfg: HdeeConfig, name: str, model: ModelConfig, domains: list[str
 
 def _train_run(cfg: HdeeConfig, world: World, name: str, model: ModelConfig, domains: list[str], steps: int,
                seed: int, schedule_steps: int | None = None, poll_s: float = 0.2) -> Path:
-    """One run of the shared job path (common/pretrain.py): `steps` steps of a `schedule_steps`-step LR
+    """One run of the shared job path (pretraining/run.py): `steps` steps of a `schedule_steps`-step LR
     schedule (an expert stops inside one shared cosine); resumes from its own checkpoints. Gossip keys of
-    consecutive runs in one process group are apart by construction (`core/membership.job_prefix`)."""
+    consecutive runs in one process group are apart by construction (`core/comm/membership.job_prefix`)."""
     tcfg = run_config(cfg, name, model, domains, steps, seed, schedule_steps)
     validate(tcfg, world.world_size)  # e.g. a batch that does not divide over this job's ranks
     run_dir = Path(tcfg.run_dir)

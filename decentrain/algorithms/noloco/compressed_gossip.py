@@ -8,14 +8,14 @@ gossip group G (a pair, or a triple with odd_world=triple) is
 
 so a replica needs two things from its partner: its pseudo-gradient Δ_j (the learning
 signal, an increment) and its slow weights φ_j (the consensus signal, a state). Here
-(C = Q_b∘TopK_k and D as in algorithms/common/compression.py):
+(C = Q_b∘TopK_k and D as in algorithms/outer/compression.py):
 
   learning:   e_i ← β·e_i + Δ_i ;  c_i = C(e_i) ;  e_i ← e_i − D(c_i)      (error feedback)
   consensus:  s_i = C'(φ_i − A)                                              (fresh, no EF)
   step:       ĝ_i = agg_G D(c) − (mean_G D(s) − D(s_i))
 
 agg_G is `compression.aggregation`: by default each index's mean over the group members whose c
-carries it (SparseLoCo's reference rule, common/compression.py), or "sum_over_replicas",
+carries it (SparseLoCo's reference rule, outer/compression.py), or "sum_over_replicas",
 (1/|G|)·Σ_G D(c). The consensus term stays a plain mean: an entry neither side sent is taken as
 equal on both, a zero difference.
 
@@ -48,7 +48,7 @@ rounds, its share of a ring all-gather of the s payloads. Departures, named: NoL
 "no collective after start-up" becomes one all-gather of small payloads every K rounds
 (anchor_every=0 turns it off: the anchor stays A_0 and s grows with training); the γ ≠ β
 general form is not supported compressed; both messages use flat chunks of `chunk_size` and the
-max-abs quantiser (common/compression.py's `flat` layout, not SparseLoCo's per-tensor tiles and
+max-abs quantiser (outer/compression.py's `flat` layout, not SparseLoCo's per-tensor tiles and
 statistical quantiser: the consensus message is a state difference whose chunks need one scale
 each, and the two messages share the chunk layout).
 """
@@ -62,10 +62,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from decentrain.algorithms.common.compression import (AGGREGATIONS, BITS, MAX_CHUNK, CompressionSpec, ErrorFeedback, compress,
+from decentrain.algorithms.outer.compression import (AGGREGATIONS, BITS, MAX_CHUNK, CompressionSpec, ErrorFeedback, compress,
                                                       decompress, sent_mask)
-from decentrain.algorithms.common.sparse_payload import decode, encode, payload_bytes
-from decentrain.core.checks import check_range
+from decentrain.algorithms.outer.sparse_payload import decode, encode, payload_bytes
+from decentrain.core.config_checks import check_range
 
 log = logging.getLogger(__name__)
 

@@ -20,9 +20,9 @@ from typing import Any, Callable
 
 import torch
 
-from decentrain.core.heal import decode_state, encode_state, recv_state, send_state
-from decentrain.core.membership import Membership
-from decentrain.core.pairs import PairGroups
+from decentrain.core.comm.heal_transfer import decode_state, encode_state, recv_state, send_state
+from decentrain.core.comm.membership import Membership
+from decentrain.core.comm.pair_groups import PairGroups
 
 log = logging.getLogger(__name__)
 

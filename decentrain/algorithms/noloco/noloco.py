@@ -9,7 +9,7 @@ alongside θ. Partners come from a seeded matching that every rank derives alone
 partner that misses the deadline costs this round's averaging (the step uses θ̄ = θ).
 After the start-up broadcast NoLoCo issues no all-reduce and no barrier. With
 `algorithm.overlap=true` round r's exchange runs on a helper thread during round r+1 and
-lands at its end, one outer step late (common/overlap.py); a partner that has not delivered
+lands at its end, one outer step late (outer/overlap.py); a partner that has not delivered
 by then (deadline_s from the send) costs that round's averaging only.
 """
 
@@ -23,17 +23,17 @@ from typing import Any
 import torch
 
 from decentrain.algorithms.base import register_algorithm
-from decentrain.algorithms.common.inner_outer import InnerOuterAlgorithm, InnerOuterConfig
-from decentrain.algorithms.common.outer import OuterOptimizer, noloco_general_step_
-from decentrain.algorithms.common.outer_optimizers import OUTER_OPTIMIZERS, OuterOptimizerConfig
-from decentrain.algorithms.common.overlap import Background, DelayedOuter, check_overlap
 from decentrain.algorithms.noloco.compressed_gossip import CompressedGossip, NoLoCoCompressionConfig, compressed_outer_step
 from decentrain.algorithms.noloco.healing import Healer, tensors_crc
-from decentrain.core.checks import check_range
-from decentrain.core.deadline import AdaptiveDeadlineConfig
-from decentrain.core.pairing import ODD_POLICIES, gossip_groups, group_of
-from decentrain.core.transport import GossipOptions
-from decentrain.core.wait_policy import BEHIND
+from decentrain.algorithms.outer.optimizers import OUTER_OPTIMIZERS, OuterOptimizerConfig
+from decentrain.algorithms.outer.overlap import Background, DelayedOuter, check_overlap
+from decentrain.algorithms.outer.updates import OuterOptimizer, noloco_general_step_
+from decentrain.algorithms.pretraining.inner_outer import InnerOuterAlgorithm, InnerOuterConfig
+from decentrain.core.comm.deadline import AdaptiveDeadlineConfig
+from decentrain.core.comm.pairing import ODD_POLICIES, gossip_groups, group_of
+from decentrain.core.comm.transport import GossipOptions
+from decentrain.core.comm.wait_policy import BEHIND
+from decentrain.core.config_checks import check_range
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ class NoLoCoConfig(InnerOuterConfig):
     # enabled: the pair exchange carries top-k low-bit messages, error-fed (noloco/compressed_gossip.py)
     compression: NoLoCoCompressionConfig = field(default_factory=NoLoCoCompressionConfig)
     full_duplex: bool = True  # one process group per direction (start-up cost O(N²) groups)
-    # one-step-delayed outer update: round r's pair exchange overlaps round r+1's inner steps (common/overlap.py)
+    # one-step-delayed outer update: round r's pair exchange overlaps round r+1's inner steps (outer/overlap.py)
     overlap: bool = False
 
     def __post_init__(self) -> None:

@@ -9,6 +9,6 @@ Modules (import them directly; this package imports nothing heavy):
   exchange    rollout exchange backends: silo, collective (all_gather of bytes), hivemind (DHT)
   config      SAPOConfig (with per-node overrides), SFTConfig, Hydra schema registration
   node        one node's round: generate, share, build the I+J batch, policy step
-  trainer     the round loop: metrics, checkpoint and resume
+  rounds      the round loop: metrics, checkpoint and resume
   sft         the warm start: SFT with the loss on answer tokens only
 """

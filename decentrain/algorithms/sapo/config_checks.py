@@ -3,7 +3,7 @@
 One function per section; each raises ValueError `<section>.<field>=<value> must be ...`, which
 the recipe prints as one `config error:` line. The sections' own `__post_init__` checks run
 first, and most compare with `<` (NaN passes, inf often too): these checks test membership
-positively (`core.checks.check_range`), so NaN and inf always fail. Upper bounds are far beyond
+positively (`core.config_checks.check_range`), so NaN and inf always fail. Upper bounds are far beyond
 any sane setting; they exist so that a typo (`1e12` characters, an `inf` TTL) fails here
 instead of allocating, overflowing or waiting for ever in a running node.
 """
@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from decentrain.core.checks import check_range
+from decentrain.core.config_checks import check_range
 
 if TYPE_CHECKING:
     from decentrain.algorithms.sapo.config import SAPOConfig

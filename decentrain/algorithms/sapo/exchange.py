@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Callable, Protocol
 
 from decentrain.algorithms.sapo.peer_selection import PeerSelector
-from decentrain.core.bytes_comm import all_gather_bytes
-from decentrain.core.checks import check_range
+from decentrain.core.comm.bytes_comm import all_gather_bytes
+from decentrain.core.config_checks import check_range
 from decentrain.core.registry import Registry
 from decentrain.core.world import World
 

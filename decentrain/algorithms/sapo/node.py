@@ -33,12 +33,12 @@ import numpy as np
 import torch
 
 from decentrain.algorithms.sapo.batching import Arrival, build_swarm_batch, tokenize_batch
-from decentrain.algorithms.sapo.budget import SenderBudget
 from decentrain.algorithms.sapo.config import SAPOConfig
 from decentrain.algorithms.sapo.exchange import PeerRecord, RolloutExchange
 from decentrain.algorithms.sapo.generation import build_generation_backend, clip_to_tokens, completion_logprobs
 from decentrain.algorithms.sapo.grpo import LossNorm, build_advantage_estimator, policy_loss, truncated_is_weight
 from decentrain.algorithms.sapo.offpolicy import align_logprobs, tokenizer_fingerprint
+from decentrain.algorithms.sapo.sender_budget import SenderBudget
 from decentrain.core.identity import NodeIdentity
 from decentrain.algorithms.sapo.payload import PayloadDecoder, RolloutGroup, RolloutPayload, encode_payload
 from decentrain.models.factory import build_model, build_tokenizer

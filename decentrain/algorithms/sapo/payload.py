@@ -141,12 +141,12 @@ class PayloadLimits:
     # the receiver's clock, so an old record replayed to a fresh node is dropped.
     max_age_s: float = 300.0
     max_peers_tracked: int = 4096  # replay high-water marks kept (least recently seen evicted)
-    # What one sender may cost this node per round (decentrain/algorithms/sapo/budget.py): the
+    # What one sender may cost this node per round (decentrain/algorithms/sapo/sender_budget.py): the
     # seconds spent rebuilding its entries and scoring its completions, plus these charges.
     sender_budget_s: float = 2.0
     mismatch_cost_s: float = 0.25  # per group that does not rebuild (wrong question, address, task)
     malformed_cost_s: float = 0.01  # per answer that does not parse in its task's format
-    # What all senders together may cost per round, split among them by merit (budget.py): fresh
+    # What all senders together may cost per round, split among them by merit (sender_budget.py): fresh
     # identities are free to make, so without it N of them would cost N x sender_budget_s.
     round_budget_s: float = 8.0
     # Optional sender log-probs (`loss.external_is`): at most this many per completion, and this

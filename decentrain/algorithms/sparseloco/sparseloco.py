@@ -1,9 +1,9 @@
 """SparseLoCo (arXiv 2508.15706): DiLoCo whose pseudo-gradient is sparse, 2-bit and error-fed.
 
 Every H inner steps each replica folds its pseudo-gradient into its fp32 error buffer,
-sends the top-k entries of each tile as b-bit codes (common/compression.py has the
-equations, common/sparse_quantizers.py the quantisers), all-gathers everybody's payload
-as bytes through the transport (over torch.distributed, core/bytes_comm.py: sizes are
+sends the top-k entries of each tile as b-bit codes (outer/compression.py has the
+equations, outer/sparse_quantizers.py the quantisers), all-gathers everybody's payload
+as bytes through the transport (over torch.distributed, core/comm/bytes_comm.py: sizes are
 agreed first and capped at the one size an honest payload has, nothing is unpickled),
 decodes them in rank order, averages each
 index over the replicas that sent it (`algorithm.aggregation`: "mean_over_senders", the
@@ -29,7 +29,7 @@ library's first choices stay as named options: `tiling: flat` (chunks of `chunk_
 flat vector), `quantizer: maxabs`, `aggregation: sum_over_replicas` (the paper's 1/R).
 
 Remaining departures from the reference, named: k scaled to tiles smaller than 64×64 and 1-D
-tensors tiled like rows (common/compression.py); uint16 indices, not 12-bit; no clipping of each
+tensors tiled like rows (outer/compression.py); uint16 indices, not 12-bit; no clipping of each
 sender's values to the median norm over senders (templar's `batch_decompress(clip_norm=True)`,
 a defence against outsized peers in its open network; a payload here is checked and counted
 instead); no DCT (off in the reference's hparams too); payloads travel by all-gather, not
@@ -46,14 +46,14 @@ import torch
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from decentrain.algorithms.base import register_algorithm
-from decentrain.algorithms.common.compression import (AGGREGATIONS, BITS, MAX_CHUNK, CompressionSpec, ErrorFeedback,
+from decentrain.algorithms.outer.compression import (AGGREGATIONS, BITS, MAX_CHUNK, CompressionSpec, ErrorFeedback,
                                                       decompress, sent_mask)
-from decentrain.algorithms.common.sparse_quantizers import QUANTIZERS
-from decentrain.algorithms.common.inner_outer import InnerOuterAlgorithm, InnerOuterConfig
-from decentrain.algorithms.common.outer import OuterOptimizer
-from decentrain.algorithms.common.outer_optimizers import OuterOptimizerConfig
-from decentrain.algorithms.common.sparse_payload import decode, encode, payload_bytes
-from decentrain.core.checks import check_range
+from decentrain.algorithms.outer.optimizers import OuterOptimizerConfig
+from decentrain.algorithms.outer.sparse_payload import decode, encode, payload_bytes
+from decentrain.algorithms.outer.sparse_quantizers import QUANTIZERS
+from decentrain.algorithms.outer.updates import OuterOptimizer
+from decentrain.algorithms.pretraining.inner_outer import InnerOuterAlgorithm, InnerOuterConfig
+from decentrain.core.config_checks import check_range
 from decentrain.core.registry import Registry
 
 logger = logging.getLogger(__name__)
@@ -73,7 +73,7 @@ class SparseLoCoConfig(InnerOuterConfig):
     topk: int = 64  # k kept per full tile / chunk (64/4096 = 1.56 % density); smaller tiles keep the same share
     bits: int = 2  # b: value bits (2, 4 or 8)
     quantizer: str = "statistical"  # the reference's 6σ/4-bin quantiser, or "maxabs": one scale per tile
-    aggregation: str = "mean_over_senders"  # or "sum_over_replicas" (the paper's 1/R); common/compression.py
+    aggregation: str = "mean_over_senders"  # or "sum_over_replicas" (the paper's 1/R); outer/compression.py
 
     def __post_init__(self) -> None:
         super().__post_init__()

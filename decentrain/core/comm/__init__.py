@@ -1,0 +1,2 @@
+"""Moving bytes between ranks: transports, pair groups, pairing and pair exchange, wire format, deadlines
+and wait policy, membership, the job store, heal transfer and ensemble dispatch."""

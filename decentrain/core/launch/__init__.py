@@ -1,0 +1,1 @@
+"""Starting workers: the launcher and its config, torchft launch, Slurm sweeps, incarnations."""
