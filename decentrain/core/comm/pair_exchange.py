@@ -64,7 +64,13 @@ class _Inbox:
     arrived: float = 0.0  # perf_counter when the message was received and checked
     detail: str = ""
     bufs: list = field(default_factory=list)
+    sends: list = field(default_factory=list)  # this rank's posted send works to the partner, this round
     thread: threading.Thread | None = None
+
+    def sends_taken(self) -> bool:
+        # the works' own state, not the thread's: on a busy box a thread whose sends completed can
+        # stay alive (waiting for the GIL) for a round or more, and would look like a partner not reading
+        return all(w.is_completed() for w in self.sends)
 
 
 class _SendRelease:
@@ -180,7 +186,7 @@ class PairExchange:
         self._pending = [ib for ib in self._pending if ib.thread is not None and ib.thread.is_alive()]
         inc = self._incarnation(peer)  # what a dead incarnation owed, its replacement does not
         held = [ib for ib in self._pending if ib.peer == peer and ib.holds_body and ib.incarnation == inc]
-        return any(not ib.received.is_set() for ib in held) or len(held) >= 2
+        return any(not ib.received.is_set() for ib in held) or sum(not ib.sends_taken() for ib in held) >= 2
 
     def drain(self, timeout_s: float) -> bool:
         """Wait until every late message of an earlier round has arrived (or `timeout_s` passed);
@@ -309,8 +315,8 @@ class PairExchange:
             try:  # posting itself raises once a dead partner has closed the connection
                 hdr = torch.empty(HEADER_LEN, dtype=torch.int64, device=header.device)
                 works = self._p2p([(hdr, header_tag)], [(header, header_tag)], peer, ib.incarnation)
+                pending = ib.sends = works[1:]  # one list: the body's sends join it below
                 works[0].wait()
-                pending = works[1:]
                 if not flats:  # we skip this round: the partner learnt it from our header
                     ib.status, ib.detail = "skipped", "this rank skips the round"
                     return
