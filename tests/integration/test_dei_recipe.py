@@ -69,3 +69,14 @@ def test_a_killed_node_costs_its_peers_its_elites_not_the_run(tmp_path):
         assert [r["round"] for r in rows] == [0, 1, 2]
         assert rows[-1]["share_dropped/missing"] >= 2  # node 2's payloads of rounds 1 and 2 never came
     assert len(_rows(tmp_path, 2)) == 1
+
+
+# the killed-node run again, as uid nobody (about 4 min on 2 loaded cores: opt-in; the unit tier's
+# test_dei_sharing.py::test_as_an_ordinary_user covers the dead peer as nobody on every run)
+@pytest.mark.slow
+@pytest.mark.optin
+def test_a_killed_node_as_an_ordinary_user(monkeypatch):
+    from decentrain.testing import rerun_unprivileged
+
+    monkeypatch.setenv("DECENTRAIN_PMARS", pmars_or_skip())
+    rerun_unprivileged(__file__, "test_a_killed_node_costs_its_peers_its_elites_not_the_run")

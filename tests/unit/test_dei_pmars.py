@@ -67,3 +67,11 @@ def test_unreadable_output_is_none():
     r = parse_output(three, 3, 10)
     assert r == BattleResult(((1, 2, 3), (0, 1, 2), (3, 0, 0)), (4, 7, 7), 10)
     assert r.share(0) == pytest.approx(3 * (1 + 2 / 2 + 3 / 3) / 10)
+
+
+@pytest.mark.slow  # a fresh interpreter as uid nobody: battles under their limits need no root
+def test_as_an_ordinary_user(pmars, monkeypatch):
+    from decentrain.testing import rerun_unprivileged
+
+    monkeypatch.setenv("DECENTRAIN_PMARS", pmars)  # the same build, wherever this user's HOME is
+    rerun_unprivileged(__file__, "not test_as_an_ordinary_user")

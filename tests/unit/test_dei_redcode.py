@@ -105,3 +105,10 @@ def test_parse_is_total_and_what_it_renders_is_canonical(text):
         assert lines[:3] == [";redcode-94", ";name w", ";assert 1"] and lines[-1] == "END"
         assert all(CANONICAL_LINE.fullmatch(ln) for ln in lines[4:-1])
         assert all(0 <= i.a < 8000 and 0 <= i.b < 8000 for i in result.warrior.instructions)
+
+
+@pytest.mark.slow  # a fresh interpreter as uid nobody: nothing here may depend on root
+def test_as_an_ordinary_user():
+    from decentrain.testing import rerun_unprivileged
+
+    rerun_unprivileged(__file__, "not test_as_an_ordinary_user")

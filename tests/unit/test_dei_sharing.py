@@ -73,3 +73,10 @@ def test_decode_is_total(data):
     drops: Counter[str] = Counter()
     assert decode(data, ShareConfig(), 0, me.node_id, drops) == []
     assert sum(drops.values()) == 1
+
+
+@pytest.mark.slow  # a fresh interpreter as uid nobody: nothing here may depend on root
+def test_as_an_ordinary_user():
+    from decentrain.testing import rerun_unprivileged
+
+    rerun_unprivileged(__file__, "not test_as_an_ordinary_user")
