@@ -178,10 +178,24 @@ def _no_deepspeed_probe():
 def save_model(model: PreTrainedModel, tokenizer, out_dir: str | Path) -> Path:
     """`save_pretrained` (safetensors) of the model and its tokenizer, loadable with `pretrained=`."""
     out = Path(out_dir)
-    with _no_deepspeed_probe():
-        model.save_pretrained(out, safe_serialization=True)
+    save_weights(model, out)
     tokenizer.save_pretrained(out)
     return out
+
+
+def save_weights(model: PreTrainedModel, out_dir: str | Path) -> None:
+    """`model.save_pretrained(out_dir)` (safetensors, config) on whichever rank calls it.
+
+    transformers 5 writes the files only on torch.distributed's rank 0, whatever `is_main_process`
+    says (`should_save_on_this_rank`). Here each caller saves a model of its own (a DEI node's
+    operator, an HDEE expert, a SAPO node's weights for vLLM): on every other rank the directory
+    got the tokenizer alone, and loading it failed ("Unrecognized model ... model_type")."""
+    model.should_save_on_this_rank = lambda is_main_process: is_main_process  # the caller decides who saves
+    try:
+        with _no_deepspeed_probe():
+            model.save_pretrained(out_dir, safe_serialization=True)
+    finally:
+        del model.should_save_on_this_rank
 
 
 def num_params(model: torch.nn.Module) -> int:

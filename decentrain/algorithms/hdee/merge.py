@@ -19,7 +19,7 @@ from decentrain.algorithms.hdee.config import load_saved_config
 from decentrain.algorithms.hdee.routed import POOLINGS, RoutedExpertsForCausalLM, merge
 from decentrain.algorithms.hdee.train import model_dir
 from decentrain.data.blocks import SPLITS, DataConfig, build_corpus
-from decentrain.models.factory import ModelConfig, build_model, build_tokenizer
+from decentrain.models.factory import ModelConfig, build_model, build_tokenizer, save_model
 
 log = logging.getLogger(__name__)
 
@@ -101,8 +101,6 @@ def build_routed(cfg: MergeConfig) -> tuple[RoutedExpertsForCausalLM, object]:
 
 def save_routed(model: RoutedExpertsForCausalLM, tokenizer, out_dir: str | Path) -> Path:
     """save_pretrained (safetensors) of the routed model and the experts' tokenizer."""
-    out = Path(out_dir)
-    model.save_pretrained(out, safe_serialization=True)
-    tokenizer.save_pretrained(out)
+    out = save_model(model, tokenizer, out_dir)
     log.info(f"[hdee] routed model saved to {out}")
     return out

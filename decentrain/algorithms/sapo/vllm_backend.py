@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from decentrain.algorithms.sapo.sampling import GENERATION_BACKENDS, SamplingConfig, cut_at_stop
+from decentrain.models.factory import save_model
 
 
 def vllm_sampling_params(cfg: SamplingConfig, n: int, max_new_tokens: int, temperature: float, top_p: float,
@@ -45,8 +46,7 @@ class VLLMGenerationBackend:
         # one process owns the engine, so its model object is reachable for weight updates
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         self._dir = tempfile.TemporaryDirectory(prefix="decentrain_vllm_")
-        model.save_pretrained(self._dir.name, safe_serialization=True)
-        tokenizer.save_pretrained(self._dir.name)
+        save_model(model, tokenizer, self._dir.name)  # on this node's rank, whichever it is
         dtype = "bfloat16" if self.cfg.dtype in ("auto", "bfloat16") else self.cfg.dtype
         self.llm = vllm.LLM(model=self._dir.name, dtype=dtype, gpu_memory_utilization=gpu_memory_utilization,
                             enable_prefix_caching=True)  # the G copies of a prompt share its prefill
