@@ -117,7 +117,8 @@ def newer_rows() -> list[str]:
         pa = f["per_arm"]
         out.append(_row("dei_search", "DEI: heterogeneous > homogeneous > single (QD-score 45.90 vs 20.46)",
                         "merged QD-score " + " / ".join(f"{a} {fmt(pa[a]['qd_score'], 2)}" for a in pa),
-                        f"the paper's ordering: **{'met' if f['ordering_met'] else 'not met'}**",
+                        f"the paper's ordering: **{'met in the means' if f['ordering_met'] else 'not met'}**; paired "
+                        + ", ".join(f"{k} p={v['qd_score']['p']:.2f}" for k, v in f["paired"].items()) + " (QD-score)",
                         "python -m benchmarks.dei_search"))
     return [r for r in out if r]
 
