@@ -503,21 +503,20 @@ class PayloadDecoder:
             return Rejection("replayed", f"round {payload.round} after {last[0]} from {payload.node_id[:16]}")
         return None
 
-    def _check(self, data: Any, current_round: int, now: float | None) -> RolloutPayload | Rejection:
-        result = decode_payload(data, self.limits, current_round=current_round, key=self.key, now=now)
-        return (self._replayed(result) or result) if isinstance(result, RolloutPayload) else result
+    def _decode(self, data: Any, current_round: int, now: float | None) -> RolloutPayload | Rejection:
+        return decode_payload(data, self.limits, current_round=current_round, key=self.key, now=now)
 
     def peek(self, data: Any, current_round: int, now: float | None = None) -> RolloutPayload | None:
         """What `__call__` would return, without recording anything (for an exchange counting valid peers)."""
-        result = self._check(data, current_round, now)
-        return result if isinstance(result, RolloutPayload) else None
+        result = self._decode(data, current_round, now)
+        return result if isinstance(result, RolloutPayload) and self._replayed(result) is None else None
 
     def __call__(self, data: Any, current_round: int, source: str = "?", now: float | None = None) -> RolloutPayload | None:
-        return self.accept(self._check(data, current_round, now), source)
+        return self.accept(self._decode(data, current_round, now), source)
 
     def accept(self, result: RolloutPayload | Rejection, source: str = "?") -> RolloutPayload | None:
-        """Record a verdict: a payload `peek` returned (verified and parsed once, not again) or a drop.
-        Replay is asked again: a payload of the same sender may have been accepted since the peek."""
+        """Record a verdict: a decoded payload (one `peek` returned is not parsed again) or a drop.
+        Replay is asked here, at acceptance: a payload of the same sender may have been accepted since the peek."""
         if isinstance(result, RolloutPayload):
             result = self._replayed(result) or result
         if isinstance(result, Rejection):
