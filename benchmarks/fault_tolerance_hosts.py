@@ -18,8 +18,10 @@ heals alone; whole-job restart from the last checkpoint) are the committed
 benchmarks/results/fault_tolerance_torchft.json, measured on one host (loopback), quoted beside.
 
 Departures (named): the WAN has no added delay (the delay line needs NetfilterQueue, not
-installed here), only 100 Mbit uplinks; all namespaces share one 2-core machine with other jobs,
-so the replacement's start-up (a fresh Python + torch) competes with the survivors for CPU,
+installed here), only 100 Mbit uplinks; all namespaces share one machine's cores, so from the
+kill until the replacement has healed, one busy stand-in process per dead worker keeps the dead
+host's share of the CPU taken (else the survivors would speed up on the freed cores), and the
+replacement's start-up (a fresh Python + torch) competes with the survivors on top of them,
 which lowers their rate (a conservative bias for the target).
 
     python -m benchmarks.fault_tolerance_hosts --seeds 2            # as root, ~30 min on 2 loaded cores
@@ -38,11 +40,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.common import stand_in
 from benchmarks.fault_tolerance_netns import EmulatedHosts, netns_available
 from benchmarks.harness import RESULTS, Harness, bench_parser, fmt, header, mean_std, parse, read_live_jsonl
 
 NODES, NPROC, DEAD_NODE = 3, 2, 1
 SURVIVORS, DEAD_RANKS = (0, 1, 4, 5), (2, 3)
+RATE_TARGET = 0.9  # issue 31: survivors keep >= 0.9 of their no-fault steps per minute
 TINY = ["model.hidden_size=64", "model.num_layers=2", "model.num_heads=2", "model.intermediate_size=128",
         "data.seq_len=64", "data.max_bytes_per_domain=50000", "data.domains=[python_docs,licenses]",
         "train.global_batch_size=12", "train.micro_batch_size=2", "train.eval_batches=2", "logger.log_every=1",
@@ -81,6 +85,23 @@ def replacement_contributing(rows: list[dict], killed_at: float) -> dict[str, An
             "last_step": max(r["step"] for r in rows[healed:])}
 
 
+def heal_marks(run: Path, rank: int) -> int:
+    """How many heals `rank` has logged so far (a byte count: cheap enough to poll while the survivors train)."""
+    path = run / ("metrics.jsonl" if rank == 0 else f"metrics.rank{rank}.jsonl")
+    return path.read_bytes().count(b'"heal/seconds"') if path.exists() else 0
+
+
+def wait_healed(run: Path, killed_at: float, before: dict[int, int], launchers: list, timeout_s: float = 1800) -> float | None:
+    """Block until every replacement rank has logged a heal since `before`: seconds since the kill; None if a launcher
+    exited or the time ran out first."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and all(p.poll() is None for p in launchers):
+        if all(heal_marks(run, r) > before[r] for r in DEAD_RANKS):
+            return time.time() - killed_at
+        time.sleep(0.25)  # the ranks' metrics files are the event
+    return None
+
+
 def run_job(job: dict) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="ft_hosts_") as tmp:
         run = Path(tmp) / "run"
@@ -94,7 +115,17 @@ def run_job(job: dict) -> dict[str, Any]:
                 hosts.wait_progress(list(SURVIVORS), max(1, rounds // 4), list(launchers.values()), timeout_s=1800)
                 events["killed_at"] = time.time()
                 hosts.kill_host(DEAD_NODE)
-                launchers[NODES] = hosts.start_host(NODES, DEAD_NODE, NODES, NPROC, overrides(job, run), logs[NODES])
+                before = {r: heal_marks(run, r) for r in DEAD_RANKS}
+                # The dead host's workers shared this box's cores with the survivors: busy stand-ins keep their share
+                # taken until the replacement has healed, so the survivors' rate is not lifted by the CPU the kill freed.
+                stand_ins = [stand_in() for _ in DEAD_RANKS]
+                try:
+                    launchers[NODES] = hosts.start_host(NODES, DEAD_NODE, NODES, NPROC, overrides(job, run), logs[NODES])
+                    events["stand_ins_s"] = wait_healed(run, events["killed_at"], before, list(launchers.values()))
+                finally:
+                    for p in stand_ins:
+                        p.kill()
+                        p.wait()
             codes = {i: p.wait(timeout=3600) for i, p in launchers.items()}
         out = {"codes": codes, "events": events,
                "survivors": {r: survivor_figures(rows_of(run, r)) for r in SURVIVORS},
@@ -129,7 +160,7 @@ def summarise(jobs: list[dict], results: list[dict]) -> dict[str, Any]:
            "kill_to_replacement_contributing_s": mean_std(contrib) if contrib else None,
            "extra_rounds_lost_by_survivors": lost, "replacements_healed": healed,
            "eval_loss_vs_none": mean_std(evals) if evals else None}
-    fig["targets"] = {"survivors_ge_0.9_of_no_fault_rate": bool(ratios) and min(ratios) >= 0.9,
+    fig["targets"] = {"survivors_ge_0.9_of_no_fault_rate": bool(ratios) and min(ratios) >= RATE_TARGET,
                       "rolled_back_0": bool(back) and max(back) == 0, "replacement_heals": bool(healed) and all(healed)}
     fig["diloco_quoted"] = diloco_rows()
     return fig
@@ -151,15 +182,27 @@ def diloco_rows() -> dict[str, Any] | None:
 
 
 def detectable(runs: dict) -> str:
-    """What the run can resolve: the survivors' no-fault rate differs between seeds by the box's load alone."""
+    """What the run can resolve: the survivors' no-fault rate differs between seeds by the box's noise alone, so a
+    rate ratio inside [1/spread, spread] is not resolved; the target is decided only where it lies outside that band."""
     rates = [statistics.fmean(v["steps_per_min"] for v in run["survivors"].values() if v["steps_per_min"])
              for key, run in runs.items() if key.startswith("none/")]
     if len(rates) < 2:
         return "detectable: one no-fault run, so the load's effect on the rate is unknown; the ratio is not a resolved figure."
     spread = max(rates) / min(rates)
+    decided = RATE_TARGET < 1 / spread
     return (f"detectable: the same no-fault run gave the survivors {', '.join(f'{r:.0f}' for r in rates)} steps/min across "
-            f"seeds ({spread:.2f}x, the shared box's load alone: other jobs' load avg was 40-60 on 2 cores), so a rate ratio "
-            f"within a factor {spread:.2f} of 1 is not resolved here; the rate target can be neither met nor missed by this run.")
+            f"seeds ({spread:.2f}x, the box's noise alone), so a rate ratio within a factor {spread:.2f} of 1 is not resolved; "
+            + (f"the {RATE_TARGET} target lies outside that band, so this run decides it."
+               if decided else f"the {RATE_TARGET} target lies inside it, so this run can neither meet nor miss it."))
+
+
+def stand_in_line(runs: dict) -> str:
+    held = [run["events"]["stand_ins_s"] for key, run in runs.items() if run.get("events", {}).get("stand_ins_s") is not None]
+    if not held:
+        return (f"no stand-ins: the dead host's share of the cores went to the survivors until the replacement started "
+                "(a rate above 1 is that freed CPU, not a speed-up from the fault)")
+    return (f"stand-ins: {len(DEAD_RANKS)} busy processes held the dead host's share of the cores from the kill until the "
+            f"replacement healed ({', '.join(f'{s:.1f}' for s in held)} s), so the survivors' rate is not lifted by the freed CPU")
 
 
 def text(rec: dict) -> str:
@@ -183,6 +226,9 @@ def text(rec: dict) -> str:
                    "groups on loopback, kill at 25 % of 160 steps; not re-run across hosts here)")
     out += ["", f"replacements healed per seed: {f['replacements_healed']}; survivors' extra rounds lost vs none: "
             f"{f['extra_rounds_lost_by_survivors']}; eval loss vs none: {fmt(f['eval_loss_vs_none'], 3) if f['eval_loss_vs_none'] else 'n/a'}",
+            "rounds lost = rounds a survivor averaged alone: pairs are drawn over all ranks, so while host 1 is down a survivor "
+            "drawn to one of its ranks skips that round's averaging (no deadline wait: the dead rank's heartbeat has stopped)",
+            stand_in_line(f.get("runs", {})),
             detectable(f.get("runs", {})),
             "", "targets:"]
     out += [f"  {name}: {'MET' if ok else 'NOT MET'}" for name, ok in f["targets"].items()]

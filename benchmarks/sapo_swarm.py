@@ -64,7 +64,7 @@ class BenchConfig:
     # ~10 CPU-h; runs on 2 shared cores pass --nodes/--splits/--rounds/--seeds and name it.
     nodes: int = 8
     rounds: int = 150
-    splits: str = "8/0,6/2,4/4,2/6"
+    splits: str = "8/0,6/2,4/4,2/6"  # arms; "I/J+is" is I/J with the off-policy correction loss.external_is
     # Both arms alike: the single-node learning setup of conf/sapo/learn_cpu.yaml (T=1,
     # top-k off, exact-match reward, lr inside the stable range; benchmarks/sapo_learning.py gates it).
     lr: float = 3e-4
@@ -79,19 +79,40 @@ class BenchConfig:
     heldout_every: int = 25  # rounds between held-out greedy evaluations on every node
     heldout_prompts: int = 64  # per task
     checkpoint_every: int = 25
+    # Nodes that differ (issue 30): ';'-separated task subsets, node n warm-started on subset n % K (each
+    # subset its own SFT run), so a node's peers solve what it rarely does; empty: one warm start on `task`.
+    warm_start_tasks: str = ""
     cache_dir: str = ".cache"  # SFT warm starts (git-ignored)
     work_dir: str = "runs/bench/sapo_swarm"  # RL run dirs (git-ignored)
 
 
-def sft_overrides(b: BenchConfig) -> list[str]:
+def warm_start_subsets(b: BenchConfig) -> list[list[str] | None]:
+    """The task subsets the warm starts train on: [None] (the whole of `task`) unless `warm_start_tasks` names some."""
+    return [s.split(",") for s in b.warm_start_tasks.split(";")] if b.warm_start_tasks else [None]
+
+
+def node_warm_tasks(b: BenchConfig, node: int) -> list[str] | None:
+    """The tasks node `node`'s warm start trained on (None: every task of the mix)."""
+    subsets = warm_start_subsets(b)
+    return subsets[node % len(subsets)]
+
+
+def parse_arm(arm: str) -> tuple[int, int, bool]:
+    """'I/J' or 'I/J+is' -> (I, J, external_is)."""
+    split, _, extra = arm.partition("+")
+    i, j = (int(x) for x in split.split("/"))
+    return i, j, extra == "is"
+
+
+def sft_overrides(b: BenchConfig, tasks: list[str] | None = None) -> list[str]:
     return [f"sft.steps={b.sft_steps}", "sft.batch_size=32", f"sft.lr={b.sft_lr}", f"sft.seed={b.sft_seed}",
             f"sampling.max_new_tokens={b.max_new_tokens}", f"eval.prompts_per_task={b.eval_prompts}",
-            "eval.num_generations=8", f"task={b.task}"]
+            "eval.num_generations=8", f"task={b.task}", *([f"task.tasks=[{','.join(tasks)}]"] if tasks else [])]
 
 
-def warm_start(b: BenchConfig) -> tuple[Path, dict]:
+def warm_start(b: BenchConfig, tasks: list[str] | None = None) -> tuple[Path, dict]:
     """The SFT checkpoint, keyed by its settings: trained once, reused by every later run."""
-    overrides = sft_overrides(b)
+    overrides = sft_overrides(b, tasks)
     key = hashlib.sha256(json.dumps(overrides).encode()).hexdigest()[:10]
     cache = ROOT / b.cache_dir / f"sapo_sft_{key}"
     if not (cache / "sft_eval.json").exists():
@@ -100,10 +121,20 @@ def warm_start(b: BenchConfig) -> tuple[Path, dict]:
     return cache / "model", json.loads((cache / "sft_eval.json").read_text())
 
 
-def rl_overrides(b: BenchConfig, split: str, seed: int, model_dir: str, run_dir: Path) -> list[str]:
-    i, j = split.split("/")
+def node_models(model_dirs: list[str], nodes: int) -> list[str]:
+    """One `nodes` override giving node n the warm start n % K (where there are K > 1)."""
+    if len(model_dirs) < 2:
+        return []
+    paths = [ROOT / model_dirs[n % len(model_dirs)] for n in range(nodes)]
+    entries = [f"{{model:{{pretrained:'{p}',tokenizer:'{p}'}}}}" for p in paths]
+    return [f"nodes=[{','.join(entries)}]"]
+
+
+def rl_overrides(b: BenchConfig, arm: str, seed: int, model_dirs: list[str], run_dir: Path) -> list[str]:
+    i, j, external_is = parse_arm(arm)
     return [f"sapo=swarm_{i}_{j}", f"num_nodes={b.nodes}", f"train.rounds={b.rounds}", f"train.seed={seed}",
-            f"model.pretrained={ROOT / model_dir}", f"model.tokenizer={ROOT / model_dir}", f"optim.lr={b.lr}",
+            f"model.pretrained={ROOT / model_dirs[0]}", f"model.tokenizer={ROOT / model_dirs[0]}",
+            *node_models(model_dirs, b.nodes), *(["loss.external_is=true"] if external_is else []), f"optim.lr={b.lr}",
             f"sampling.max_new_tokens={b.max_new_tokens}", f"sampling.temperature={b.temperature}", "sampling.top_k=null",
             "reward.kind=exact", "train.micro_batch_size=64", "train.threads=1",
             f"eval.every={b.heldout_every}", f"eval.prompts_per_task={b.heldout_prompts}",
@@ -114,8 +145,10 @@ def rl_overrides(b: BenchConfig, split: str, seed: int, model_dir: str, run_dir:
 def run_job(job: dict) -> dict:
     """One swarm run (split, seed) through the recipe; returns per-node per-round series."""
     b = BenchConfig(**job["bench"])
-    run_dir = ROOT / b.work_dir / f"{job['split'].replace('/', '_')}_seed{job['seed']}_{config_key(job)[:8]}"
-    wall = run_module("recipes.rl", rl_overrides(b, job["split"], job["seed"], job["model_dir"], run_dir))
+    arm = job["split"].replace("/", "_").replace("+", "_")
+    run_dir = ROOT / b.work_dir / f"{arm}_seed{job['seed']}_{config_key(job)[:8]}"
+    model_dirs = job.get("model_dirs") or [job["model_dir"]]
+    wall = run_module("recipes.rl", rl_overrides(b, job["split"], job["seed"], model_dirs, run_dir))
     nodes = {}
     for n in range(b.nodes):
         all_rows = round_rows(run_dir / f"node{n}" / "metrics.jsonl")
@@ -193,7 +226,25 @@ def selection_only_ratio(i: int, j: int, own_rate: float, external_rate: float |
     return (i + j * rho) / (i + j)
 
 
-def summarize_run(run: dict, num_external: int) -> dict:
+def gain_by_warm_start(nodes: dict, steps: list[int], warm_tasks: list[list[str] | None]) -> dict:
+    """Held-out gain (last-3 mean minus start) per (node, task) pair, pooled by whether the node's warm start
+    trained on the task ('trained') or not ('missing': what only its peers' rollouts can teach it), and per task."""
+    pools: dict[str, list[float]] = {"trained": [], "missing": [], "start_trained": [], "start_missing": []}
+    per_task: dict[str, dict[str, list[float]]] = {}
+    for v, warm in zip(nodes.values(), warm_tasks):
+        for t in next(iter(v["heldout_tasks"].values())):
+            curve = {int(k): x[t] for k, x in v["heldout_tasks"].items()}
+            kind = "missing" if warm is not None and t not in warm else "trained"
+            gain = last_evals_mean(curve, steps) - curve[steps[0]]
+            pools[kind].append(gain)
+            pools[f"start_{kind}"].append(curve[steps[0]])
+            per_task.setdefault(t, {"trained": [], "missing": []})[kind].append(gain)
+    mean = lambda xs: float(np.mean(xs)) if xs else None  # noqa: E731
+    return {**{k: mean(xs) for k, xs in pools.items()},
+            "per_task": {t: {k: mean(xs) for k, xs in d.items()} for t, d in per_task.items()}}
+
+
+def summarize_run(run: dict, num_external: int, warm_tasks: list[list[str] | None] | None = None) -> dict:
     nodes = run["nodes"]
     reward = np.array([v["reward"] for v in nodes.values()])  # [nodes, rounds]
     local = np.array([v["local_groups"] for v in nodes.values()])
@@ -217,7 +268,9 @@ def summarize_run(run: dict, num_external: int) -> dict:
                         "last3": float(np.mean([last_evals_mean(c, steps) for c in curves]))}
             tasks[t]["gain"] = tasks[t]["last3"] - tasks[t]["start"]
     ext_rate = external_reward_rate(nodes) if num_external else None
+    by_warm = gain_by_warm_start(nodes, steps, warm_tasks or [None] * len(nodes)) if tasks else None
     return {
+        "heldout_gain_by_warm_start": by_warm,
         "own_reward_rate": float(reward.mean()), "external_reward_rate": ext_rate,
         "heldout_last3": float(last.mean()), "heldout_last3_gain": float((last - heldout[:, 0]).mean()),
         "heldout_last3_steps": [s for s in steps if s > 0][-LAST_EVALS:], "heldout_tasks": tasks,
@@ -259,12 +312,26 @@ def paired(runs: list[dict], base: list[dict], key: str) -> dict:
 
 def analyze(b: BenchConfig, seeds: list[int], runs: dict[tuple[str, int], dict]) -> dict:
     splits = b.splits.split(",")
-    per = {sp: [summarize_run(runs[sp, s], int(sp.split("/")[1])) for s in seeds] for sp in splits}
+    warm = [node_warm_tasks(b, n) for n in range(b.nodes)]
+    per = {sp: [summarize_run(runs[sp, s], parse_arm(sp)[1], warm) for s in seeds] for sp in splits}
+    differ = bool(b.warm_start_tasks)  # nodes from different warm starts: gains split by trained / missing task
     out: dict = {"splits": {}}
     for sp in splits:
         rs = per[sp]
-        i, j = (int(x) for x in sp.split("/"))
+        i, j, _ = parse_arm(sp)
+        if differ:
+            for r in rs:
+                r["heldout_missing_gain"] = r["heldout_gain_by_warm_start"]["missing"]
+                r["heldout_trained_gain"] = r["heldout_gain_by_warm_start"]["trained"]
         out["splits"][sp] = {
+            **({"heldout_missing_gain": mean_std([r["heldout_missing_gain"] for r in rs]),
+                "heldout_missing_start": mean_std([r["heldout_gain_by_warm_start"]["start_missing"] for r in rs]),
+                "heldout_trained_start": mean_std([r["heldout_gain_by_warm_start"]["start_trained"] for r in rs]),
+                "heldout_trained_gain": mean_std([r["heldout_trained_gain"] for r in rs]),
+                "heldout_gain_per_task_by_warm_start": {
+                    t: {k: mean_std([r["heldout_gain_by_warm_start"]["per_task"][t][k] for r in rs])
+                        for k in ("trained", "missing") if rs[0]["heldout_gain_by_warm_start"]["per_task"][t][k] is not None}
+                    for t in rs[0]["heldout_gain_by_warm_start"]["per_task"]}} if differ else {}),
             "own_reward_rate": mean_std([r["own_reward_rate"] for r in rs]),
             "heldout_last3": mean_std([r["heldout_last3"] for r in rs]),
             "heldout_last3_gain": mean_std([r["heldout_last3_gain"] for r in rs]),
@@ -302,7 +369,8 @@ def analyze(b: BenchConfig, seeds: list[int], runs: dict[tuple[str, int], dict])
             base_gain = np.mean([base["heldout_last3_gain"] for base in per["8/0"]])
             out["splits"][sp]["heldout_gain_ratio_to_8_0"] = float(np.mean([r["heldout_last3_gain"] for r in rs]) / base_gain) if base_gain else None
             out["splits"][sp]["paired_vs_8_0"] = {k: paired(rs, per["8/0"], k) for k in
-                                                  ("heldout_last3_gain", "swarm_cumulative_reward", "batch_cumulative_reward")}
+                                                  ("heldout_last3_gain", "swarm_cumulative_reward", "batch_cumulative_reward",
+                                                   *(("heldout_missing_gain", "heldout_trained_gain") if differ else ()))}
             diff = np.mean([np.array(r["mean_reward_per_round"]) - np.array(base["mean_reward_per_round"])
                             for r, base in zip(rs, per["8/0"])], 0)
             out["splits"][sp]["reward_minus_8_0_per_round"] = diff.round(5).tolist()
@@ -317,31 +385,38 @@ def analyze(b: BenchConfig, seeds: list[int], runs: dict[tuple[str, int], dict])
         out["selection_only_batch_ratio_4_4"] = out["splits"]["4/4"]["selection_only_batch_ratio"]
         # Issue 18's target: 4/4's held-out accuracy gain (last-3 mean minus start) >= 1.5x 8/0's.
         out["target_met"] = out["heldout_gain_ratio_4_4"] is not None and out["heldout_gain_ratio_4_4"] >= TARGET
+        out["target_met_by_arm"] = {sp: r["heldout_gain_ratio_to_8_0"] is not None and r["heldout_gain_ratio_to_8_0"] >= TARGET
+                                    for sp, r in out["splits"].items() if parse_arm(sp)[:2] == (4, 4)}
     return out
 
 
 def main() -> None:
     ap = config_parser(BenchConfig, __doc__, smoke={"nodes": 2, "rounds": 3, "sft_steps": 20, "seeds": 1})
     ap.add_argument("--regenerate", action="store_true",
-                    help="re-analyse benchmarks/results/sapo_swarm.json's per-run data (runs_raw) with this code; runs nothing")
-    b, nseeds, allow_dirty, fresh, regen, smoke = parse_config(ap, BenchConfig, "regenerate", "smoke")
+                    help="re-analyse benchmarks/results/<name>.json's per-run data (runs_raw) with this code; runs nothing")
+    ap.add_argument("--name", default="sapo_swarm", help="results file name under benchmarks/results/")
+    b, nseeds, allow_dirty, fresh, regen, name, smoke = parse_config(ap, BenchConfig, "regenerate", "name", "smoke")
     if regen:
-        print(regenerate(RESULTS / "sapo_swarm.json", allow_dirty)["txt"].read_text())
+        print(regenerate(RESULTS / f"{name}.json", allow_dirty)["txt"].read_text())
         return
     seeds = list(range(nseeds))
     splits = b.splits.split(",")
-    hz = Harness("sapo_swarm", __file__, {"bench": asdict(b), "seeds": seeds, "sft_overrides": sft_overrides(b),
-                                          "rl_overrides_example": rl_overrides(b, splits[-1], 0, "<sft model>", Path("<run dir>"))},
+    subsets = warm_start_subsets(b)
+    hz = Harness(name, __file__, {"bench": asdict(b), "seeds": seeds, "sft_overrides": [sft_overrides(b, t) for t in subsets],
+                                  "rl_overrides_example": rl_overrides(b, splits[-1], 0, [f"<sft model {k}>" for k in range(len(subsets))],
+                                                                       Path("<run dir>"))},
                  allow_dirty=allow_dirty, fresh=fresh, smoke=smoke)
     t0 = time.perf_counter()
-    model_dir, sft = warm_start(b)
+    starts = [warm_start(b, tasks) for tasks in subsets]
     sft_wall = time.perf_counter() - t0
-    model_rel = model_dir.relative_to(ROOT).as_posix()
+    model_rels = [m.relative_to(ROOT).as_posix() for m, _ in starts]
+    where = {"model_dir": model_rels[0]} if len(model_rels) == 1 else {"model_dirs": model_rels}
     # Seeds outer, splits inner: an interrupted benchmark has complete paired seeds.
-    jobs = [{"bench": asdict(b), "split": sp, "seed": s, "model_dir": model_rel} for s in seeds for sp in splits]
+    jobs = [{"bench": asdict(b), "split": sp, "seed": s, **where} for s in seeds for sp in splits]
     results = hz.run_jobs(jobs, run_job, desc=f"sapo swarm ({b.nodes} nodes x {b.rounds} rounds)")
     runs = {(j["split"], j["seed"]): r for j, r in zip(jobs, results)}
-    figures = {"sft": {**sft_figures(sft), "wall_s_this_invocation": sft_wall}, **analyze(b, seeds, runs),
+    figures = {"sft": {**sft_figures(starts[0][1]), "wall_s_this_invocation": sft_wall}, **analyze(b, seeds, runs),
+               "warm_starts": [{"tasks": tasks, **sft_figures(sft)} for tasks, (_, sft) in zip(subsets, starts)],
                "paper_cumulative_reward": PAPER, "target": TARGET_TEXT,
                "runs_raw": {f"{sp}/seed{s}": runs[sp, s] for s in seeds for sp in splits}}
     paths = hz.write(figures, text, plot)
@@ -380,7 +455,7 @@ def _p(v: dict) -> str:
 
 def text(rec: dict) -> str:
     f, b = rec["figures"], rec["config"]["bench"]
-    sft = f["sft"]
+    starts = f.get("warm_starts") or [{"tasks": None, **f["sft"]}]
     sp0 = next(iter(f["splits"].values()))
     last = sp0.get("heldout_last3_steps", [])
     lines = [header(rec)]
@@ -390,9 +465,7 @@ def text(rec: dict) -> str:
               f"{b['nodes']} nodes x {b['rounds']} rounds, G=8, RL task mix conf/task/{b.get('rl_task', b['task'])}.yaml (warm start on "
               f"conf/task/{b['task']}.yaml), exact-match reward, T={b['temperature']}, "
               f"top-k off, RL lr {b['lr']}, max_new_tokens {b['max_new_tokens']}, seeds {rec['config']['seeds']}",
-              f"warm start: {sft['steps']} SFT steps; sampled accuracy " + ", ".join(
-                  f"{t} {a['sampled_accuracy']:.1%}" for t, a in sft["accuracy"].items())
-              + f" (mean {sft['start_sampled_accuracy']:.1%}, T=1); prompts with mixed rewards at G=8: {sft['start_mixed_share_g8']:.1%}",
+              *[warm_start_line(w, list(range(k, b["nodes"], len(starts))) if len(starts) > 1 else None) for k, w in enumerate(starts)],
               f"RL start (first 5 rounds of every run, T={b['temperature']}): exact accuracy "
               + (fmt(f["rl_start"]["accuracy"], 3) if f["rl_start"]["accuracy"] else "-")
               + f", share of local groups with mixed rewards {fmt(f['rl_start']['local_mixed_share'], 3)}", "",
@@ -416,6 +489,22 @@ def text(rec: dict) -> str:
                                                for t, v in r["heldout_tasks"].items()))
     else:
         lines += ["", "held-out per task: not in this run's data (the runs logged the mean over tasks only); later runs record each task"]
+    if "heldout_missing_gain" in sp0:
+        lines += ["", "held-out gain by the node's warm start (mean over (node, task) pairs): 'missing' = tasks the node's warm start "
+                      "never trained on (only peers' rollouts carry them), 'trained' = the rest",
+                  "| I/J | start, missing | gain, missing tasks | minus 8/0's (paired) | start, trained | gain, trained tasks | "
+                  "minus 8/0's (paired) |", "|---|---|---|---|---|---|---|"]
+        for sp, r in f["splits"].items():
+            pv = r.get("paired_vs_8_0", {})
+            cell = lambda k: "-" if k not in pv else fmt(pv[k]["diff"], 3) + _p(pv[k])  # noqa: E731
+            lines.append(f"| {sp} | {fmt(r['heldout_missing_start'], 3)} | {fmt(r['heldout_missing_gain'], 3)} | "
+                         f"{cell('heldout_missing_gain')} | {fmt(r['heldout_trained_start'], 3)} | {fmt(r['heldout_trained_gain'], 3)} | "
+                         f"{cell('heldout_trained_gain')} |")
+        lines.append("per task, gain on nodes whose warm start missed it / trained on it:")
+        for sp, r in f["splits"].items():
+            lines.append(f"  {sp}: " + "; ".join(
+                f"{t} " + " / ".join(f"{v[k]['mean']:+.3f}" if k in v else "-" for k in ("missing", "trained"))
+                for t, v in r["heldout_gain_per_task_by_warm_start"].items()))
     for sp, r in f["splits"].items():
         if "paired_vs_8_0" in r:
             v = r["paired_vs_8_0"]["swarm_cumulative_reward"]
@@ -446,6 +535,10 @@ def text(rec: dict) -> str:
                       f"{'MET' if f['target_met'] else 'NOT MET'}; own-rollout ratio 4/4 / 8/0 {fmt(f['ratio_4_4'], 2)}x; "
                       f"batch-mean ratio {fmt(f['batch_ratio_4_4'], 2)}x against {fmt(f['selection_only_batch_ratio_4_4'], 2)}x "
                       "from selection alone"]
+        for sp, met in f.get("target_met_by_arm", {}).items():
+            if sp != "4/4":
+                ratio = f["splits"][sp]["heldout_gain_ratio_to_8_0"]
+                lines.append(f"  {sp}: {'n/a' if ratio is None else f'{ratio:.2f}x'} -> {'MET' if met else 'NOT MET'}")
     n = len(rec["config"]["seeds"])
     lines += [f"detectable with n={n} seeds (paired t, 5%, two-sided): a held-out gain difference above t(0.975, n-1) x its std / sqrt(n) "
               "= " + ", ".join(f"{sp} {_detectable(r['paired_vs_8_0']['heldout_last3_gain']['diff']):.3f}"
@@ -454,6 +547,14 @@ def text(rec: dict) -> str:
               "with non-equal rewards (the ones J draws from); max drawdown = largest fall of the "
               f"{SMOOTH}-round moving average of own reward from its running peak."]
     return "\n".join(lines)
+
+
+def warm_start_line(w: dict, nodes: list[int] | None) -> str:
+    """One warm start: its tasks, the nodes that start from it, its SFT steps and sampled accuracy."""
+    where = ("" if w["tasks"] is None else " on " + "+".join(w["tasks"])) + ("" if nodes is None else f" (nodes {nodes})")
+    return (f"warm start{where}: {w['steps']} SFT steps; sampled accuracy "
+            + ", ".join(f"{t} {a['sampled_accuracy']:.1%}" for t, a in w["accuracy"].items())
+            + f" (mean {w['start_sampled_accuracy']:.1%}, T=1); prompts with mixed rewards at G=8: {w['start_mixed_share_g8']:.1%}")
 
 
 def _detectable(ms: dict) -> float:

@@ -92,8 +92,48 @@ def test_heldout_is_the_mean_of_the_last_three_evaluations_after_the_start():
 
 
 def test_rl_overrides_pin_the_learning_setup():
-    o = S.rl_overrides(S.BenchConfig(), "4/4", 0, "m", S.Path("r"))
+    o = S.rl_overrides(S.BenchConfig(), "4/4", 0, ["m"], S.Path("r"))
     assert {"reward.kind=exact", "sampling.top_k=null", "sampling.temperature=1.0", "task=sapo_learn", "sapo=swarm_4_4"} <= set(o)
+    assert not any(x.startswith(("nodes=", "loss.external_is")) for x in o)  # one warm start, no correction
+
+
+def test_specialist_warm_starts_reach_each_node_and_the_is_arm_turns_the_correction_on(tmp_path):
+    # Three leave-one-out subsets over 8 nodes: node n starts from warm start n % 3; "+is" adds loss.external_is.
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    import recipes.rl
+
+    b = S.BenchConfig(nodes=8, warm_start_tasks="chain_sum,leg_counting;basic_arithmetic,leg_counting;basic_arithmetic,chain_sum")
+    assert [S.node_warm_tasks(b, n) for n in (0, 1, 5)] == [["chain_sum", "leg_counting"], ["basic_arithmetic", "leg_counting"],
+                                                           ["basic_arithmetic", "chain_sum"]]
+    assert S.parse_arm("4/4+is") == (4, 4, True) and S.parse_arm("8/0") == (8, 0, False)
+    assert "task.tasks=[chain_sum,leg_counting]" in S.sft_overrides(b, S.warm_start_subsets(b)[0])
+    dirs = [f"warm/s{k}/model" for k in range(3)]
+    o = S.rl_overrides(b, "4/4+is", 1, dirs, tmp_path / "r")
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(S.ROOT / "conf"), version_base="1.3"):
+        cfg = recipes.rl.to_config(compose(config_name="rl", overrides=o))
+    assert cfg.loss.external_is and (cfg.batch.num_local, cfg.batch.num_external) == (4, 4)
+    assert [cfg.for_node(n).model.pretrained for n in range(8)] == [str(S.ROOT / dirs[n % 3]) for n in range(8)]
+    assert all(cfg.for_node(n).model.tokenizer == cfg.for_node(n).model.pretrained for n in range(8))
+
+
+def test_gain_split_by_what_the_nodes_warm_start_trained_on():
+    # node0 trained on a only, node1 on b only: node0's b and node1's a are 'missing'.
+    def node(curves):
+        n = _node([0.1, 0.1], [0, 0], local=8)
+        n["heldout_tasks"] = {str(k): {t: c[i] for t, c in curves.items()} for i, k in enumerate((0, 10, 20))}
+        return n
+
+    nodes = {"node0": node({"a": [0.5, 0.5, 0.5], "b": [0.0, 0.2, 0.4]}), "node1": node({"a": [0.1, 0.1, 0.1], "b": [0.6, 0.7, 0.8]})}
+    g = S.gain_by_warm_start(nodes, [0, 10, 20], [["a"], ["b"]])
+    # gains: node0 a 0, b 0.3 (missing); node1 a 0 (missing), b 0.15
+    assert g["missing"] == pytest.approx(0.15) and g["trained"] == pytest.approx(0.075)
+    assert g["start_missing"] == pytest.approx(0.05) and g["start_trained"] == pytest.approx(0.55)
+    assert g["per_task"]["b"] == pytest.approx({"missing": 0.3, "trained": 0.15})
+    # one shared warm start: every pair is 'trained'
+    assert S.gain_by_warm_start(nodes, [0, 10, 20], [None, None])["missing"] is None
 
 
 def test_learning_gate_summary_by_hand():
