@@ -121,7 +121,8 @@ def run_job(job: dict) -> dict[str, Any]:
                 stand_ins = [stand_in() for _ in DEAD_RANKS]
                 try:
                     launchers[NODES] = hosts.start_host(NODES, DEAD_NODE, NODES, NPROC, overrides(job, run), logs[NODES])
-                    events["stand_ins_s"] = wait_healed(run, events["killed_at"], before, list(launchers.values()))
+                    events["stand_ins_s"] = wait_healed(run, events["killed_at"], before,
+                                                         [p for i, p in launchers.items() if i != DEAD_NODE])  # not the killed one
                 finally:
                     for p in stand_ins:
                         p.kill()
@@ -181,19 +182,29 @@ def diloco_rows() -> dict[str, Any] | None:
     return {"git_sha": rec.get("git_sha"), "rows": keep}
 
 
-def detectable(runs: dict) -> str:
-    """What the run can resolve: the survivors' no-fault rate differs between seeds by the box's noise alone, so a
-    rate ratio inside [1/spread, spread] is not resolved; the target is decided only where it lies outside that band."""
+def no_fault_spread(runs: dict) -> float | None:
+    """max / min of the survivors' no-fault steps/min across seeds (the box's noise alone); None with one no-fault run."""
     rates = [statistics.fmean(v["steps_per_min"] for v in run["survivors"].values() if v["steps_per_min"])
              for key, run in runs.items() if key.startswith("none/")]
-    if len(rates) < 2:
+    return max(rates) / min(rates) if len(rates) > 1 else None
+
+
+def rate_target_decided(runs: dict) -> bool:
+    """A rate ratio inside [1/spread, spread] is not resolved: the target is decided only where it lies outside that band."""
+    spread = no_fault_spread(runs)
+    return spread is not None and RATE_TARGET < 1 / spread
+
+
+def detectable(runs: dict) -> str:
+    spread = no_fault_spread(runs)
+    if spread is None:
         return "detectable: one no-fault run, so the load's effect on the rate is unknown; the ratio is not a resolved figure."
-    spread = max(rates) / min(rates)
-    decided = RATE_TARGET < 1 / spread
+    rates = [statistics.fmean(v["steps_per_min"] for v in run["survivors"].values() if v["steps_per_min"])
+             for key, run in runs.items() if key.startswith("none/")]
     return (f"detectable: the same no-fault run gave the survivors {', '.join(f'{r:.0f}' for r in rates)} steps/min across "
             f"seeds ({spread:.2f}x, the box's noise alone), so a rate ratio within a factor {spread:.2f} of 1 is not resolved; "
             + (f"the {RATE_TARGET} target lies outside that band, so this run decides it."
-               if decided else f"the {RATE_TARGET} target lies inside it, so this run can neither meet nor miss it."))
+               if rate_target_decided(runs) else f"the {RATE_TARGET} target lies inside it, so this run can neither meet nor miss it."))
 
 
 def stand_in_line(runs: dict) -> str:

@@ -105,12 +105,19 @@ def newer_rows() -> list[str]:
     rec = _load("fault_tolerance_hosts")
     if rec:
         f = rec["figures"]
+        from benchmarks import fault_tolerance_hosts as fth
+
+        runs, seeds = f.get("runs", {}), rec["config"]["seeds"]
+        spread = fth.no_fault_spread(runs)
+        met = f["targets"]["survivors_ge_0.9_of_no_fault_rate"]
+        verdict = ("**met**" if met else "**not met**") if fth.rate_target_decided(runs) else "**unresolved at this load**"
         out.append(_row("fault_tolerance_hosts", "(NoLoCo: a dead host costs a round)",
                         f"1 of 3 hosts killed at 25 %: survivor rate {fmt(f['survivor_rate_vs_none'], 2)} of no fault "
-                        f"(load moved the no-fault rate 1.6x between seeds), rolled back {f['rolled_back']}, kill -> "
-                        f"replacement contributing {fmt(f['kill_to_replacement_contributing_s'], 0)} s",
-                        "survivors ≥ 0.9 of no-fault rate: **unresolved at this load**",
-                        "sudo python -m benchmarks.fault_tolerance_hosts --seeds 2"))
+                        f"(no-fault rate spread {spread:.2f}x between seeds), rolled back {f['rolled_back']}, replacements healed "
+                        f"{f['replacements_healed']}, kill -> replacement contributing {fmt(f['kill_to_replacement_contributing_s'], 0)} s",
+                        f"survivors ≥ {fth.RATE_TARGET} of no-fault rate: {verdict}; 0 rolled back: "
+                        f"**{'met' if f['targets']['rolled_back_0'] else 'not met'}**",
+                        f"sudo python -m benchmarks.fault_tolerance_hosts --seeds {len(seeds)}"))
     rec = _load("dei_search")
     if rec:
         f = rec["figures"]
