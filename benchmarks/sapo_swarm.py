@@ -26,6 +26,13 @@ that carry a GRPO signal), the share of received external groups that carry sign
 groups used per round, per-node reward curves, and the reward difference 4/4 - 8/0 with the
 drawdowns of each smoothed curve (the learning-forgetting oscillation).
 
+Nodes that differ (issue 30): `--warm-start-tasks "A,B;A,C;B,C"` trains one warm start per task subset
+(here: each leaves one task of the mix out) and starts node n from subset n % K, so every node has
+peers that solve what its own warm start never saw. The held-out gain is then split by (node, task)
+pair into tasks the node's warm start trained on and tasks it missed: the gain on missed tasks is
+the one sharing can carry, and its 4/4 - 8/0 difference (paired by seed) is the mechanism's figure.
+An arm "I/J+is" runs I/J with the off-policy correction of received rollouts (loss.external_is).
+
 Each (split, seed) run is one harness job: its result is cached when it finishes, and the
 recipe checkpoints every `checkpoint_every` rounds into a run dir named by the job, so an
 interrupted benchmark resumes the unfinished run where it stopped.
@@ -35,6 +42,8 @@ interrupted benchmark resumes the unfinished run where it stopped.
     python -m benchmarks.sapo_swarm --splits 8/0,4/4                 # the headline pair only
     python -m benchmarks.sapo_swarm --nodes 2 --rounds 3 --sft-steps 20 --seeds 1 --allow-dirty   # smoke run
     python -m benchmarks.sapo_swarm --regenerate                     # re-analyse the committed JSON's per-run data (no runs)
+    python -m benchmarks.sapo_swarm --name sapo_swarm_specialists --nodes 6 --rounds 100 --splits 8/0,4/4,4/4+is \
+        --warm-start-tasks "chain_sum,leg_counting;basic_arithmetic,leg_counting;basic_arithmetic,chain_sum"   # nodes that differ
 """
 
 from __future__ import annotations
@@ -107,7 +116,19 @@ def parse_arm(arm: str) -> tuple[int, int, bool]:
 def sft_overrides(b: BenchConfig, tasks: list[str] | None = None) -> list[str]:
     return [f"sft.steps={b.sft_steps}", "sft.batch_size=32", f"sft.lr={b.sft_lr}", f"sft.seed={b.sft_seed}",
             f"sampling.max_new_tokens={b.max_new_tokens}", f"eval.prompts_per_task={b.eval_prompts}",
-            "eval.num_generations=8", f"task={b.task}", *([f"task.tasks=[{','.join(tasks)}]"] if tasks else [])]
+            "eval.num_generations=8", f"task={b.task}", *(subset_overrides(b.task, tasks) if tasks else [])]
+
+
+def subset_overrides(task: str, tasks: list[str]) -> list[str]:
+    """conf/task/<task>.yaml cut to `tasks`: the task list and the options of the tasks left out (the mix refuses those)."""
+    import yaml
+
+    mix = yaml.safe_load((ROOT / "conf" / "task" / f"{task}.yaml").read_text())
+    unknown = sorted(set(tasks) - set(mix["tasks"]))
+    if unknown:
+        raise ValueError(f"warm_start_tasks: {unknown} not in conf/task/{task}.yaml's tasks {mix['tasks']}")
+    dropped = [t for t in mix.get("task_kwargs", {}) if t not in tasks]
+    return [f"task.tasks=[{','.join(tasks)}]", *(f"~task.task_kwargs.{t}" for t in dropped)]
 
 
 def warm_start(b: BenchConfig, tasks: list[str] | None = None) -> tuple[Path, dict]:
@@ -411,8 +432,9 @@ def main() -> None:
     sft_wall = time.perf_counter() - t0
     model_rels = [m.relative_to(ROOT).as_posix() for m, _ in starts]
     where = {"model_dir": model_rels[0]} if len(model_rels) == 1 else {"model_dirs": model_rels}
-    # Seeds outer, splits inner: an interrupted benchmark has complete paired seeds.
-    jobs = [{"bench": asdict(b), "split": sp, "seed": s, **where} for s in seeds for sp in splits]
+    # Seeds outer, splits inner: an interrupted benchmark has complete paired seeds. A job's config names its own
+    # arm only, so a later invocation with more arms reuses the cached runs of the arms it shares.
+    jobs = [{"bench": {**asdict(b), "splits": sp}, "split": sp, "seed": s, **where} for s in seeds for sp in splits]
     results = hz.run_jobs(jobs, run_job, desc=f"sapo swarm ({b.nodes} nodes x {b.rounds} rounds)")
     runs = {(j["split"], j["seed"]): r for j, r in zip(jobs, results)}
     figures = {"sft": {**sft_figures(starts[0][1]), "wall_s_this_invocation": sft_wall}, **analyze(b, seeds, runs),

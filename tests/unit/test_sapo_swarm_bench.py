@@ -108,7 +108,9 @@ def test_specialist_warm_starts_reach_each_node_and_the_is_arm_turns_the_correct
     assert [S.node_warm_tasks(b, n) for n in (0, 1, 5)] == [["chain_sum", "leg_counting"], ["basic_arithmetic", "leg_counting"],
                                                            ["basic_arithmetic", "chain_sum"]]
     assert S.parse_arm("4/4+is") == (4, 4, True) and S.parse_arm("8/0") == (8, 0, False)
-    assert "task.tasks=[chain_sum,leg_counting]" in S.sft_overrides(b, S.warm_start_subsets(b)[0])
+    assert {"task.tasks=[chain_sum,leg_counting]", "~task.task_kwargs.basic_arithmetic"} <= set(S.sft_overrides(b, S.warm_start_subsets(b)[0]))
+    with pytest.raises(ValueError, match="warm_start_tasks"):
+        S.subset_overrides("sapo_mix", ["chain_sum", "no_such_task"])
     dirs = [f"warm/s{k}/model" for k in range(3)]
     o = S.rl_overrides(b, "4/4+is", 1, dirs, tmp_path / "r")
     GlobalHydra.instance().clear()
