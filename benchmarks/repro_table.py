@@ -275,7 +275,36 @@ def sapo_rows() -> list[str]:
                     f"{b['nodes']} nodes x {b['rounds']} rounds)")
             out.append(f"| sapo_swarm (superseded protocol) | 4/4 = 1.95x 8/0 cumulative reward | {ours} | ≥ 1.5x: "
                        f"**{'met' if f['target_met'] else 'not met'}** | `python -m benchmarks.sapo_swarm` | {_runtime(rec)} | {_provenance(rec)} |")
+    rec = _load("sapo_swarm_specialists")
+    if rec:
+        out.append(specialists_row(rec, sapo_swarm))
     return out
+
+
+def specialists_row(rec: dict, sapo_swarm) -> str:
+    """SAPO with nodes that differ: the held-out gain on the tasks a node's warm start missed leads (what sharing carries)."""
+    f, b, sp = rec["figures"], rec["config"]["bench"], rec["figures"]["splits"]
+    k = len(b["warm_start_tasks"].split(";"))
+
+    def vs(arm: str, key: str) -> str:
+        v = sp[arm].get("paired_vs_8_0", {}).get(key)
+        if v is None:
+            return ""
+        p = f", paired p={v['p']:.2f}" if "p" in v else ""
+        return f" ({fmt(v['diff'], 3)} vs 8/0{p})"
+
+    ours = (f"{b['nodes']} nodes from {k} warm starts, each trained without one task of the mix; {b['rounds']} rounds, "
+            f"{len(rec['config']['seeds'])} seeds. Held-out gain on the tasks a node's warm start missed: "
+            + ", ".join(f"{a} {fmt(x['heldout_missing_gain'], 3)}{vs(a, 'heldout_missing_gain')}" for a, x in sp.items())
+            + "; on all tasks: " + ", ".join(f"{a} {fmt(x['heldout_last3_gain'], 3)}" for a, x in sp.items())
+            + "".join(f"; {a} gain / 8/0's = {x['heldout_gain_ratio_to_8_0']:.2f}x" for a, x in sp.items()
+                      if x.get("heldout_gain_ratio_to_8_0") is not None))
+    met = f.get("target_met_by_arm", {})
+    verdict = ", ".join(f"{a} **{'met' if m else 'not met'}**" for a, m in met.items())
+    return (f"| sapo_swarm_specialists | 'Aha moments' propagate: peers learn from each other's successes | {ours} | "
+            f"4/4 held-out gain ≥ 1.5x 8/0's: {verdict} | "
+            f"{'`' + rec['command'] + '`' if rec.get('command') else _command('sapo_swarm', rec, sapo_swarm.BenchConfig)} | "
+            f"{_runtime(rec)} | {_provenance(rec)} |")
 
 
 def _headline(name: str, rec: dict) -> str | None:

@@ -13,6 +13,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -66,6 +67,7 @@ class LocalSlurm:
     mem_mb: int = 16000
     nodes: list[str] = field(default_factory=list)
     procs: list[subprocess.Popen] = field(default_factory=list)
+    spool: Path | None = None
 
     @property
     def env(self) -> dict[str, str]:
@@ -73,8 +75,11 @@ class LocalSlurm:
 
     def write_conf(self) -> None:
         r = self.root
-        for d in ("state", "log", "spool"):
+        for d in ("state", "log"):
             (r / d).mkdir(parents=True, exist_ok=True)
+        # slurmstepd binds Unix sockets under the spool dir, and a socket path has 108 bytes at most: a pytest
+        # tmp_path is too deep for it ("Unix socket path ... is too long"), so the spool lives in a short /tmp dir.
+        self.spool = Path(tempfile.mkdtemp(prefix="dslurm", dir="/tmp"))
         host = socket.gethostname().split(".")[0]
         self.nodes = loopback_names()[:2]
         node_lines = "\n".join(
@@ -90,7 +95,7 @@ AuthType=auth/munge
 AuthInfo=socket={r}/munge.sock
 CredType=cred/munge
 StateSaveLocation={r}/state
-SlurmdSpoolDir={r}/spool/%n
+SlurmdSpoolDir={self.spool}/%n
 SlurmctldPidFile={r}/slurmctld.pid
 SlurmdPidFile={r}/slurmd-%n.pid
 SlurmctldLogFile={r}/log/slurmctld.log
@@ -156,3 +161,5 @@ PartitionName=debug Nodes={','.join(self.nodes)} Default=YES MaxTime=INFINITE St
                     p.kill()
                     p.wait()
         self.procs.clear()
+        if self.spool is not None:
+            shutil.rmtree(self.spool, ignore_errors=True)

@@ -83,7 +83,7 @@ class Site:
 def scalars(run_dir: Path) -> list[dict]:
     """A run's metrics without timings: what must match bit for bit between two runs of one config."""
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [{k: v for k, v in r.items() if k != "time" and not k.startswith("perf/")} for r in rows]
+    return [{k: v for k, v in r.items() if k != "time" and not k.startswith(("perf/", "time/"))} for r in rows]
 
 
 def worlds(text: str) -> set[int]:
@@ -151,7 +151,9 @@ def worker_pid(run_dir: str, rank: int) -> int | None:
             env = (proc / "environ").read_bytes().split(b"\0")
         except OSError:
             continue
-        if f"run_dir={run_dir}".encode() in cmd and f"RANK={rank}".encode() in env and b"torchrun" not in cmd[1]:
+        # slurm.sbatch passes the run dir made absolute: match it by its tail
+        ours = any(a.startswith(b"run_dir=") and a.endswith(f"/{run_dir}".encode()) for a in cmd)
+        if ours and f"RANK={rank}".encode() in env and b"torchrun" not in cmd[1]:
             if any(e.startswith(b"TORCHELASTIC_RUN_ID=") for e in env):
                 return int(proc.name)
     return None

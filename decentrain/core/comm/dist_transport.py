@@ -58,8 +58,10 @@ class TorchTransport(Transport):
                 client = w.store_client
                 self.pairs = PairGroups(lambda: dist.PrefixStore(prefix, client()), w.rank, w.incarnation)
                 ex.pairs = self.pairs
-                if w.incarnation == 0:  # at start-up everyone is there: no later rendezvous with the dead
-                    self.pairs.connect_all(w.world_size)
+                if w.incarnation == 0:  # start-up: meet every rank now, except one that dies meanwhile
+                    m, stall = self.membership, opts.stall_s
+                    self.pairs.connect_all(w.world_size, gone=(lambda p: m.stopped(p, stall)) if stall is not None else
+                                           (lambda p: False))
         if opts.full_duplex and w.is_distributed and self.pairs is None:
             ex.full_duplex()  # start-up only: creating groups is collective
         ex.check_transport()

@@ -187,6 +187,12 @@ class Membership:
             return 0.0
         return now - last[1]
 
+    def stopped(self, peer: int, stall_s: float) -> bool:
+        """`peer`'s heartbeat began and has not moved for `stall_s`: it died (or was stopped) after it started.
+        A peer that has not beaten yet is still starting, not stopped."""
+        stalled = self.stalled_for(peer)
+        return bool(self._seen[peer][0]) and stalled > stall_s
+
     def live_round(self) -> int | None:
         """Median rounds-done of the other ranks still training (None if none published)."""
         dones = [p.done for r in range(self.world_size)

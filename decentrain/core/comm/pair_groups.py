@@ -16,12 +16,14 @@ Creating a group is a rendezvous of both ranks: it blocks until the partner buil
 
 from __future__ import annotations
 
+import logging
 import threading
 from datetime import timedelta
 from typing import Callable
 
 import torch.distributed as dist
 
+log = logging.getLogger(__name__)
 
 class PairGroups:
     """`get(peer, peer_incarnation)` -> (2-rank gloo group, the peer's rank in it)."""
@@ -48,17 +50,34 @@ class PairGroups:
                 self._groups[key] = dist.ProcessGroupGloo(store, int(self.rank > peer), 2, timedelta(seconds=self.timeout_s))
         return self._groups[key], int(peer > self.rank)
 
-    def connect_all(self, world_size: int) -> "PairGroups":
+    def connect_all(self, world_size: int, gone: Callable[[int], bool] = lambda peer: False,
+                    poll_s: float = 0.25) -> "PairGroups":
         """Build this rank's group with every other rank now (start-up, every rank of incarnation 0).
 
-        Every rank walks the pairs (a, b) in the same sorted order, so the rendezvous cannot
-        deadlock; later, only a replacement's groups are built on demand.
+        One thread per peer: distinct pairs meet on distinct prefixes, so building them at once
+        cannot deadlock. Returns once every group is built or its peer is `gone` (a rank that
+        died during start-up: waiting on its rendezvous held the survivors for `timeout_s` and
+        then killed them). A gone peer's rendezvous is left to time out in its thread; nothing
+        waits on it again, since its replacement has a new incarnation and so a new prefix.
+        Later, only a replacement's groups are built, on demand.
         """
-        for a in range(world_size):
-            for b in range(a + 1, world_size):
-                if self.rank in (a, b):
-                    self.get(b if self.rank == a else a, 0)
+        threads = {peer: threading.Thread(target=self._connect, args=(peer,), daemon=True, name=f"pair-group-{peer}")
+                   for peer in range(world_size) if peer != self.rank}
+        for t in threads.values():
+            t.start()
+        waiting = set(threads)
+        while waiting:
+            waiting = {p for p in waiting if threads[p].is_alive() and not gone(p)}
+            if waiting:
+                threads[min(waiting)].join(poll_s)
         return self
+
+    def _connect(self, peer: int) -> None:
+        try:
+            self.get(peer, 0)
+        except RuntimeError as e:  # the rendezvous timed out: the peer died before meeting this rank
+            log.warning("rank %d: no pair group with rank %d at start-up (%s); its rounds are skipped until a "
+                        "replacement joins", self.rank, peer, str(e).splitlines()[0][:200])
 
     def close(self) -> None:
         """Abort every group: a receive still pending on one (a partner that never delivered) would
