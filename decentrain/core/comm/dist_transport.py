@@ -60,8 +60,8 @@ class TorchTransport(Transport):
                 ex.pairs = self.pairs
                 if w.incarnation == 0:  # start-up: meet every rank now, except one that dies meanwhile
                     m, stall = self.membership, opts.stall_s
-                    self.pairs.connect_all(w.world_size, gone=(lambda p: m.stopped(p, stall)) if stall is not None else
-                                           (lambda p: False))
+                    gone = (lambda p: m.stopped(p, stall)) if stall is not None else (lambda p: False)
+                    self.pairs.connect_all(w.world_size, gone=gone)
         if opts.full_duplex and w.is_distributed and self.pairs is None:
             ex.full_duplex()  # start-up only: creating groups is collective
         ex.check_transport()

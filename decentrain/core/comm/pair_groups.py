@@ -25,6 +25,7 @@ import torch.distributed as dist
 
 log = logging.getLogger(__name__)
 
+
 class PairGroups:
     """`get(peer, peer_incarnation)` -> (2-rank gloo group, the peer's rank in it)."""
 
