@@ -344,6 +344,12 @@ def _headline(name: str, rec: dict) -> str | None:
         gain = f"{f['heldout_gain_ratio_4_4']:.2f}x" if f["heldout_gain_ratio_4_4"] is not None else "-"
         return (f"4/4 held-out gain = {gain} 8/0's; batch cumulative reward 4/4 = {fmt(sp['4/4']['batch_ratio_to_8_0'], 2)}x 8/0 "
                 "(it rises by selection alone: see TXT)")
+    if name == "sapo_swarm_specialists" and "splits" in f:
+        sp = f["splits"]
+        ratio = "; ".join(f"{a} gain / 8/0's {x['heldout_gain_ratio_to_8_0']:.2f}x" for a, x in sp.items()
+                          if x.get("heldout_gain_ratio_to_8_0") is not None)
+        return ("held-out gain on the tasks a node's warm start missed: "
+                + ", ".join(f"{a} {fmt(x['heldout_missing_gain'], 3)}" for a, x in sp.items()) + f"; all tasks: {ratio}")
     return None
 
 
