@@ -462,8 +462,9 @@ def regenerate(path: Path, allow_dirty: bool = False) -> dict[str, Path]:
         b, seeds, raw = BenchConfig(**rec["config"]["bench"]), rec["config"]["seeds"], rec["figures"]["runs_raw"]
         runs = {(sp, s): raw[f"{sp}/seed{s}"] for s in seeds for sp in b.splits.split(",")}
         sft = {k: v for k, v in rec["figures"]["sft"].items() if k not in ("start_sampled_accuracy", "start_mixed_share_g8")}
-        return {"sft": sft_figures(sft), **analyze(b, seeds, runs), "paper_cumulative_reward": PAPER, "target": TARGET_TEXT,
-                "runs_raw": raw}
+        starts = {"warm_starts": rec["figures"]["warm_starts"]} if "warm_starts" in rec["figures"] else {}
+        return {"sft": sft_figures(sft), **starts, **analyze(b, seeds, runs), "paper_cumulative_reward": PAPER,
+                "target": TARGET_TEXT, "runs_raw": raw}
 
     return reanalyse(path, figures, text, plot, allow_dirty)
 
