@@ -182,10 +182,15 @@ def diloco_rows() -> dict[str, Any] | None:
     return {"git_sha": rec.get("git_sha"), "rows": keep}
 
 
+def no_fault_rates(runs: dict) -> list[float]:
+    """The survivors' mean steps/min in each seed's no-fault run."""
+    return [statistics.fmean(v["steps_per_min"] for v in run["survivors"].values() if v["steps_per_min"])
+            for key, run in runs.items() if key.startswith("none/")]
+
+
 def no_fault_spread(runs: dict) -> float | None:
     """max / min of the survivors' no-fault steps/min across seeds (the box's noise alone); None with one no-fault run."""
-    rates = [statistics.fmean(v["steps_per_min"] for v in run["survivors"].values() if v["steps_per_min"])
-             for key, run in runs.items() if key.startswith("none/")]
+    rates = no_fault_rates(runs)
     return max(rates) / min(rates) if len(rates) > 1 else None
 
 
@@ -199,9 +204,8 @@ def detectable(runs: dict) -> str:
     spread = no_fault_spread(runs)
     if spread is None:
         return "detectable: one no-fault run, so the load's effect on the rate is unknown; the ratio is not a resolved figure."
-    rates = [statistics.fmean(v["steps_per_min"] for v in run["survivors"].values() if v["steps_per_min"])
-             for key, run in runs.items() if key.startswith("none/")]
-    return (f"detectable: the same no-fault run gave the survivors {', '.join(f'{r:.0f}' for r in rates)} steps/min across "
+    return (f"detectable: the same no-fault run gave the survivors {', '.join(f'{r:.0f}' for r in no_fault_rates(runs))} "
+            "steps/min across "
             f"seeds ({spread:.2f}x, the box's noise alone), so a rate ratio within a factor {spread:.2f} of 1 is not resolved; "
             + (f"the {RATE_TARGET} target lies outside that band, so this run decides it."
                if rate_target_decided(runs) else f"the {RATE_TARGET} target lies inside it, so this run can neither meet nor miss it."))
