@@ -61,7 +61,11 @@ def overrides(job: dict, run_dir: Path) -> list[str]:
 
 
 def rows_of(run_dir: Path, rank: int) -> list[dict]:
-    return read_live_jsonl(run_dir / ("metrics.jsonl" if rank == 0 else f"metrics.rank{rank}.jsonl"))
+    return read_live_jsonl(metrics_path(run_dir, rank))
+
+
+def metrics_path(run_dir: Path, rank: int) -> Path:
+    return run_dir / ("metrics.jsonl" if rank == 0 else f"metrics.rank{rank}.jsonl")
 
 
 def survivor_figures(rows: list[dict]) -> dict[str, Any]:
@@ -87,7 +91,7 @@ def replacement_contributing(rows: list[dict], killed_at: float) -> dict[str, An
 
 def heal_marks(run: Path, rank: int) -> int:
     """How many heals `rank` has logged so far (a byte count: cheap enough to poll while the survivors train)."""
-    path = run / ("metrics.jsonl" if rank == 0 else f"metrics.rank{rank}.jsonl")
+    path = metrics_path(run, rank)
     return path.read_bytes().count(b'"heal/seconds"') if path.exists() else 0
 
 

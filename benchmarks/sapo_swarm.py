@@ -292,7 +292,8 @@ def summarize_run(run: dict, num_external: int, warm_tasks: list[list[str] | Non
     ext_rate = external_reward_rate(nodes) if num_external else None
     by_warm = gain_by_warm_start(nodes, steps, warm_tasks or [None] * len(nodes)) if tasks else None
     return {
-        "heldout_gain_by_warm_start": by_warm,
+        "heldout_gain_by_warm_start": by_warm,  # and its two pools, as `paired` reads them:
+        "heldout_missing_gain": by_warm and by_warm["missing"], "heldout_trained_gain": by_warm and by_warm["trained"],
         "own_reward_rate": float(reward.mean()), "external_reward_rate": ext_rate,
         "heldout_last3": float(last.mean()), "heldout_last3_gain": float((last - heldout[:, 0]).mean()),
         "heldout_last3_steps": [s for s in steps if s > 0][-LAST_EVALS:], "heldout_tasks": tasks,
@@ -341,10 +342,6 @@ def analyze(b: BenchConfig, seeds: list[int], runs: dict[tuple[str, int], dict])
     for sp in splits:
         rs = per[sp]
         i, j, _ = parse_arm(sp)
-        if differ:
-            for r in rs:
-                r["heldout_missing_gain"] = r["heldout_gain_by_warm_start"]["missing"]
-                r["heldout_trained_gain"] = r["heldout_gain_by_warm_start"]["trained"]
         out["splits"][sp] = {
             **({"heldout_missing_gain": mean_std([r["heldout_missing_gain"] for r in rs]),
                 "heldout_missing_start": mean_std([r["heldout_gain_by_warm_start"]["start_missing"] for r in rs]),
