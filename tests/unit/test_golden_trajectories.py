@@ -21,6 +21,7 @@ from decentrain.testing import check_fixture
 from decentrain.testing.fixtures import trajectory
 
 FIXTURES = Path(__file__).parent / "fixtures" / "golden"
+CORPUS = FIXTURES / "corpus.txt"  # the Apache License 2.0's text (/usr/share/common-licenses/Apache-2.0)
 REGENERATE = "WRITE_FIXTURES=1 python -m pytest -q -p no:cacheprovider tests/unit/test_golden_trajectories.py"
 STEPS = 8
 PRETRAINING = {  # 2 or 4 outer rounds in 8 steps; no deadlines or stall rules: nothing may depend on time
@@ -29,6 +30,16 @@ PRETRAINING = {  # 2 or 4 outer rounds in 8 steps; no deadlines or stall rules: 
     "streaming_diloco": ({"name": "streaming_diloco", "inner_steps": 4, "num_fragments": 2, "overlap_steps": 1}, 2),
     "sparseloco": ({"name": "sparseloco", "inner_steps": 2, "chunk_size": 64, "topk": 8}, 2),
 }
+
+
+@pytest.fixture
+def golden_text(monkeypatch):
+    """The goldens' text domain, read from the repo: the offline corpus's domains read what the box has
+    installed (/usr/share/doc, /usr/include), and a package installed or removed would move every number."""
+    from decentrain.data.corpus import DOMAINS
+
+    text = CORPUS.read_text(encoding="utf-8")
+    monkeypatch.setitem(DOMAINS._entries, "golden_text", lambda max_bytes, seed: [text[:max_bytes]])
 
 
 @pytest.fixture
@@ -47,7 +58,7 @@ def _pretraining_cfg(algorithm: dict):
     return config_from_dict({
         "algorithm": algorithm,
         "model": {"hidden_size": 16, "num_layers": 2, "num_heads": 2, "intermediate_size": 32},
-        "data": {"seq_len": 16, "max_bytes_per_domain": 8000, "domains": ["licenses"]},
+        "data": {"seq_len": 16, "max_bytes_per_domain": 8000, "domains": ["golden_text"]},
         "train": {"steps": STEPS, "global_batch_size": 8, "micro_batch_size": 1, "eval_every": 100, "eval_batches": 1,
                   "checkpoint_every": 100, "threads": 1, "seed": 0},
         "logger": {"progress": False, "console": False, "log_every": 1, "all_ranks": True},
@@ -62,7 +73,7 @@ def _losses(run_dir: Path, rank: int) -> list[float]:
 
 
 @pytest.mark.parametrize("algo", list(PRETRAINING))
-def test_pretraining_trajectory_matches_the_golden_one(algo, tmp_path, one_thread):
+def test_pretraining_trajectory_matches_the_golden_one(algo, tmp_path, one_thread, golden_text):
     from decentrain.algorithms.pretraining.inprocess_replicas import run_replicas_in_process
 
     algorithm, world_size = PRETRAINING[algo]
