@@ -42,9 +42,9 @@ interrupted benchmark resumes the unfinished run where it stopped.
     python -m benchmarks.sapo_swarm --splits 8/0,4/4                 # the headline pair only
     python -m benchmarks.sapo_swarm --nodes 2 --rounds 3 --sft-steps 20 --seeds 1 --allow-dirty   # smoke run
     python -m benchmarks.sapo_swarm --regenerate                     # re-analyse the committed JSON's per-run data (no runs)
-    python -m benchmarks.sapo_swarm --name sapo_swarm_specialists --rounds 100 --splits 8/0,4/4,4/4+is \
+    python -m benchmarks.sapo_swarm --name sapo_swarm_specialists --rounds 100 --splits 8/0,6/2,4/4,4/4+is,2/6 \
         --warm-start-tasks "chain_sum,leg_counting;basic_arithmetic,leg_counting;basic_arithmetic,chain_sum"
-        # nodes that differ: the committed run (~90 min on 2 cores, 3 SFT warm starts included)
+        # nodes that differ: the committed run (15 runs of ~9.5 min on 2 quiet cores, + 3 SFT warm starts)
 """
 
 from __future__ import annotations
