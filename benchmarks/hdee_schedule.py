@@ -48,8 +48,7 @@ params on M2D2/S2ORC/Wiki corpora); the seed's general text is ~200 kB of packag
 128 bytes per domain; het_sizes not run (it needs one long seed per width, three times the seed
 compute).
 
-    python -m benchmarks.hdee_schedule --seed-steps 80 --budgets 8 --parallel 3   # the committed run (sized to a load of ~30 on 2 cores)
-    python -m benchmarks.hdee_schedule --budgets 8,16,32      # the trend over budgets (3x the cost)
+    python -m benchmarks.hdee_schedule --seed-steps 80 --budgets 8,16,32 --parallel 2   # the committed run (~4 min on 2 quiet cores)
     python -m benchmarks.hdee_schedule --budgets 8 --seeds 2 --seed-steps 40 --allow-dirty   # smoke
 """
 

@@ -332,8 +332,10 @@ def _headline(name: str, rec: dict) -> str | None:
         return "; ".join(f"{v}: {x['won']}/{x['domains']} domains won (raw {x['won_raw']})" for v, x in f["headline"].items())
     if name == "hdee_schedule" and "per_budget" in f:
         w = f["primary"]
-        return f"domains won of 7 per seed at {' / '.join(f['per_budget'])} steps/domain: " + " / ".join(
-            str(x["stats"][w]["wins_per_seed"]) for x in f["per_budget"].values())
+        n = {len(x["stats"][w]["counted_domains"]) for x in f["per_budget"].values()}  # ties leave the count
+        return (f"domains won of {'/'.join(map(str, sorted(n)))} counted per seed at {' / '.join(f['per_budget'])} steps/domain: "
+                + " / ".join(str(x["stats"][w]["wins_per_seed"]) for x in f["per_budget"].values())
+                + "; het − homogeneous mean Δ log-ppl " + " / ".join(f"{x['stats'][w]['mean_dlogppl']['mean']:+.4f}" for x in f["per_budget"].values()))
     if name == "hdee_scale_probe" and "per_budget" in f:
         w, n = f["primary"], len(f["domains"])
         return ", ".join(f"won {len(x['het_steps'][w]['won'])}/{n} at {b} steps/domain" for b, x in f["per_budget"].items())
