@@ -1,4 +1,4 @@
-"""hdee_schedule: heterogeneous-steps vs homogeneous HDEE ensembles at the paper's schedule, scaled down.
+"""hdee_schedule: heterogeneous-steps and heterogeneous-sizes vs homogeneous HDEE ensembles at the paper's schedule, scaled down.
 
 The paper's protocol (arXiv 2502.19385; the released configs, gensyn-ai/hdee `configs/hdee_3_iterations`),
 and what this run does with it:
@@ -20,7 +20,12 @@ and what this run does with it:
   - lanes hold disjoint domains; difficulty rule: the seed's validation loss per domain. The six
     expert domains are ranked by it, easiest first, and taken two per lane in rank order (the
     easier first); the lane with the two easiest gets the 3-share last phase, the hardest the 5-share.
-    python_tests is held out (no seed or expert trains on it).
+    python_tests is held out (no seed or expert trains on it);
+  - het_sizes (paper: S/M/L experts, FFN 2304/3072/3840 at fixed depth, one seed per size): lanes at
+    0.75x / 1x / 1.25x the homogeneous FFN width, the easiest lane smallest, every phase at the
+    homogeneous steps; non-embedding parameters are linear in the FFN width, so S + M + L spend what
+    3 x M does. One seed per width, each trained like the shared one; the M lane is then the
+    homogeneous plan's lane run for run (trained once, shared, a structural tie).
 Every seed and expert run goes through the library's job path (`hdee.train.run_stage` ->
 `pretraining.run.run_pretraining`), and the ensembles through `hdee.evaluate.EnsembleScorer`.
 Seeds (`--seeds`) change the experts' data order (train.seed), not the seed model.
@@ -38,17 +43,16 @@ Statistics per budget over the remaining domains: per-seed win counts (het perpl
 homogeneous), the paired mean delta log-perplexity over domains (het - homogeneous; negative
 favours het) as mean +- std over seeds, a two-sided exact sign test over all (domain, seed) pairs
 (not independent across seeds: they share the domains), and the trend of the mean delta over the
-budgets (least-squares slope per doubling of the steps). Target: each het plan wins >= 80 % of the
-counted domains on every seed, with the gate passed.
+budgets (least-squares slope per doubling of the steps), each for het_steps and het_sizes. Target: each
+het plan wins >= 80 % of the counted domains on every seed, with the gate passed.
 
 Departures (also in the TXT): a ~0.9M-param byte Llama and ~200 kB per domain (paper 90-135M
 params on M2D2/S2ORC/Wiki corpora); the seed's general text is ~200 kB of packages' README/NEWS prose
 (paper: OpenWebText); 2 domain iterations per lane
 (paper 3); 3 experts; one seed model (seeds vary the experts' data order only); 16 test blocks of
-128 bytes per domain; het_sizes not run (it needs one long seed per width, three times the seed
-compute).
+128 bytes per domain; het_sizes widths differ in the FFN only.
 
-    python -m benchmarks.hdee_schedule --seed-steps 80 --budgets 8,16,32 --parallel 2   # the committed run (~4 min on 2 quiet cores)
+    python -m benchmarks.hdee_schedule --seed-steps 80 --budgets 8,16,32 --parallel 2   # the committed run (~10 min on 2 quiet cores)
     python -m benchmarks.hdee_schedule --budgets 8 --seeds 2 --seed-steps 40 --allow-dirty   # smoke
 """
 
@@ -82,8 +86,11 @@ from decentrain.data.blocks import build_corpus
 from decentrain.models.factory import ModelConfig, build_model, build_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
-PLANS = ("homogeneous", "het_steps")
+PLANS = ("homogeneous", "het_steps", "het_sizes")
+HET = PLANS[1:]
 SHARES = (3, 4, 5)  # the paper's 300/400/500
+WIDTHS = {"S": 0.75, "M": 1.0, "L": 1.25}  # FFN width / the homogeneous one: the paper's 2304/3072/3840
+LANE_SIZES = {"homogeneous": "MMM", "het_steps": "MMM", "het_sizes": "SML"}  # per lane, easiest first
 HELD_OUT = "python_tests"
 PRIMARY = "cached"
 TARGET_SHARE = 0.8
@@ -91,9 +98,9 @@ DEPARTURES = [
     "~0.9M-param byte-level Llama, ~200 kB per domain (paper: 90-135M params, M2D2/S2ORC/Wiki corpora)",
     "the seed trains on ~200 kB of packages' README/NEWS prose (the corpus's `general` domain; paper: OpenWebText), disjoint from the expert domains",
     "2 domain iterations per lane (paper 3), 3 experts, 7 evaluated domains (6 trained + python_tests held out; paper 9 trained)",
-    "one seed model; seeds vary the experts' data order only",
+    "one seed model per width; seeds vary the experts' data order only",
     "16 test blocks of 128 bytes per domain; the cached prior sees 32 validation blocks (paper: 100 sequences)",
-    "het_sizes not run (one long seed per width: three times the seed compute)",
+    "het_sizes widths differ in the FFN only (fixed depth, as the paper's S/M/L); one seed per width, each as long as the shared one",
 ]
 
 
@@ -130,20 +137,28 @@ def expert_domains(cfg) -> list[str]:
 def final_phase_steps(budget: int, variant: str) -> list[int]:
     """Steps of each lane's last domain phase: 3:4:5 shares of 4 x budget / 4 for het_steps (the paper's
     300/400/500 around 400), the homogeneous budget for every lane otherwise; equal totals."""
-    if variant == "homogeneous":
+    if variant != "het_steps":
         return [budget] * len(SHARES)
     return [round(len(SHARES) * budget * s / sum(SHARES)) for s in SHARES]
 
 
+def sized_seed(seed, size: str):
+    """The seed at `size`'s FFN width (WIDTHS of the homogeneous seed's), named for it."""
+    return dataclasses.replace(seed, name=f"seed-{size}", size=size, intermediate_size=round(WIDTHS[size] * seed.intermediate_size))
+
+
 def plan_config(b: BenchConfig, variant: str, budget: int, lanes_domains: list[list[str]], seed: int):
-    """The homogeneous or het_steps config at `budget` steps per domain, lanes from the difficulty ranking:
-    every earlier iteration at `budget` steps in both plans, the last one at `final_phase_steps`."""
+    """A plan's config at `budget` steps per domain, lanes from the difficulty ranking: every earlier
+    iteration at `budget` steps in every plan, the last one at `final_phase_steps`; lane k at the width
+    `LANE_SIZES[variant][k]`, from the seed of that width."""
     cfg = base_config(b, ROOT / b.work_dir / f"steps{budget}" / f"seed{seed}" / variant, seed)
-    last = final_phase_steps(budget, variant)
-    lanes = [LaneConfig(domains=list(ds), steps=[budget] * (len(ds) - 1) + [last[k]], size="M",
-                        intermediate_size=cfg.plan.seeds[0].intermediate_size, seed=cfg.plan.seeds[0].name)
+    last, sizes = final_phase_steps(budget, variant), LANE_SIZES[variant]
+    seeds = {size: sized_seed(cfg.plan.seeds[0], size) for size in dict.fromkeys(sizes)}
+    lanes = [LaneConfig(domains=list(ds), steps=[budget] * (len(ds) - 1) + [last[k]], size=sizes[k],
+                        intermediate_size=seeds[sizes[k]].intermediate_size, seed=seeds[sizes[k]].name)
              for k, ds in enumerate(lanes_domains)]
-    plan = dataclasses.replace(cfg.plan, lanes=lanes, domain_schedule_steps=math.ceil(b.schedule_factor * budget))
+    plan = dataclasses.replace(cfg.plan, seeds=list(seeds.values()), lanes=lanes,
+                               domain_schedule_steps=math.ceil(b.schedule_factor * budget))
     optim = dataclasses.replace(cfg.expert_optim, warmup_steps=max(1, round(b.warmup_fraction * budget)))
     return dataclasses.replace(cfg, plan=plan, expert_optim=optim,
                                budget=dataclasses.replace(cfg.budget, baseline_steps_per_domain=budget))
@@ -177,14 +192,17 @@ def test_logppl(model, blocks: torch.Tensor, batch: int = 16) -> float:
     return -total / tokens
 
 
-def train_seed_model(b: BenchConfig) -> dict:
-    """The shared seed (trained once), its validation loss per expert domain (the difficulty ranking) and
-    its test log-perplexity on every evaluated domain (the specialisation gate's reference)."""
-    cfg = base_config(b, ROOT / b.work_dir / "seed_model")
+def train_seed_model(b: BenchConfig, size: str = "M") -> dict:
+    """The seed of one width (trained once, shared by every plan, budget and seed), its validation loss per
+    expert domain (M's is the difficulty ranking) and its test log-perplexity on every evaluated domain
+    (the specialisation gate's reference for the experts that start from it)."""
+    cfg = base_config(b, ROOT / b.work_dir / ("seed_model" if size == "M" else f"seed_model_{size}"))
+    seed = sized_seed(cfg.plan.seeds[0], size)
+    lanes = [dataclasses.replace(lane, size=size, intermediate_size=seed.intermediate_size, seed=seed.name) for lane in cfg.plan.lanes]
+    cfg = dataclasses.replace(cfg, plan=dataclasses.replace(cfg.plan, seeds=[seed], lanes=lanes))  # stage "seeds": no lane trains
     shutil.rmtree(cfg.ensemble_dir, ignore_errors=True)  # only the harness cache resumes: never another config's seed
     with contextlib.redirect_stdout(io.StringIO()):
         run_stage(dataclasses.replace(cfg, job=dataclasses.replace(cfg.job, stage="seeds")), World())
-    seed = cfg.plan.seeds[0]
     path = model_dir(cfg.ensemble_dir, seed.name)
     mcfg = ModelConfig(**{**asdict(cfg.model), "pretrained": str(path), "tokenizer": str(path)})
     tok = build_tokenizer(mcfg)
@@ -217,23 +235,27 @@ def run_job(job: dict) -> dict:
     b, budget, seed = BenchConfig(**job["bench"]), job["budget"], job["seed"]
     torch.set_num_threads(1)
     cfgs = {v: plan_config(b, v, budget, job["lanes"], seed) for v in PLANS}
-    shared = shared_runs(cfgs["homogeneous"], cfgs["het_steps"])
+    shared = {v: shared_runs(cfgs["homogeneous"], cfgs[v]) for v in HET}
     out: dict = {"perplexity": {}, "experts": {}, "train_s": {}, "shared_runs": shared,
-                 "tied_domains": tied_domains(cfgs["homogeneous"], shared),
+                 "tied_domains": {v: tied_domains(cfgs["homogeneous"], shared[v]) for v in HET},
                  "vs_baseline": {v: check_plan(c) for v, c in cfgs.items()}}  # matched compute, before training
     for v, cfg in cfgs.items():
         shutil.rmtree(cfg.ensemble_dir, ignore_errors=True)  # only the harness cache resumes
-        shutil.copytree(job["seed_model"], model_dir(cfg.ensemble_dir, cfg.plan.seeds[0].name))
-    hom, het = (Path(cfgs[v].ensemble_dir) for v in PLANS)
+        for s in cfg.plan.seeds:
+            shutil.copytree(job["seed_models"][s.size], model_dir(cfg.ensemble_dir, s.name))
+    hom = Path(cfgs["homogeneous"].ensemble_dir)
     out["train_s"]["homogeneous"] = _train_lanes(cfgs["homogeneous"])
-    # The shared last-phase expert (the 4-share lane's): trained again in the het plan and compared.
-    check = next((n for n in shared if n in cfgs["het_steps"].plan.final_experts()), None) if job.get("check_shared") else None
-    for name in shared:
-        if name != check:
-            shutil.copytree(hom / name, het / name)
-    out["train_s"]["het_steps"] = _train_lanes(cfgs["het_steps"])
-    if check:
-        out["shared_run_check"] = {"run": check, "bit_equal": _same_weights(model_dir(hom, check), model_dir(het, check))}
+    for v in HET:
+        het = Path(cfgs[v].ensemble_dir)
+        # The shared last-phase expert (the M lane's): trained again in the het_steps plan and compared.
+        check = next((n for n in shared[v] if n in cfgs[v].plan.final_experts()), None) \
+            if job.get("check_shared") and v == "het_steps" else None
+        for name in shared[v]:
+            if name != check:
+                shutil.copytree(hom / name, het / name)
+        out["train_s"][v] = _train_lanes(cfgs[v])
+        if check:
+            out["shared_run_check"] = {"run": check, "bit_equal": _same_weights(model_dir(hom, check), model_dir(het, check))}
     for v, cfg in cfgs.items():
         res = EnsembleScorer(cfg, World()).evaluate()
         out["perplexity"][v] = {d: r["weightings"] for d, r in res.items()}
@@ -247,18 +269,19 @@ def tied_domains(cfg, shared: list[str]) -> list[str]:
     return [d for k, lane in enumerate(cfg.plan.lanes) if finals[k] in shared for d in lane.domains]
 
 
-def specialisation(runs: list[dict], seed_logppl: dict[str, float], lanes: list[list[str]], factor: float) -> dict:
-    """Per plan, lane and domain: the final expert's gain over the seed (seed minus expert test log-ppl,
-    mean over seeds), the seed-to-seed noise (std over training seeds of the expert's log-ppl) and
-    whether gain > factor x noise. Every expert must pass before the plans are compared."""
+def specialisation(runs: list[dict], seed_logppl: dict[str, dict[str, float]], lanes: list[list[str]], factor: float) -> dict:
+    """Per plan, lane and domain: the final expert's gain over its seed (the seed of its width; seed minus
+    expert test log-ppl, mean over seeds), the seed-to-seed noise (std over training seeds of the expert's
+    log-ppl) and whether gain > factor x noise. Every expert must pass before the plans are compared."""
     out: dict = {"factor": factor, "per_plan": {}, "passed": True}
     for v in PLANS:
         rows = []
         for k, domains in enumerate(lanes):
-            name = run_name(k, len(domains) - 1, "M")
+            size = LANE_SIZES[v][k]
+            name = run_name(k, len(domains) - 1, size)
             for d in domains:
                 lp = [math.log(r["experts"][v][d][name]) for r in runs]
-                gain = [seed_logppl[d] - x for x in lp]
+                gain = [seed_logppl[size][d] - x for x in lp]
                 noise = float(np.std(lp, ddof=1)) if len(lp) > 1 else float("nan")
                 ok = bool(len(lp) > 1 and np.mean(gain) > factor * noise)
                 rows.append({"lane": k, "expert": name, "domain": d, "gain": mean_std(gain), "noise": noise,
@@ -277,12 +300,12 @@ def sign_test(deltas: list[float]) -> dict:
     return {"het_better": neg, "het_worse": pos, "p_two_sided": p}
 
 
-def budget_stats(runs: list[dict], weighting: str) -> dict:
-    """Paired het - homogeneous statistics; structural ties (`tied_domains`) are shown per domain but
+def budget_stats(runs: list[dict], weighting: str, plan: str = "het_steps") -> dict:
+    """Paired `plan` - homogeneous statistics; structural ties (`tied_domains[plan]`) are shown per domain but
     count as neither a win nor a loss: they leave the win counts, the mean delta and the sign test."""
     domains = list(runs[0]["perplexity"]["homogeneous"])
-    tied = set(runs[0].get("tied_domains", []))
-    dlog = [{d: math.log(r["perplexity"]["het_steps"][d][weighting]) - math.log(r["perplexity"]["homogeneous"][d][weighting])
+    tied = set(runs[0].get("tied_domains", {}).get(plan, []))
+    dlog = [{d: math.log(r["perplexity"][plan][d][weighting]) - math.log(r["perplexity"]["homogeneous"][d][weighting])
              for d in domains} for r in runs]  # [seed]{domain}
     counted = [d for d in domains if d not in tied]
     rows = [[row[d] for d in counted] for row in dlog]
@@ -304,38 +327,46 @@ def main() -> None:
     register_hdee_configs()
     budgets = [int(x) for x in b.budgets.split(",")]
     hz = Harness("hdee_schedule", __file__, {"bench": asdict(b), "seeds": list(range(nseeds))}, allow_dirty=allow_dirty, fresh=fresh, smoke=smoke)
-    seed_job = hz.run_jobs([{"bench": asdict(b), "stage": "seed_model"}], lambda j: train_seed_model(BenchConfig(**j["bench"])), "seed model")[0]
-    if not Path(seed_job["path"]).exists():  # the cached record outlived runs/: train it again
-        seed_job = train_seed_model(b)
+    sizes = [z for z in WIDTHS if any(z in x for x in LANE_SIZES.values())]  # S, M, L
+    seed_jobs = hz.run_jobs([{"bench": asdict(b), "stage": "seed_model", "size": z} for z in sizes],
+                            lambda j: train_seed_model(BenchConfig(**j["bench"]), j["size"]), "seed models")
+    seeds = {z: j if Path(j["path"]).exists() else train_seed_model(b, z)  # a cached record that outlived runs/: train again
+             for z, j in zip(sizes, seed_jobs)}
+    seed_job = seeds["M"]
     lanes = lanes_by_difficulty(seed_job["val_loss"])
-    jobs = [{"bench": asdict(b), "budget": s, "seed": seed, "lanes": lanes, "seed_model": seed_job["path"],
+    jobs = [{"bench": asdict(b), "budget": s, "seed": seed, "lanes": lanes, "seed_models": {z: j["path"] for z, j in seeds.items()},
              "check_shared": seed == 0 and s == budgets[0]} for seed in range(nseeds) for s in budgets]
     res = hz.run_jobs(jobs, run_job, desc="hdee schedule", parallel=parallel)
     per_budget = {}
     for s in budgets:
         runs = [r for j, r in zip(jobs, res) if j["budget"] == s]
         weightings = list(next(iter(runs[0]["perplexity"]["homogeneous"].values())))
-        stats = {w: budget_stats(runs, w) for w in weightings}
-        gate = specialisation(runs, seed_job["test_logppl"], lanes, b.gate_factor)
-        shares = stats[PRIMARY]["win_share_per_seed"]
+        stats = {v: {w: budget_stats(runs, w, v) for w in weightings} for v in HET}
+        gate = specialisation(runs, {z: j["test_logppl"] for z, j in seeds.items()}, lanes, b.gate_factor)
         per_budget[str(s)] = {"specialisation": gate, "stats": stats,
-                              "target_met": gate["passed"] and all(x is not None and x >= TARGET_SHARE for x in shares),
+                              "target_met": {v: gate["passed"] and all(x is not None and x >= TARGET_SHARE
+                                                                       for x in stats[v][PRIMARY]["win_share_per_seed"]) for v in HET},
                               "per_seed_perplexity": [r["perplexity"] for r in runs],
                               "per_seed_experts": [r["experts"] for r in runs],
                               "vs_baseline": runs[0]["vs_baseline"],
                               "train_s": {v: mean_std([r["train_s"][v] for r in runs]) for v in PLANS}}
-    means = [per_budget[str(s)]["stats"][PRIMARY]["mean_dlogppl"]["mean"] for s in budgets]
-    slope = float(np.polyfit(np.log2(budgets), means, 1)[0]) if len(budgets) > 1 else None
+    trend = {"budgets": budgets}
+    for v in HET:
+        means = [per_budget[str(s)]["stats"][v][PRIMARY]["mean_dlogppl"]["mean"] for s in budgets]
+        trend[v] = {"mean_dlogppl": means, "slope_per_doubling": float(np.polyfit(np.log2(budgets), means, 1)[0]) if len(budgets) > 1 else None}
     figures = {"seed_domains": seed_job["domains"], "seed_test_logppl": seed_job["test_logppl"],
-               "seed_val_loss": seed_job["val_loss"], "lanes": [{"domains": ds, "share": sh} for ds, sh in zip(lanes, SHARES)],
-               "held_out": HELD_OUT, "primary": PRIMARY, "per_budget": per_budget,
-               "trend": {"budgets": budgets, "mean_dlogppl": means, "slope_per_doubling": slope},
+               "seed_test_logppl_by_size": {z: j["test_logppl"] for z, j in seeds.items()},
+               "seed_val_loss": seed_job["val_loss"],
+               "lanes": [{"domains": ds, "share": sh, "sizes": {v: LANE_SIZES[v][k] for v in PLANS}}
+                         for k, (ds, sh) in enumerate(zip(lanes, SHARES))],
+               "widths": {z: round(WIDTHS[z] * base_config(b, ROOT / b.work_dir).plan.seeds[0].intermediate_size) for z in sizes},
+               "held_out": HELD_OUT, "primary": PRIMARY, "per_budget": per_budget, "trend": trend,
                "shared_runs": res[0]["shared_runs"],
                "shared_run_check": next((r["shared_run_check"] for r in res if "shared_run_check" in r), None),
                "final_phase_steps": {str(s): {v: final_phase_steps(s, v) for v in PLANS} for s in budgets},
                "departures": DEPARTURES,
                "target": f"every expert beats the seed by > {b.gate_factor:g}x the seed-to-seed noise on its domains; then "
-                         f"het_steps wins >= {TARGET_SHARE:.0%} of the non-tied domains on every seed"}
+                         f"each het plan wins >= {TARGET_SHARE:.0%} of the non-tied domains on every seed"}
     paths = hz.write(figures, text, plot)
     print(paths["txt"].read_text())
 
@@ -345,61 +376,60 @@ def text(rec: dict) -> str:
     w = f["primary"]
     chk = f.get("shared_run_check")
     lines = [header(rec), "",
-             f"seed model {b['seed_steps']} steps (shared by all); every domain phase at the seed lr / 10 (cosine to half of it), "
-             f"warm-up {b['warmup_fraction']:.3g} of the homogeneous steps; lanes of {len(f['lanes'][0]['domains'])} domains, "
-             f"earlier iterations at the homogeneous steps in both plans, the last domain phase one {b['schedule_factor']}x cosine "
-             f"with each plan's expert a checkpoint of it; training seeds {rec['config']['seeds']}",
+             f"seed models {b['seed_steps']} steps, one per width (shared by every plan, budget and seed); every domain phase at "
+             f"the seed lr / 10 (cosine to half of it), warm-up {b['warmup_fraction']:.3g} of the homogeneous steps; lanes of "
+             f"{len(f['lanes'][0]['domains'])} domains, earlier iterations at the homogeneous steps in every plan, the last domain "
+             f"phase one {b['schedule_factor']}x cosine with each plan's expert a checkpoint of it; training seeds {rec['config']['seeds']}",
+             "FFN widths: " + ", ".join(f"{z} {x}" for z, x in f["widths"].items()) + "; lane widths (easiest lane first): "
+             + ", ".join(f"{v} {'/'.join(lane['sizes'][v] for lane in f['lanes'])}" for v in PLANS),
              "last-phase steps per lane: " + "; ".join(f"budget {s}: " + ", ".join(f"{v} {x}" for v, x in d.items())
                                                      for s, d in f["final_phase_steps"].items()),
-             f"runs trained once and shared by both plans: {f['shared_runs']}"
-             + (f"; check: {chk['run']} trained again in the het plan is bit-equal: {chk['bit_equal']}" if chk else ""),
-             "lanes (ranked by the seed's validation loss, easiest first): " + "; ".join(
+             "runs trained once, in the homogeneous plan, and shared: " + "; ".join(f"{v} {x}" for v, x in f["shared_runs"].items())
+             + (f"; check: {chk['run']} trained again in the het_steps plan is bit-equal: {chk['bit_equal']}" if chk else ""),
+             "lanes (ranked by the M seed's validation loss, easiest first): " + "; ".join(
                  f"{lane['share']} shares: " + " -> ".join(f"{d} ({f['seed_val_loss'][d]:.3f})" for d in lane["domains"]) for lane in f["lanes"])
              + f"; held out: {f['held_out']}", "",
              "departures from the paper's protocol: " + "; ".join(f.get("departures", [])), ""]
-    if "seed_test_logppl" in f:
-        lines.append(f"seed trained on {f['seed_domains']}; its test log-ppl: "
-                     + ", ".join(f"{d} {v:.3f}" for d, v in f["seed_test_logppl"].items()))
+    for z, lp in f["seed_test_logppl_by_size"].items():
+        lines.append(f"seed {z} trained on {f['seed_domains']}; its test log-ppl: " + ", ".join(f"{d} {v:.3f}" for d, v in lp.items()))
     for s, r in f["per_budget"].items():
-        g = r.get("specialisation")
-        if not g:
-            continue
-        lines += ["", f"specialisation gate, budget {s}: expert gain over the seed on its own domains (seed - expert test "
+        g = r["specialisation"]
+        lines += ["", f"specialisation gate, budget {s}: expert gain over its seed on its own domains (seed - expert test "
                       f"log-ppl, mean ± std over seeds) against {g['factor']:g}x the seed-to-seed noise (std over training "
-                      f"seeds of the expert's log-ppl): {'PASSED' if g['passed'] else 'FAILED, the plan comparison below is inadmissible'}",
+                      f"seeds of the expert's log-ppl): {'PASSED' if g['passed'] else 'FAILED, the plan comparisons below are inadmissible'}",
                   "| plan | expert | domain | gain | noise | gain / noise | passed |", "|---|---|---|---|---|---|---|"]
         for v, rows in g["per_plan"].items():
             for x in rows:
                 ratio = "-" if x["gain_over_noise"] is None else f"{x['gain_over_noise']:.0f}"
                 lines.append(f"| {v} | {x['expert']} | {x['domain']} | {fmt(x['gain'], 4)} | {x['noise']:.4f} | {ratio} | {x['passed']} |")
-    lines += ["", f"het_steps vs homogeneous, weighting {w}: delta log-perplexity (het - homogeneous; < 0 favours het); "
-                  "structural ties (the lane whose final expert is one run in both plans) leave the counts and the test",
-              "| steps/domain (hom; het 3:4:5) | ties dropped | wins per seed (of counted) | paired mean delta log-ppl over counted | "
-              "sign test het better/worse, p | mean delta detectable (n seeds, paired t, 5%) | target |",
-              "|---|---|---|---|---|---|---|"]
-    for s, r in f["per_budget"].items():
-        st = r["stats"][w]
-        t = st["sign_test"]
-        n = len(st["wins_per_seed"])
-        detect = _detectable(st["mean_dlogppl"])
-        lines.append(f"| {s} | {st.get('tied_domains', [])} | {st['wins_per_seed']} of {len(st.get('counted_domains', st['domains']))} | "
-                     f"{fmt(st['mean_dlogppl'], 4)} | {t['het_better']}/{t['het_worse']}, p={t['p_two_sided']:.3f} | "
-                     f"{'-' if detect is None else f'|delta| > {detect:.4f} (n={n})'} | "
-                     f"{'-' if 'target_met' not in r else 'MET' if r['target_met'] else 'NOT MET'} |")
-    tr = f["trend"]
-    lines += ["", "trend of the mean delta over budgets: " + ", ".join(f"{s}: {m:+.4f}" for s, m in zip(tr["budgets"], tr["mean_dlogppl"]))
-              + (f"; slope {tr['slope_per_doubling']:+.4f} per doubling of steps" if tr["slope_per_doubling"] is not None else ""),
-              "", "per domain (mean ± std over seeds of delta log-ppl, weighting " + w + "):"]
     budgets = list(f["per_budget"])
-    lines.append(f"  {'domain':<16}" + "".join(f"{'steps ' + s:>22}" for s in budgets))
-    for d in f["per_budget"][budgets[0]]["stats"][w]["domains"]:
-        lines.append(f"  {d + (' HO' if d == f['held_out'] else ''):<16}" + "".join(
-            f"{fmt(f['per_budget'][s]['stats'][w]['dlogppl_per_domain'][d], 4):>22}" for s in budgets))
-    lines.append("")
-    for s in budgets:
-        other = {k: v for k, v in f["per_budget"][s]["stats"].items() if k != w}
-        lines.append(f"steps {s}, other weightings: " + "; ".join(
-            f"{k}: wins {v['wins_per_seed']}, mean {v['mean_dlogppl']['mean']:+.4f}" for k, v in other.items()))
+    for v in HET:
+        lines += ["", f"{v} vs homogeneous, weighting {w}: delta log-perplexity ({v} - homogeneous; < 0 favours {v}); "
+                      "structural ties (a lane whose final expert is one run in both plans) leave the counts and the test",
+                  "| homogeneous steps/domain | ties dropped | wins per seed (of counted) | paired mean delta log-ppl over counted | "
+                  "sign test het better/worse, p | mean delta detectable (n seeds, paired t, 5%) | target |",
+                  "|---|---|---|---|---|---|---|"]
+        for s, r in f["per_budget"].items():
+            st = r["stats"][v][w]
+            t = st["sign_test"]
+            detect = _detectable(st["mean_dlogppl"])
+            det = "-" if detect is None else f"|delta| > {detect:.4f} (n={len(st['wins_per_seed'])})"
+            lines.append(f"| {s} | {st['tied_domains']} | {st['wins_per_seed']} of {len(st['counted_domains'])} | "
+                         f"{fmt(st['mean_dlogppl'], 4)} | {t['het_better']}/{t['het_worse']}, p={t['p_two_sided']:.3f} | "
+                         f"{det} | "
+                         f"{'MET' if r['target_met'][v] else 'NOT MET'} |")
+        tr = f["trend"][v]
+        lines += ["", f"{v}: trend of the mean delta over budgets: " + ", ".join(f"{s}: {m:+.4f}" for s, m in zip(f["trend"]["budgets"], tr["mean_dlogppl"]))
+                  + (f"; slope {tr['slope_per_doubling']:+.4f} per doubling of steps" if tr["slope_per_doubling"] is not None else ""),
+                  f"{v}: per domain (mean ± std over seeds of delta log-ppl, weighting {w}):",
+                  f"  {'domain':<16}" + "".join(f"{'steps ' + s:>22}" for s in budgets)]
+        for d in f["per_budget"][budgets[0]]["stats"][v][w]["domains"]:
+            lines.append(f"  {d + (' HO' if d == f['held_out'] else ''):<16}" + "".join(
+                f"{fmt(f['per_budget'][s]['stats'][v][w]['dlogppl_per_domain'][d], 4):>22}" for s in budgets))
+        for s in budgets:
+            other = {k: x for k, x in f["per_budget"][s]["stats"][v].items() if k != w}
+            lines.append(f"  steps {s}, other weightings: " + "; ".join(
+                f"{k}: wins {x['wins_per_seed']}, mean {x['mean_dlogppl']['mean']:+.4f}" for k, x in other.items()))
     return "\n".join(lines)
 
 
@@ -417,24 +447,28 @@ def plot(rec: dict, png: Path) -> None:
     f = rec["figures"]
     w = f["primary"]
     budgets = list(f["per_budget"])
-    fig, (a, bx) = plt.subplots(1, 2, figsize=(12, 4.2))
-    domains = f["per_budget"][budgets[0]]["stats"][w]["domains"]
-    x = np.arange(len(domains))
-    width = 0.8 / len(budgets)
-    for i, s in enumerate(budgets):
-        d = f["per_budget"][s]["stats"][w]["dlogppl_per_domain"]
-        a.bar(x + (i - (len(budgets) - 1) / 2) * width, [d[k]["mean"] for k in domains], yerr=[d[k]["std"] for k in domains],
-              width=width, capsize=2, label=f"{s} steps/domain")
-    a.axhline(0, color="k", lw=0.8)
-    tied = set(f["per_budget"][budgets[0]]["stats"][w].get("tied_domains", []))
-    a.set_xticks(x, [d + (" (HO)" if d == f["held_out"] else "") + (" (tie)" if d in tied else "") for d in domains], rotation=45, ha="right")
-    a.set_ylabel(f"delta log-ppl het_steps - homogeneous ({w})")
-    a.legend(fontsize=7)
-    m = [f["per_budget"][s]["stats"][w]["mean_dlogppl"] for s in budgets]
-    bx.errorbar([int(s) for s in budgets], [v["mean"] for v in m], yerr=[v["std"] for v in m], marker="o", capsize=3)
+    fig, axes = plt.subplots(1, len(HET) + 1, figsize=(6 * (len(HET) + 1), 4.2))
+    for a, v in zip(axes, HET):  # one panel per het plan: delta per domain at every budget
+        st0 = f["per_budget"][budgets[0]]["stats"][v][w]
+        domains, tied = st0["domains"], set(st0["tied_domains"])
+        x = np.arange(len(domains))
+        width = 0.8 / len(budgets)
+        for i, s in enumerate(budgets):
+            d = f["per_budget"][s]["stats"][v][w]["dlogppl_per_domain"]
+            a.bar(x + (i - (len(budgets) - 1) / 2) * width, [d[k]["mean"] for k in domains], yerr=[d[k]["std"] for k in domains],
+                  width=width, capsize=2, label=f"{s} steps/domain")
+        a.axhline(0, color="k", lw=0.8)
+        a.set_xticks(x, [d + (" (HO)" if d == f["held_out"] else "") + (" (tie)" if d in tied else "") for d in domains], rotation=45, ha="right")
+        a.set(ylabel=f"delta log-ppl {v} - homogeneous ({w})", title=v)
+        a.legend(fontsize=7)
+    bx = axes[-1]
+    for v in HET:
+        m = [f["per_budget"][s]["stats"][v][w]["mean_dlogppl"] for s in budgets]
+        bx.errorbar([int(s) for s in budgets], [x["mean"] for x in m], yerr=[x["std"] for x in m], marker="o", capsize=3, label=v)
     bx.axhline(0, color="k", lw=0.8)
     bx.set_xscale("log", base=2)
-    bx.set(xlabel="homogeneous steps per domain", ylabel="paired mean delta log-ppl over domains", title="trend over budgets")
+    bx.set(xlabel="homogeneous steps per domain", ylabel="paired mean delta log-ppl over counted domains", title="trend over budgets")
+    bx.legend(fontsize=7)
     fig.suptitle(f"HDEE at the paper's schedule (scaled down), {len(rec['config']['seeds'])} seeds @ {rec['git_sha'][:10]}")
     fig.tight_layout()
     save_figure(fig, png, dpi=110)

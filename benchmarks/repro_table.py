@@ -130,17 +130,28 @@ def newer_rows() -> list[str]:
     return [r for r in out if r]
 
 
-def _last_phase_domains(f: dict, w: str) -> str:
-    """Δ log-ppl on each lane's last domain (the only phase the plans differ in), per budget: where a win comes from."""
-    lanes = f.get("lanes") or []
-    if not lanes:
-        return ""
+def _last_phase_domains(f: dict, w: str, plan: str) -> str:
+    """Δ log-ppl on each lane's last domain (the only phase het_steps differs in), per budget: where a win comes from."""
     parts = []
-    for lane in lanes:
+    for lane in f["lanes"]:
         d = lane["domains"][-1]
-        vals = " / ".join(f"{x['stats'][w]['dlogppl_per_domain'][d]['mean']:+.4f}" for x in f["per_budget"].values())
-        parts.append(f"{d} ({lane['share']} shares) {vals}")
-    return f". Δ on each lane's last domain at {' / '.join(f['per_budget'])} steps: " + "; ".join(parts)
+        vals = " / ".join(f"{x['stats'][plan][w]['dlogppl_per_domain'][d]['mean']:+.4f}" for x in f["per_budget"].values())
+        parts.append(f"{d} ({lane['share']} shares, {lane['sizes'][plan]}) {vals}")
+    return f". {plan} Δ on each lane's last domain at {' / '.join(f['per_budget'])} steps: " + "; ".join(parts)
+
+
+def _hdee_plan_result(f: dict, w: str, plan: str) -> str:
+    """One het plan against homogeneous, every budget: gate, wins of the counted domains, paired mean Δ, sign test, trend."""
+    def one(s: str, x: dict) -> str:
+        st = x["stats"][plan][w]
+        g = x["specialisation"]
+        return (f"{s} steps/domain: gate {'passed' if g['passed'] else 'FAILED'}, wins per seed {st['wins_per_seed']} of "
+                f"{len(st['counted_domains'])}" + (f" (ties dropped: {', '.join(st['tied_domains'])})" if st["tied_domains"] else "")
+                + f", paired mean Δ log-ppl {fmt(st['mean_dlogppl'], 4)}, sign test {st['sign_test']['het_better']}/"
+                f"{st['sign_test']['het_worse']} p={st['sign_test']['p_two_sided']:.2f}")
+    tr = f["trend"][plan]
+    return (f"**{plan}**: " + "; ".join(one(s, x) for s, x in f["per_budget"].items())
+            + (f"; trend slope {tr['slope_per_doubling']:+.4f} per doubling of steps" if tr["slope_per_doubling"] is not None else ""))
 
 
 def hdee_rows() -> list[str]:
@@ -150,38 +161,28 @@ def hdee_rows() -> list[str]:
     rec = _load("hdee_schedule")
     if rec:
         f, b = rec["figures"], rec["config"]["bench"]
-        w = f["primary"]
+        w, het = f["primary"], list(f["trend"])[1:]  # trend: budgets, then one entry per het plan
         per = f["per_budget"]
-        res = "; ".join(f"{s} steps/domain: "
-                        + (f"specialisation gate (each expert beats the seed by > {x['specialisation']['factor']:g}x the seed-to-seed "
-                           f"noise) {'passed' if x['specialisation']['passed'] else 'FAILED'}, " if "specialisation" in x else "")
-                        + f"wins per seed {x['stats'][w]['wins_per_seed']} of {len(x['stats'][w].get('counted_domains', x['stats'][w]['domains']))}"
-                        + (f" (structural ties dropped: {', '.join(x['stats'][w]['tied_domains'])})" if x["stats"][w].get("tied_domains") else "")
-                        + f", paired mean Δ log-ppl {fmt(x['stats'][w]['mean_dlogppl'], 4)}, sign test {x['stats'][w]['sign_test']['het_better']}/"
-                        f"{x['stats'][w]['sign_test']['het_worse']} p={x['stats'][w]['sign_test']['p_two_sided']:.2f}" for s, x in per.items())
-        met = all(x["target_met"] if "target_met" in x else
-                  all(v >= 0.8 * 7 for v in x["stats"][w]["wins_per_seed"]) and x["stats"][w]["mean_dlogppl"]["mean"] < 0 for x in per.values())
+        met = {v: all(x["target_met"][v] for x in per.values()) for v in het}
         budgets = list(per)
         chk = f.get("shared_run_check")
-        ours = (f"protocol: one {b['seed_steps']}-step seed shared by all (seed:phase {b['seed_steps'] // int(budgets[0])}:1 to "
+        ours = (f"protocol: one {b['seed_steps']}-step seed per width shared by all (seed:phase {b['seed_steps'] // int(budgets[0])}:1 to "
                 f"{b['seed_steps'] // int(budgets[-1])}:1), every domain phase at the seed lr / 10 with a {b['warmup_fraction']:g} warm-up, "
-                f"lanes of 2 disjoint domains ranked by the seed's val loss, the first phase shared by both plans, the last one a "
-                f"{b['schedule_factor']:g}x cosine whose checkpoints are the experts (het 3:4:5, homogeneous 4:4:4), "
-                f"{w} weighting, {len(rec['config']['seeds'])} seeds"
+                f"lanes of 2 disjoint domains ranked by the seed's val loss, earlier phases shared by every plan, the last one a "
+                f"{b['schedule_factor']:g}x cosine whose checkpoints are the experts (het_steps 3:4:5, homogeneous 4:4:4; het_sizes "
+                f"FFN {'/'.join(str(x) for x in f['widths'].values())} at 4:4:4), {w} weighting, {len(rec['config']['seeds'])} seeds"
                 + (f", shared runs bit-equal when retrained: {chk['bit_equal']}" if chk else "")
                 + f". Matched: {'seed far longer than a phase' if b['seed_steps'] >= 50 * int(budgets[-1]) else 'seed longer than a phase (paper 50:1)'}, lr/10 + short warm-up, experts as checkpoints of one cosine, shared "
                 "earlier iterations, disjoint difficulty-ranked lanes, raw win counts. Not matched: "
-                + "; ".join(f.get("departures", [])) + f". Result: {res}"
-                + (f"; trend slope {f['trend']['slope_per_doubling']:+.4f} per doubling of steps"
-                   if f["trend"]["slope_per_doubling"] is not None else "")
-                + _last_phase_domains(f, w))
-        out.append(f"| hdee_schedule | heterogeneous beats homogeneous in 20/21 cases | {ours} | each plan ≥ 80% of domains per seed, "
-                   f"mean Δ < 0: **{'met' if met else 'not met'}** | {_command('hdee_schedule', rec, hdee_schedule.BenchConfig)} | "
-                   f"{_runtime(rec)} | {_provenance(rec)} |")
+                + "; ".join(f.get("departures", [])) + ". Results: " + ". ".join(_hdee_plan_result(f, w, v) for v in het)
+                + _last_phase_domains(f, w, "het_steps"))
+        out.append(f"| hdee_schedule | heterogeneous beats homogeneous in 20/21 cases | {ours} | each plan ≥ 80% of domains per seed: "
+                   + ", ".join(f"{v} **{'met' if m else 'not met'}**" for v, m in met.items())
+                   + f" | {_command('hdee_schedule', rec, hdee_schedule.BenchConfig)} | {_runtime(rec)} | {_provenance(rec)} |")
     else:
         out.append("| hdee_schedule | heterogeneous beats homogeneous in 20/21 cases | not measured yet (the paper's schedule, scaled "
                    "down: long shared seed, lr/10 domain phase, experts as checkpoints of one cosine, disjoint difficulty-ranked lanes) "
-                   "| each plan ≥ 80% of domains per seed, mean Δ log-ppl < 0 | `python -m benchmarks.hdee_schedule` | — | — |")
+                   "| each plan ≥ 80% of domains per seed | `python -m benchmarks.hdee_schedule` | — | — |")
     rec = _load("hdee_ensemble")
     if rec and "per_plan" in rec["figures"]:
         f = rec["figures"]
@@ -331,11 +332,13 @@ def _headline(name: str, rec: dict) -> str | None:
     if name == "hdee_ensemble" and "headline" in f:
         return "; ".join(f"{v}: {x['won']}/{x['domains']} domains won (raw {x['won_raw']})" for v, x in f["headline"].items())
     if name == "hdee_schedule" and "per_budget" in f:
-        w = f["primary"]
-        n = {len(x["stats"][w]["counted_domains"]) for x in f["per_budget"].values()}  # ties leave the count
-        return (f"domains won of {'/'.join(map(str, sorted(n)))} counted per seed at {' / '.join(f['per_budget'])} steps/domain: "
-                + " / ".join(str(x["stats"][w]["wins_per_seed"]) for x in f["per_budget"].values())
-                + "; het − homogeneous mean Δ log-ppl " + " / ".join(f"{x['stats'][w]['mean_dlogppl']['mean']:+.4f}" for x in f["per_budget"].values()))
+        w, per = f["primary"], f["per_budget"]
+
+        def plan(v: str) -> str:
+            n = {len(x["stats"][v][w]["counted_domains"]) for x in per.values()}  # ties leave the count
+            return (f"{v} wins of {'/'.join(map(str, sorted(n)))} counted per seed " + " / ".join(str(x["stats"][v][w]["wins_per_seed"]) for x in per.values())
+                    + ", mean Δ log-ppl vs homogeneous " + " / ".join(f"{x['stats'][v][w]['mean_dlogppl']['mean']:+.4f}" for x in per.values()))
+        return f"at {' / '.join(per)} steps/domain: " + "; ".join(plan(v) for v in list(f["trend"])[1:])
     if name == "hdee_scale_probe" and "per_budget" in f:
         w, n = f["primary"], len(f["domains"])
         return ", ".join(f"won {len(x['het_steps'][w]['won'])}/{n} at {b} steps/domain" for b, x in f["per_budget"].items())

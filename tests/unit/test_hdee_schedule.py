@@ -98,7 +98,7 @@ def test_bench_structural_ties_are_neither_wins_nor_losses():
 
     # x: het better; y: het worse; z: the shared lane's domain, a hair better for het on every seed.
     runs = [{"perplexity": {"homogeneous": ppl(10.0, 10.0, 10.0), "het_steps": ppl(9.0, 11.0, 10.0 - 1e-6)},
-             "tied_domains": ["z"]}] * 3
+             "tied_domains": {"het_steps": ["z"]}}] * 3
     st = H.budget_stats(runs, "cached")
     assert st["counted_domains"] == ["x", "y"] and st["tied_domains"] == ["z"]
     assert st["wins_per_seed"] == [1, 1, 1] and st["win_share_per_seed"] == [0.5, 0.5, 0.5]
@@ -117,15 +117,40 @@ def test_bench_tied_domains_and_specialisation_gate():
     cfg = SimpleNamespace(plan=EnsemblePlan(seeds=[SeedConfig(intermediate_size=8)], lanes=lanes, tokens_per_step=1))
     assert H.tied_domains(cfg, ["lane0-it0-M", "lane1-it0-M", "lane1-it1-M"]) == ["a1", "b1"]  # only a shared FINAL expert ties
     # Gate: seed log-ppl 2.0 on both domains of one lane; the expert reaches exp(1.0) +- a little over seeds.
-    seed = {"a0": 2.0, "b0": 2.0}
+    # Each expert is measured against the seed of its own width: het_sizes' lane 0 is S, from seed-S.
+    seed = {"M": {"a0": 2.0, "b0": 2.0}, "S": {"a0": 2.5, "b0": 2.5}}
 
     def runs(vals):
-        return [{"experts": {v: {d: {"lane0-it1-M": math.exp(x)} for d in seed} for v in H.PLANS}} for x in vals]
+        return [{"experts": {v: {d: {f"lane0-it1-{H.LANE_SIZES[v][0]}": math.exp(x)} for d in seed["M"]} for v in H.PLANS}}
+                for x in vals]
 
-    ok = H.specialisation(runs([0.99, 1.0, 1.01]), seed, [["a0", "b0"]], factor=10)  # gain 1.0, noise 0.01
+    ok = H.specialisation(runs([0.99, 1.0, 1.01]), seed, [["a0", "b0"]], factor=10)  # gain 1.0 (S: 1.5), noise 0.01
     assert ok["passed"] and ok["per_plan"]["het_steps"][0]["gain_over_noise"] == pytest.approx(100)
+    assert ok["per_plan"]["het_sizes"][0]["expert"] == "lane0-it1-S"
+    assert ok["per_plan"]["het_sizes"][0]["gain"]["mean"] == pytest.approx(1.5)
     bad = H.specialisation(runs([0.85, 1.0, 1.15]), seed, [["a0", "b0"]], factor=10)  # gain 1.0, noise 0.15
     assert not bad["passed"]
+
+
+def test_bench_het_sizes_plan_matches_the_homogeneous_compute_and_shares_its_m_lane(tmp_path):
+    """het_sizes: lanes at 0.75x / 1x / 1.25x the FFN width (easiest smallest), each from the seed of its width,
+    at the homogeneous steps: the same non-embedding FLOPs as homogeneous, and the M lane is homogeneous's own."""
+    from benchmarks import hdee_schedule as H
+    from decentrain.algorithms.hdee.config import check_plan
+    from decentrain.config import register_hdee_configs
+
+    register_hdee_configs()
+    b = H.BenchConfig(seed_steps=8, work_dir=str(tmp_path))
+    lanes = [["python_stdlib", "python_docs"], ["c_headers", "arithmetic"], ["changelogs", "licenses"]]
+    cfgs = {v: H.plan_config(b, v, 16, lanes, 0) for v in H.PLANS}
+    het = cfgs["het_sizes"].plan
+    assert [lane.intermediate_size for lane in het.lanes] == [264, 352, 440]
+    assert [lane.seed for lane in het.lanes] == ["seed-S", "seed-M", "seed-L"]
+    assert {s.name: s.intermediate_size for s in het.seeds} == {"seed-S": 264, "seed-M": 352, "seed-L": 440}
+    assert H.final_phase_steps(16, "het_sizes") == [16, 16, 16]
+    assert H.shared_runs(cfgs["homogeneous"], cfgs["het_sizes"]) == ["lane1-it0-M", "lane1-it1-M"]
+    assert H.tied_domains(cfgs["homogeneous"], ["lane1-it0-M", "lane1-it1-M"]) == ["c_headers", "arithmetic"]
+    assert abs(check_plan(cfgs["het_sizes"])) < 1e-9  # relative compute difference to the homogeneous baseline
 
 
 def test_ensemble_bench_drops_the_lane_both_plans_share():
