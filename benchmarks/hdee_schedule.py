@@ -49,7 +49,7 @@ het plan wins >= 80 % of the counted domains on every seed, with the gate passed
 Departures (also in the TXT): a ~0.9M-param byte Llama and ~200 kB per domain (paper 90-135M
 params on M2D2/S2ORC/Wiki corpora); the seed's general text is ~200 kB of packages' README/NEWS prose
 (paper: OpenWebText); 2 domain iterations per lane
-(paper 3); 3 experts; one seed model (seeds vary the experts' data order only); 16 test blocks of
+(paper 3); 3 experts; one seed model per width (seeds vary the experts' data order only); 16 test blocks of
 128 bytes per domain; het_sizes widths differ in the FFN only.
 
     python -m benchmarks.hdee_schedule --seed-steps 80 --budgets 8,16,32 --parallel 2   # the committed run (~10 min on 2 quiet cores)
