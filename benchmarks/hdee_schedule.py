@@ -96,7 +96,7 @@ PRIMARY = "cached"
 TARGET_SHARE = 0.8
 DEPARTURES = [
     "~0.9M-param byte-level Llama, ~200 kB per domain (paper: 90-135M params, M2D2/S2ORC/Wiki corpora)",
-    "the seed trains on ~200 kB of packages' README/NEWS prose (the corpus's `general` domain; paper: OpenWebText), disjoint from the expert domains",
+    "the seed trains on packages' README/NEWS prose (the corpus's `general` domain; paper: OpenWebText), disjoint from the expert domains",
     "2 domain iterations per lane (paper 3), 3 experts, 7 evaluated domains (6 trained + python_tests held out; paper 9 trained)",
     "one seed model per width; seeds vary the experts' data order only",
     "16 test blocks of 128 bytes per domain; the cached prior sees 32 validation blocks (paper: 100 sequences)",
@@ -107,6 +107,9 @@ DEPARTURES = [
 @dataclass
 class BenchConfig:
     seed_steps: int = 1600  # >= 50:1 against every budget's domain phase, as the paper's 20k:400
+    # The seed's text budget in bytes (0: the experts' data.max_bytes_per_domain, 200 kB). A long seed needs
+    # more than that to see its text about once (1600 steps x 2048 tokens = 3.3 MB); the box has ~10 MB.
+    seed_max_bytes: int = 0
     seed_domains: str = "general"  # the seed's text, disjoint from the expert domains (comma-separated)
     budgets: str = "16"  # homogeneous steps per domain; het_steps gets 3:4:5 shares of the same total
     gate_factor: float = 10.0  # each expert beats the seed on its domains by > this x the seed-to-seed noise
@@ -201,8 +204,9 @@ def train_seed_model(b: BenchConfig, size: str = "M") -> dict:
     lanes = [dataclasses.replace(lane, size=size, intermediate_size=seed.intermediate_size, seed=seed.name) for lane in cfg.plan.lanes]
     cfg = dataclasses.replace(cfg, plan=dataclasses.replace(cfg.plan, seeds=[seed], lanes=lanes))  # stage "seeds": no lane trains
     shutil.rmtree(cfg.ensemble_dir, ignore_errors=True)  # only the harness cache resumes: never another config's seed
+    train = cfg if not b.seed_max_bytes else dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, max_bytes_per_domain=b.seed_max_bytes))
     with contextlib.redirect_stdout(io.StringIO()):
-        run_stage(dataclasses.replace(cfg, job=dataclasses.replace(cfg.job, stage="seeds")), World())
+        run_stage(dataclasses.replace(train, job=dataclasses.replace(train.job, stage="seeds")), World())
     path = model_dir(cfg.ensemble_dir, seed.name)
     mcfg = ModelConfig(**{**asdict(cfg.model), "pretrained": str(path), "tokenizer": str(path)})
     tok = build_tokenizer(mcfg)
@@ -214,6 +218,11 @@ def train_seed_model(b: BenchConfig, size: str = "M") -> dict:
             for d in eval_domains(cfg)}
     return {"path": str(path), "domains": list(seed.domains), "val_loss": {d: float(v) for d, v in val_loss.items()},
             "test_logppl": test}
+
+
+def seed_model_job(job: dict) -> dict:
+    """A harness job (module-level: parallel jobs run in worker processes): one width's seed."""
+    return train_seed_model(BenchConfig(**job["bench"]), job["size"])
 
 
 def lanes_by_difficulty(val_loss: dict[str, float]) -> list[list[str]]:
@@ -329,7 +338,7 @@ def main() -> None:
     hz = Harness("hdee_schedule", __file__, {"bench": asdict(b), "seeds": list(range(nseeds))}, allow_dirty=allow_dirty, fresh=fresh, smoke=smoke)
     sizes = [z for z in WIDTHS if any(z in x for x in LANE_SIZES.values())]  # S, M, L
     seed_jobs = hz.run_jobs([{"bench": asdict(b), "stage": "seed_model", "size": z} for z in sizes],
-                            lambda j: train_seed_model(BenchConfig(**j["bench"]), j["size"]), "seed models")
+                            seed_model_job, "seed models", parallel=parallel)
     seeds = {z: j if Path(j["path"]).exists() else train_seed_model(b, z)  # a cached record that outlived runs/: train again
              for z, j in zip(sizes, seed_jobs)}
     seed_job = seeds["M"]
@@ -364,7 +373,7 @@ def main() -> None:
                "shared_runs": res[0]["shared_runs"],
                "shared_run_check": next((r["shared_run_check"] for r in res if "shared_run_check" in r), None),
                "final_phase_steps": {str(s): {v: final_phase_steps(s, v) for v in PLANS} for s in budgets},
-               "departures": DEPARTURES,
+               "departures": DEPARTURES + [f"the seed's text: {(b.seed_max_bytes or base_config(b, ROOT / b.work_dir).data.max_bytes_per_domain) / 1e3:.0f} kB"],
                "target": f"every expert beats the seed by > {b.gate_factor:g}x the seed-to-seed noise on its domains; then "
                          f"each het plan wins >= {TARGET_SHARE:.0%} of the non-tied domains on every seed"}
     paths = hz.write(figures, text, plot)
