@@ -52,7 +52,8 @@ params on M2D2/S2ORC/Wiki corpora); the seed's general text is ~200 kB of packag
 (paper 3); 3 experts; one seed model per width (seeds vary the experts' data order only); 16 test blocks of
 128 bytes per domain; het_sizes widths differ in the FFN only.
 
-    python -m benchmarks.hdee_schedule --seed-steps 80 --budgets 8,16,32 --parallel 2   # the committed run (~10 min on 2 quiet cores)
+    python -m benchmarks.hdee_schedule --seed-steps 1600 --seed-max-bytes 4000000 --budgets 8,16,32 --parallel 2   # the committed run (~22 min on 2 quiet cores)
+    python -m benchmarks.hdee_schedule --seed-steps 80 --budgets 8,16,32 --parallel 2   # short seeds (10:1 to 2.5:1; ~10 min): het_sizes loses
     python -m benchmarks.hdee_schedule --budgets 8 --seeds 2 --seed-steps 40 --allow-dirty   # smoke
 """
 
