@@ -4,7 +4,8 @@ The paper's protocol (arXiv 2502.19385; the released configs, gensyn-ai/hdee `co
 and what this run does with it:
   - one seed on general text disjoint from the expert domains (paper: OpenWebText; here the offline
     corpus's `general` domain, packages' README/NEWS prose), trained far longer than a domain phase
-    (paper 20k : 400 steps, 50:1); here one `seed_steps`-step seed shared by every plan, budget and seed;
+    (paper 20k : 400 steps, 50:1); here one `seed_steps`-step seed per FFN width, shared by every
+    plan, budget and seed, on `seed_max_bytes` of text (the committed run: 1600 steps on 4 MB);
   - each domain phase is continued pre-training at the seed's lr / 10 with a short warm-up (paper
     6e-5 -> 3e-5 after 50 of 600 steps; here 2e-4 -> 1e-4, warm-up 1/8 of the homogeneous steps),
     `conf/hdee_plan/*_schedule.yaml`'s expert_optim;
