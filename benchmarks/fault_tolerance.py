@@ -48,6 +48,7 @@ from typing import Any
 
 from benchmarks.common import elastic_pid, stand_in
 from benchmarks.harness import Harness, bench_parser, fmt, header, mean_std, parse, read_live_jsonl, save_figure
+from decentrain.core.metrics import metrics_file
 
 ROOT = Path(__file__).resolve().parents[1]
 WAN = ROOT / "launch" / "wan_emulation.sh"
@@ -215,7 +216,7 @@ class Wan:
 
 
 def metrics_rows(run_dir: Path, rank: int) -> list[dict]:
-    return read_live_jsonl(run_dir / ("metrics.jsonl" if rank == 0 else f"metrics.rank{rank}.jsonl"))
+    return read_live_jsonl(run_dir / metrics_file(rank))
 
 
 def inject(job: dict, run_dir: Path, alive, pid_of, wan: Wan | None) -> dict[str, float]:

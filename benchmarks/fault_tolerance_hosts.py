@@ -43,6 +43,7 @@ from typing import Any
 from benchmarks.common import stand_in
 from benchmarks.fault_tolerance_netns import EmulatedHosts, netns_available
 from benchmarks.harness import RESULTS, Harness, bench_parser, fmt, header, mean_std, parse, read_live_jsonl
+from decentrain.core.metrics import metrics_file
 
 NODES, NPROC, DEAD_NODE = 3, 2, 1
 SURVIVORS, DEAD_RANKS = (0, 1, 4, 5), (2, 3)
@@ -61,11 +62,7 @@ def overrides(job: dict, run_dir: Path) -> list[str]:
 
 
 def rows_of(run_dir: Path, rank: int) -> list[dict]:
-    return read_live_jsonl(metrics_path(run_dir, rank))
-
-
-def metrics_path(run_dir: Path, rank: int) -> Path:
-    return run_dir / ("metrics.jsonl" if rank == 0 else f"metrics.rank{rank}.jsonl")
+    return read_live_jsonl(run_dir / metrics_file(rank))
 
 
 def survivor_figures(rows: list[dict]) -> dict[str, Any]:
@@ -91,7 +88,7 @@ def replacement_contributing(rows: list[dict], killed_at: float) -> dict[str, An
 
 def heal_marks(run: Path, rank: int) -> int:
     """How many heals `rank` has logged so far (a byte count: cheap enough to poll while the survivors train)."""
-    path = metrics_path(run, rank)
+    path = run / metrics_file(rank)
     return path.read_bytes().count(b'"heal/seconds"') if path.exists() else 0
 
 

@@ -365,17 +365,18 @@ def main() -> None:
     for v in HET:
         means = [per_budget[str(s)]["stats"][v][PRIMARY]["mean_dlogppl"]["mean"] for s in budgets]
         trend[v] = {"mean_dlogppl": means, "slope_per_doubling": float(np.polyfit(np.log2(budgets), means, 1)[0]) if len(budgets) > 1 else None}
+    base = base_config(b, ROOT / b.work_dir)
     figures = {"seed_domains": seed_job["domains"], "seed_test_logppl": seed_job["test_logppl"],
                "seed_test_logppl_by_size": {z: j["test_logppl"] for z, j in seeds.items()},
                "seed_val_loss": seed_job["val_loss"],
                "lanes": [{"domains": ds, "share": sh, "sizes": {v: LANE_SIZES[v][k] for v in PLANS}}
                          for k, (ds, sh) in enumerate(zip(lanes, SHARES))],
-               "widths": {z: round(WIDTHS[z] * base_config(b, ROOT / b.work_dir).plan.seeds[0].intermediate_size) for z in sizes},
+               "widths": {z: sized_seed(base.plan.seeds[0], z).intermediate_size for z in sizes},
                "held_out": HELD_OUT, "primary": PRIMARY, "per_budget": per_budget, "trend": trend,
                "shared_runs": res[0]["shared_runs"],
                "shared_run_check": next((r["shared_run_check"] for r in res if "shared_run_check" in r), None),
                "final_phase_steps": {str(s): {v: final_phase_steps(s, v) for v in PLANS} for s in budgets},
-               "departures": DEPARTURES + [f"the seed's text: {(b.seed_max_bytes or base_config(b, ROOT / b.work_dir).data.max_bytes_per_domain) / 1e3:.0f} kB"],
+               "departures": DEPARTURES + [f"the seed's text: {(b.seed_max_bytes or base.data.max_bytes_per_domain) / 1e3:.0f} kB"],
                "target": f"every expert beats the seed by > {b.gate_factor:g}x the seed-to-seed noise on its domains; then "
                          f"each het plan wins >= {TARGET_SHARE:.0%} of the non-tied domains on every seed"}
     paths = hz.write(figures, text, plot)

@@ -122,7 +122,7 @@ def train_run(job: dict[str, Any]) -> dict[str, Any]:
     import tempfile
 
     from decentrain.algorithms.pretraining.inprocess_replicas import run_replicas_in_process
-    from decentrain.core.metrics import read_jsonl
+    from decentrain.core.metrics import metrics_file, read_jsonl
     from decentrain.models.factory import build_model, build_tokenizer, num_params
 
     torch.set_num_threads(1)
@@ -134,7 +134,7 @@ def train_run(job: dict[str, Any]) -> dict[str, Any]:
         train_s = time.perf_counter() - t0
         curves = []
         for r in range(replicas):
-            rows = read_jsonl(Path(run_dir) / ("metrics.jsonl" if r == 0 else f"metrics.rank{r}.jsonl"))
+            rows = read_jsonl(Path(run_dir) / metrics_file(r))
             curves.append([{"step": x["step"], "val_loss": x["eval/loss"]} for x in rows if "eval/loss" in x])
     model = build_model(cfg.model, build_tokenizer(cfg.model))
     corpus, n = _corpus(cfg), job["final_blocks"]

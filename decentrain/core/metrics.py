@@ -102,6 +102,11 @@ def _fmt(v: Any) -> str:
     return f"{v:.4g}" if isinstance(v, float) else str(v)
 
 
+def metrics_file(rank: int) -> str:
+    """The JSONL a rank logs to in its run dir: rank 0's is the run's own, the others' carry their rank."""
+    return "metrics.jsonl" if rank == 0 else f"metrics.rank{rank}.jsonl"
+
+
 class MetricsLogger:
     def __init__(self, cfg: LoggerConfig, run_dir: Path, rank: int, config: dict | None = None, total_steps: int | None = None):
         self.cfg = cfg
@@ -114,8 +119,7 @@ class MetricsLogger:
             return
         run_dir.mkdir(parents=True, exist_ok=True)
         if cfg.jsonl:
-            name = "metrics.jsonl" if rank == 0 else f"metrics.rank{rank}.jsonl"
-            self._file = open(run_dir / name, "a", buffering=1)
+            self._file = open(run_dir / metrics_file(rank), "a", buffering=1)
         if cfg.progress and rank == 0 and total_steps:
             self._bar = tqdm(total=total_steps, desc="train", dynamic_ncols=True, leave=True)
         if cfg.wandb and rank == 0 and cfg.wandb_mode != "disabled":

@@ -6,6 +6,7 @@ import re
 
 import pytest
 
+from decentrain.core.metrics import metrics_file
 from decentrain.testing import metrics, recipe_killing_a_worker, worker_ready
 
 pytestmark = [
@@ -46,6 +47,5 @@ def test_a_killed_noloco_worker_is_replaced_and_heals_from_a_live_peer(tmp_path)
     after = [r for r in rows if r["step"] > first_after and "outer/partner_missed" in r]
     assert any(r["outer/partner_missed"] == 0 for r in after[:3]), after[:3]  # back in the pairing within 3 rounds
     for rank in (0, 1, 3):
-        name = "metrics.jsonl" if rank == 0 else f"metrics.rank{rank}.jsonl"
-        survivor = metrics(tmp_path, name)
+        survivor = metrics(tmp_path, metrics_file(rank))
         assert max(r.get("outer/round", 0) for r in survivor) >= rounds - 1

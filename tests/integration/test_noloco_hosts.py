@@ -19,6 +19,7 @@ import signal
 import pytest
 
 from benchmarks.fault_tolerance_netns import EmulatedHosts, netns_available
+from decentrain.core.metrics import metrics_file
 from decentrain.testing import TINY, metrics
 
 why_not = netns_available() or (None if os.environ.get("DECENTRAIN_NETNS_TESTS") == "1" else "opt-in: DECENTRAIN_NETNS_TESTS=1")
@@ -63,12 +64,12 @@ def test_a_lost_host_costs_its_partners_a_round_and_a_new_host_heals_into_the_jo
     for rank in (2, 3):
         healed = re.search(rf"\[rank {rank}\] healed from rank (\d) in", out[NODES])
         assert healed and int(healed.group(1)) in (0, 1, 4, 5), out[NODES][-4000:]
-        rows = metrics(run, f"metrics.rank{rank}.jsonl")
+        rows = metrics(run, metrics_file(rank))
         assert any("heal/seconds" in r for r in rows)
         assert max(r.get("outer/round", 0) for r in rows) >= STEPS // H - 1  # trained to the end
     # the survivors finished, every step's loss logged, and lost the rounds paired with the dead host only
     for rank in (0, 1, 4, 5):
-        rows = metrics(run, "metrics.jsonl" if rank == 0 else f"metrics.rank{rank}.jsonl")
+        rows = metrics(run, metrics_file(rank))
         jumped = [int(r["outer/rounds_jumped"]) for r in rows if r.get("outer/rounds_jumped")]
         skipped = sum((j - 1) * H for j in jumped)
         logged = sorted(r["step"] for r in rows if "train/loss" in r)

@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from decentrain.core.metrics import metrics_file
 from decentrain.testing import metrics, recipe_killing_a_worker, worker_ready
 
 pytestmark = pytest.mark.integration
@@ -21,8 +22,7 @@ def test_sigkill_of_one_of_four_noloco_workers_leaves_three_that_finish(tmp_path
     assert run.returncode == 0, out[-3000:]
     assert "3 of 4 workers finished" in out and "rank 2: SIGKILL" in out
     for rank in (0, 1, 3):  # every survivor reached the end
-        name = "metrics.jsonl" if rank == 0 else f"metrics.rank{rank}.jsonl"
-        rows = [json.loads(x) for x in (tmp_path / name).read_text().splitlines()]
+        rows = [json.loads(x) for x in (tmp_path / metrics_file(rank)).read_text().splitlines()]
         # a survivor that fell BEHIND rounds (stalled on the dead pair on a loaded box) jumps to the
         # live round and skips those rounds' inner steps (the first one it ran): it ends early by as many
         jumped = [int(r["outer/rounds_jumped"]) for r in rows if r.get("outer/rounds_jumped")]

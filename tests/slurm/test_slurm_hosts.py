@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from decentrain.core.metrics import metrics_file
 from decentrain.testing import ROOT, metrics
 from decentrain.testing import LocalSlurm, missing_requirements
 
@@ -77,10 +78,10 @@ def test_a_killed_nodes_step_costs_a_round_and_its_ranks_heal_when_started_again
                                        text=True).stdout) and not any(f"JobState={s}" in state for s in DONE):
             time.sleep(2)
         for rank in (0, 1):  # node 0's ranks finished the run
-            rows = metrics(run, "metrics.jsonl" if rank == 0 else f"metrics.rank{rank}.jsonl")
+            rows = metrics(run, metrics_file(rank))
             assert max(r.get("outer/round", 0) for r in rows) >= 400 // 4 - 3
         for rank in (2, 3):  # node 1's ranks healed and trained to the end
-            rows = metrics(run, f"metrics.rank{rank}.jsonl")
+            rows = metrics(run, metrics_file(rank))
             assert any("heal/seconds" in r for r in rows) and max(r.get("outer/round", 0) for r in rows) >= 400 // 4 - 3
     finally:
         cluster.stop()

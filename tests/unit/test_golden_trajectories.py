@@ -66,9 +66,10 @@ def _pretraining_cfg(algorithm: dict):
 
 
 def _losses(run_dir: Path, rank: int) -> list[float]:
+    from decentrain.core.metrics import metrics_file
     from decentrain.testing import metrics
 
-    rows = metrics(run_dir, "metrics.jsonl" if rank == 0 else f"metrics.rank{rank}.jsonl")
+    rows = metrics(run_dir, metrics_file(rank))
     return [r["train/loss"] for r in rows if "train/loss" in r]
 
 

@@ -27,7 +27,7 @@ from decentrain.algorithms.pretraining.config import TrainConfig
 from decentrain.algorithms.pretraining.trainer import Trainer, TrainResult, seed_everything
 from decentrain.core.comm.inprocess_transport import InProcessHub
 from decentrain.core.comm.transport import Transport
-from decentrain.core.metrics import MetricsLogger, drop_rows_after
+from decentrain.core.metrics import MetricsLogger, drop_rows_after, metrics_file
 from decentrain.core.world import World, plan_placement, visible_gpus
 from decentrain.data.blocks import build_corpus
 from decentrain.models.factory import build_model, build_tokenizer
@@ -74,7 +74,7 @@ def run_replicas_in_process(cfg: TrainConfig, world_size: int, run_dir: Path, de
                           engine=cfg.engine, optim=cfg.optim, logger=cfg.logger, resume=cfg.resume)
         resumed = trainer.maybe_resume()  # the replicas share run_dir: they find the same newest step
         if resumed is not None:  # as run_pretraining: the steps after the checkpoint are logged again
-            drop_rows_after(run_dir / ("metrics.jsonl" if rank == 0 else f"metrics.rank{rank}.jsonl"), resumed)
+            drop_rows_after(run_dir / metrics_file(rank), resumed)
         trainers.append(trainer)
         loggers.append(MetricsLogger(cfg.logger, run_dir, rank, None, total_steps=cfg.train.steps))
     results: dict[int, TrainResult] = {}

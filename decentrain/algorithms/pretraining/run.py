@@ -17,7 +17,7 @@ from decentrain.algorithms.pretraining.config import TrainConfig
 from decentrain.algorithms.pretraining.trainer import Trainer, TrainResult, seed_everything
 from decentrain.algorithms.pretraining.transports import door
 from decentrain.core.mesh import replica_layout
-from decentrain.core.metrics import MetricsLogger, drop_rows_after, format_bytes, plot_curves, read_jsonl
+from decentrain.core.metrics import MetricsLogger, drop_rows_after, format_bytes, metrics_file, plot_curves, read_jsonl
 from decentrain.core.world import World
 from decentrain.data.blocks import build_corpus
 from decentrain.models.factory import build_model, build_tokenizer, num_params, save_model
@@ -53,8 +53,7 @@ def run_pretraining(cfg: TrainConfig, world: World, run_dir: Path, config_dict: 
     network.attach(trainer, cfg, world)
     resumed = trainer.maybe_resume()
     if resumed is not None:  # the steps after the checkpoint will be logged again: drop their old rows
-        name = "metrics.jsonl" if world.rank == 0 else f"metrics.rank{world.rank}.jsonl"
-        drop_rows_after(run_dir / name, resumed)
+        drop_rows_after(run_dir / metrics_file(world.rank), resumed)
     logger = MetricsLogger(cfg.logger, run_dir, world.rank, config_dict, total_steps=cfg.train.steps)
     if world.is_main:
         shards = f" ({layout.replicas} replicas x {layout.shards} shards, {cfg.engine.name})" if layout.shards > 1 else ""
