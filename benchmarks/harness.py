@@ -9,6 +9,10 @@ Every result is one record in the one schema (`benchmarks/record.py`: `validate_
 `allow_dirty`, and the result is then marked `not_for_commit`), the command line, versions,
 hardware and the load the runtimes were measured under. Paths are stored relative to the repository.
 
+Comparisons go through the one tuning and decision protocol, `benchmarks/protocol.py` (re-exported here):
+every arm tuned over all its outer settings on >= 2 tuning seeds, >= 8 paired evaluation seeds, a
+`DecisionRule` fixed before the run, verdicts computed from the record (docs/benchmarks.md).
+
 One command line (`bench_parser` + `parse`): `--seeds N`, `--smoke` (the script's reduced config;
 written under runs/bench_smoke, never over a committed result), `--fresh` (ignore the run cache),
 `--allow-dirty`, then each script's own flags. Headline figures of committed results have baselines
@@ -39,6 +43,9 @@ from typing import Any
 # the record's pieces are re-exported: a script imports everything it needs from the harness
 from benchmarks.record import (RESULTS, ROOT, SCHEMA, SCHEMA_ID, _git, command_line, git_state, hardware,  # noqa: F401
                                provenance, upgrade_record, validate_record, versions)
+# and the one tuning and decision protocol (benchmarks/protocol.py, docs/benchmarks.md)
+from benchmarks.protocol import (Axis, DecisionRule, check_seeds, consistency, decide, decision, decisions_in,  # noqa: F401
+                                 describe, describe_tuning, detectable, grid_search, preregister, recompute, seeds_needed)
 
 SMOKE_DIR = ROOT / "runs" / "bench_smoke"  # a --smoke run writes here, never over a committed result
 CACHE_DIR = ROOT / "runs" / "bench_cache"  # runs/ is git-ignored: caches are never committed
