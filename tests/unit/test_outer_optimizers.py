@@ -104,9 +104,9 @@ def test_every_family_takes_the_section_and_the_old_flat_keys_fail_naming_the_ne
     assert DiLoCoConfig().outer_optimizer == SGDConfig(lr=0.7, momentum=0.9, nesterov=True)
     assert NoLoCoConfig().outer_optimizer == OuterOptimizerConfig("noloco", 0.7, 0.5)
     for old, new in (("outer_lr", "lr"), ("outer_momentum", "momentum"), ("nesterov", "nesterov")):
-        with pytest.raises(ValueError, match=rf"^algorithm.{old} was removed; use algorithm.outer_optimizer.{new}$"):
+        with pytest.raises(ValueError, match=rf"^algorithm.{old} was removed; use algorithm.outer_optimizer.{new} \("):
             algorithm_config({"name": "diloco", old: 0.5})
-    with pytest.raises(ValueError, match=r"^job.algorithm.outer_lr was removed; use job.algorithm.outer_optimizer.lr$"):
+    with pytest.raises(ValueError, match=r"^job.algorithm.outer_lr was removed; use job.algorithm.outer_optimizer.lr \("):
         algorithm_config({"name": "noloco", "outer_lr": 0.5}, where="job.algorithm")
     with pytest.raises(ValueError, match="algorithm.gamma=0.2 .* allowed: algorithm.outer_optimizer.name=noloco"):
         NoLoCoConfig(gamma=0.2, outer_optimizer=OuterOptimizerConfig("sgd"))
@@ -186,3 +186,104 @@ def test_noloco_outer_state_resumes_bit_for_bit(rule) -> None:
         model.weight.data.add_(t(-0.1, 0.4, 0.2))
         algo.after_optimizer_step(2, model, None)
     assert torch.equal(a_model.weight, b_model.weight) and torch.equal(a.phi[0], b.phi[0])
+
+
+# -- a section without `name` keeps its algorithm's rule (issue 40 item 5) ---------------------------
+# Since 26b7c6d an `outer_optimizer` section given without `name` was typed with the base class's own
+# default name, sgd: NoLoCo silently stepped Nesterov SGD. On g = 1 from φ = 0, η = 0.7, μ = 0.5:
+#   NoLoCo's rule  m ← μ·m − η·g ; φ ← φ + m :    φ = −0.7, then −0.7 + (−0.35 − 0.7) = −1.75
+#   Nesterov SGD   b ← μ·b + g ; φ ← φ − η·(g + μ·b): φ = −1.05, then −1.05 − 0.7·1.75 = −2.275
+
+def two_outer_steps_on_unit_gradient(cfg) -> float:
+    outer = OuterOptimizer([torch.zeros(1)], cfg)
+    for _ in range(2):
+        outer.step([torch.ones(1)])
+    return outer.slow[0].item()
+
+
+def hydra_algorithm(*overrides: str):
+    """The `algorithm` section the train recipe types from `conf/` with these overrides."""
+    from pathlib import Path
+
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from decentrain.config import config_from_dict, register_configs
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(Path(__file__).resolve().parents[2] / "conf"), version_base="1.3"):
+        raw = compose("config", overrides=list(overrides))
+    return config_from_dict({"algorithm": OmegaConf.to_container(raw.algorithm, resolve=True)}).algorithm
+
+
+def follow_the_removed_key_message(family: str, old: str, value: float):
+    """What a user does with `algorithm.<old> was removed; use algorithm.<new> (...)`: writes <new> instead."""
+    with pytest.raises(ValueError) as e:
+        algorithm_config({"name": family, old: value})
+    new = str(e.value).split("; use algorithm.", 1)[1].split(" ", 1)[0]  # e.g. outer_optimizer.lr
+    section, key = new.split(".")
+    return algorithm_config({"name": family, section: {key: value}})
+
+
+NOLOCO_SPELLINGS = {
+    "config_from_dict": lambda: __import__("decentrain.config", fromlist=["config_from_dict"]).config_from_dict(
+        {"algorithm": {"name": "noloco", "outer_optimizer": {"lr": 0.7}}}).algorithm,
+    "dataclass_dict": lambda: NoLoCoConfig(outer_optimizer={"lr": 0.7}),
+    "dataclass_unnamed_section": lambda: NoLoCoConfig(outer_optimizer=OuterOptimizerConfig(lr=0.7, momentum=0.5)),
+    "hdee_job_algorithm": lambda: algorithm_config({"name": "noloco", "outer_optimizer": {"lr": 0.7}}, where="job.algorithm"),
+    "hydra_override": lambda: hydra_algorithm("algorithm=noloco", "algorithm.outer_optimizer.lr=0.7"),
+    "hydra_section_override": lambda: hydra_algorithm("algorithm=noloco", "algorithm.outer_optimizer={lr: 0.7}"),
+    "removed_key_message": lambda: follow_the_removed_key_message("noloco", "outer_lr", 0.7),
+}
+
+
+@pytest.mark.parametrize("spelling", list(NOLOCO_SPELLINGS))
+def test_noloco_section_without_name_steps_noloco_rule(spelling) -> None:
+    cfg = NOLOCO_SPELLINGS[spelling]().outer_optimizer
+    assert cfg.name == "noloco"
+    assert two_outer_steps_on_unit_gradient(cfg) == pytest.approx(-1.75, abs=1e-6)  # Nesterov SGD: -2.275
+
+
+def test_a_section_naming_another_rule_still_switches() -> None:
+    cfg = NoLoCoConfig(outer_optimizer={"name": "sgd", "lr": 0.7, "momentum": 0.5}).outer_optimizer
+    assert type(cfg) is SGDConfig and cfg.nesterov
+    assert two_outer_steps_on_unit_gradient(cfg) == pytest.approx(-2.275, abs=1e-6)
+    assert OuterOptimizer([t(0.0)], OuterOptimizerConfig(lr=0.7)).cfg.name == "sgd"  # outside any algorithm: sgd
+
+
+# every family with an outer optimizer, η = 0.5 given without `name`, two steps on g = 1 from φ = 0:
+#   diloco, streaming_diloco: Nesterov μ = 0.9:  φ = −0.5·1.9 = −0.95, then −0.95 − 0.5·(1 + 0.9·1.9) = −2.305
+#   noloco: μ = 0.5:  m = −0.5, φ = −0.5; m = −0.25 − 0.5, φ = −1.25
+#   sparseloco: plain SGD, μ = 0:  φ = −0.5, then −1.0
+FAMILY_PHI = {"diloco": -2.305, "streaming_diloco": -2.305, "noloco": -1.25, "sparseloco": -1.0}
+
+
+def test_every_family_with_an_outer_optimizer_is_checked() -> None:
+    from decentrain.algorithms.base import ALGORITHMS
+    from decentrain.config import LOOP_ALGORITHM_MODULES  # noqa: F401  (registers every loop algorithm)
+
+    with_outer = {n for n in ALGORITHMS.names() if "outer_optimizer" in ALGORITHMS.get(n).config_cls.__dataclass_fields__}
+    assert with_outer == set(FAMILY_PHI)
+
+
+@pytest.mark.parametrize("family", list(FAMILY_PHI))
+@pytest.mark.parametrize("spelling", ["dict", "dataclass", "hydra"])
+def test_every_family_keeps_its_rule_on_every_spelling(family, spelling) -> None:
+    from decentrain.algorithms.base import ALGORITHMS
+    from decentrain.config import config_from_dict
+
+    if spelling == "dict":
+        algo = config_from_dict({"algorithm": {"name": family, "outer_optimizer": {"lr": 0.5}}}).algorithm
+    elif spelling == "dataclass":
+        default = ALGORITHMS.get(family).config_cls().outer_optimizer
+        algo = ALGORITHMS.get(family).config_cls(outer_optimizer=OuterOptimizerConfig(lr=0.5, momentum=default.momentum))
+    else:
+        algo = hydra_algorithm(f"algorithm={family}", "algorithm.outer_optimizer.lr=0.5")
+    assert algo.outer_optimizer.name == ALGORITHMS.get(family).config_cls().outer_optimizer.name
+    assert two_outer_steps_on_unit_gradient(algo.outer_optimizer) == pytest.approx(FAMILY_PHI[family], abs=1e-6)
+
+
+def test_noloco_rule_kept_as_an_ordinary_user() -> None:
+    from decentrain.testing import rerun_unprivileged
+
+    rerun_unprivileged(__file__, "test_noloco_section_without_name_steps_noloco_rule")

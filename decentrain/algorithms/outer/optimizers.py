@@ -23,6 +23,7 @@ from decentrain.core.registry import Registry
 from decentrain.core.typed import typed
 
 FIELD = "algorithm.outer_optimizer"
+DEFAULT_RULE = "sgd"  # outside any algorithm (a bare OuterOptimizer): DiLoCo's
 
 
 @dataclass
@@ -31,13 +32,17 @@ class OuterOptimizerConfig:
 
     An instance of this class naming a rule with fields of its own (an algorithm's default, which
     any entry's schema can extend under Hydra) becomes that rule's class in `outer_optimizer_config`.
+    One without a name (`OuterOptimizerConfig(lr=0.5)`) takes the algorithm's own rule there: a
+    default rule name here would switch NoLoCo to Nesterov SGD whenever a section left it out.
     """
 
-    name: str = "sgd"
+    name: str | None = None  # None: the algorithm's rule (its default's name), sgd outside any algorithm
     lr: float = 0.7  # η
     momentum: float = 0.9  # μ
 
     def __post_init__(self) -> None:
+        if self.name is None:  # typed once the algorithm's rule is known (outer_optimizer_config)
+            return
         rule = OUTER_OPTIMIZERS.get(self.name, field=f"{FIELD}.name")
         if type(self) is rule.config_cls:  # the rule's own class: complete, so check it
             rule.check(self)
@@ -49,17 +54,19 @@ class OuterOptimizerConfig:
 
 def outer_optimizer_config(value: "Mapping[str, Any] | OuterOptimizerConfig",
                            default: OuterOptimizerConfig | None = None) -> OuterOptimizerConfig:
-    """The section typed by its rule's own class. Fields not given come from `default` (the algorithm's
-    η and μ) where it has them, else from the rule's class; a field the rule does not have fails."""
+    """The section typed by its rule's own class. The rule is `default`'s (the algorithm's) unless the
+    section names another; fields not given come from `default` (the algorithm's η and μ) where it has
+    them, else from the rule's class; a field the rule does not have fails."""
     if isinstance(value, OuterOptimizerConfig):
-        if type(value) is OUTER_OPTIMIZERS.get(value.name, field=f"{FIELD}.name").config_cls:
+        if value.name is not None and type(value) is OUTER_OPTIMIZERS.get(value.name, field=f"{FIELD}.name").config_cls:
             return value
         value = asdict(value)
-    raw = dict(value)
-    base = default if default is not None else OuterOptimizerConfig()
-    cls = OUTER_OPTIMIZERS.get(raw.get("name", base.name), field=f"{FIELD}.name").config_cls
-    start = {f.name: getattr(base, f.name) for f in fields(cls) if hasattr(base, f.name) and f.name != "name"}
-    return typed(cls, {**start, **raw}, FIELD)
+    raw = {k: v for k, v in dict(value).items() if not (k == "name" and v is None)}  # no name: the algorithm's
+    base = default if default is not None else OuterOptimizerConfig(DEFAULT_RULE)
+    name = raw.get("name", base.name or DEFAULT_RULE)
+    cls = OUTER_OPTIMIZERS.get(name, field=f"{FIELD}.name").config_cls
+    start = {f.name: getattr(base, f.name) for f in fields(cls) if hasattr(base, f.name)}
+    return typed(cls, {**start, **raw, "name": name}, FIELD)
 
 
 class OuterRule:

@@ -33,9 +33,12 @@ class InnerOuterConfig(AlgorithmConfig):
     # partners reach the sync together; every worker still runs the same number of rounds.
     adaptive_inner_steps: bool = False
     min_inner_steps: int = 1
-    # the flat keys from before algorithm.outer_optimizer
-    RENAMED: ClassVar[dict[str, str]] = {"outer_lr": "outer_optimizer.lr", "outer_momentum": "outer_optimizer.momentum",
-                                         "nesterov": "outer_optimizer.nesterov"}
+    # the flat keys from before algorithm.outer_optimizer; the message says that the section keeps the
+    # algorithm's rule, so that writing `outer_optimizer: {lr: ...}` is never read as a switch of rule
+    RENAMED: ClassVar[dict[str, str]] = {
+        "outer_lr": "outer_optimizer.lr (the algorithm's rule is kept unless outer_optimizer.name names another)",
+        "outer_momentum": "outer_optimizer.momentum (the algorithm's rule is kept unless outer_optimizer.name names another)",
+        "nesterov": "outer_optimizer.nesterov (a field of outer_optimizer.name=sgd only)"}
 
     def __post_init__(self) -> None:
         if self.inner_steps < 1:
