@@ -9,7 +9,8 @@ saving adds no barrier (NoLoCo allows none after start-up).
 Each rank dir also holds `checksums.json` (sha256 of both files, written last). Loading
 verifies it, so a truncated, emptied or bit-flipped file is named in a one-line warning
 and the resume falls back to the newest step that is good on every rank
-(`agree_resume_step`, one all-reduce at start-up).
+(`agree_resume_step`, a few small all-reduces at start-up). The ranks meet before any of
+them lists the steps: a resume never judges a step another rank is still writing.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import os
 import re
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -197,42 +198,78 @@ class Checkpointer:
 
     def own_steps(self) -> list[int]:
         """Steps for which this rank's own dir exists, complete or not."""
-        if not self.root.is_dir():
-            return []
-        return sorted(int(m.group(1)) for d in self.root.iterdir() if (m := _STEP.match(d.name)) and (d / f"rank_{self.rank}").is_dir())
+        return [s for s in self._step_dirs() if (self.step_dir(s) / f"rank_{self.rank}").is_dir()]
 
     def agree_resume_step(self, world: World) -> int | None:
-        """The newest step good on every rank (None: start afresh everywhere).
+        """The newest step complete and intact on every rank; None: start afresh everywhere.
 
-        One MIN all-reduce per attempt, start-up only. A run whose ranks see different
-        checkpoints (node-local disks) stops with a clear error instead of quietly
-        restarting from step 0 on some ranks.
+        Start-up only. The ranks first meet, then list: a rank still in its last save (a
+        restart inside the same processes, as HDEE's consecutive runs or a preempted run and its
+        resume in one test) is waited for, not judged mid-write. A step that some rank never
+        finished (killed mid-save) or whose files are damaged falls back to an older one; with
+        none, every rank starts afresh and rank 0 says so in one line. Only ranks whose views of
+        the tree differ while each has files of its own (node-local disks) stop, with an error
+        naming shared storage, instead of quietly restarting from step 0.
         """
         if not world.is_distributed:
-            return self.newest_good_step()
-        good = self.good_steps()
+            step = self.newest_good_step()
+            if step is None and self.own_steps():
+                log.warning("rank %d: no checkpoint step under %s is complete and intact; starting afresh",
+                            self.rank, self.root)
+            return step
 
-        def lowest(value: int) -> int:
-            t = torch.tensor([value], dtype=torch.int64, device=world.device)
+        def lowest(values: list[int]) -> list[int]:  # elementwise MIN over the ranks
+            t = torch.tensor(values, dtype=torch.int64, device=world.device)
             dist.all_reduce(t, op=dist.ReduceOp.MIN, group=world.group)
-            return int(t.item())
+            return t.tolist()
 
+        lowest([0])  # the meeting point: every rank has returned from its last save
+        good = self.good_steps()
         candidate = good[-1] if good else -1
         while True:
-            agreed = lowest(candidate)
+            [agreed] = lowest([candidate])
             if agreed < 0:
                 break
             mine = max((s for s in good if s <= agreed), default=-1)
-            if lowest(int(mine == agreed)) == 1:
+            if lowest([int(mine == agreed)]) == [1]:
                 return agreed
             candidate = mine
-        seen = self.own_steps()
-        if -lowest(-(seen[-1] if seen else -1)) >= 0:  # some rank has its own files, yet no step is good on all
-            raise RuntimeError(
-                f"no checkpoint step is complete and intact on every rank, but some rank has step dirs under {self.root} "
-                f"(this rank sees {seen or 'none'}): checkpoints must live on storage that all ranks share. "
-                "Point run_dir at shared storage, or set resume=false to start afresh")
+        self._no_common_step(world, lowest)
         return None
+
+    def _newest_rank_dirs(self) -> list[int]:
+        """Per rank, the newest step at which this rank sees that rank's dir (-1: none)."""
+        newest = [-1] * self.world_size
+        for step in self._step_dirs():  # oldest first: a rank's newest dir is written last
+            for r in range(self.world_size):
+                if (self.step_dir(step) / f"rank_{r}").is_dir():
+                    newest[r] = step
+        return newest
+
+    def _no_common_step(self, world: World, lowest: Callable[[list[int]], list[int]]) -> None:
+        """Raise if the ranks' views prove the storage is not shared; otherwise log the fresh start.
+
+        After the meeting nothing is written, so on shared storage every rank sees the same
+        rank dirs. One all-reduce compares the views: the MIN and MAX over the ranks of each
+        rank's newest dir, and whether every rank has a dir of its own.
+        """
+        seen = self._newest_rank_dirs()
+        out = lowest(seen + [-s for s in seen] + [int(seen[self.rank] >= 0)])
+        low, high, own_everywhere = out[: self.world_size], [-v for v in out[self.world_size: -1]], out[-1]
+        if own_everywhere and low != high:
+            raise RuntimeError(
+                f"no checkpoint step is complete and intact on every rank, and the ranks see different step dirs "
+                f"under {self.root} (this rank sees its own at steps {self.own_steps()}, each rank's newest at {seen}): "
+                "checkpoints must live on storage that all ranks share. "
+                "Point run_dir at shared storage, or set resume=false to start afresh")
+        if world.is_main and max(high) >= 0:
+            log.warning("no checkpoint step under %s is complete and intact on every rank (the newest, step %d, is "
+                        "unfinished or damaged on some rank); starting afresh", self.root, max(high))
+
+    def _step_dirs(self) -> list[int]:
+        if not self.root.is_dir():
+            return []
+        return sorted(int(m.group(1)) for d in self.root.iterdir() if (m := _STEP.match(d.name)))
 
     def _prune(self) -> None:
         # every rank may remove whole steps older than the `keep` newest complete ones: no rank

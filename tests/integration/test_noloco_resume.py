@@ -38,6 +38,8 @@ def _three_runs(world, algo, root):
     straight, preempted = Path(root) / "straight", Path(root) / "preempted"
     a = run_pretraining(cfg(), world, straight)
     run_pretraining(cfg(stop_at=3), world, preempted)  # stops mid-round (and mid-flight for streaming)
+    # the resume follows at once in the same processes: its agreement meets the other rank before
+    # it lists the checkpoints, so a rank still saving step 3 is waited for (issue 44)
     b = run_pretraining(cfg(), world, preempted)
     if world.rank:
         return None

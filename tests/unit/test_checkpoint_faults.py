@@ -53,12 +53,14 @@ def test_damaged_newest_step_is_skipped_with_a_warning_naming_the_file(tmp_path,
     assert torch.equal(ck.load(1)["w"], torch.full((64,), 1.0))
 
 
-def test_no_good_step_anywhere_means_start_afresh(tmp_path):
+def test_no_good_step_anywhere_means_start_afresh(tmp_path, caplog):
     ck = Checkpointer(tmp_path, rank=0, world_size=1)
     assert ck.agree_resume_step(World()) is None
     ck.save(3, {"w": torch.ones(2)})
     (tmp_path / "step_00000003" / "rank_0" / "state.json").write_text("")
-    assert ck.agree_resume_step(World()) is None
+    with caplog.at_level(logging.WARNING):
+        assert ck.agree_resume_step(World()) is None
+    assert sum("starting afresh" in r.getMessage() for r in caplog.records) == 1  # said once, not silently
 
 
 def test_ranks_saving_at_different_paces_leave_no_incomplete_step_dirs(tmp_path):
