@@ -1,4 +1,12 @@
-"""Token blocks: packing, deterministic per-domain splits, and a resumable sharded sampler."""
+"""Token blocks: the corpus sources, packing, deterministic per-domain splits, and a resumable sampler.
+
+A corpus comes from one of three sources (`data.source`, a registry):
+  offline  text this machine has (decentrain/data/corpus.py): quick, for tests and laptops; it differs
+           by machine, so its results are labelled "offline, machine-dependent";
+  pinned   the corpus `decentrain data prepare` builds from pinned registry files (data/prepare.py),
+           named by its corpus hash: the one for evidence (data/pinned_source.py);
+  hf       any `datasets` dataset, local or from the hub.
+"""
 
 from __future__ import annotations
 
@@ -7,24 +15,26 @@ import glob
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Callable
 
 import numpy as np
 import torch
 from transformers import ByT5Tokenizer
 
+from decentrain.core.registry import Registry
 from decentrain.data.corpus import DOMAINS, load_domain
 
 SPLITS = ("train", "val", "test")
-SOURCES = ("offline", "hf")
+OFFLINE_LABEL = "offline, machine-dependent"
 
 
 @dataclass
 class DataConfig:
     name: str = "offline"
-    source: str = "offline"  # offline: the built-in corpus; hf: a `datasets` dataset (local or hub)
+    source: str = "offline"  # offline: the built-in corpus; pinned: `decentrain data prepare`'s; hf: `datasets`
     domains: list[str] = field(default_factory=lambda: ["python_stdlib", "python_docs", "c_headers", "licenses", "arithmetic"])
     seq_len: int = 128
-    max_bytes_per_domain: int = 400_000
+    max_bytes_per_domain: int | None = 400_000  # pinned: train text read per domain (null: all of it)
     val_fraction: float = 0.05
     test_fraction: float = 0.05
     seed: int = 0
@@ -33,21 +43,20 @@ class DataConfig:
     hf_data_files: list[str] | None = None
     hf_split: str = "train"
     hf_text_field: str = "text"
+    # source=pinned
+    pinned_dir: str | None = None  # a prepared corpus, or a pack (.tar.xz); null: $DECENTRAIN_DATA or ~/.cache/decentrain/pinned
+    corpus_hash: str | None = None  # when set, a corpus with another hash is refused
 
     def __post_init__(self) -> None:
-        if self.source not in SOURCES:
-            raise ValueError(f"data.source={self.source!r} is unknown; allowed: {list(SOURCES)}")
-        if self.source == "offline":
-            for d in self.domains:
-                DOMAINS.get(d, field="data.domains")
-        elif not self.hf_path:
-            raise ValueError("data.hf_path must be set when data.source=hf")
+        CORPUS_SOURCES.get(self.source, field="data.source").check(self)
         if not self.domains:
             raise ValueError("data.domains must name at least one domain")
         if self.seq_len < 2:
             raise ValueError(f"data.seq_len={self.seq_len} must be >= 2")
         if not (0 <= self.val_fraction < 1 and 0 <= self.test_fraction < 1 and self.val_fraction + self.test_fraction < 1):
             raise ValueError("data.val_fraction and data.test_fraction must be in [0, 1) and sum below 1")
+        if self.max_bytes_per_domain is not None and self.max_bytes_per_domain < 1:
+            raise ValueError(f"data.max_bytes_per_domain={self.max_bytes_per_domain} must be >= 1, or null (pinned: all)")
 
 
 def check_data_files(cfg: DataConfig) -> None:
@@ -62,8 +71,8 @@ def check_data_files(cfg: DataConfig) -> None:
 
 
 def builds_locally(cfg: DataConfig) -> bool:
-    """The corpus comes from this machine (offline domains, or local files): cheap to check before start."""
-    return cfg.source == "offline" or bool(cfg.hf_data_files and all("://" not in f for f in cfg.hf_data_files))
+    """The corpus comes from this machine (offline or pinned, or local files): cheap to check before start."""
+    return CORPUS_SOURCES.get(cfg.source, field="data.source").local(cfg)
 
 
 def encode(tokenizer, text: str) -> np.ndarray:
@@ -104,39 +113,94 @@ def unique_shuffled(docs: list[str], seed: int) -> list[str]:
     return [unique[i] for i in order]
 
 
-def _hf_documents(cfg: DataConfig) -> dict[str, list[str]]:
-    import datasets
-
-    ds = datasets.load_dataset(cfg.hf_path, data_files=cfg.hf_data_files, split=cfg.hf_split)
-    if cfg.hf_text_field not in ds.column_names:
-        raise ValueError(f"data.hf_text_field={cfg.hf_text_field!r} is not a column; columns: {ds.column_names}")
-    return {cfg.domains[0]: [t for t in ds[cfg.hf_text_field] if t]}
-
-
 @dataclass
 class Corpus:
-    """blocks[domain][split] -> LongTensor [n, seq_len]."""
+    """blocks[domain][split] -> [n, seq_len] token ids (a LongTensor, or blocks mapped from disk), and the
+    name of its text: `label` is the corpus hash, or says why there is none."""
 
-    blocks: dict[str, dict[str, torch.Tensor]]
+    blocks: dict[str, dict[str, Any]]
+    label: str = OFFLINE_LABEL
+    token_bytes: torch.Tensor | None = None  # UTF-8 bytes each token id stands for (0: special), for bits per byte
 
-    def train_blocks(self, domains: list[str] | None = None) -> torch.Tensor:
-        return torch.cat([self.blocks[d]["train"] for d in (domains or list(self.blocks))])
+    def train_blocks(self, domains: list[str] | None = None):
+        parts = [self.blocks[d]["train"] for d in (domains or list(self.blocks))]
+        if all(isinstance(p, torch.Tensor) for p in parts):
+            return torch.cat(parts)
+        from decentrain.data.pinned import ConcatBlocks
 
-    def split(self, split: str, domain: str) -> torch.Tensor:
+        return ConcatBlocks(parts)
+
+    def split(self, split: str, domain: str):
         if split not in SPLITS:
             raise ValueError(f"split={split!r} is unknown; allowed: {list(SPLITS)}")
         return self.blocks[domain][split]
 
 
-def build_corpus(cfg: DataConfig, tokenizer) -> Corpus:
-    if cfg.source == "hf":
-        docs = _hf_documents(cfg)
+@dataclass(frozen=True)
+class CorpusSource:
+    """One `data.source`: its config check, whether it is built from this machine, and its builder."""
+
+    check: Callable[[DataConfig], None]
+    local: Callable[[DataConfig], bool]
+    build: Callable[[DataConfig, Any], Corpus]
+
+
+CORPUS_SOURCES: Registry[CorpusSource] = Registry("data.source")
+
+
+def token_byte_lengths(tokenizer) -> torch.Tensor:
+    """Bytes of text per token id, 0 for special tokens: bits per byte = summed NLL / ln 2 / summed bytes.
+
+    nanochat's rule: each id decoded on its own, special tokens excluded from both sums (EOS between
+    documents is no text). ByT5 is exact: every non-special id is one byte.
+    """
+    n = len(tokenizer)
+    special = set(tokenizer.all_special_ids)
+    if isinstance(tokenizer, ByT5Tokenizer):
+        lengths = [0 if i in special or not 3 <= i < 259 else 1 for i in range(n)]
     else:
-        docs = {d: load_domain(d, cfg.max_bytes_per_domain, cfg.seed) for d in cfg.domains}
-    return Corpus(
-        {d: split_blocks(pack(unique_shuffled(texts, cfg.seed), tokenizer, cfg.seq_len), cfg.val_fraction, cfg.test_fraction)
-         for d, texts in docs.items()}
-    )
+        lengths = [0 if i in special else len(tokenizer.decode([i]).encode("utf-8")) for i in range(n)]
+    return torch.tensor(lengths, dtype=torch.long)
+
+
+def packed_corpus(docs: dict[str, list[str]], cfg: DataConfig, tokenizer, label: str) -> Corpus:
+    """Documents per domain -> shuffled, packed and split into blocks."""
+    return Corpus({d: split_blocks(pack(unique_shuffled(texts, cfg.seed), tokenizer, cfg.seq_len), cfg.val_fraction,
+                                   cfg.test_fraction) for d, texts in docs.items()}, label, token_byte_lengths(tokenizer))
+
+
+def _check_offline(cfg: DataConfig) -> None:
+    for d in cfg.domains:
+        DOMAINS.get(d, field="data.domains")
+
+
+def _check_hf(cfg: DataConfig) -> None:
+    if not cfg.hf_path:
+        raise ValueError("data.hf_path must be set when data.source=hf")
+
+
+def _hf_corpus(cfg: DataConfig, tokenizer) -> Corpus:
+    import datasets
+
+    ds = datasets.load_dataset(cfg.hf_path, data_files=cfg.hf_data_files, split=cfg.hf_split)
+    if cfg.hf_text_field not in ds.column_names:
+        raise ValueError(f"data.hf_text_field={cfg.hf_text_field!r} is not a column; columns: {ds.column_names}")
+    return packed_corpus({cfg.domains[0]: [t for t in ds[cfg.hf_text_field] if t]}, cfg, tokenizer,
+                         f"hf:{cfg.hf_path} (not hashed)")
+
+
+def _offline_corpus(cfg: DataConfig, tokenizer) -> Corpus:
+    docs = {d: load_domain(d, cfg.max_bytes_per_domain or DataConfig.max_bytes_per_domain, cfg.seed) for d in cfg.domains}
+    return packed_corpus(docs, cfg, tokenizer, OFFLINE_LABEL)
+
+
+CORPUS_SOURCES.register("offline")(CorpusSource(_check_offline, lambda cfg: True, _offline_corpus))
+CORPUS_SOURCES.register("hf")(CorpusSource(
+    _check_hf, lambda cfg: bool(cfg.hf_data_files and all("://" not in f for f in cfg.hf_data_files)), _hf_corpus))
+
+
+def build_corpus(cfg: DataConfig, tokenizer) -> Corpus:
+    return CORPUS_SOURCES.get(cfg.source, field="data.source").build(cfg, tokenizer)
 
 
 class ShardedSampler:

@@ -55,6 +55,7 @@ def run_pretraining(cfg: TrainConfig, world: World, run_dir: Path, config_dict: 
     if resumed is not None:  # the steps after the checkpoint will be logged again: drop their old rows
         drop_rows_after(run_dir / metrics_file(world.rank), resumed)
     logger = MetricsLogger(cfg.logger, run_dir, world.rank, config_dict, total_steps=cfg.train.steps)
+    logger.log(resumed or 0, {"corpus": corpus.label}, console=False)  # every metrics file names the text it trained on
     if world.is_main:
         shards = f" ({layout.replicas} replicas x {layout.shards} shards, {cfg.engine.name})" if layout.shards > 1 else ""
         where = f"resumed from step {resumed}" if resumed is not None else "from scratch"
@@ -63,7 +64,7 @@ def run_pretraining(cfg: TrainConfig, world: World, run_dir: Path, config_dict: 
             where = f"restarted (restart {restarts}), healing from a live group at its first quorum"
         log.info(
             f"[decentrain] {cfg.algorithm.name}: {num_params(model) / 1e6:.2f}M params, world {world.world_size}{shards}, "
-            f"{len(trainer.train_blocks)} train blocks of {cfg.data.seq_len} tokens, {where}; run dir {run_dir}"
+            f"{len(trainer.train_blocks)} train blocks of {cfg.data.seq_len} tokens ({corpus.label}), {where}; run dir {run_dir}"
         )
     try:
         result = trainer.fit(logger)
@@ -81,6 +82,8 @@ def run_pretraining(cfg: TrainConfig, world: World, run_dir: Path, config_dict: 
         if metrics.exists():
             plot_curves(read_jsonl(metrics), ["train/loss", "eval/loss"], run_dir / "loss.png", title=f"{cfg.algorithm.name} on {world.world_size} ranks")
         sent = "" if result.bytes_sent is None else f", sent {format_bytes(result.bytes_sent)} per worker"
+        bpb = f", {sum(result.eval_bpb.values()) / len(result.eval_bpb):.4f} bits per byte" if result.eval_bpb else ""
         log.info(f"[decentrain] done: step {result.final_step}, train loss {result.train_loss:.4f}, "
-                 f"eval loss {sum(result.eval_loss.values()) / max(1, len(result.eval_loss)):.4f}, {result.seconds:.1f}s{sent}")
+                 f"eval loss {sum(result.eval_loss.values()) / max(1, len(result.eval_loss)):.4f}{bpb}, "
+                 f"{result.seconds:.1f}s{sent}; corpus {corpus.label}")
     return result

