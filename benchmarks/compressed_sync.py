@@ -1,90 +1,114 @@
-"""compressed_sync: bytes each method sends to reach DiLoCo's best final loss: DiLoCo, SparseLoCo, compressed NoLoCo.
+"""compressed_sync: does SparseLoCo (and compressed NoLoCo) reach DiLoCo's loss, and at how many fewer bytes?
 
-Each run is the library's own training loop (`Trainer` and the algorithm's hooks) with N
-replicas as threads over the in-process transport (algorithms/pretraining/inprocess_replicas.py),
-a small Llama on the offline corpus, CPU. Methods share everything but `algorithm`: model,
-data, seed, inner AdamW, global batch (split over the N replicas), steps.
+Each run is the library's own training loop (`Trainer` and the algorithm's hooks) with N replicas as
+threads over the in-process transport (algorithms/pretraining/inprocess_replicas.py), on CPU. Arms share
+everything but `algorithm`: model, data (`--data`, a Hydra data option, plus `--override`s), seed, global
+batch (split over the N replicas), inner AdamW and its schedule, steps. Steps are set so every run reads
+>= `--tokens-per-param` (20) tokens per parameter (all replicas' tokens), rounded up to a multiple of 40.
 
-Protocol (per N):
-  1. tuning seed: per method and H, an outer-lr grid on a fixed ladder; a winner on the grid's
-     edge extends the grid by the next rung that way (at most `--max-extend` times), so the
-     chosen lr is bracketed or the TXT says it is not. Each method's own best H is the H whose
-     tuned lr gives the lowest final eval loss; equal H is `--equal-h` for every method.
-  2. `--seeds` other seeds for every method at its tuned lr, at equal H and at its best H.
-  3. DiLoCo's best final loss = the seed mean of its better H; target = that + 1 %. Per variant:
-     bytes one replica sends until its seed-mean eval curve first reaches the target, the ratio
-     to DiLoCo's bytes to the same target, final loss mean ± std, and the paired (same seed)
-     final-loss difference to DiLoCo-best with a paired t-test, its 95 % interval, and the
-     smallest difference the run can detect (80 % power, two-sided 5 %).
+The protocol (benchmarks/protocol.py, docs/benchmarks.md), per N:
+  0. the inner lr, checked once for all arms: DiLoCo at the paper's point (Nesterov 0.9, lr 0.7) over an
+     inner-lr ladder on the tuning seeds; every arm then trains at the winner;
+  1. every arm searched over all its outer settings on tuning seeds 100, 101 (`grid_search`: the product of
+     coarse start values, then the winner's unrun ladder neighbours until it is bracketed; every point on
+     seed 100, the best `--finalists` on both, the winner by the two-seed mean, the runner-up reported,
+     disagreeing seeds flagged):
+       diloco     outer lr x momentum x (Nesterov or heavy ball), at H = `--diloco-h`
+       sparseloco outer lr x EF decay x H (plain SGD outer, as the paper)
+       noloco_c   outer lr x EF decay x H (NoLoCo momentum 0.5), N >= 4 only: at N = 2 the same pair meets
+                  every round and the consensus message is identically zero (DESIGN.md)
+  2. each arm at its winner on `--seeds` (8) evaluation seeds 0..7, disjoint from the tuning seeds;
+  3. the decisions, fixed before the run (`RULES`, stored in the record and beside the run cache): each
+     compressed arm "reaches" DiLoCo's final eval loss by equivalence (TOST, ±1 % of DiLoCo's mean, paired
+     by seed), else better / worse / undecided with the effect the run could detect. Bytes per replica,
+     two ways: payload (SparseLoCo's and compressed NoLoCo's logged `outer/payload_bytes`, header included;
+     DiLoCo's dense fp32 pseudo-gradient, 4·numel) and wire (the logged `outer/bytes_sent`, a ring
+     all-gather; DiLoCo's ring all-reduce 2(N−1)/N·4·numel), over the whole run and until the seed-mean
+     curve first reaches DiLoCo's seed-mean final loss + 1 %.
 
-Bytes per replica and sync, two ways: payload (what one replica contributes: SparseLoCo's and
-compressed NoLoCo's logged `outer/payload_bytes`, header included; DiLoCo's dense fp32
-pseudo-gradient, 4·numel) and wire (what one rank transmits: the logged `outer/bytes_sent`, a
-ring all-gather forwarding each other block once; DiLoCo's ring all-reduce 2·(N−1)/N·4·numel).
-The headline is payload bytes, as the SparseLoCo paper counts; wire is given beside it.
+Compute (measured on this 2-core box, quiet, one run per core: `--model s`, 92k params, N=4, global batch
+32 x seq 64 = 2048 tokens/step, 30-45k tokens/s; 960 steps = 21 tokens/param, ~45-65 s a run): per N about
+18 start points x 3 arms, ~4 refinement rounds and the finalists' second seed (~40 runs an arm), 3-7 inner-lr
+runs, 8 eval seeds an arm: ~150 runs at N=4 and ~100 at N=2, about 4 CPU-hours in all; with
+`--parallel 2` on a quiet box ~2 h, on the shared box (load ~7) 4-6 h. It resumes from the run cache.
 
-Departures from the SparseLoCo paper's protocol, named: a 0.15M-parameter model (not 512M), 640
-steps on three offline domains, N replicas on one shared CPU; only the outer lr is tuned (inner
-AdamW, DiLoCo's Nesterov momentum 0.9, SparseLoCo's β = 0.95 and density, compressed NoLoCo's
-momentum 0.5 and message sizes are fixed); the H grid is two values per method; compressed NoLoCo
-runs at N ≥ 4 only (at N = 2 the same pair meets every round, the consensus message is identically
-zero, DESIGN.md); uncompressed NoLoCo is benchmarks/noloco_convergence.py's; NoLoCo runs without
-the heartbeat stall rule (`stall_s=null`); eval loss is rank 0's replica (NoLoCo's replicas differ).
-The SparseLoCo configuration is whatever `algorithm.*` defaults the recorded SHA has, plus the
-fields set in `_algorithm` (its record's `config` lists them).
+Departures from the SparseLoCo paper's protocol, named: a 92k-parameter model (paper 512M), ~1k steps,
+N replicas as threads on one CPU; DiLoCo's H fixed (its lr, momentum and Nesterov/heavy ball tuned);
+SparseLoCo's density and 2-bit quantiser and compressed NoLoCo's message sizes and momentum are fixed;
+eval loss is rank 0's replica (NoLoCo's replicas differ); NoLoCo runs without the stall rule.
 
-    nohup python -m benchmarks.compressed_sync --parallel 3 > runs/compressed_sync.log 2>&1 &   # the full protocol
-    # what results/ holds: compressed_sync = N=2 of the above at 4724cef (SparseLoCo then: flat 4096 chunks, max-abs);
-    # compressed_sync_n4 = N=4 reduced to fit the shared box, at 7eddf4b (SparseLoCo: 64x64 tiles, statistical):
-    nohup python -m benchmarks.compressed_sync --ranks 4 --methods diloco sparseloco --h-grid diloco:20 sparseloco:5 \
-        --lr-start diloco:0.35 sparseloco:1.4 --max-extend 0 --parallel 2 --name compressed_sync_n4 > runs/n4.log 2>&1 &
-    python -m benchmarks.compressed_sync --steps 40 --ranks 2 --seeds 1 --allow-dirty             # smoke
+    # the committed protocol (the lead runs it on the pinned corpus):
+    nohup python -m benchmarks.compressed_sync --data pinned --ranks 2 4 --parallel 2 > runs/compressed_sync.log 2>&1 &
+    python -m benchmarks.compressed_sync --smoke                                    # the whole path in ~2 min
+    python -m benchmarks.compressed_sync --preset-from benchmarks/results/compressed_sync.json --preset-ranks 4   # compare preset
 """
 
 from __future__ import annotations
 
+import json
 import math
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness import Harness, bench_parser, fmt, header, mean_std, parse, save_figure
+from benchmarks.harness import (CACHE_DIR, Harness, add_corpus_flags, bench_parser, corpus_of, fmt, header, mean_std,
+                                parse, recipe_sections, save_figure, seed_list)
+from benchmarks.protocol import (Axis, DecisionRule, consistency, decision, describe, describe_tuning, grid_search, preregister,
+                                 unmet)
 
 METHODS = ("diloco", "sparseloco", "noloco_c")
-# outer-lr ladder every grid is cut from (the outer optimizers accept (0, 4])
-LADDER = (0.125, 0.18, 0.25, 0.35, 0.5, 0.7, 1.0, 1.4, 2.0, 2.8, 4.0)
-START = {"diloco": 0.7, "sparseloco": 1.0, "noloco_c": 0.7}  # each grid starts at this rung ± 1
-H_GRID = {"diloco": (10, 20), "sparseloco": (5, 20), "noloco_c": (5, 20)}
 MIN_RANKS = {"diloco": 2, "sparseloco": 2, "noloco_c": 4}
+LR = (0.125, 0.18, 0.25, 0.35, 0.5, 0.7, 1.0, 1.4, 2.0, 2.8, 4.0)  # the outer optimizers accept (0, 4]
+MOMENTUM = (0.0, 0.1, 0.3, 0.5, 0.7, 0.8, 0.9, 0.95)
+EF_DECAY = (0.5, 0.7, 0.8, 0.9, 0.95, 0.98, 0.99)
+H = (5, 10, 20, 40)
+INNER_LR = (2.5e-4, 5e-4, 1e-3, 2e-3, 4e-3, 8e-3)
+# coarse start values (every other rung): the walk refines around the winner
+SPACES = {
+    "diloco": {"lr": Axis(LR, (0.35, 0.7, 1.4)), "momentum": Axis(MOMENTUM, (0.1, 0.5, 0.9)),
+               "nesterov": Axis((False, True), (False, True), ordered=False)},
+    "sparseloco": {"lr": Axis(LR, (0.5, 1.0, 2.0)), "ef_decay": Axis(EF_DECAY, (0.8, 0.95, 0.99)), "h": Axis(H, (5, 20))},
+    "noloco_c": {"lr": Axis(LR, (0.35, 0.7, 1.4)), "ef_decay": Axis(EF_DECAY, (0.8, 0.95, 0.99)), "h": Axis(H, (5, 20))},
+}
+INNER_SPACE = {"inner_lr": Axis(INNER_LR, (5e-4, 1e-3, 2e-3))}
+INNER_AT = {"lr": 0.7, "momentum": 0.9, "nesterov": True}  # DiLoCo's paper point, where the inner lr is checked
+# Llama sizes (byte vocabulary): the benchmark's scale is `--model`
+SIZES = {"xs": {"hidden": 32, "layers": 2, "heads": 2, "intermediate": 88},
+         "s": {"hidden": 48, "layers": 2, "heads": 2, "intermediate": 128},
+         "m": {"hidden": 64, "layers": 2, "heads": 2, "intermediate": 176}}
+RULES = {f"{m}_reaches_diloco": DecisionRule("reaches", margin=0.01) for m in ("sparseloco", "noloco_c")}
+STEP_MULTIPLE = 40  # every H of the ladder divides it, so every arm ends (and is evaluated) on a sync
+
+
+def valid(s: dict[str, Any]) -> bool:
+    return not (s.get("nesterov") and s.get("momentum") == 0)  # torch's Nesterov needs momentum
 
 
 def _algorithm(job: dict[str, Any]) -> dict[str, Any]:
-    m, h, lr = job["method"], job["h"], job["lr"]
+    m, s, fx = job["method"], job["setting"], job["fixed"]
     if m == "diloco":
-        return {"name": "diloco", "inner_steps": h,
-                "outer_optimizer": {"name": "sgd", "lr": lr, "momentum": 0.9, "nesterov": True}}
+        return {"name": "diloco", "inner_steps": job["h"],
+                "outer_optimizer": {"name": "sgd", "lr": s["lr"], "momentum": s["momentum"], "nesterov": s["nesterov"]}}
     if m == "noloco_c":
-        return {"name": "noloco", "inner_steps": h, "outer_optimizer": {"name": "noloco", "lr": lr, "momentum": 0.5},
-                "stall_s": None,
-                "compression": {"enabled": True, "ef_decay": job["ef_decay"], "topk": job["topk"], "bits": job["bits"],
-                                "state_topk": job["state_topk"], "state_bits": job["state_bits"],
-                                "anchor_every": job["anchor_every"]}}
-    return {"name": "sparseloco", "inner_steps": h, "outer_optimizer": {"name": "sgd", "lr": lr, "momentum": 0.0, "nesterov": False},
-            "ef_decay": job["ef_decay"], "topk": job["topk"],
-            "bits": job["bits"]}
+        return {"name": "noloco", "inner_steps": job["h"], "stall_s": None,
+                "outer_optimizer": {"name": "noloco", "lr": s["lr"], "momentum": fx["noloco_momentum"]},
+                "compression": {"enabled": True, "ef_decay": s["ef_decay"], "topk": fx["topk"], "bits": fx["bits"],
+                                "state_topk": fx["state_topk"], "state_bits": fx["state_bits"], "anchor_every": fx["anchor_every"]}}
+    return {"name": "sparseloco", "inner_steps": job["h"], "ef_decay": s["ef_decay"], "topk": fx["topk"], "bits": fx["bits"],
+            "outer_optimizer": {"name": "sgd", "lr": s["lr"], "momentum": 0.0, "nesterov": False}}
 
 
 def _config(job: dict[str, Any]) -> dict[str, Any]:
-    micro = job["batch"] // job["ranks"]
+    micro, mdl = job["batch"] // job["ranks"], job["model"]
     return {
         "algorithm": _algorithm(job),
-        "model": {"hidden_size": job["hidden"], "num_layers": job["layers"], "num_heads": job["heads"],
-                  "intermediate_size": job["intermediate"], "max_seq_len": job["seq_len"]},
-        "data": {"seq_len": job["seq_len"], "max_bytes_per_domain": job["max_bytes"], "domains": job["domains"]},
+        "model": {"hidden_size": mdl["hidden"], "num_layers": mdl["layers"], "num_heads": mdl["heads"],
+                  "intermediate_size": mdl["intermediate"], "max_seq_len": job["seq_len"]},
+        "data": {**job["data"], "seq_len": job["seq_len"]},
         "optim": {"lr": job["inner_lr"], "warmup_steps": job["warmup"]},
         # the same held-out sequences at every N: eval_batches × micro_batch_size per domain
         "train": {"steps": job["steps"], "global_batch_size": job["batch"], "micro_batch_size": micro,
-                  "eval_every": max(job["h"], job["eval_every"]), "eval_batches": max(1, job["eval_seqs"] // micro),
+                  "eval_every": math.lcm(job["h"], job["eval_every"]), "eval_batches": max(1, job["eval_seqs"] // micro),
                   "checkpoint_every": 10**6, "threads": 1, "seed": job["seed"], "device": "cpu"},
         "logger": {"progress": False, "console": False, "log_every": job["h"]},
     }
@@ -113,58 +137,57 @@ def train_run(job: dict[str, Any]) -> dict[str, Any]:
     torch.set_num_threads(1)
     cfg = config_from_dict(_config(job))
     with tempfile.TemporaryDirectory(prefix="compressed_sync_") as d:
-        runs = run_replicas_in_process(cfg, job["ranks"], Path(d))
+        run_replicas_in_process(cfg, job["ranks"], Path(d))
         rows = read_jsonl(Path(d) / "metrics.jsonl")
     numel = sum(p.numel() for p in build_model(cfg.model, build_tokenizer(cfg.model)).parameters())
     steps, payload, wire = sync_bytes(job["method"], rows, numel, job["ranks"])
-    curve = []
+    curve, bpb = [], None
     for r in rows:
         if "eval/loss" in r:
             done = [i for i, s in enumerate(steps) if s <= r["step"]]
             curve.append([r["step"], r["eval/loss"], sum(payload[i] for i in done), sum(wire[i] for i in done)])
-    return {"numel": numel, "curve": curve, "syncs": len(steps), "final": curve[-1][1]}
+            bpb = r.get("eval/bpb", bpb)
+    return {"numel": numel, "curve": curve, "syncs": len(steps), "final": curve[-1][1], "final_bpb": bpb,
+            "corpus": corpus_of(rows)}
 
 
-# -- tuning --------------------------------------------------------------------------------------
-def start_grid(method: str, start: dict[str, float] | None = None) -> list[float]:
-    i = LADDER.index((start or START)[method])
-    return list(LADDER[max(i - 1, 0):i + 2])
+def plan_steps(params: int, tokens_per_step: int, tokens_per_param: float, multiple: int = STEP_MULTIPLE) -> int:
+    """The fewest steps (a multiple of `multiple`) that read `tokens_per_param` tokens per parameter."""
+    return max(multiple, math.ceil(tokens_per_param * params / tokens_per_step / multiple) * multiple)
 
 
-def next_rungs(grid: list[float], finals: dict[float, float]) -> list[float]:
-    """The rung to add when the best lr is on the grid's edge (none when it is inside or the ladder ends)."""
-    best = min(grid, key=lambda lr: finals[lr])
-    i = LADDER.index(best)
-    if best == min(grid) and i > 0:
-        return [LADDER[i - 1]]
-    if best == max(grid) and i + 1 < len(LADDER):
-        return [LADDER[i + 1]]
-    return []
+def model_params(model: dict[str, Any], seq_len: int) -> int:
+    from decentrain.config import config_from_dict
+    from decentrain.models.factory import build_model, build_tokenizer, num_params
+
+    cfg = config_from_dict({"model": {"hidden_size": model["hidden"], "num_layers": model["layers"], "num_heads": model["heads"],
+                                      "intermediate_size": model["intermediate"], "max_seq_len": seq_len}})
+    return num_params(build_model(cfg.model, build_tokenizer(cfg.model)))
 
 
-def tune(harness: Harness, shared: dict[str, Any], n: int, seed: int, max_extend: int, parallel: int,
-         plan: dict[str, Any]) -> dict[str, Any]:
-    """Per method and H: the lr grid run on `seed`, extended at an edge; the best lr and whether it is bracketed."""
-    cells = {(m, h): start_grid(m, plan["start"]) for m in plan["methods"] if n >= MIN_RANKS[m] for h in plan["h_grid"][m]}
-    finals: dict[tuple[str, int], dict[float, float]] = {c: {} for c in cells}
-    for extension in range(max_extend + 1):
-        jobs = [{**shared, "ranks": n, "method": m, "h": h, "lr": lr, "seed": seed}
-                for (m, h), grid in cells.items() for lr in grid if lr not in finals[(m, h)]]
-        for j, r in zip(jobs, harness.run_jobs(jobs, train_run, desc=f"tune N={n}", parallel=parallel)):
-            finals[(j["method"], j["h"])][j["lr"]] = r["final"]
-        grow = {c: next_rungs(grid, finals[c]) for c, grid in cells.items()}
-        if extension == max_extend or not any(grow.values()):
-            break
-        cells = {c: sorted(grid + grow[c]) for c, grid in cells.items()}
-    out: dict[str, Any] = {}
-    for (m, h), grid in cells.items():
-        best = min(grid, key=lambda lr: finals[(m, h)][lr])
-        out.setdefault(m, {})[str(h)] = {"grid": grid, "finals": [finals[(m, h)][lr] for lr in grid], "lr": best,
-                                         "bracketed": min(grid) < best < max(grid)}
-    for m, by_h in out.items():
-        best_h = min(by_h, key=lambda h: min(by_h[h]["finals"]))
-        out[m]["best_h"] = int(best_h)
-    return out
+# -- tuning (stages 0 and 1) ---------------------------------------------------------------------
+def tune(harness: Harness, shared: dict[str, Any], n: int, plan: dict[str, Any]) -> dict[str, Any]:
+    """The inner lr once for all arms, then every arm's outer settings, at N replicas."""
+    def evaluator(method: str, inner_lr: float | None = None):
+        def evaluate(cells: list[tuple[dict, int]]) -> list[float]:
+            jobs = [_job(shared, n, method, {k: v for k, v in s.items() if k != "inner_lr"}, seed,
+                         s.get("inner_lr", inner_lr)) for s, seed in cells]
+            return [r["final"] for r in harness.run_jobs(jobs, train_run, desc=f"tune {method} N={n}", parallel=plan["parallel"])]
+        return evaluate
+
+    seeds, kw = plan["tuning_seeds"], {"finalists": plan["finalists"], "max_rounds": plan["max_rounds"]}
+    inner_space = plan["spaces"].get("inner", INNER_SPACE)
+    inner_eval = evaluator("diloco")
+    inner = grid_search(lambda cells: inner_eval([({**INNER_AT, **s}, seed) for s, seed in cells]), inner_space, seeds, **kw)
+    lr = inner["winner"]["inner_lr"]
+    arms = {m: grid_search(evaluator(m, lr), plan["spaces"][m], seeds, valid=valid, **kw)
+            for m in plan["methods"] if n >= MIN_RANKS[m]}
+    return {"inner": inner, "inner_lr": lr, "arms": arms}
+
+
+def _job(shared: dict[str, Any], n: int, method: str, setting: dict[str, Any], seed: int, inner_lr: float) -> dict[str, Any]:
+    h = shared["diloco_h"] if method == "diloco" else setting["h"]
+    return {**shared, "ranks": n, "method": method, "setting": setting, "h": h, "seed": seed, "inner_lr": inner_lr}
 
 
 # -- figures -------------------------------------------------------------------------------------
@@ -181,133 +204,176 @@ def bytes_to(curve: list[list[float]], target: float) -> tuple[float, float, flo
     return None
 
 
-def paired(diffs: list[float]) -> dict[str, Any]:
-    """Paired t-test of per-seed differences: mean, 95 % interval, p, and the smallest difference it can detect."""
-    from scipy import stats
-
-    n = len(diffs)
-    ms = mean_std(diffs)
-    if n < 2:
-        return {**ms, "p": None, "ci95": None, "detectable": None}
-    se = ms["std"] / math.sqrt(n)
-    t975, t80 = stats.t.ppf(0.975, n - 1), stats.t.ppf(0.80, n - 1)
-    p = float(stats.ttest_1samp(diffs, 0.0).pvalue) if se > 0 else (0.0 if ms["mean"] else 1.0)
-    return {**ms, "p": p, "ci95": [ms["mean"] - t975 * se, ms["mean"] + t975 * se], "detectable": (t975 + t80) * se}
-
-
-def figures_for(n: int, tuning: dict[str, Any], runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
-    """One N's figures; `runs` maps 'method H=h' to its seeds' results (seed order)."""
-    d_best = f"diloco H={tuning['diloco']['best_h']}"
-    finals = {v: [r["final"] for r in rs] for v, rs in runs.items()}
-    best_diloco = min((v for v in runs if v.startswith("diloco")), key=lambda v: mean_std(finals[v])["mean"])
-    target = 1.01 * mean_std(finals[best_diloco])["mean"]
-    base = bytes_to(seed_mean_curve(runs[best_diloco]), target)
-    out: dict[str, Any] = {"ranks": n, "numel": next(iter(runs.values()))[0]["numel"], "diloco_best": best_diloco,
-                           "diloco_best_tuning": d_best, "target_loss": target, "variants": {}}
-    for v, rs in runs.items():
+def figures_for(n: int, tuning: dict[str, Any], runs: dict[str, list[dict[str, Any]]], rules: dict[str, dict]) -> dict[str, Any]:
+    """One N's figures from its eval runs (`runs`: arm -> its seeds' results, seed order) under the fixed rules."""
+    finals = {m: [r["final"] for r in rs] for m, rs in runs.items()}
+    base_curve = seed_mean_curve(runs["diloco"])
+    target = 1.01 * mean_std(finals["diloco"])["mean"]
+    base_hit = bytes_to(base_curve, target)
+    out: dict[str, Any] = {"ranks": n, "numel": runs["diloco"][0]["numel"], "target_loss": target, "arms": {}, "decisions": {}}
+    for m, rs in runs.items():
         curve = seed_mean_curve(rs)
-        hit = bytes_to(curve, target)
-        row = {"final": mean_std(finals[v]), "curve": curve, "syncs": rs[0]["syncs"],
-               "payload_per_sync": curve[-1][2] / max(rs[0]["syncs"], 1), "wire_per_sync": curve[-1][3] / max(rs[0]["syncs"], 1),
-               "vs_diloco_best": paired([a - b for a, b in zip(finals[v], finals[best_diloco])]),
-               "to_target": None if hit is None else {"step": hit[0], "payload": hit[1], "wire": hit[2],
-                                                       "payload_ratio": base[1] / hit[1] if hit[1] else None,
-                                                       "wire_ratio": base[2] / hit[2] if hit[2] else None}}
-        out["variants"][v] = row
-    compressed = [(v, r["to_target"]["payload_ratio"]) for v, r in out["variants"].items()
-                  if not v.startswith("diloco") and r["to_target"] is not None]
-    out["best_ratio"] = max(compressed, key=lambda x: x[1]) if compressed else None
+        hit, syncs = bytes_to(curve, target), rs[0]["syncs"]
+        t = tuning["arms"][m]
+        out["arms"][m] = {
+            "setting": t["winner"], "h": rs[0].get("h"), "final": mean_std(finals[m]), "curve": curve, "syncs": syncs,
+            "final_bpb": mean_std([r["final_bpb"] for r in rs]) if all(r.get("final_bpb") is not None for r in rs) else None,
+            "payload_per_sync": curve[-1][2] / max(syncs, 1), "wire_per_sync": curve[-1][3] / max(syncs, 1),
+            "payload_total": curve[-1][2], "wire_total": curve[-1][3],
+            "payload_ratio_run": base_curve[-1][2] / curve[-1][2] if curve[-1][2] else None,
+            "wire_ratio_run": base_curve[-1][3] / curve[-1][3] if curve[-1][3] else None,
+            "to_target": None if hit is None or base_hit is None else {
+                "step": hit[0], "payload": hit[1], "wire": hit[2],
+                "payload_ratio": base_hit[1] / hit[1] if hit[1] else None, "wire_ratio": base_hit[2] / hit[2] if hit[2] else None},
+            "tuning_vs_eval": consistency(t["winner_values"], finals[m]),
+        }
+    for name, rule in rules.items():
+        m = name.split("_reaches_")[0]
+        if m in runs:
+            out["decisions"][name] = decision(name, m, "diloco", rule, finals[m], finals["diloco"], "final eval loss (rank 0)")
+    return out
+
+
+def headline(cell: dict[str, Any]) -> list[str]:
+    """Per compressed arm: its verdict against DiLoCo's loss, beside the bytes it saves over the run."""
+    out = []
+    for name, d in cell["decisions"].items():
+        a = cell["arms"][d["contender"]]
+        out.append(f"{d['contender']} vs DiLoCo: {describe(d['result'])}; {a['payload_ratio_run']:.1f}x fewer payload bytes "
+                   f"({a['wire_ratio_run']:.1f}x wire) over the run")
     return out
 
 
 def text(record: dict) -> str:
-    c = record["config"]
+    c, f = record["config"], record["figures"]
     lines = [header(record), "",
-             f"{c['steps']} steps, global batch {c['batch']}, tuning seed {c['tune_seed']}, eval seeds {c['eval_seeds']}; "
-             f"SparseLoCo top-{c['topk']} per 4096, {c['bits']}-bit, β={c['ef_decay']}; compressed NoLoCo: the same for Δ, "
-             f"top-{c['state_topk']} {c['state_bits']}-bit for φ − A, re-anchor every {c['anchor_every']} rounds"]
-    for key, f in record["figures"].items():
-        lines += ["", f"== N={f['ranks']} ({f['numel']:,} parameters): target = DiLoCo's best final loss "
-                      f"({f['diloco_best']}) + 1 % = {f['target_loss']:.4f}"]
-        br = f["best_ratio"]
-        lines.append(f"  highest payload-bytes ratio of a compressed method reaching it: "
-                     + (f"{br[1]:.1f}x ({br[0]}); target >= 50x: {'MET' if br[1] >= 50 else 'NOT MET'}" if br
-                        else "none reaches it; target >= 50x: NOT MET"))
-        for v, r in f["variants"].items():
-            t, p = r["to_target"], r["vs_diloco_best"]
-            reach = ("never reaches the target" if t is None else
-                     f"reaches it at step {t['step']:.0f}: {t['payload'] / 1e6:.4f} MB payload ({t['payload_ratio']:.1f}x fewer), "
-                     f"{t['wire'] / 1e6:.4f} MB wire ({t['wire_ratio']:.1f}x fewer)")
-            test = "" if p["p"] is None else (f"; paired vs DiLoCo-best {p['mean']:+.4f} [95 % CI {p['ci95'][0]:+.4f}, "
-                                              f"{p['ci95'][1]:+.4f}], p={p['p']:.3f}, detectable ±{p['detectable']:.4f}")
-            lines.append(f"  {v}: final {fmt(r['final'])}{test}")
-            lines.append(f"    {r['payload_per_sync']:.0f} B payload/sync, {r['syncs']} syncs; {reach}")
-        lines.append("  tuning (seed %d): outer lr grid -> final loss" % c["tune_seed"])
-        for m, by_h in f["tuning"].items():
-            for h, t in by_h.items():
-                if h == "best_h":
-                    continue
-                grid = ", ".join(f"{lr:g}: {x:.4f}" for lr, x in zip(t["grid"], t["finals"]))
-                lines.append(f"    {m} H={h}: {grid} -> lr {t['lr']:g}" + ("" if t["bracketed"] else "  (ON THE EDGE)"))
-            lines.append(f"    {m}: best H = {by_h['best_h']}")
+             f"model {c['model_size']} {c['model']}, {c['steps']} steps x {c['batch']} x {c['seq_len']} tokens "
+             f"({f.get('tokens_per_param', 0):.1f} tokens/param), data={c['data_name']} (corpus {f.get('corpus')}), "
+             f"tuning seeds {c['tuning_seeds']}, eval seeds {c['eval_seeds']}; SparseLoCo top-{c['fixed']['topk']} per 64x64 tile, "
+             f"{c['fixed']['bits']}-bit; DiLoCo at H={c['diloco_h']}",
+             "decision rules (fixed before the run): " + "; ".join(f"{k}: {v}" for k, v in c["decision_rules"].items()),
+             "protocol: " + ("met" if not f.get("unmet") else "NOT MET: " + "; ".join(f["unmet"]))]
+    for key, cell in f["cells"].items():
+        lines += ["", f"== N={cell['ranks']} ({cell['numel']:,} parameters); inner lr {cell['tuning']['inner_lr']:g} "
+                      f"({describe_tuning(cell['tuning']['inner'])})"]
+        lines += [f"  {x}" for x in headline(cell)]
+        for m, a in cell["arms"].items():
+            t = a["to_target"]
+            reach = ("never reaches DiLoCo's final + 1 %" if t is None else
+                     f"DiLoCo's final + 1 % ({cell['target_loss']:.4f}) at step {t['step']:.0f}: {t['payload_ratio']:.1f}x fewer payload bytes")
+            lines.append(f"  {m}: final {fmt(a['final'])}"
+                         + (f", bpb {fmt(a['final_bpb'])}" if a.get("final_bpb") else "")
+                         + f"; {a['payload_per_sync']:.0f} B payload / {a['wire_per_sync']:.0f} B wire per sync, {a['syncs']} syncs; {reach}")
+            tv = a["tuning_vs_eval"]
+            lines.append(f"    tuned: {describe_tuning(cell['tuning']['arms'][m], _setting)}; tuning-seed mean vs eval seeds: "
+                         f"{tv['gap']:+.4f}" + (f" ({tv['eval_stds_apart']:.1f} eval stds{', FLAGGED' if tv['flagged'] else ''})"
+                                                   if tv["eval_stds_apart"] is not None else ""))
     return "\n".join(lines)
+
+
+def _setting(s: dict[str, Any]) -> str:
+    return " ".join(("nesterov" if v else "heavy-ball") if k == "nesterov" else f"{k}={v:g}" for k, v in s.items())
 
 
 def plot(record: dict, png: Path) -> None:
     import matplotlib.pyplot as plt
 
-    figs = record["figures"]
-    fig, axes = plt.subplots(1, len(figs), figsize=(6 * len(figs), 4), squeeze=False)
-    for ax, f in zip(axes[0], figs.values()):
-        for v, r in f["variants"].items():
+    cells = record["figures"]["cells"]
+    fig, axes = plt.subplots(1, len(cells), figsize=(6 * len(cells), 4), squeeze=False)
+    for ax, f in zip(axes[0], cells.values()):
+        for m, r in f["arms"].items():
             pts = [(p[2], p[1]) for p in r["curve"] if p[2] > 0]
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=".", label=v)
-        ax.axhline(f["target_loss"], ls="--", c="gray", label="DiLoCo best final + 1 %")
-        ax.set_xscale("log")
-        ax.set_xlabel("cumulative payload bytes per replica")
-        ax.set_ylabel("eval loss (seed mean)")
-        ax.set_title(f"N={f['ranks']}")
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=".", label=f"{m} {_setting(r['setting'])}")
+        ax.axhline(f["target_loss"], ls="--", c="gray", label="DiLoCo final + 1 %")
+        ax.set(xscale="log", xlabel="cumulative payload bytes per replica", ylabel="eval loss (seed mean)", title=f"N={f['ranks']}")
         ax.legend(fontsize=7)
     fig.tight_layout()
     save_figure(fig, png, dpi=120)
 
 
+# -- the compare preset -----------------------------------------------------------------------------
+def compare_preset(record: dict, ranks: int) -> dict[str, Any]:
+    """The `decentrain compare` preset of this record's N: its layout and each arm's tuned settings, with what
+    stands behind them (conf/compare/<name>.yaml)."""
+    c, cell = record["config"], record["figures"]["cells"][f"N={ranks}"]
+    behind = (f"benchmarks/results/{record['name']}.json @ {record['git_sha'][:10]}: {len(c['tuning_seeds'])} tuning seeds, "
+              f"{len(c['eval_seeds'])} eval seeds")
+    arms = {}
+    for m, a in cell["arms"].items():
+        s = a["setting"]
+        if m == "diloco":
+            ov = [f"algorithm.inner_steps={c['diloco_h']}", f"algorithm.outer_optimizer.lr={s['lr']}",
+                  f"algorithm.outer_optimizer.momentum={s['momentum']}", f"algorithm.outer_optimizer.nesterov={str(s['nesterov']).lower()}"]
+        elif m == "sparseloco":
+            ov = [f"algorithm.inner_steps={s['h']}", f"algorithm.outer_optimizer.lr={s['lr']}", f"algorithm.ef_decay={s['ef_decay']}"]
+        else:
+            continue  # compressed NoLoCo is not one of compare's arms
+        arms[m] = {"overrides": ov, "behind": behind}
+    mdl = c["model"]
+    return {"workers": ranks, "steps": c["steps"], "global_batch_size": c["batch"], "micro_batch_size": c["batch"] // ranks,
+            "inner_steps": c["diloco_h"], "eval_every": STEP_MULTIPLE,
+            "overrides": [f"data={c['data_name']}", f"data.seq_len={c['seq_len']}", f"model.hidden_size={mdl['hidden']}",
+                          f"model.num_layers={mdl['layers']}", f"model.num_heads={mdl['heads']}",
+                          f"model.intermediate_size={mdl['intermediate']}", f"optim.lr={cell['tuning']['inner_lr']}"],
+            "arms": arms}
+
+
 def main(argv: list[str] | None = None) -> None:
-    ap = bench_parser(__doc__.splitlines()[0], smoke={"steps": 40, "ranks": [2], "seeds": 1})
-    ap.add_argument("--steps", type=int, default=640)
+    ap = bench_parser(__doc__.splitlines()[0], seeds=8,
+                      smoke={"steps": 40, "ranks": [2], "seeds": 2, "model": "xs", "finalists": 1, "max_rounds": 1, "small_grid": True})
     ap.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
-    ap.add_argument("--tune-seed", type=int, default=100)
-    ap.add_argument("--equal-h", type=int, default=20)
-    ap.add_argument("--max-extend", type=int, default=1, help="edge extensions of an lr grid")
+    ap.add_argument("--model", choices=SIZES, default="s")
+    ap.add_argument("--tokens-per-param", type=float, default=20.0)
+    ap.add_argument("--steps", type=int, default=0, help="0: the fewest steps that read --tokens-per-param")
+    ap.add_argument("--tuning-seeds", type=int, nargs="+", default=[100, 101])
+    ap.add_argument("--finalists", type=int, default=4, help="grid points run on every tuning seed (0: all)")
+    ap.add_argument("--max-rounds", type=int, default=8, help="rounds of each grid's walk")
+    ap.add_argument("--small-grid", action="store_true", help="start each grid at its centre only (smoke)")
+    ap.add_argument("--diloco-h", type=int, default=20)
     ap.add_argument("--parallel", type=int, default=1, help="runs at once (worker processes)")
     ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
-    ap.add_argument("--h-grid", nargs="+", default=[], metavar="METHOD:H,H", help="replace a method's H grid")
-    ap.add_argument("--lr-start", nargs="+", default=[], metavar="METHOD:LR", help="centre a method's first lr grid on a rung")
     ap.add_argument("--name", default="compressed_sync")
+    ap.add_argument("--preset-from", metavar="JSON", help="print the compare preset of a record and exit")
+    ap.add_argument("--preset-ranks", type=int, default=4)
+    add_corpus_flags(ap)
     args = parse(ap, argv)
-    h_grid = {**H_GRID, **{m: tuple(int(h) for h in hs.split(",")) for m, hs in (x.split(":") for x in args.h_grid)}}
-    plan = {"methods": args.methods, "h_grid": h_grid,
-            "start": {**START, **{m: float(lr) for m, lr in (x.split(":") for x in args.lr_start)}}}
-    config = {"steps": args.steps, "ranks": args.ranks, "tune_seed": args.tune_seed, "eval_seeds": list(range(args.seeds)),
-              "equal_h": args.equal_h, "max_extend": args.max_extend, "ladder": LADDER, "plan": plan,
-              "hidden": 64, "layers": 2, "heads": 2, "intermediate": 176, "seq_len": 64, "max_bytes": 100_000,
-              "domains": ["python_stdlib", "python_docs", "licenses"], "batch": 16, "inner_lr": 1e-3, "warmup": 20,
-              "eval_every": 20, "eval_seqs": 32, "topk": 64, "bits": 2, "ef_decay": 0.95, "state_topk": 32,
-              "state_bits": 4, "anchor_every": 10}
+    if args.preset_from:
+        import yaml
+
+        print(yaml.safe_dump(compare_preset(json.loads(Path(args.preset_from).read_text()), args.preset_ranks), sort_keys=False))
+        return
+    model, seq_len, batch = SIZES[args.model], 64, 32
+    params = model_params(model, seq_len)
+    steps = args.steps or plan_steps(params, batch * seq_len, args.tokens_per_param)
+    spaces = {m: ({k: Axis(a.ladder, (a.start[len(a.start) // 2],), a.ordered) for k, a in sp.items()} if args.small_grid else sp)
+              for m, sp in {**SPACES, "inner": INNER_SPACE}.items()}
+    data = recipe_sections([f"data={args.data}", *args.override])["data"]
+    fixed = {"topk": 64, "bits": 2, "state_topk": 32, "state_bits": 4, "anchor_every": 10, "noloco_momentum": 0.5}
+    config = {"steps": steps, "ranks": args.ranks, "model_size": args.model, "model": model, "params": params, "seq_len": seq_len,
+              "batch": batch, "data_name": args.data, "overrides": args.override, "data": data, "tuning_seeds": args.tuning_seeds,
+              "eval_seeds": seed_list(args.seeds), "finalists": args.finalists or None, "max_rounds": args.max_rounds,
+              "diloco_h": args.diloco_h, "fixed": fixed, "methods": args.methods,
+              "spaces": {m: {k: [list(a.ladder), list(a.start), a.ordered] for k, a in sp.items()} for m, sp in spaces.items()},
+              "decision_rules": preregister(CACHE_DIR, args.name, RULES, args.fresh)}  # fixed before any run
     harness = Harness(args.name, __file__, config, allow_dirty=args.allow_dirty, fresh=args.fresh, smoke=args.smoke)
-    shared = {k: v for k, v in config.items() if k not in ("ranks", "tune_seed", "eval_seeds", "max_extend", "ladder", "plan")}
-    figures: dict[str, Any] = {}
+    shared = {"steps": steps, "model": model, "seq_len": seq_len, "batch": batch, "data": data, "warmup": 20, "eval_every": STEP_MULTIPLE,
+              "eval_seqs": 32, "fixed": fixed, "diloco_h": args.diloco_h}
+    plan = {"methods": args.methods, "spaces": spaces, "tuning_seeds": args.tuning_seeds, "finalists": args.finalists or None,
+            "max_rounds": args.max_rounds, "parallel": args.parallel}
+    cells: dict[str, Any] = {}
     for n in args.ranks:  # one N after the other: a run cut short still has a whole N
-        tuned = tune(harness, shared, n, args.tune_seed, args.max_extend, args.parallel, plan)
-        # equal H where the method's grid has it (a reduced --h-grid may not), and its own best H
-        variants = {(m, h) for m in tuned for h in (args.equal_h, tuned[m]["best_h"]) if str(h) in tuned[m]}
-        jobs = [{**shared, "ranks": n, "method": m, "h": h, "lr": tuned[m][str(h)]["lr"], "seed": s}
-                for m, h in sorted(variants) for s in config["eval_seeds"]]
-        results = harness.run_jobs(jobs, train_run, desc=f"seeds N={n}", parallel=args.parallel)
+        tuned = tune(harness, shared, n, plan)
+        jobs = [_job(shared, n, m, t["winner"], s, tuned["inner_lr"]) for m, t in tuned["arms"].items() for s in config["eval_seeds"]]
+        results = harness.run_jobs(jobs, train_run, desc=f"eval seeds N={n}", parallel=args.parallel)
         runs: dict[str, list[dict[str, Any]]] = {}
         for j, r in zip(jobs, results):
-            runs.setdefault(f"{j['method']} H={j['h']}", []).append(r)
-        figures[f"N={n}"] = {**figures_for(n, tuned, runs), "tuning": tuned}
+            runs.setdefault(j["method"], []).append({**r, "h": j["h"]})
+        cells[f"N={n}"] = {**figures_for(n, tuned, runs, config["decision_rules"]), "tuning": tuned}
+        corpora = {json.dumps(r.get("corpus"), sort_keys=True) for rs in runs.values() for r in rs}
+        figures = {"cells": cells, "tokens_per_param": steps * batch * seq_len / params,
+                   "corpus": json.loads(corpora.pop()) if len(corpora) == 1 else {"name": "mixed", "hash": None}}
+        figures["unmet"] = sorted(set(x for c in cells.values() for x in unmet(
+            c["tuning"]["arms"], args.tuning_seeds, config["eval_seeds"], figures["tokens_per_param"], figures["corpus"])))
         paths = harness.write(figures, text, plot)
     print(paths["txt"].read_text())
 

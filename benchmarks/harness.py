@@ -394,6 +394,38 @@ def parse_config(ap, config_cls, *extras: str) -> tuple:
     return (config_cls(**args), *rest)
 
 
+# -- the training recipe's config, for benchmarks that train ----------------------------
+def add_corpus_flags(ap: argparse.ArgumentParser, data: str = "offline") -> None:
+    """`--data NAME` (a Hydra data option: offline, pinned, ...) and `--override KEY=VALUE ...`: Hydra overrides
+    passed through to the training recipe's config (`conf/config.yaml`), from which the run takes its data."""
+    ap.add_argument("--data", default=data, help="the Hydra data option every run trains on (data=<this>)")
+    ap.add_argument("--override", nargs="+", default=[], metavar="KEY=VALUE",
+                    help="more Hydra overrides of the training config, e.g. data.max_bytes_per_domain=100000")
+
+
+def recipe_sections(overrides: Sequence[str], sections: Sequence[str] = ("data",)) -> dict[str, Any]:
+    """The named sections of the training recipe's config composed with `overrides`, resolved to plain dicts
+    (composed once per benchmark: the runs then carry them, so the cache key follows the data they train on)."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from decentrain.config import register_configs
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=[*overrides, "run_dir=unused"])
+    return {k: OmegaConf.to_container(cfg[k], resolve=True) for k in sections}
+
+
+def corpus_of(rows: Iterable[dict]) -> dict[str, Any] | None:
+    """The corpus a run's metrics name (the header record's {"name", "hash"}); None when not logged."""
+    for r in rows:
+        c = r.get("corpus")
+        if isinstance(c, dict):
+            return {"name": c.get("name"), "hash": c.get("hash")}
+    return None
+
+
 # -- shared tails -----------------------------------------------------------------------
 def save_figure(fig, png: Path, dpi: int = 120) -> None:
     """The plotting tail: save a benchmark's figure beside its JSON and free it."""

@@ -188,6 +188,22 @@ def check_seeds(tuning: Sequence[int], evaluation: Sequence[int]) -> list[str]:
     return out
 
 
+def unmet(tuning: Mapping[str, Mapping[str, Any]], tuning_seeds: Sequence[int], eval_seeds: Sequence[int],
+          tokens_per_param: float | None, corpus: Mapping[str, Any] | None, pinned: str = "pinned") -> list[str]:
+    """Every way a comparison's run falls short of the protocol (empty: the verdicts stand as decided)."""
+    out = check_seeds(tuning_seeds, eval_seeds)
+    if tokens_per_param is None or tokens_per_param < 20:
+        out.append(f"{tokens_per_param or 0:.1f} tokens per parameter < 20")
+    if not corpus or corpus.get("name") != pinned or not corpus.get("hash"):
+        out.append(f"not the pinned corpus (ran on {(corpus or {}).get('name', 'an unnamed corpus')})")
+    for arm, t in tuning.items():
+        if not t.get("bracketed", False):
+            out.append(f"{arm}: winner on its grid's edge ({', '.join(t.get('open_axes', []))})")
+        if t.get("disagreement", {}).get("flagged"):
+            out.append(f"{arm}: tuning seeds disagree")
+    return out
+
+
 # -- fixed before the run ---------------------------------------------------------------
 def preregister(cache_dir: Path, name: str, rules: Mapping[str, DecisionRule], fresh: bool = False) -> dict[str, Any]:
     """Store the rules before any run, beside the run cache; a resumed run whose rules differ is refused

@@ -1,22 +1,21 @@
-"""compressed_sync's own arithmetic: grids that bracket, bytes to a target, the paired test, the headline ratio."""
+"""compressed_sync's own arithmetic on the protocol: steps for 20 tokens/param, the tuning stages, bytes to a
+target, verdicts from the fixed rules, and the compare preset it writes."""
+
+from dataclasses import asdict
 
 import pytest
 
-from benchmarks.compressed_sync import (LADDER, bytes_to, figures_for, next_rungs, paired, seed_mean_curve, start_grid,
-                                        sync_bytes)
+from benchmarks.compressed_sync import (INNER_AT, MIN_RANKS, RULES, SPACES, bytes_to, compare_preset, figures_for, plan_steps,
+                                        seed_mean_curve, sync_bytes, tune)
+from benchmarks.protocol import Axis, recompute
 
 pytestmark = pytest.mark.unit
 
 
-def test_grids_start_around_a_rung_and_grow_only_at_an_edge():
-    assert start_grid("diloco") == [0.5, 0.7, 1.0]
-    assert start_grid("sparseloco", {"sparseloco": 2.0}) == [1.4, 2.0, 2.8]
-    assert start_grid("sparseloco", {"sparseloco": 4.0}) == [2.8, 4.0]  # the ladder's end
-    assert next_rungs([0.5, 0.7, 1.0], {0.5: 2.0, 0.7: 1.9, 1.0: 2.1}) == []  # bracketed
-    assert next_rungs([0.5, 0.7, 1.0], {0.5: 1.8, 0.7: 1.9, 1.0: 2.1}) == [0.35]
-    assert next_rungs([0.5, 0.7, 1.0], {0.5: 2.2, 0.7: 1.9, 1.0: 1.7}) == [1.4]
-    assert next_rungs([1.4, 2.0], {1.4: 2.0, 2.0: 1.0}) == [2.8]
-    assert next_rungs([2.8, 4.0], {2.8: 2.0, 4.0: 1.0}) == [] and LADDER[-1] == 4.0  # nothing past the ladder
+def test_steps_read_twenty_tokens_per_parameter_and_end_on_every_sync():
+    steps = plan_steps(92_400, 2048, 20)
+    assert steps * 2048 / 92_400 >= 20 and (steps - 40) * 2048 / 92_400 < 20 and steps % 40 == 0
+    assert all(steps % h == 0 for h in SPACES["sparseloco"]["h"].ladder)
 
 
 def test_sync_bytes_diloco_is_dense_fp32_and_the_others_are_logged():
@@ -35,27 +34,70 @@ def test_bytes_to_target_is_the_first_eval_at_or_below_it():
     assert bytes_to(curve, 2.5) == (20, 10, 20) and bytes_to(curve, 2.0) == (40, 20, 40) and bytes_to(curve, 1.0) is None
 
 
-def test_paired_test_interval_and_detectable_effect():
-    p = paired([0.1, 0.2, 0.3])
-    assert p["mean"] == pytest.approx(0.2) and p["p"] == pytest.approx(0.0742, abs=1e-3)  # t = 3.46, df 2
-    assert p["ci95"] == pytest.approx([0.2 - 4.303 * 0.1 / 3 ** 0.5, 0.2 + 4.303 * 0.1 / 3 ** 0.5], abs=1e-3)
-    assert p["detectable"] == pytest.approx((4.303 + 1.061) * 0.1 / 3 ** 0.5, abs=1e-2)
-    assert paired([0.5])["p"] is None
+class FakeHarness:
+    """Runs no training: a job's final loss is a bowl in its settings; records every job."""
+
+    def __init__(self):
+        self.jobs = []
+
+    def run_jobs(self, jobs, fn, desc=None, parallel=1):
+        self.jobs += jobs
+        return [{"final": abs(j["inner_lr"] - 2e-3) * 100 + abs(j["setting"]["lr"] - 1.0) + 0.001 * j["seed"]} for j in jobs]
+
+
+def test_tune_checks_the_inner_lr_once_then_every_arm_at_it():
+    hz = FakeHarness()
+    small = {m: {k: Axis(a.ladder, (a.start[len(a.start) // 2],), a.ordered) for k, a in sp.items()} for m, sp in SPACES.items()}
+    plan = {"methods": ["diloco", "sparseloco", "noloco_c"], "spaces": small, "tuning_seeds": [100, 101], "finalists": 2,
+            "max_rounds": 4, "parallel": 1}
+    shared = {"diloco_h": 20}
+    out = tune(hz, shared, 2, plan)
+    assert out["inner_lr"] == 2e-3 and out["inner"]["bracketed"]
+    inner_jobs = [j for j in hz.jobs if j["setting"] == INNER_AT]
+    assert {j["method"] for j in inner_jobs} == {"diloco"} and {j["seed"] for j in inner_jobs} == {100, 101}
+    assert set(out["arms"]) == {"diloco", "sparseloco"} and MIN_RANKS["noloco_c"] == 4  # compressed NoLoCo needs N >= 4
+    arm_jobs = [j for j in hz.jobs if j not in inner_jobs]
+    assert all(j["inner_lr"] == 2e-3 for j in arm_jobs)
+    assert all(j["h"] == 20 for j in arm_jobs if j["method"] == "diloco")
+    assert all(j["h"] == j["setting"]["h"] for j in arm_jobs if j["method"] == "sparseloco")
+    assert not any(j["setting"].get("nesterov") and j["setting"]["momentum"] == 0 for j in arm_jobs)
+    assert out["arms"]["diloco"]["winner"]["lr"] == 1.0 and out["arms"]["sparseloco"]["winner"]["lr"] == 1.0
 
 
 def _run(final, payload_per_sync, syncs=4):
     curve = [[20 * (i + 1), final + 0.5 * (3 - i), payload_per_sync * (i + 1), 2 * payload_per_sync * (i + 1)] for i in range(4)]
-    return {"numel": 10, "curve": curve, "syncs": syncs, "final": final}
+    return {"numel": 10, "curve": curve, "syncs": syncs, "final": final, "final_bpb": None}
 
 
-def test_figures_target_diloco_best_and_report_the_best_compressed_ratio():
-    tuning = {"diloco": {"best_h": 20}}
-    runs = {"diloco H=20": [_run(2.0, 1000), _run(2.02, 1000)], "diloco H=10": [_run(2.1, 2000), _run(2.1, 2000)],
-            "sparseloco H=5": [_run(1.98, 10), _run(2.0, 10)], "sparseloco H=20": [_run(2.5, 5), _run(2.5, 5)]}
-    f = figures_for(2, tuning, runs)
-    assert f["diloco_best"] == "diloco H=20" and f["target_loss"] == pytest.approx(1.01 * 2.01)
-    # DiLoCo reaches 2.0301 at its last eval (4000 B); SparseLoCo H=5 there too (40 B): 100x
-    assert f["variants"]["sparseloco H=5"]["to_target"]["payload_ratio"] == pytest.approx(100.0)
-    assert f["variants"]["sparseloco H=20"]["to_target"] is None
-    assert f["best_ratio"][0] == "sparseloco H=5" and f["best_ratio"][1] == pytest.approx(100.0)
-    assert f["variants"]["sparseloco H=5"]["vs_diloco_best"]["mean"] == pytest.approx(-0.02)
+def _tuned(*arms):
+    return {"arms": {m: {"winner": {"lr": 1.0}, "winner_values": [2.0, 2.01]} for m in arms}, "inner_lr": 1e-3}
+
+
+def test_figures_decide_under_the_fixed_rule_and_give_the_byte_ratios():
+    rules = {k: asdict(v) for k, v in RULES.items()}
+    diloco = [_run(2.00 + 0.01 * (i % 3), 1000) for i in range(8)]
+    sparse = [_run(2.00 + 0.01 * (i % 3) + 0.001 * (i % 2), 10) for i in range(8)]  # within ±1 %, tight
+    f = figures_for(4, _tuned("diloco", "sparseloco"), {"diloco": diloco, "sparseloco": sparse}, rules)
+    d = f["decisions"]["sparseloco_reaches_diloco"]
+    assert d["result"]["verdict"] == "reaches" and recompute(d) == d["result"]
+    a = f["arms"]["sparseloco"]
+    assert a["payload_ratio_run"] == pytest.approx(100.0) and a["wire_ratio_run"] == pytest.approx(100.0)
+    assert a["to_target"]["payload_ratio"] == pytest.approx(100.0)
+    assert "noloco_c_reaches_diloco" not in f["decisions"]  # no arm, no decision
+    noisy = [_run(2.0 + (0.2 if i % 2 else -0.2), 10) for i in range(8)]
+    f = figures_for(4, _tuned("diloco", "sparseloco"), {"diloco": diloco, "sparseloco": noisy}, rules)
+    assert f["decisions"]["sparseloco_reaches_diloco"]["result"]["verdict"] == "undecided"
+
+
+def test_the_compare_preset_names_the_tuned_settings_and_what_stands_behind_them():
+    rec = {"name": "compressed_sync", "git_sha": "abcdef1234567890",
+           "config": {"tuning_seeds": [100, 101], "eval_seeds": list(range(8)), "diloco_h": 20, "steps": 920, "batch": 32,
+                      "data_name": "pinned", "seq_len": 64, "model": {"hidden": 48, "layers": 2, "heads": 2, "intermediate": 128}},
+           "figures": {"cells": {"N=4": {"tuning": {"inner_lr": 2e-3}, "arms": {
+               "diloco": {"setting": {"lr": 1.4, "momentum": 0.1, "nesterov": False}},
+               "sparseloco": {"setting": {"lr": 2.0, "ef_decay": 0.95, "h": 20}}, "noloco_c": {"setting": {}}}}}}}
+    p = compare_preset(rec, 4)
+    assert p["workers"] == 4 and p["micro_batch_size"] == 8 and "data=pinned" in p["overrides"] and "optim.lr=0.002" in p["overrides"]
+    assert "algorithm.outer_optimizer.nesterov=false" in p["arms"]["diloco"]["overrides"]
+    assert set(p["arms"]) == {"diloco", "sparseloco"}
+    assert p["arms"]["sparseloco"]["behind"] == "benchmarks/results/compressed_sync.json @ abcdef1234: 2 tuning seeds, 8 eval seeds"
