@@ -186,3 +186,26 @@ def test_bits_per_byte_of_byte_tokens_is_the_loss_in_bits_without_eos():
     blocks["d"][:, 8] = tok.eos_token_id  # EOS is no text: it leaves the byte count
     loss, bpb = evaluate_bits(model, blocks, 2, torch.device("cpu"), token_bytes=token_byte_lengths(tok))
     assert bpb["d"] != pytest.approx(loss["d"] / math.log(2), rel=1e-5)
+
+
+def test_html_becomes_readable_text_without_scripts_menus_or_markup():
+    pytest.importorskip("inscriptis")
+    from decentrain.data.pinned_domains import html_text
+
+    page = (b"<html><head><title>t</title><script>var x = 1;</script></head><body><nav>Home | Next</nav>"
+            b"<div role='main'><h1>contextvars</h1><p>This module provides <code>ContextVar</code> objects.</p>"
+            b"<pre>var: ContextVar[int] = ContextVar('var', default=42)</pre></div></body></html>")
+    text = html_text(page)
+    assert "This module provides ContextVar objects." in text and "default=42" in text
+    assert "var x = 1" not in text and "Home | Next" not in text and "<" not in text
+    assert html_text(b"") == ""
+
+
+def test_a_wordnet_synset_line_becomes_lemmas_and_gloss():
+    from decentrain.data.pinned_domains import wordnet_line
+
+    line = ("00001930 03 n 02 physical_entity 0 thing(a) 1 007 @ 00001740 n 0000 ~ 00002452 n 0000 "
+            "| an entity that has physical existence  ")
+    assert wordnet_line(line) == "physical entity, thing (noun): an entity that has physical existence"
+    assert wordnet_line("  1 This software and database is being provided") is None
+    assert wordnet_line("garbage | without fields") is None
