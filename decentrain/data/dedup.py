@@ -46,9 +46,16 @@ def window_hashes(stream: np.ndarray, window: int = WINDOW) -> tuple[np.ndarray,
     return np.concatenate([h for h, _ in chunks]), np.concatenate([s for _, s in chunks])
 
 
+def member(h: np.ndarray, sorted_set: np.ndarray) -> np.ndarray:
+    """h[i] in sorted_set, by binary search (np.isin sorts both arrays again on every call)."""
+    if not len(sorted_set):
+        return np.zeros(len(h), bool)
+    return sorted_set[np.minimum(np.searchsorted(sorted_set, h), len(sorted_set) - 1)] == h
+
+
 def hashes_in(streams, probe: np.ndarray) -> np.ndarray:
     """The subset of the (sorted, unique) `probe` hashes that occur in any of `streams`."""
-    found = [h[np.isin(h, probe)] for stream in streams for h, _ in window_chunks(stream)]
+    found = [h[member(h, probe)] for stream in streams for h, _ in window_chunks(stream)]
     return np.unique(np.concatenate(found)) if found else np.zeros(0, np.uint64)
 
 
@@ -57,7 +64,7 @@ def leak_rates(heldout: dict, train_streams) -> dict:
     hashes = {k: window_hashes(v)[0] for k, v in heldout.items()}
     probe = np.unique(np.concatenate([np.zeros(0, np.uint64), *hashes.values()]))
     found = hashes_in(train_streams, probe)
-    return {k: float(np.isin(h, found).mean()) if len(h) else 0.0 for k, h in hashes.items()}
+    return {k: float(member(h, found).mean()) if len(h) else 0.0 for k, h in hashes.items()}
 
 
 def leak_rate(heldout: np.ndarray, train_streams) -> float:
@@ -73,7 +80,7 @@ def cut_spans(stream: np.ndarray, banned: np.ndarray, min_piece: int) -> tuple[n
     stream and the number of text bytes removed.
     """
     h, starts = window_hashes(stream)
-    hit = starts[np.isin(h, banned)]
+    hit = starts[member(h, banned)]
     covered = np.zeros(len(stream) + 1, np.int32)
     np.add.at(covered, hit, 1)
     np.add.at(covered, np.minimum(hit + WINDOW, len(stream)), -1)

@@ -77,6 +77,15 @@ def _go(trees: dict) -> Docs:
             yield path[len(root):].rsplit("/", 1)[0], _text(raw)  # group: the package
 
 
+def _rust_code(trees: dict) -> Docs:
+    # the compiler, its tools and tests; not library/, whose doc comments are the rust_docs pages' text
+    root = "usr/src/rustc-1.63.0/"
+    for path, raw in members(trees["rust-src"], (".rs",), root):
+        rel = path[len(root):]
+        if not rel.startswith("library/"):
+            yield "/".join(rel.split("/")[:3]), _text(raw)  # group: the crate (or test suite)
+
+
 def _rust(trees: dict) -> Docs:
     yield from _html_docs(trees["rust-doc"], "usr/share/doc/rust-doc/html/",
                           ("src/", "implementors/", "search-index", "settings.html", "help.html"), 2)
@@ -150,6 +159,7 @@ def _arithmetic(trees: dict, tasks=("basic_arithmetic", "chain_sum", "leg_counti
 
 
 _register(Domain("go_code", (SOURCES["golang-1.19-src"],), _go, 80_000_000))
+_register(Domain("rust_code", (SOURCES["rust-src"],), _rust_code, 80_000_000))
 _register(Domain("rust_docs", (SOURCES["rust-doc"],), _rust, 60_000_000, HTML_TOOLS))
 _register(Domain("boost_docs", (SOURCES["libboost1.74-doc"],), _boost, 40_000_000, HTML_TOOLS))
 _register(Domain("python_docs", (SOURCES["python3.11-doc"],), _python, 40_000_000, HTML_TOOLS))

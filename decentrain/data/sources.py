@@ -61,6 +61,8 @@ SOURCES = {s.name: s for s in (
          "2dfa82fe4f08f4e0193c532e561af4c91871f5235608f04f2bb8d57bb288df5a", 18308084),
     _deb("rust-doc", "1.63.0+dfsg1-2", "pool/main/r/rustc/rust-doc_1.63.0+dfsg1-2_all.deb",
          "96ef96fe6df87d939ca713bd7df3d15c2b778ccb892eca025c4ee504146f697b", 17000500),
+    _deb("rust-src", "1.63.0+dfsg1-2", "pool/main/r/rustc/rust-src_1.63.0+dfsg1-2_all.deb",
+         "410b8c6d464cabbe5fb3154ab8c3d374980dd597fbe7e3b7bb3ed8dd1bf11e25", 18161724),
     _deb("libboost1.74-doc", "1.74.0+ds1-21", "pool/main/b/boost1.74/libboost1.74-doc_1.74.0+ds1-21_all.deb",
          "10a7c2aa42068bcb71093fc375bf3a9ef2235baa91cc4960aa0c02df3c733d4a", 7353520),
     _deb("python3.11-doc", "3.11.2-6+deb12u8", "pool/main/p/python3.11/python3.11-doc_3.11.2-6+deb12u8_all.deb",
