@@ -26,11 +26,13 @@ The protocol (benchmarks/protocol.py, docs/benchmarks.md), per N:
      all-gather; DiLoCo's ring all-reduce 2(N−1)/N·4·numel), over the whole run and until the seed-mean
      curve first reaches DiLoCo's seed-mean final loss + 1 %.
 
-Compute (measured on this 2-core box, quiet, one run per core: `--model s`, 92k params, N=4, global batch
-32 x seq 64 = 2048 tokens/step, 30-45k tokens/s; 960 steps = 21 tokens/param, ~45-65 s a run): per N about
-18 start points x 3 arms, ~4 refinement rounds and the finalists' second seed (~40 runs an arm), 3-7 inner-lr
-runs, 8 eval seeds an arm: ~150 runs at N=4 and ~100 at N=2, about 4 CPU-hours in all; with
-`--parallel 2` on a quiet box ~2 h, on the shared box (load ~7) 4-6 h. It resumes from the run cache.
+Compute, measured on this 2-core box (`--model s`, 92,400 params, global batch 32 x seq 64 = 2048 tokens/step,
+920 steps = 20.4 tokens/param): quiet, ~45k tokens/s for DiLoCo at N=4, so ~40 CPU-s a run (SparseLoCo and
+compressed NoLoCo ~1.6x that: their compression runs in Python); at load 9-15, 120-step runs took 18-33 s
+wall (135-250 s for a whole run). A simulated walk from the coarse start takes ~33 runs per arm (18 start
+points, ~3 rounds, the finalists' second seed); with 3-7 inner-lr runs and 8 eval seeds per arm that is
+~130 runs at N=4 and ~90 at N=2, about 3 CPU-hours; `--parallel 2` takes ~1.5 h on a quiet box and 3-6 h
+on the shared one. `--model xs` (49,824 params, 520 steps) costs about a third. It resumes from the run cache.
 
 Departures from the SparseLoCo paper's protocol, named: a 92k-parameter model (paper 512M), ~1k steps,
 N replicas as threads on one CPU; DiLoCo's H fixed (its lr, momentum and Nesterov/heavy ball tuned);
@@ -39,7 +41,7 @@ eval loss is rank 0's replica (NoLoCo's replicas differ); NoLoCo runs without th
 
     # the committed protocol (the lead runs it on the pinned corpus):
     nohup python -m benchmarks.compressed_sync --data pinned --ranks 2 4 --parallel 2 > runs/compressed_sync.log 2>&1 &
-    python -m benchmarks.compressed_sync --smoke                                    # the whole path in ~2 min
+    python -m benchmarks.compressed_sync --smoke                                    # the whole path (75 s at load 9)
     python -m benchmarks.compressed_sync --preset-from benchmarks/results/compressed_sync.json --preset-ranks 4   # compare preset
 """
 
@@ -51,10 +53,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness import (CACHE_DIR, Harness, add_corpus_flags, bench_parser, corpus_of, fmt, header, mean_std,
-                                parse, recipe_sections, save_figure, seed_list)
-from benchmarks.protocol import (Axis, DecisionRule, consistency, decision, describe, describe_tuning, grid_search, preregister,
-                                 unmet)
+from benchmarks.harness import (CACHE_DIR, MODEL_SIZES as SIZES, Harness, add_corpus_flags, bench_parser, corpus_of, fmt,
+                                header, mean_std, model_params, model_section, parse, recipe_sections, save_figure, seed_list,
+                                steps_for)
+from benchmarks.protocol import (Axis, DecisionRule, consistency, decision, describe, describe_consistency, describe_rules,
+                                 describe_tuning, grid_search, preregister, unmet)
 
 METHODS = ("diloco", "sparseloco", "noloco_c")
 MIN_RANKS = {"diloco": 2, "sparseloco": 2, "noloco_c": 4}
@@ -72,10 +75,6 @@ SPACES = {
 }
 INNER_SPACE = {"inner_lr": Axis(INNER_LR, (5e-4, 1e-3, 2e-3))}
 INNER_AT = {"lr": 0.7, "momentum": 0.9, "nesterov": True}  # DiLoCo's paper point, where the inner lr is checked
-# Llama sizes (byte vocabulary): the benchmark's scale is `--model`
-SIZES = {"xs": {"hidden": 32, "layers": 2, "heads": 2, "intermediate": 88},
-         "s": {"hidden": 48, "layers": 2, "heads": 2, "intermediate": 128},
-         "m": {"hidden": 64, "layers": 2, "heads": 2, "intermediate": 176}}
 RULES = {f"{m}_reaches_diloco": DecisionRule("reaches", margin=0.01) for m in ("sparseloco", "noloco_c")}
 STEP_MULTIPLE = 40  # every H of the ladder divides it, so every arm ends (and is evaluated) on a sync
 
@@ -99,11 +98,10 @@ def _algorithm(job: dict[str, Any]) -> dict[str, Any]:
 
 
 def _config(job: dict[str, Any]) -> dict[str, Any]:
-    micro, mdl = job["batch"] // job["ranks"], job["model"]
+    micro = job["batch"] // job["ranks"]
     return {
         "algorithm": _algorithm(job),
-        "model": {"hidden_size": mdl["hidden"], "num_layers": mdl["layers"], "num_heads": mdl["heads"],
-                  "intermediate_size": mdl["intermediate"], "max_seq_len": job["seq_len"]},
+        "model": model_section(job["model"], job["seq_len"]),
         "data": {**job["data"], "seq_len": job["seq_len"]},
         "optim": {"lr": job["inner_lr"], "warmup_steps": job["warmup"]},
         # the same held-out sequences at every N: eval_batches × micro_batch_size per domain
@@ -151,18 +149,8 @@ def train_run(job: dict[str, Any]) -> dict[str, Any]:
             "corpus": corpus_of(rows)}
 
 
-def plan_steps(params: int, tokens_per_step: int, tokens_per_param: float, multiple: int = STEP_MULTIPLE) -> int:
-    """The fewest steps (a multiple of `multiple`) that read `tokens_per_param` tokens per parameter."""
-    return max(multiple, math.ceil(tokens_per_param * params / tokens_per_step / multiple) * multiple)
-
-
-def model_params(model: dict[str, Any], seq_len: int) -> int:
-    from decentrain.config import config_from_dict
-    from decentrain.models.factory import build_model, build_tokenizer, num_params
-
-    cfg = config_from_dict({"model": {"hidden_size": model["hidden"], "num_layers": model["layers"], "num_heads": model["heads"],
-                                      "intermediate_size": model["intermediate"], "max_seq_len": seq_len}})
-    return num_params(build_model(cfg.model, build_tokenizer(cfg.model)))
+def plan_steps(params: int, tokens_per_step: int, tokens_per_param: float) -> int:
+    return steps_for(params, tokens_per_step, tokens_per_param, STEP_MULTIPLE)
 
 
 # -- tuning (stages 0 and 1) ---------------------------------------------------------------------
@@ -251,7 +239,7 @@ def text(record: dict) -> str:
              f"({f.get('tokens_per_param', 0):.1f} tokens/param), data={c['data_name']} (corpus {f.get('corpus')}), "
              f"tuning seeds {c['tuning_seeds']}, eval seeds {c['eval_seeds']}; SparseLoCo top-{c['fixed']['topk']} per 64x64 tile, "
              f"{c['fixed']['bits']}-bit; DiLoCo at H={c['diloco_h']}",
-             "decision rules (fixed before the run): " + "; ".join(f"{k}: {v}" for k, v in c["decision_rules"].items()),
+             "decision rules (fixed before the run): " + describe_rules(c["decision_rules"]),
              "protocol: " + ("met" if not f.get("unmet") else "NOT MET: " + "; ".join(f["unmet"]))]
     for key, cell in f["cells"].items():
         lines += ["", f"== N={cell['ranks']} ({cell['numel']:,} parameters); inner lr {cell['tuning']['inner_lr']:g} "
@@ -264,10 +252,8 @@ def text(record: dict) -> str:
             lines.append(f"  {m}: final {fmt(a['final'])}"
                          + (f", bpb {fmt(a['final_bpb'])}" if a.get("final_bpb") else "")
                          + f"; {a['payload_per_sync']:.0f} B payload / {a['wire_per_sync']:.0f} B wire per sync, {a['syncs']} syncs; {reach}")
-            tv = a["tuning_vs_eval"]
             lines.append(f"    tuned: {describe_tuning(cell['tuning']['arms'][m], _setting)}; tuning-seed mean vs eval seeds: "
-                         f"{tv['gap']:+.4f}" + (f" ({tv['eval_stds_apart']:.1f} eval stds{', FLAGGED' if tv['flagged'] else ''})"
-                                                   if tv["eval_stds_apart"] is not None else ""))
+                         + describe_consistency(a["tuning_vs_eval"]))
     return "\n".join(lines)
 
 

@@ -21,6 +21,7 @@ a few rounds and tens of calls per node instead of DRQ's 10 x 100; no hyper-para
 
     python -m benchmarks.dei_search                 # 3 seeds
     python -m benchmarks.dei_search --seeds 4 --calls-per-node 24
+    python -m benchmarks.dei_search --reanalyse     # the figures and decisions again from the committed record
 """
 
 from __future__ import annotations
@@ -32,11 +33,13 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from benchmarks.harness import CACHE_DIR, Harness, config_parser, fmt, header, mean_std, parse_config, save_figure
+from benchmarks.harness import CACHE_DIR, Harness, config_parser, fmt, header, mean_std, parse_config, reanalyse, save_figure
+from benchmarks.protocol import DecisionRule, decision, describe
 
 ROOT = Path(__file__).resolve().parents[1]
 HELDOUT = ROOT / "benchmarks" / "dei_heldout"
 ARMS = ("single", "homogeneous", "heterogeneous")
+ORDER_RULE = DecisionRule("better", lower_is_better=False)  # a higher QD-score, decided on the paired 95 % interval
 # (family, hidden, layers, heads, ffn): the homogeneous arm and the single node use the first
 MODELS = (("llama", 96, 3, 4, 256), ("qwen2", 128, 2, 4, 320), ("llama", 64, 4, 2, 192), ("qwen2", 96, 3, 4, 256))
 
@@ -122,23 +125,40 @@ def paired(a: list[float], b: list[float]) -> dict:
     return out
 
 
+def figures_from(runs: dict[str, dict]) -> dict:
+    """Every figure from the runs ({arm}_s{seed}: result): per-arm means, paired differences, and the paper's ordering
+    decided pair by pair on the QD-score's paired 95 % interval (benchmarks/protocol.py), with the seeds an
+    observed difference would need."""
+    seeds = sorted({int(k.rsplit("_s", 1)[1]) for k in runs})
+    by = {arm: [runs[f"{arm}_s{s}"] for s in seeds] for arm in ARMS}
+    pairs = (("heterogeneous", "homogeneous"), ("homogeneous", "single"))
+    figures = {"per_arm": {arm: {k: mean_std([r[k] for r in rs]) for k in ("qd_score", "coverage", "heldout_win_rate",
+                                                                            "calls")} for arm, rs in by.items()},
+               "paired": {f"{a}-{b}": {k: paired([r[k] for r in by[a]], [r[k] for r in by[b]])
+                                       for k in ("qd_score", "coverage", "heldout_win_rate")} for a, b in pairs},
+               "decisions": {f"{a}_above_{b}": decision(f"{a}_above_{b}", a, b, ORDER_RULE, [r["qd_score"] for r in by[a]],
+                                                        [r["qd_score"] for r in by[b]], "merged-archive QD-score") for a, b in pairs},
+               "runs": runs}
+    figures["ordering_met"] = all(figures["paired"][p][k]["mean"] > 0 for p in figures["paired"]
+                                  for k in ("qd_score", "coverage"))
+    figures["ordering_decided"] = all(d["result"]["supported"] for d in figures["decisions"].values())
+    return figures
+
+
 def main() -> None:
     ap = config_parser(BenchConfig, __doc__)
-    cfg, seeds, allow_dirty, fresh, smoke = parse_config(ap, BenchConfig, "smoke")
+    ap.add_argument("--reanalyse", action="store_true", help="recompute the committed result's figures from its runs")
+    cfg, seeds, allow_dirty, fresh, smoke, again = parse_config(ap, BenchConfig, "smoke", "reanalyse")
+    if again:
+        path = ROOT / "benchmarks" / "results" / "dei_search.json"
+        print(reanalyse(path, lambda rec: figures_from(rec["figures"]["runs"]), text, plot, allow_dirty=allow_dirty)["txt"].read_text())
+        return
     h = Harness("dei_search", __file__, {**asdict(cfg), "seeds": seeds}, allow_dirty=allow_dirty, fresh=fresh, smoke=smoke)
     operators = train_operators(cfg)
     jobs = [{"arm": arm, "seed": s, "cfg": asdict(cfg), "operators": operators} for s in range(seeds) for arm in ARMS]
     results = h.run_jobs(jobs, _run)
-    by = {arm: [r for j, r in zip(jobs, results) if j["arm"] == arm] for arm in ARMS}
-    figures = {"per_arm": {arm: {k: mean_std([r[k] for r in rs]) for k in ("qd_score", "coverage", "heldout_win_rate",
-                                                                            "calls")} for arm, rs in by.items()},
-               "paired": {f"{a}-{b}": {k: paired([r[k] for r in by[a]], [r[k] for r in by[b]])
-                                       for k in ("qd_score", "coverage", "heldout_win_rate")}
-                          for a, b in (("heterogeneous", "homogeneous"), ("homogeneous", "single"))},
-               "runs": {f"{j['arm']}_s{j['seed']}": r for j, r in zip(jobs, results)}}
-    figures["ordering_met"] = all(figures["paired"][p][k]["mean"] > 0 for p in figures["paired"]
-                                  for k in ("qd_score", "coverage"))
-    h.write(figures, text, plot)
+    runs = {f"{j['arm']}_s{j['seed']}": r for j, r in zip(jobs, results)}
+    h.write(figures_from(runs), text, plot)
     print(text(json.loads((ROOT / "benchmarks" / "results" / "dei_search.json").read_text())))
 
 
@@ -155,6 +175,8 @@ def text(record: dict) -> str:
             f"{k} {fmt(v, 3)} (p={v['p']:.3f})" if v["p"] is not None else f"{k} {fmt(v, 3)}" for k, v in ks.items()))
     lines.append(f"target (heterogeneous > homogeneous > single on QD-score and coverage): "
                  f"{'met' if f['ordering_met'] else 'NOT met'} in the means")
+    for name, d in f.get("decisions", {}).items():
+        lines.append(f"decision {name} (QD-score, the paired 95 % interval above 0; benchmarks/protocol.py): {describe(d['result'], 2)}")
     return "\n".join(lines)
 
 

@@ -417,6 +417,32 @@ def recipe_sections(overrides: Sequence[str], sections: Sequence[str] = ("data",
     return {k: OmegaConf.to_container(cfg[k], resolve=True) for k in sections}
 
 
+# Llama sizes (byte vocabulary) the pre-training comparisons train; `--model` picks one
+MODEL_SIZES = {"xs": {"hidden": 32, "layers": 2, "heads": 2, "intermediate": 88},
+               "s": {"hidden": 48, "layers": 2, "heads": 2, "intermediate": 128},
+               "m": {"hidden": 64, "layers": 2, "heads": 2, "intermediate": 176}}
+
+
+def model_section(model: dict[str, Any], seq_len: int) -> dict[str, Any]:
+    """A MODEL_SIZES entry as the training config's `model` section."""
+    return {"hidden_size": model["hidden"], "num_layers": model["layers"], "num_heads": model["heads"],
+            "intermediate_size": model["intermediate"], "max_seq_len": seq_len}
+
+
+def model_params(model: dict[str, Any], seq_len: int) -> int:
+    """Parameters of a MODEL_SIZES entry (embeddings included: tokens per parameter count them)."""
+    from decentrain.config import config_from_dict
+    from decentrain.models.factory import build_model, build_tokenizer, num_params
+
+    cfg = config_from_dict({"model": model_section(model, seq_len)})
+    return num_params(build_model(cfg.model, build_tokenizer(cfg.model)))
+
+
+def steps_for(params: int, tokens_per_step: int, tokens_per_param: float, multiple: int) -> int:
+    """The fewest steps (a multiple of `multiple`) that read `tokens_per_param` tokens per parameter."""
+    return max(multiple, math.ceil(tokens_per_param * params / tokens_per_step / multiple) * multiple)
+
+
 def corpus_of(rows: Iterable[dict]) -> dict[str, Any] | None:
     """The corpus a run's metrics name (the header record's {"name", "hash"}); None when not logged."""
     for r in rows:

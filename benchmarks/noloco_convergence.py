@@ -1,27 +1,35 @@
-"""noloco_convergence: NoLoCo at H against DiLoCo at 2H and at H, each tuned, DDP as the quality reference.
+"""noloco_convergence: NoLoCo at H against DiLoCo at 2H and at H, each tuned under the protocol, DDP as the reference.
 
 Protocol (the NoLoCo paper's released configs run NoLoCo at H=50 against DiLoCo at H=100, heavy-ball
 outer momentum on both, DP 4-16 replicas, perplexity averaged over all replicas; the paper reports
-NoLoCo up to 4 % faster convergence):
+NoLoCo up to 4 % faster convergence), on benchmarks/protocol.py (docs/benchmarks.md):
   arms, per N replicas and seed, all at equal tokens and the same inner AdamW schedule:
-    noloco_H      NoLoCo, H inner steps, its own momentum rule, tuned
-    diloco_2H     DiLoCo, 2H, heavy-ball SGD outer (the paper's baseline), tuned
-    diloco_H      DiLoCo at NoLoCo's H (equal H: equal sync count), tuned
+    noloco_H      NoLoCo, H inner steps, outer lr x momentum tuned
+    diloco_2H     DiLoCo, 2H, outer lr x momentum x (Nesterov or heavy ball) tuned
+    diloco_H      DiLoCo at NoLoCo's H (equal H: equal sync count), tuned as diloco_2H
     ddp           one gradient all-reduce per step (one replica with the global batch): the quality reference
-  1. tuning seed (0), at one N: a bracketing outer lr x momentum grid per tuned arm on fixed ladders,
-     chosen on the *validation* split (final loss, mean over all replicas). A pattern search: the paper's
-     point and its 4 ladder neighbours, then the unevaluated neighbours of the best point, until the
-     winner's neighbours on both axes were all run and lost (bracketed) or the rounds run out (a winner
-     left with an unrun neighbour or at a ladder's end is reported as not bracketed). Why not the full
-     lr x momentum product: on 2 shared cores one N=8 run costs ~40 CPU-s, 9 points x 3 arms did not fit;
-  2. fresh seeds (1..S): every arm at its winner; final *test* loss of every replica, averaged
-     (and perplexity exp(loss) averaged over replicas, as the paper), the replicas' averaged model;
-  3. the mechanism, paired per seed: the final-loss difference NoLoCo - DiLoCo (and each - DDP) with
-     a 95 % t interval, its p value and the smallest effect the run detects (80 % power, from the
-     seed-to-seed std of the paired differences); the inner steps each arm needs to reach DiLoCo's
-     best final val loss (best of the two DiLoCo arms, per seed, on the curve's eval set);
+  0. the inner lr, checked once for all arms: DiLoCo 2H at the paper's point (heavy ball 0.7 / 0.3) over an
+     inner-lr ladder on the tuning seeds; every arm trains at the winner;
+  1. at the first N, each tuned arm's `grid_search` on tuning seeds 100, 101, chosen on the *validation*
+     split (final loss, mean over all replicas): the product of coarse start values, then the winner's
+     unrun ladder neighbours until it is bracketed; every point on seed 100, the best `--finalists` on
+     both; the runner-up and disagreeing tuning seeds are reported;
+  2. evaluation seeds 0..7 (disjoint): every arm at its winner; final *test* loss of every replica,
+     averaged (and perplexity exp(loss) averaged over replicas, as the paper), the replicas' averaged model;
+  3. the decisions, fixed before the run (`RULES`): "better" when the 95 % interval of the paired final
+     test loss difference lies below 0, "worse" above, else "undecided" with the effect the run could
+     detect at 80 % power; the same rule for the inner steps each arm needs to reach DiLoCo's best final
+     val loss (best of the two DiLoCo arms, per seed) and DiLoCo 2H's own;
   4. secondary: bytes each node uploads and modelled sync seconds on the emulated WAN (alpha-beta fit
      of results/comm_sync.json; pair swap for NoLoCo, ring all-reduce for DiLoCo and DDP).
+
+Steps are set so every run reads >= `--tokens-per-param` (20) tokens per parameter (all replicas' tokens),
+rounded up to a multiple of 2H. Compute, measured on this 2-core box (`--model xs`, 49,824 params, N=8,
+8 x 4 x 32 = 1024 tokens/step, 976 steps = 20.1 tokens/param): a 96-step run took 45-49 s wall for NoLoCo /
+DiLoCo and 11 s for DDP at load 15, i.e. ~60 CPU-s for a whole NoLoCo or DiLoCo run (~15 for DDP). About
+20 runs for NoLoCo's grid and ~32 for each DiLoCo arm's (a simulated walk from the coarse start), 3-7
+inner-lr runs and 4 arms x 8 eval seeds: ~120 runs, about 2 CPU-hours; `--parallel 2` takes ~1 h on a
+quiet box and 2-4 h on the shared one. It resumes from the run cache.
 
 Why in-process replicas: on 2 shared cores one `recipes.train` launch costs ~60 s of start-up before
 its first step. Each run is the library's own training (`Trainer` and the algorithm's hooks, the
@@ -30,9 +38,9 @@ over `core/comm/inprocess_transport.py` (`algorithms/pretraining/inprocess_repli
 tests/integration/test_transports_agree.py checks that this gives bit-identical weights to a
 multi-process gloo run. The curves are the Trainer's own evaluation, logged by every replica.
 
-    python -m benchmarks.noloco_convergence                      # the protocol at this file's defaults (N=8)
+    nohup python -m benchmarks.noloco_convergence --data pinned --parallel 2 > runs/noloco_convergence.log 2>&1 &
     python -m benchmarks.noloco_convergence --workers 8 16       # and N=16 at N=8's tuned outer optimizers
-    python -m benchmarks.noloco_convergence --workers 4 --inner-steps 2 --steps 16 --grid-rounds 2 --seeds 2 --allow-dirty  # smoke
+    python -m benchmarks.noloco_convergence --smoke               # the whole path, N=4 (4.3 min at load 15)
 """
 
 from __future__ import annotations
@@ -45,19 +53,38 @@ from typing import Any
 
 import torch
 
-from benchmarks.harness import RESULTS, Harness, bench_parser, fmt, header, mean_std, parse, save_figure
+from benchmarks.harness import (CACHE_DIR, MODEL_SIZES, RESULTS, Harness, add_corpus_flags, bench_parser, corpus_of, fmt, header,
+                                mean_std, model_params, model_section, parse, recipe_sections, save_figure, seed_list, steps_for)
+from benchmarks.protocol import (Axis, DecisionRule, consistency, decide, decision, describe, describe_consistency,
+                                 describe_rules, describe_tuning, grid_search, preregister, unmet)
 
-# the tiny Llama (2 shared CPU cores); the NoLoCo paper trains 125M-6.8B
-MODEL = {"hidden": 32, "layers": 2, "heads": 2, "intermediate": 88}
 # label -> (algorithm, H multiplier); every non-DDP arm is tuned on its own grid
 ARMS = {"noloco_H": ("noloco", 1), "diloco_2H": ("diloco", 2), "diloco_H": ("diloco", 1), "ddp": ("ddp", 1)}
 TUNED = [a for a, (algo, _) in ARMS.items() if algo != "ddp"]
-RULE = {"noloco": {"name": "noloco"}, "diloco": {"name": "sgd", "nesterov": False}}  # both heavy-ball, as the paper
-# grid ladders: lr in ~sqrt(2) steps up to the config limit 2; momentum in steps of 0.1-0.2
-LR_LADDER = [0.25, 0.35, 0.5, 0.7, 1.0, 1.4, 2.0]
-MOM_LADDER = [0.0, 0.1, 0.3, 0.5, 0.7, 0.8, 0.9]
-PAPER = {"noloco": (0.7, 0.5), "diloco": (0.7, 0.3)}  # the NoLoCo paper's outer lr / momentum: each grid's centre
-_CORPUS: dict[tuple, Any] = {}
+LR_LADDER = (0.18, 0.25, 0.35, 0.5, 0.7, 1.0, 1.4, 2.0, 2.8, 4.0)  # the outer optimizers accept (0, 4]
+MOM_LADDER = (0.0, 0.1, 0.3, 0.5, 0.7, 0.8, 0.9, 0.95)
+NESTEROV = Axis((False, True), (False, True), ordered=False)
+SPACES = {  # coarse start values around the NoLoCo paper's points (NoLoCo 0.7 / 0.5, DiLoCo 0.7 / 0.3)
+    "noloco": {"lr": Axis(LR_LADDER, (0.35, 0.7, 1.4)), "momentum": Axis(MOM_LADDER, (0.1, 0.5, 0.9))},
+    "diloco": {"lr": Axis(LR_LADDER, (0.35, 0.7, 1.4)), "momentum": Axis(MOM_LADDER, (0.1, 0.5, 0.9)), "nesterov": NESTEROV},
+}
+INNER_SPACE = {"inner_lr": Axis((7.5e-4, 1.5e-3, 3e-3, 6e-3, 1.2e-2), (1.5e-3, 3e-3, 6e-3))}
+INNER_AT = ("diloco_2H", {"lr": 0.7, "momentum": 0.3, "nesterov": False})  # the paper's DiLoCo baseline
+RULE = {"noloco": {"name": "noloco"}, "diloco": {"name": "sgd"}}
+COMPARISONS = {  # name -> (x, y): x - y paired by seed
+    "noloco_H_vs_diloco_2H": ("noloco_H", "diloco_2H"),  # the paper's 1:2 ratio: the headline
+    "noloco_H_vs_diloco_H": ("noloco_H", "diloco_H"),  # equal H
+    "noloco_H_vs_ddp": ("noloco_H", "ddp"),
+    "diloco_2H_vs_ddp": ("diloco_2H", "ddp"),
+    "diloco_H_vs_ddp": ("diloco_H", "ddp"),
+}
+RULES = {name: DecisionRule("better") for name in COMPARISONS}
+STEPS_RULE = DecisionRule("better")  # fewer inner steps to the target
+_CORPUS: dict[str, Any] = {}
+
+
+def valid(s: dict[str, Any]) -> bool:
+    return not (s.get("nesterov") and s.get("momentum") == 0)  # torch's Nesterov needs momentum
 
 
 # -- one run ----------------------------------------------------------------------------
@@ -75,9 +102,8 @@ def _train_config(job: dict[str, Any]):
     micro = job["local_batch"] * (n if algo == "ddp" else 1)  # DDP: one replica with the whole global batch
     return config_from_dict({
         "algorithm": algorithm,
-        "model": {"name": "llama_bench", "hidden_size": job["hidden"], "num_layers": job["layers"], "num_heads": job["heads"],
-                  "intermediate_size": job["intermediate"], "max_seq_len": job["seq_len"]},
-        "data": {"seq_len": job["seq_len"], "max_bytes_per_domain": job["max_bytes"]},
+        "model": {"name": "llama_bench", **model_section(job["model"], job["seq_len"])},
+        "data": {**job["data"], "seq_len": job["seq_len"]},
         "optim": {"lr": job["inner_lr"], "warmup_steps": job["warmup"]},
         "train": {"steps": steps, "global_batch_size": n * job["local_batch"], "micro_batch_size": micro,
                   "eval_every": job["eval_every"], "eval_batches": max(1, job["eval_blocks"] // micro),
@@ -92,7 +118,9 @@ def _corpus(cfg):
     from decentrain.data.blocks import build_corpus
     from decentrain.models.factory import build_tokenizer
 
-    key = (cfg.data.seq_len, cfg.data.max_bytes_per_domain)
+    from dataclasses import asdict
+
+    key = json.dumps(asdict(cfg.data), sort_keys=True, default=str)
     if key not in _CORPUS:
         _CORPUS[key] = build_corpus(cfg.data, build_tokenizer(cfg.model))
     return _CORPUS[key]
@@ -132,10 +160,11 @@ def train_run(job: dict[str, Any]) -> dict[str, Any]:
         t0 = time.perf_counter()
         runs = run_replicas_in_process(cfg, replicas, Path(run_dir))
         train_s = time.perf_counter() - t0
-        curves = []
+        curves, corpus_named = [], None
         for r in range(replicas):
             rows = read_jsonl(Path(run_dir) / metrics_file(r))
             curves.append([{"step": x["step"], "val_loss": x["eval/loss"]} for x in rows if "eval/loss" in x])
+            corpus_named = corpus_named or corpus_of(rows)
     model = build_model(cfg.model, build_tokenizer(cfg.model))
     corpus, n = _corpus(cfg), job["final_blocks"]
     per = {"val": [], "test": []}
@@ -152,38 +181,8 @@ def train_run(job: dict[str, Any]) -> dict[str, Any]:
         "final_test_ppl": sum(math.exp(x) for x in per["test"]) / len(runs),
         "final_val_loss_avg_model": avg["val"], "final_test_loss_avg_model": avg["test"],
         "test_loss_replica_spread": max(per["test"]) - min(per["test"]),
-        "params": num_params(model), "train_s": train_s,
+        "params": num_params(model), "train_s": train_s, "corpus": corpus_named,
     }
-
-
-# -- statistics -------------------------------------------------------------------------
-def paired_test(x: list[float], y: list[float], power: float = 0.8) -> dict[str, Any]:
-    """x - y paired by seed: mean, std, the 95 % t interval, the paired t-test's p, and the smallest true
-    mean difference the test detects at alpha 0.05 (two-sided) with `power`: (t_.975 + t_power) * sd / sqrt(n)."""
-    from scipy.stats import t as student
-
-    d = [a - b for a, b in zip(x, y, strict=True)]
-    out: dict[str, Any] = {**mean_std(d), "ci95": None, "p": None, "detectable": None}
-    n, sd = out["n"], out["std"]
-    if n > 1:
-        se = sd / math.sqrt(n)
-        half = float(student.ppf(0.975, n - 1)) * se
-        out["ci95"] = [out["mean"] - half, out["mean"] + half]
-        out["detectable"] = float(student.ppf(0.975, n - 1) + student.ppf(power, n - 1)) * se
-        out["p"] = float(2 * student.sf(abs(out["mean"]) / se, n - 1)) if se > 0 else (0.0 if out["mean"] else 1.0)
-    return out
-
-
-def verdict(test: dict[str, Any], lower: str, higher: str) -> str:
-    """What a paired interval decides: `lower` when it lies below 0, `higher` above 0, else undecided."""
-    if test["ci95"] is None:
-        return "undecided (one seed)"
-    lo, hi = test["ci95"]
-    if hi < 0:
-        return lower
-    if lo > 0:
-        return higher
-    return f"no difference detected (|Δ| below the detectable {test['detectable']:.4f})"
 
 
 def first_step_at(curve: list[dict], target: float) -> float | None:
@@ -206,21 +205,6 @@ def steps_to_best(curves: dict[str, dict], reference: list[str]) -> dict[str, An
     return {"target_val_loss": target, "steps": {a: first_step_at(c, target) for a, c in curves.items()}}
 
 
-# -- the bracketing grid ----------------------------------------------------------------
-def neighbours(point: tuple[int, int]) -> list[tuple[int, int]]:
-    """The ladder points one step from (lr index, momentum index) along each axis (fewer at a ladder's end)."""
-    i, j = point
-    out = [(i - 1, j), (i + 1, j), (i, j - 1), (i, j + 1)]
-    return [(a, b) for a, b in out if 0 <= a < len(LR_LADDER) and 0 <= b < len(MOM_LADDER)]
-
-
-def open_axes(point: tuple[int, int], seen: set) -> list[str]:
-    """The axes on which `point` is not bracketed: a neighbour is unevaluated or the ladder ends there."""
-    i, j = point
-    return [ax for ax, pair in (("lr", ((i - 1, j), (i + 1, j))), ("momentum", ((i, j - 1), (i, j + 1))))
-            if not all(q in seen for q in pair)]
-
-
 # -- communication model (secondary) ----------------------------------------------------
 def comm_per_step(algo: str, n: int, h: int, params: int, fits: dict) -> tuple[float, float]:
     """(bytes each node uploads, emulated-WAN seconds) per inner step, fp32 weights."""
@@ -233,151 +217,171 @@ def comm_per_step(algo: str, n: int, h: int, params: int, fits: dict) -> tuple[f
     return sent / every, (fit["alpha_s"] * messages + sent / fit["beta_bytes_per_s"]) / every
 
 
-# -- protocol ---------------------------------------------------------------------------
-COMPARISONS = {  # name -> (x, y): x - y paired by seed
-    "noloco_H_vs_diloco_2H": ("noloco_H", "diloco_2H"),  # the paper's 1:2 ratio: the headline
-    "noloco_H_vs_diloco_H": ("noloco_H", "diloco_H"),  # equal H
-    "noloco_H_vs_ddp": ("noloco_H", "ddp"),
-    "diloco_2H_vs_ddp": ("diloco_2H", "ddp"),
-    "diloco_H_vs_ddp": ("diloco_H", "ddp"),
-}
+# -- the protocol -----------------------------------------------------------------------
+def tune(hz: Harness, make_job, n: int, plan: dict[str, Any]) -> dict[str, Any]:
+    """Stages 0 and 1 at N replicas: the inner lr once for all arms, then each tuned arm's grid_search on the
+    tuning seeds, every point judged by its final val loss over all replicas."""
+    def evaluate(arm: str, inner_lr: float | None):
+        def run(cells: list[tuple[dict, int]]) -> list[float]:
+            jobs = [make_job(arm, {k: v for k, v in s.items() if k != "inner_lr"}, n, seed, s.get("inner_lr", inner_lr))
+                    for s, seed in cells]
+            res = hz.run_jobs(jobs, train_run, desc=f"tune {arm} N={n} (val)", parallel=plan["parallel"])
+            return [r["final_val_loss"] for r in res]
+        return run
+
+    seeds, kw = plan["tuning_seeds"], {"finalists": plan["finalists"], "max_rounds": plan["max_rounds"]}
+    at_arm, at = INNER_AT
+    inner_run = evaluate(at_arm, None)
+    inner = grid_search(lambda cells: inner_run([({**at, **s}, seed) for s, seed in cells]), plan["spaces"]["inner"], seeds, **kw)
+    lr = inner["winner"]["inner_lr"]
+    arms = {a: grid_search(evaluate(a, lr), plan["spaces"][ARMS[a][0]], seeds, valid=valid, **kw) for a in TUNED}
+    return {"inner": inner, "inner_lr": lr, "arms": arms, "at_workers": n}
 
 
-def tune(hz: Harness, make_job, n: int, max_rounds: int, parallel: int) -> dict[str, Any]:
-    """Step 1: each tuned arm's bracketing grid on the tuning seed (0). A pattern search on the ladders: the paper's
-    point and its 4 neighbours, then, while the best point has an unevaluated neighbour, those neighbours (at most
-    `max_rounds` rounds). The winner is bracketed when both its neighbours on each axis were evaluated and lost."""
-    todo = {a: {(LR_LADDER.index(PAPER[ARMS[a][0]][0]), MOM_LADDER.index(PAPER[ARMS[a][0]][1]))} for a in TUNED}
-    todo = {a: pts | set(neighbours(next(iter(pts)))) for a, pts in todo.items()}
-    loss: dict[tuple, float] = {}
-    rounds = dict.fromkeys(TUNED, 0)  # rounds in which the arm had points to run
-    for rnd in range(max_rounds):
-        rounds = {a: rounds[a] + bool(todo[a]) for a in TUNED}
-        cells = {(a, i, j): make_job(a, {"lr": LR_LADDER[i], "momentum": MOM_LADDER[j]}, n, 0) for a in TUNED for i, j in sorted(todo[a])}
-        for k, r in zip(cells, hz.run_jobs(list(cells.values()), train_run, desc=f"grid round {rnd} (seed 0, val)", parallel=parallel)):
-            loss[k] = r["final_val_loss"] if math.isfinite(r["final_val_loss"]) else math.inf
-        best = {a: min((k[1:] for k in loss if k[0] == a), key=lambda p, a=a: loss[(a, *p)]) for a in TUNED}
-        todo = {a: {q for q in neighbours(best[a]) if (a, *q) not in loss} for a in TUNED}
-        if not any(todo.values()):
-            break
-    out = {}
-    for a in TUNED:
-        i, j = best[a]
-        seen = {k[1:] for k in loss if k[0] == a}
-        edge = open_axes((i, j), seen)
-        out[a] = {"rows": [{"outer_lr": LR_LADDER[k[1]], "outer_momentum": MOM_LADDER[k[2]], "final_val_loss": v}
-                           for k, v in sorted(loss.items()) if k[0] == a],
-                  "best": {**RULE[ARMS[a][0]], "lr": LR_LADDER[i], "momentum": MOM_LADDER[j]},
-                  "bracketed": not edge, "edge": edge, "rounds": rounds[a]}
-    return out
+def outer(arm: str, setting: dict[str, Any] | None) -> dict[str, Any] | None:
+    """An arm's outer optimizer config from a grid setting."""
+    if setting is None:
+        return None
+    algo = ARMS[arm][0]
+    return {**RULE[algo], "lr": setting["lr"], "momentum": setting["momentum"],
+            **({"nesterov": setting["nesterov"]} if algo == "diloco" else {})}
 
 
 def analyse(res: dict, n: int, seeds: list[int], params: int, h: int, steps: int, tokens_per_step: int, fits: dict,
-            best: dict) -> dict[str, Any]:
-    """Steps 2-4 for one N: per-arm finals, paired differences, steps to DiLoCo's best final loss, comm."""
+            tuning: dict, rules: dict[str, dict]) -> dict[str, Any]:
+    """Stages 2-4 for one N: per-arm finals, the fixed rules' decisions, steps to DiLoCo's best final loss, comm."""
     arms: dict[str, Any] = {}
     for label, (algo, mult) in ARMS.items():
         rs = [res[(n, label, s)] for s in seeds]
         bps, wps = comm_per_step(algo, n, mult * h, params, fits)
+        t = tuning["arms"].get(label)
         arms[label] = {
-            "algorithm": algo, "H": None if algo == "ddp" else mult * h, "outer_optimizer": best.get(label),
+            "algorithm": algo, "H": None if algo == "ddp" else mult * h, "outer_optimizer": outer(label, t and t["winner"]),
             **{k: mean_std([r[k] for r in rs]) for k in ("final_test_loss", "final_test_ppl", "final_val_loss",
                                                          "final_test_loss_avg_model", "test_loss_replica_spread", "train_s")},
             "bytes_per_step": bps, "wan_s_per_step": wps, "mb_sent_per_node": bps * steps / 1e6, "wan_sync_s": wps * steps,
             "val_curve_mean": mean_curve([r["val_curve"] for r in rs]), "val_curves": [r["val_curve"] for r in rs],
+            "tuning_vs_eval": consistency(t["winner_values"], [r["final_val_loss"] for r in rs]) if t else None,
         }
-    comparisons = {name: {"x": x, "y": y, "loss": paired_test(arms[x]["final_test_loss"]["values"], arms[y]["final_test_loss"]["values"]),
-                          "ppl": paired_test(arms[x]["final_test_ppl"]["values"], arms[y]["final_test_ppl"]["values"]),
-                          "avg_model_loss": paired_test(arms[x]["final_test_loss_avg_model"]["values"],
-                                                        arms[y]["final_test_loss_avg_model"]["values"])}
-                   for name, (x, y) in COMPARISONS.items()}
-    for c in comparisons.values():
-        c["verdict"] = verdict(c["loss"], f"{c['x']} lower", f"{c['y']} lower")
+    loss = {a: arms[a]["final_test_loss"]["values"] for a in ARMS}
+    decisions = {name: decision(name, x, y, rules[name], loss[x], loss[y], "final test loss, mean over all replicas")
+                 for name, (x, y) in COMPARISONS.items()}
+    secondary = {name: {k: decide(arms[x][k]["values"], arms[y][k]["values"], DecisionRule(**rules[name]))
+                        for k in ("final_test_ppl", "final_test_loss_avg_model")} for name, (x, y) in COMPARISONS.items()}
     per_seed = [steps_to_best({a: arms[a]["val_curves"][k] for a in ARMS}, ["diloco_2H", "diloco_H"]) for k in range(len(seeds))]
     to_target: dict[str, Any] = {"per_seed": per_seed}
     for a in ARMS:
         st = [p["steps"][a] for p in per_seed]
         to_target[a] = {"reached": sum(s is not None for s in st), "steps": mean_std(st) if all(s is not None for s in st) else None}
-    for name, (x, y) in (("noloco_H_vs_diloco_2H", ("noloco_H", "diloco_2H")), ("noloco_H_vs_diloco_H", ("noloco_H", "diloco_H"))):
+    for name in ("noloco_H_vs_diloco_2H", "noloco_H_vs_diloco_H"):
+        x, y = COMPARISONS[name]
         sx, sy = [p["steps"][x] for p in per_seed], [p["steps"][y] for p in per_seed]
         both = all(s is not None for s in sx + sy)
-        to_target[name] = {"steps": paired_test(sx, sy) if both else None,
+        to_target[name] = {"steps": decision(name, x, y, STEPS_RULE, sx, sy, "inner steps to DiLoCo's best final val loss") if both else None,
                            "speedup": mean_std([b / a - 1 for a, b in zip(sx, sy)]) if both else None}  # y's steps / x's - 1
     delta_curves = {}
     for name in ("noloco_H_vs_diloco_2H", "noloco_H_vs_diloco_H"):
         x, y = COMPARISONS[name]
-        delta_curves[name] = [{"step": px[0]["step"], **{k: v for k, v in paired_test([p["val_loss"] for p in px], [p["val_loss"] for p in py]).items()
-                                                         if k in ("mean", "ci95")}}
-                              for px, py in zip(zip(*arms[x]["val_curves"]), zip(*arms[y]["val_curves"]))]
-    head = comparisons["noloco_H_vs_diloco_2H"]["loss"]
-    tt = to_target["noloco_H_vs_diloco_2H"]
-    return {"workers": n, "params": params, "tokens": steps * tokens_per_step, "tokens_per_step": tokens_per_step, "arms": arms,
-            "comparisons": comparisons, "to_target": to_target, "delta_curves": delta_curves,
-            # the paper's claim at our scale: NoLoCo (H) reaches DiLoCo (2H)'s best final loss in fewer steps and ends lower,
-            # with the 95 % intervals excluding 0
-            "target_met": bool(head["ci95"] and head["ci95"][1] < 0 and tt["steps"] and tt["steps"]["ci95"]
-                               and tt["steps"]["ci95"][1] < 0)}
+        delta_curves[name] = [{"step": px[0]["step"], "mean": d["mean_diff"], "ci95": d["ci"]} for px, py in
+                              zip(zip(*arms[x]["val_curves"]), zip(*arms[y]["val_curves"]))
+                              for d in [decide([p["val_loss"] for p in px], [p["val_loss"] for p in py], STEPS_RULE)]]
+    cell = {"workers": n, "params": params, "tokens": steps * tokens_per_step, "tokens_per_step": tokens_per_step, "arms": arms,
+            "decisions": decisions, "secondary": secondary, "to_target": to_target, "delta_curves": delta_curves}
+    cell["to_2h_final"] = steps_to_2h_final(cell)
+    return cell
 
 
-def main() -> None:
-    ap = bench_parser(__doc__.splitlines()[0],
-                      smoke={"workers": [4], "inner_steps": 2, "steps": 16, "grid_rounds": 2, "seeds": 2})
+def steps_to_2h_final(cell: dict) -> dict[str, Any]:
+    """Inner steps to DiLoCo 2H's own final val loss, per seed: the bar of the paper's 1:2 comparison
+    ("NoLoCo converges faster than DiLoCo at twice its H"), read off the stored curves: the per-seed
+    targets, each arm's steps (None: not reached) and the decision NoLoCo - DiLoCo 2H."""
+    arms = cell["arms"]
+    targets = [curve[-1]["val_loss"] for curve in arms["diloco_2H"]["val_curves"]]
+    steps = {a: [first_step_at(cv, t) for cv, t in zip(arms[a]["val_curves"], targets)] for a in ("noloco_H", "diloco_2H")}
+    sx, sy = steps["noloco_H"], steps["diloco_2H"]
+    both = all(s is not None for s in sx + sy)
+    return {"targets": targets, "steps": steps,
+            "decision": decision("noloco_H_to_diloco_2H_final", "noloco_H", "diloco_2H", STEPS_RULE, sx, sy,
+                                 "inner steps to DiLoCo 2H's final val loss") if both else None,
+            "speedup": mean_std([b / a - 1 for a, b in zip(sx, sy)]) if both else None}
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = bench_parser(__doc__.splitlines()[0], seeds=8,
+                      smoke={"workers": [4], "inner_steps": 2, "steps": 16, "seeds": 2, "finalists": 1, "max_rounds": 1,
+                             "small_grid": True})
     ap.add_argument("--workers", type=int, nargs="+", default=[8], help="N replicas; the grid runs at the first (8 16: N=16 too)")
+    ap.add_argument("--model", choices=MODEL_SIZES, default="xs")
+    ap.add_argument("--tokens-per-param", type=float, default=20.0)
     ap.add_argument("--inner-steps", type=int, default=8, help="NoLoCo's H (DiLoCo gets 2H and H); paper 50 vs 100")
-    ap.add_argument("--steps", type=int, default=640, help="inner steps of every run (a multiple of 2H)")
+    ap.add_argument("--steps", type=int, default=0, help="inner steps of every run (a multiple of 2H); 0: >= --tokens-per-param")
     ap.add_argument("--local-batch", type=int, default=4, help="sequences per replica per step")
     ap.add_argument("--seq-len", type=int, default=32)
-    ap.add_argument("--max-bytes", type=int, default=200_000, help="data.max_bytes_per_domain")
-    ap.add_argument("--inner-lr", type=float, default=3e-3)
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--eval-blocks", type=int, default=16, help="val blocks per domain for the curves (eval every 2H)")
     ap.add_argument("--final-blocks", type=int, default=64, help="val/test blocks per domain for the final losses")
-    ap.add_argument("--grid-rounds", type=int, default=2, help="pattern-search rounds of each arm's grid (round 0: 5 points)")
+    ap.add_argument("--tuning-seeds", type=int, nargs="+", default=[100, 101])
+    ap.add_argument("--finalists", type=int, default=4, help="grid points run on every tuning seed (0: all)")
+    ap.add_argument("--max-rounds", type=int, default=8, help="rounds of each grid's walk")
+    ap.add_argument("--small-grid", action="store_true", help="start each grid at its centre only (smoke)")
     ap.add_argument("--pairing-seed", type=int, default=-1, help="NoLoCo partner stream; -1: the official sequence")
     ap.add_argument("--parallel", type=int, default=2, help="runs at once (processes)")
-    args = parse(ap)
-    h, steps = args.inner_steps, args.steps
+    add_corpus_flags(ap)
+    args = parse(ap, argv)
+    h, model = args.inner_steps, MODEL_SIZES[args.model]
+    params = model_params(model, args.seq_len)
+    tokens_per_step = args.workers[0] * args.local_batch * args.seq_len
+    steps = args.steps or steps_for(params, tokens_per_step, args.tokens_per_param, 2 * h)
     if steps % (2 * h):
         raise SystemExit(f"config error: steps={steps} must be a multiple of 2H={2 * h}")
-    base = {"steps": steps, "local_batch": args.local_batch, "seq_len": args.seq_len, "max_bytes": args.max_bytes,
-            "inner_lr": args.inner_lr, "warmup": args.warmup, "eval_every": 2 * h, "eval_blocks": args.eval_blocks,
-            "final_blocks": args.final_blocks, "pairing_seed": None if args.pairing_seed < 0 else args.pairing_seed, **MODEL}
+    spaces = {k: ({n: Axis(a.ladder, (a.start[len(a.start) // 2],), a.ordered) for n, a in sp.items()} if args.small_grid else sp)
+              for k, sp in {**SPACES, "inner": INNER_SPACE}.items()}
+    data = recipe_sections([f"data={args.data}", *args.override])["data"]
+    base = {"steps": steps, "local_batch": args.local_batch, "seq_len": args.seq_len, "data": data, "warmup": args.warmup,
+            "eval_every": 2 * h, "eval_blocks": args.eval_blocks, "final_blocks": args.final_blocks, "model": model,
+            "pairing_seed": None if args.pairing_seed < 0 else args.pairing_seed}
     fits = json.loads((RESULTS / "comm_sync.json").read_text())["figures"]["fits"]
-    tune_n, seeds = args.workers[0], list(range(1, args.seeds + 1))
-    config = {"protocol": {**base, "noloco_H": h, "diloco_2H": 2 * h}, "model": MODEL, "workers": args.workers,
-              "arms": {k: list(v) for k, v in ARMS.items()}, "tuning": {"seed": 0, "at_workers": tune_n, "lr_ladder": LR_LADDER,
-                                                                       "momentum_ladder": MOM_LADDER, "centres": PAPER,
-                                                                       "rules": RULE, "max_rounds": args.grid_rounds},
-              "seeds": seeds, "selection": "final val loss, mean over all replicas, tuning seed 0",
-              "comm_fits": {k: fits[k] for k in ("emulated/pair", "emulated/ring")}, "emulation": "in-process replicas"}
+    tune_n, seeds = args.workers[0], seed_list(args.seeds)
+    plan = {"tuning_seeds": args.tuning_seeds, "finalists": args.finalists or None, "max_rounds": args.max_rounds,
+            "parallel": args.parallel, "spaces": spaces}
+    config = {"protocol": {**base, "noloco_H": h, "diloco_2H": 2 * h}, "model_size": args.model, "params": params,
+              "workers": args.workers, "data_name": args.data, "overrides": args.override,
+              "arms": {k: list(v) for k, v in ARMS.items()}, "seeds": seeds,
+              "tuning": {"seeds": args.tuning_seeds, "at_workers": tune_n, "finalists": plan["finalists"], "max_rounds": args.max_rounds,
+                         "spaces": {k: {n: [list(a.ladder), list(a.start), a.ordered] for n, a in sp.items()} for k, sp in spaces.items()},
+                         "inner_at": list(INNER_AT), "rules": RULE},
+              "selection": "final val loss, mean over all replicas, mean over the tuning seeds",
+              "comm_fits": {k: fits[k] for k in ("emulated/pair", "emulated/ring")}, "emulation": "in-process replicas",
+              "decision_rules": preregister(CACHE_DIR, "noloco_convergence", {**RULES, "steps": STEPS_RULE}, args.fresh)}
     hz = Harness("noloco_convergence", __file__, config, allow_dirty=args.allow_dirty, fresh=args.fresh, smoke=args.smoke)
 
-    def make_job(arm: str, opt: dict | None, n: int, seed: int) -> dict:
+    def make_job(arm: str, setting: dict | None, n: int, seed: int, inner_lr: float) -> dict:
         algo, mult = ARMS[arm]
-        j = {**base, "workers": n, "algorithm": algo, "seed": seed}
-        return j if algo == "ddp" else {**j, "inner_steps": mult * h, "outer_optimizer": {**RULE[algo], **opt}}
+        j = {**base, "workers": n, "algorithm": algo, "seed": seed, "inner_lr": inner_lr}
+        return j if algo == "ddp" else {**j, "inner_steps": mult * h, "outer_optimizer": outer(arm, setting)}
 
-    grid = tune(hz, make_job, tune_n, args.grid_rounds, args.parallel)
-    best = {a: grid[a]["best"] for a in TUNED}
+    tuning = tune(hz, make_job, tune_n, plan)
+    best = {a: tuning["arms"][a]["winner"] for a in TUNED}
     # N-major then seed-major, so a cut-short run has whole (N, seed)s
-    jobs = {(n, a, s): make_job(a, best.get(a), n, s) for n in args.workers for s in seeds for a in ARMS}
-    res = dict(zip(jobs, hz.run_jobs(list(jobs.values()), train_run, desc="arms (fresh seeds, test)", parallel=args.parallel)))
-    figures: dict[str, Any] = {"grid": grid, "steps": steps, "cells": {}}
+    jobs = {(n, a, s): make_job(a, best.get(a), n, s, tuning["inner_lr"]) for n in args.workers for s in seeds for a in ARMS}
+    res = dict(zip(jobs, hz.run_jobs(list(jobs.values()), train_run, desc="arms (eval seeds, test)", parallel=args.parallel)))
+    figures: dict[str, Any] = {"tuning": tuning, "steps": steps, "cells": {}}
     for n in args.workers:
         figures["cells"][f"N={n}"] = analyse(res, n, seeds, res[(n, "ddp", seeds[0])]["params"], h, steps,
-                                             n * args.local_batch * args.seq_len, fits, best)
-    figures["target"] = (f"at every N: NoLoCo (H={h}) reaches DiLoCo (2H={2 * h})'s best final val loss in fewer inner steps and ends "
-                         "at a lower final test loss (all replicas), both paired 95 % intervals below 0 (paper: up to 4 % faster)")
-    figures["target_met"] = all(c["target_met"] for c in figures["cells"].values())
+                                             n * args.local_batch * args.seq_len, fits, tuning, config["decision_rules"])
+    corpora = {json.dumps(r.get("corpus"), sort_keys=True) for r in res.values()}
+    figures["corpus"] = json.loads(corpora.pop()) if len(corpora) == 1 else {"name": "mixed", "hash": None}
+    figures["tokens_per_param"] = steps * tokens_per_step / params
+    figures["unmet"] = unmet(tuning["arms"], args.tuning_seeds, seeds, figures["tokens_per_param"], figures["corpus"])
     figures["departures"] = [
-        f"model: Llama {MODEL} (~5x10^4 params) vs the paper's 125M-6.8B; inner AdamW lr {args.inner_lr}, cosine, warmup {args.warmup}",
+        f"model: Llama {model} ({params:,} params) vs the paper's 125M-6.8B; inner AdamW lr {tuning['inner_lr']:g} (checked once), "
+        f"cosine, warmup {args.warmup}",
         f"H: NoLoCo H={h} vs DiLoCo 2H={2 * h} (paper 50 vs 100), same 1:2 ratio; {steps} inner steps = {steps // (2 * h)} DiLoCo "
-        f"rounds (paper: thousands of steps)",
-        f"data: the library's built-in corpus, {args.max_bytes} bytes per domain, seq {args.seq_len}, {args.local_batch} sequences "
-        "per replica per step (paper: web text, seq 1024+)",
-        f"tuning at N={tune_n} only, on seed 0; the winners are reused at every other N",
-        "DiLoCo outer: heavy-ball SGD as the NoLoCo paper's baseline (the DiLoCo paper's Nesterov is not run)",
-        "DDP: one replica with the global batch (same tokens/step), inner lr not tuned (shared by every arm)",
+        f"2H rounds (paper: thousands of steps)",
+        f"data: data={args.data} {' '.join(args.override)}, seq {args.seq_len}, {args.local_batch} sequences per replica per step "
+        "(paper: web text, seq 1024+)",
+        f"tuning at N={tune_n} only, on seeds {args.tuning_seeds}; the winners are reused at every other N",
+        "DDP: one replica with the global batch (same tokens/step); no outer settings",
         "NoLoCo partners: " + ("the official sequence default_rng(k*H+1), the same on every seed" if base["pairing_seed"] is None
                                else f"decentrain's stream, pairing_seed {base['pairing_seed']}"),
         "curves: val subset (eval_blocks per domain), all-replica mean; final losses on val/test subsets (final_blocks per domain)",
@@ -390,136 +394,78 @@ def main() -> None:
 
 # -- JSON -> TXT / PNG / README row -----------------------------------------------------
 def _opt(o: dict | None) -> str:
-    return "" if o is None else f"{o['name']} {o['lr']:g}/{o['momentum']:g}"
+    if o is None:
+        return ""
+    kind = "" if "nesterov" not in o else (" nesterov" if o["nesterov"] else " heavy-ball")
+    return f"{o['name']}{kind} {o['lr']:g}/{o['momentum']:g}"
 
 
-def _ci(t: dict, digits: int = 4) -> str:
-    if t["ci95"] is None:
-        return f"{t['mean']:+.{digits}f} (one seed)"
-    return (f"{t['mean']:+.{digits}f} [95% CI {t['ci95'][0]:+.{digits}f}, {t['ci95'][1]:+.{digits}f}], p={t['p']:.3f}, "
-            f"detectable ±{t['detectable']:.{digits}f}")
+def _setting(s: dict) -> str:
+    return " ".join(("nesterov" if v else "heavy-ball") if k == "nesterov" else f"{k}={v:g}" for k, v in s.items())
 
 
-def _steps(tt: dict, name: str) -> str:
-    x = tt[name]
-    if x["steps"] is None:
-        return "not reached on every seed by both arms"
-    return f"Δsteps {_ci(x['steps'], 1)}; speed-up {fmt(x['speedup'], 3)}"
-
-
-def steps_to_2h_final(cell: dict) -> dict[str, Any]:
-    """Inner steps to DiLoCo 2H's own final val loss, per seed: the bar of the paper's 1:2 comparison
-    ("NoLoCo converges faster than DiLoCo at twice its H"), read off the stored curves. Returns the
-    per-seed targets, each arm's steps (None: not reached) and the paired test NoLoCo - DiLoCo 2H."""
-    arms = cell["arms"]
-    targets = [curve[-1]["val_loss"] for curve in arms["diloco_2H"]["val_curves"]]
-    steps = {a: [first_step_at(cv, t) for cv, t in zip(arms[a]["val_curves"], targets)] for a in ("noloco_H", "diloco_2H")}
-    sx, sy = steps["noloco_H"], steps["diloco_2H"]
-    both = all(s is not None for s in sx + sy)
-    return {"targets": targets, "steps": steps, "paired": paired_test(sx, sy) if both else None,
-            "speedup": mean_std([b / a - 1 for a, b in zip(sx, sy)]) if both else None}
-
-
-def _steps_to_2h_lines(cell: dict) -> list[str]:
-    r = steps_to_2h_final(cell)
-    lines = [f"inner steps to DiLoCo 2H's own final val loss (per seed; {fmt(mean_std(r['targets']))}):"]
-    for a, st in r["steps"].items():
-        reached = sum(s is not None for s in st)
-        lines.append(f"  {a:10s} " + (f"{fmt(mean_std(st), 1)} steps" if reached == len(st) else "—") + f"  (reached {reached}/{len(st)})")
-    if r["paired"]:
-        lines.append(f"  NoLoCo H - DiLoCo 2H: Δsteps {_ci(r['paired'], 1)}; speed-up {fmt(r['speedup'], 3)}")
-    return lines
+def headline(cell: dict) -> str:
+    return describe(cell["decisions"]["noloco_H_vs_diloco_2H"]["result"])
 
 
 def text(rec: dict) -> str:
     f, p, cfg = rec["figures"], rec["config"]["protocol"], rec["config"]
+    t = f["tuning"]
     lines = [header(rec), "",
              f"NoLoCo H={p['noloco_H']} vs DiLoCo 2H={p['diloco_2H']} (the paper's 1:2) and DiLoCo H={p['noloco_H']} (equal H), DDP as "
-             f"reference; {f['steps']} inner steps at equal tokens; N={cfg['workers']}; tuning seed 0 at N={cfg['tuning']['at_workers']}, "
-             f"reported on fresh seeds {cfg['seeds']}; {cfg['emulation']}", ""]
+             f"reference; {f['steps']} inner steps at equal tokens ({f['tokens_per_param']:.1f} tokens/param), data={cfg['data_name']} "
+             f"(corpus {f['corpus']}); N={cfg['workers']}; tuning seeds {cfg['tuning']['seeds']} at N={t['at_workers']}, "
+             f"eval seeds {cfg['seeds']}; {cfg['emulation']}",
+             "decision rules (fixed before the run): " + describe_rules(cfg["decision_rules"]),
+             "protocol: " + ("met" if not f["unmet"] else "NOT MET: " + "; ".join(f["unmet"])),
+             f"inner lr {t['inner_lr']:g}: {describe_tuning(t['inner'])}"]
+    for a, g in t["arms"].items():
+        lines.append(f"{a} tuned: {describe_tuning(g, _setting)}")
+    lines.append("")
     for key, c in f["cells"].items():
-        cmp, tt = c["comparisons"], c["to_target"]
         lines += [f"== {key}: {c['params'] / 1e3:.0f}k params, {c['tokens'] / 1e6:.2f}M tokens ==",
-                  "mechanism, paired per seed (x - y; final test loss, mean over all replicas' models):"]
-        for name, x in cmp.items():
-            lines.append(f"  {name:24s} Δloss {_ci(x['loss'])}  -> {x['verdict']}")
-        h = cmp["noloco_H_vs_diloco_2H"]
-        lines.append(f"  {'':24s} Δppl (replica-averaged) {_ci(h['ppl'], 3)}; Δ averaged-model loss {_ci(h['avg_model_loss'])}")
-        lines.append(f"inner steps to DiLoCo's best final val loss (per seed: best of diloco_2H / diloco_H; "
-                     f"{fmt(mean_std([s['target_val_loss'] for s in tt['per_seed']]))}):")
-        for a in rec["config"]["arms"]:
+                  "decisions, paired per seed (x - y; final test loss, mean over all replicas' models):"]
+        for name, d in c["decisions"].items():
+            lines.append(f"  {name:24s} {describe(d['result'], 4)}")
+        s = c["secondary"]["noloco_H_vs_diloco_2H"]
+        lines.append(f"  {'':24s} Δppl (replica-averaged) {describe(s['final_test_ppl'])}; averaged model {describe(s['final_test_loss_avg_model'], 4)}")
+        tt = c["to_target"]
+        lines.append("inner steps to DiLoCo's best final val loss (per seed: best of diloco_2H / diloco_H):")
+        for a in ARMS:
             x = tt[a]
             lines.append(f"  {a:10s} " + (f"{fmt(x['steps'], 1)} steps" if x["steps"] else "—") + f"  (reached {x['reached']}/{len(tt['per_seed'])})")
-        lines.append(f"  NoLoCo H - DiLoCo 2H: {_steps(tt, 'noloco_H_vs_diloco_2H')}")
-        lines.append(f"  NoLoCo H - DiLoCo H:  {_steps(tt, 'noloco_H_vs_diloco_H')}")
-        lines += _steps_to_2h_lines(c)
-        lines.append(f"{'arm':10s} {'outer':>14s} {'test loss, all replicas':>24s} {'ppl, replica mean':>18s} {'avg model':>17s} "
-                     f"{'MB/node':>8s} {'WAN s':>7s}")
+        for name in ("noloco_H_vs_diloco_2H", "noloco_H_vs_diloco_H"):
+            d = tt[name]["steps"]
+            lines.append(f"  {name}: " + (describe(d["result"], 1) if d else "not reached on every seed by both arms"))
+        d2 = c["to_2h_final"]["decision"]
+        lines.append("inner steps to DiLoCo 2H's own final val loss, NoLoCo H - DiLoCo 2H: "
+                     + (describe(d2["result"], 1) if d2 else "not reached on every seed"))
+        lines.append(f"{'arm':10s} {'outer':>22s} {'test loss, all replicas':>24s} {'ppl, replica mean':>18s} {'avg model':>17s} "
+                     f"{'MB/node':>8s} {'WAN s':>7s}  tuning vs eval seeds (val)")
         for label, r in c["arms"].items():
-            lines.append(f"{label:10s} {_opt(r['outer_optimizer']):>14s} {fmt(r['final_test_loss']):>24s} {fmt(r['final_test_ppl'], 3):>18s} "
-                         f"{fmt(r['final_test_loss_avg_model']):>17s} {r['mb_sent_per_node']:8.1f} {r['wan_sync_s']:7.1f}")
-        lines.append(f"  target: {'MET' if c['target_met'] else 'not met'}")
+            tvs = describe_consistency(r["tuning_vs_eval"])
+            lines.append(f"{label:10s} {_opt(r['outer_optimizer']):>22s} {fmt(r['final_test_loss']):>24s} {fmt(r['final_test_ppl'], 3):>18s} "
+                         f"{fmt(r['final_test_loss_avg_model']):>17s} {r['mb_sent_per_node']:8.1f} {r['wan_sync_s']:7.1f}  {tvs}")
         lines.append("")
-    lines.append(f"grids (seed 0, N={cfg['tuning']['at_workers']}, final val loss over all replicas; * = chosen):")
-    for a, g in f["grid"].items():
-        moms = sorted({r["outer_momentum"] for r in g["rows"]})
-        b = g["best"]
-        lines.append(f"  {a:9s} lr\\mom " + " ".join(f"{m:>8g}" for m in moms)
-                     + f"   chosen {_opt(b)}, {'bracketed' if g['bracketed'] else 'ON THE EDGE: ' + ', '.join(g['edge'])}"
-                     f" ({g['rounds']} rounds)")
-        for lr in sorted({r["outer_lr"] for r in g["rows"]}):
-            vals = {r["outer_momentum"]: r["final_val_loss"] for r in g["rows"] if r["outer_lr"] == lr}
-            lines.append(f"            {lr:<6g}" + " ".join(
-                (f"{vals[m]:7.4f}" + ("*" if (lr, m) == (b["lr"], b["momentum"]) else " ")) if m in vals else f"{'':8s}" for m in moms))
-    lines += ["", f"target: {f['target']}: {'MET' if f['target_met'] else 'NOT MET'}",
-              "detectable = the smallest true mean difference a paired t-test (alpha 0.05, two-sided) finds with 80 % power, "
-              "from the seed-to-seed std of the paired differences",
-              "departures from the paper's protocol:"]
-    lines += [f"  - {d}" for d in f["departures"]]
-    lines += ["reduced from issue 26's protocol to fit 2 shared cores (~40 CPU-s per N=8 run, ~4 min wall at load 30):"]
-    lines += [f"  - {d}" for d in reductions(rec)]
+    lines += ["departures from the paper's protocol:"] + [f"  - {d}" for d in f["departures"]]
     lines.append("train s in the JSON: measured on a shared 2-core machine under load, for orientation only")
     lines += ["", "README row: " + readme_row(rec)]
     return "\n".join(lines)
 
 
-def reductions(rec: dict) -> list[str]:
-    """What this run left out of the full protocol, read from its config."""
-    cfg = rec["config"]
-    t = cfg["tuning"]
-    out = [f"grid: a pattern search on the ladders lr {t['lr_ladder']} x momentum {t['momentum_ladder']} (the paper's point, its 4 "
-           f"neighbours, then the best point's unrun neighbours; at most {t.get('max_rounds')} rounds), not the full lr x momentum "
-           "product; an arm whose winner kept an unrun neighbour is marked ON THE EDGE above"]
-    open_ = {a: g["edge"] for a, g in rec["figures"]["grid"].items() if not g["bracketed"]}
-    if open_:
-        out.append("NOT BRACKETED after the rounds run: " + ", ".join(f"{a} (open on {'/'.join(e)})" for a, e in open_.items())
-                   + "; another round (up to 3 points per arm) did not fit the time; the fresh seeds use these winners")
-    if 16 not in cfg["workers"]:
-        out.append("N=16 not run (`--workers 8 16` runs it at N=8's winners: 12 more runs at twice the cost)")
-    out.append(f"tuned once, at N={t['at_workers']} and seed 0; {len(cfg['seeds'])} fresh seeds")
-    return out
-
-
 def readme_row(rec: dict) -> str:
     """The README reproduction-table row (benchmarks/repro_table.py), from the JSON alone."""
     f, p = rec["figures"], rec["config"]["protocol"]
-    cells = []
-    for key, c in f["cells"].items():
-        h, e = c["comparisons"]["noloco_H_vs_diloco_2H"]["loss"], c["comparisons"]["noloco_H_vs_diloco_H"]["loss"]
-        d = c["comparisons"]["noloco_H_vs_ddp"]["loss"]
-        tt = c["to_target"]["noloco_H_vs_diloco_2H"]
-        ci = (lambda t: f"{t['mean']:+.3f} [{t['ci95'][0]:+.3f}, {t['ci95'][1]:+.3f}]" if t["ci95"] else f"{t['mean']:+.3f}")
-        steps = (f"{tt['steps']['mean']:+.0f} [{tt['steps']['ci95'][0]:+.0f}, {tt['steps']['ci95'][1]:+.0f}] steps"
-                 if tt["steps"] and tt["steps"]["ci95"] else "not reached on every seed")
-        cells.append(f"{key} ({c['params'] / 1e3:.0f}k): Δloss vs DiLoCo 2H {ci(h)} (detectable ±{h['detectable'] or 0:.3f}), "
-                     f"vs DiLoCo H {ci(e)}, vs DDP {ci(d)}; to DiLoCo's best final loss {steps}")
-    ours = (f"NoLoCo H={p['noloco_H']} − DiLoCo 2H={p['diloco_2H']}, final test loss over all replicas, paired, 95 % CI over "
-            f"{len(rec['config']['seeds'])} fresh seeds, {f['steps']} steps, each arm tuned on its own outer lr × momentum "
-            f"pattern-search grid (seed 0; " + (", ".join(f"{a} not bracketed" for a, g in f["grid"].items() if not g["bracketed"])
-                                                 or "all bracketed") + "): " + "; ".join(cells) + ". Departs in: model size (50k params), H, steps, data (see TXT)")
+    cells = [f"{key} ({c['params'] / 1e3:.0f}k): vs DiLoCo 2H {headline(c)}; vs DiLoCo H "
+             f"{describe(c['decisions']['noloco_H_vs_diloco_H']['result'])}; vs DDP {describe(c['decisions']['noloco_H_vs_ddp']['result'])}"
+             for key, c in f["cells"].items()]
+    verdict = "; ".join(f"{k} **{c['decisions']['noloco_H_vs_diloco_2H']['result']['verdict']}**" for k, c in f["cells"].items())
+    ours = (f"NoLoCo H={p['noloco_H']} − DiLoCo 2H={p['diloco_2H']}, final test loss over all replicas, paired over "
+            f"{len(rec['config']['seeds'])} eval seeds, {f['steps']} steps ({f['tokens_per_param']:.0f} tokens/param), every arm tuned "
+            f"over all its outer settings on {len(rec['config']['tuning']['seeds'])} tuning seeds: " + "; ".join(cells)
+            + ("" if not f["unmet"] else f". Protocol not met: {'; '.join(f['unmet'])}"))
     return (f"| noloco_convergence | NoLoCo (H=50) up to 4% faster convergence than DiLoCo (H=100) | {ours} | "
-            f"NoLoCo faster to DiLoCo's best loss and lower final loss, CIs below 0: **{'met' if f['target_met'] else 'not met'}** | "
-            f"`python -m benchmarks.noloco_convergence` |")
+            f"NoLoCo H better than DiLoCo 2H (95 % CI below 0): {verdict} | `python -m benchmarks.noloco_convergence` |")
 
 
 def plot(rec: dict, png: Path) -> None:
@@ -547,17 +493,18 @@ def plot(rec: dict, png: Path) -> None:
         axes[row][1].set(xlabel="inner step", ylabel="paired Δ val loss (95% CI)", ylim=(-0.15, 0.15))
         axes[row][1].legend(fontsize=7)
         axes[row][2].set(xlabel="modelled emulated-WAN sync s (secondary)", xscale="symlog", ylim=(lo - 0.05, lo + 0.8))
-    for col, (a, g) in enumerate(f["grid"].items()):
-        ax = axes[-1][col]
-        lrs, moms = sorted({r["outer_lr"] for r in g["rows"]}), sorted({r["outer_momentum"] for r in g["rows"]})
-        vals = {(r["outer_lr"], r["outer_momentum"]): r["final_val_loss"] for r in g["rows"]}
-        z = [[vals.get((lr, m), float("nan")) for m in moms] for lr in lrs]
-        im = ax.imshow(z, origin="lower", aspect="auto", cmap="viridis_r")
+    for col, (a, g) in enumerate(f["tuning"]["arms"].items()):
+        ax, w = axes[-1][col], g["winner"]
+        pts = [p for p in g["points"] if p["mean"] is not None and all(p["setting"].get(k) == v for k, v in w.items() if k == "nesterov")]
+        lrs, moms = sorted({p["setting"]["lr"] for p in pts}), sorted({p["setting"]["momentum"] for p in pts})
+        vals = {(p["setting"]["lr"], p["setting"]["momentum"]): p["mean"] for p in pts}
+        im = ax.imshow([[vals.get((lr, m), float("nan")) for m in moms] for lr in lrs], origin="lower", aspect="auto", cmap="viridis_r")
         ax.set(xticks=range(len(moms)), xticklabels=[f"{m:g}" for m in moms], yticks=range(len(lrs)), yticklabels=[f"{lr:g}" for lr in lrs],
-               xlabel="outer momentum", ylabel="outer lr", title=f"{a} grid (seed 0): chosen {_opt(g['best'])}")
-        ax.plot(moms.index(g["best"]["momentum"]), lrs.index(g["best"]["lr"]), "r*", ms=12)
+               xlabel="outer momentum", ylabel="outer lr", title=f"{a} (tuning-seed mean): chosen {_setting(w)}")
+        ax.plot(moms.index(w["momentum"]), lrs.index(w["lr"]), "r*", ms=12)
         fig.colorbar(im, ax=ax, label="final val loss")
-    fig.suptitle(f"{rec['name']} @ {rec['git_sha'][:10]}: NoLoCo H vs DiLoCo 2H / H, tuned; target {'met' if f['target_met'] else 'NOT met'}")
+    verdicts = ", ".join(f"{k} {c['decisions']['noloco_H_vs_diloco_2H']['result']['verdict']}" for k, c in f["cells"].items())
+    fig.suptitle(f"{rec['name']} @ {rec['git_sha'][:10]}: NoLoCo H vs DiLoCo 2H, tuned: {verdicts}")
     fig.tight_layout()
     save_figure(fig, png, dpi=90)
 

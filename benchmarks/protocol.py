@@ -176,6 +176,23 @@ def describe(result: Mapping[str, Any], digits: int = 3) -> str:
     return s
 
 
+def describe_rule(rule: Mapping[str, Any]) -> str:
+    """A stored rule in words."""
+    side = "below" if rule.get("lower_is_better", True) else "above"
+    level = f"{1 - rule['alpha']:.0%}"
+    if rule["claim"] == "reaches":
+        return f"reaches: TOST within ±{rule['margin']:.0%} of the baseline's mean (else better/worse/undecided on the {level} CI)"
+    return f"better: the {level} CI of the paired difference {side} 0"
+
+
+def describe_rules(rules: Mapping[str, Mapping[str, Any]]) -> str:
+    """Stored rules in words, the decisions sharing a rule named together."""
+    groups: dict[str, list[str]] = {}
+    for name, r in rules.items():
+        groups.setdefault(describe_rule(r), []).append(name)
+    return "; ".join(f"{rule} ({', '.join(names)})" for rule, names in groups.items())
+
+
 def check_seeds(tuning: Sequence[int], evaluation: Sequence[int]) -> list[str]:
     """What a run's seeds break of the protocol (empty: none)."""
     out = []
@@ -396,6 +413,14 @@ def consistency(tuning_values: Sequence[float], eval_values: Sequence[float]) ->
     z = abs(gap) / sd if sd and math.isfinite(sd) and sd > 0 else None
     return {"tuning_mean": statistics.fmean(tuning_values), "eval_mean": statistics.fmean(ev), "eval_std": sd,
             "gap": gap, "eval_stds_apart": z, "flagged": z is not None and z > DISAGREE_FACTOR}
+
+
+def describe_consistency(c: Mapping[str, Any] | None) -> str:
+    """`consistency` in a few words: the gap, and how many eval-seed stds it is."""
+    if not c:
+        return ""
+    apart = c.get("eval_stds_apart")
+    return f"{c['gap']:+.4f}" + ("" if apart is None else f" ({apart:.1f} eval stds{', FLAGGED' if c['flagged'] else ''})")
 
 
 def describe_tuning(t: Mapping[str, Any], fmt_setting: Callable[[Mapping[str, Any]], str] = lambda s: json.dumps(s)) -> str:

@@ -1,8 +1,11 @@
-"""benchmarks/fault_tolerance_hosts.py's bookkeeping: what the run can resolve, and the replacement's heal as the event."""
+"""benchmarks/fault_tolerance_hosts.py's bookkeeping: what the run can resolve, the rate target decided on its interval,
+and the replacement's heal as the event."""
 
 import json
 import subprocess
 import sys
+
+import pytest
 
 from benchmarks import fault_tolerance_hosts as F
 
@@ -38,3 +41,25 @@ def test_wait_healed_returns_once_every_replacement_rank_logged_a_new_heal(tmp_p
     done = subprocess.Popen([sys.executable, "-c", "pass"])
     done.wait()
     assert F.wait_healed(tmp_path, 0.0, {2: 5, 3: 5}, [done], timeout_s=60) is None
+
+
+def _runs(ratios):
+    runs = {}
+    for s, ratio in enumerate(ratios):
+        runs[f"none/s{s}"] = {**_none(100.0), "eval_loss": 1.0}
+        runs[f"kill/s{s}"] = {"survivors": {str(r): {"steps_per_min": 100.0 * ratio, "rolled_back": 0, "rounds_lost": 0}
+                                            for r in F.SURVIVORS},
+                              "eval_loss": 1.0, "replacements": {str(r): {"healed": True, "kill_to_contributing_s": 18.0}
+                                                                 for r in F.DEAD_RANKS}}
+        runs[f"none/s{s}"]["survivors"] = {k: {**v, "rolled_back": 0, "rounds_lost": 0} for k, v in runs[f"none/s{s}"]["survivors"].items()}
+    return {"figures": {"runs": runs}}
+
+
+def test_the_rate_target_is_decided_on_the_interval_not_the_point_estimate():
+    # the committed run's ratios: mean 0.943 >= 0.9, but the 95 % interval [0.877, 1.009] straddles the target
+    f = F.figures_of(_runs([0.955, 0.912, 0.961]))
+    d = f["decisions"]["survivors_ge_target"]["result"]
+    assert d["verdict"] == "undecided" and not f["targets"]["survivors_ge_0.9_of_no_fault_rate"]
+    assert d["ci"][0] + F.RATE_TARGET == pytest.approx(0.877, abs=1e-3) and d["seeds_needed"] == 6
+    f = F.figures_of(_runs([0.95, 0.94, 0.96, 0.95]))
+    assert f["decisions"]["survivors_ge_target"]["result"]["verdict"] == "better" and f["targets"]["survivors_ge_0.9_of_no_fault_rate"]

@@ -107,6 +107,22 @@ def test_bench_structural_ties_are_neither_wins_nor_losses():
     assert "z" in st["dlogppl_per_domain"]  # still shown per domain
 
 
+def test_bench_a_structural_tie_is_dropped_only_where_it_is_a_tie_under_the_weighting():
+    """hdee_schedule @ 62b44cb dropped c_headers as a tie though het_sizes lost it on every seed under the cached
+    prior (+0.012 log-ppl): the other experts' weights move a shared lane's ensemble perplexity. It counts now."""
+    from benchmarks import hdee_schedule as H
+
+    def ppl(x, y, z):
+        return {"x": {"cached": x}, "y": {"cached": y}, "z": {"cached": z}}
+
+    runs = [{"perplexity": {"homogeneous": ppl(10.0, 10.0, 10.0), "het_steps": ppl(9.0 + 0.01 * s, 9.5, 10.13)},
+             "tied_domains": {"het_steps": ["z"]}} for s in range(3)]
+    st = H.budget_stats(runs, "cached")
+    assert st["tied_domains"] == [] and st["structural_ties"] == ["z"] and st["counted_domains"] == ["x", "y", "z"]
+    assert st["wins_per_seed"] == [2, 2, 2] and st["sign_test"]["het_worse"] == 3
+    assert st["decision"]["result"]["n"] == 3  # the per-seed mean over all three domains, decided on its interval
+
+
 def test_bench_tied_domains_and_specialisation_gate():
     from types import SimpleNamespace
 

@@ -1,15 +1,13 @@
-"""The NoLoCo-protocol benchmark's own arithmetic: replica averaging, curve means, the paired test and what it
-can detect, steps to DiLoCo's best final loss, and the bracketing grid's pattern search."""
+"""The NoLoCo benchmark's own arithmetic on the protocol: replica averaging, curve means, steps to DiLoCo's best
+final loss, the inner lr checked once, every arm tuned over all its outer settings, and decisions from the fixed rules."""
 
 import math
 
 import pytest
 import torch
-from scipy.stats import t as student
-from scipy.stats import ttest_rel
-
-from benchmarks.noloco_convergence import (LR_LADDER, TUNED, average_state, first_step_at, mean_curve, neighbours, open_axes,
-                                           paired_test, steps_to_best, tune, verdict)
+from benchmarks.noloco_convergence import (ARMS, INNER_AT, RULES, SPACES, TUNED, analyse, average_state, first_step_at, mean_curve,
+                                           readme_row, steps_to_best, tune)
+from benchmarks.protocol import Axis, recompute
 
 pytestmark = pytest.mark.unit
 
@@ -35,28 +33,6 @@ def test_first_step_at_interpolates():
     assert first_step_at(curve, 2.0) is None
 
 
-def test_paired_test_matches_scipy_and_states_the_detectable_effect():
-    x, y = [3.10, 3.02, 3.21, 3.05], [3.00, 3.01, 3.12, 3.00]
-    out = paired_test(x, y)
-    ref = ttest_rel(x, y)
-    lo, hi = ref.confidence_interval(0.95)
-    assert out["mean"] == pytest.approx(sum(a - b for a, b in zip(x, y)) / 4)
-    assert out["ci95"] == pytest.approx([lo, hi])
-    assert out["p"] == pytest.approx(ref.pvalue)
-    se = out["std"] / math.sqrt(4)
-    assert out["detectable"] == pytest.approx((student.ppf(0.975, 3) + student.ppf(0.8, 3)) * se)
-    assert out["detectable"] > hi - out["mean"]  # 80 % power needs more than the interval's half-width
-    single = paired_test([1.0], [2.0])
-    assert single["mean"] == -1.0 and single["ci95"] is None and single["detectable"] is None
-
-
-def test_verdict_decides_only_when_the_interval_excludes_zero():
-    assert verdict(paired_test([1.0, 1.1, 0.9], [2.0, 2.05, 1.95]), "x lower", "y lower") == "x lower"
-    assert verdict(paired_test([2.0, 2.1, 1.9], [1.0, 1.0, 1.0]), "x lower", "y lower") == "y lower"
-    assert verdict(paired_test([1.0, 2.0, 0.5], [1.2, 1.1, 1.0]), "x lower", "y lower").startswith("no difference detected")
-    assert verdict(paired_test([1.0], [2.0]), "x lower", "y lower").startswith("undecided")
-
-
 def test_steps_to_best_targets_the_lower_of_the_reference_finals():
     curves = {"noloco_H": [{"step": 10, "val_loss": 3.0}, {"step": 20, "val_loss": 2.0}],
               "diloco_2H": [{"step": 10, "val_loss": 3.2}, {"step": 20, "val_loss": 2.6}],
@@ -68,17 +44,9 @@ def test_steps_to_best_targets_the_lower_of_the_reference_finals():
     assert out["steps"]["diloco_H"] == 20.0 and out["steps"]["diloco_2H"] is None and out["steps"]["ddp"] is None
 
 
-def test_neighbours_and_open_axes_know_the_ladders_ends():
-    assert sorted(neighbours((3, 3))) == [(2, 3), (3, 2), (3, 4), (4, 3)]
-    assert sorted(neighbours((len(LR_LADDER) - 1, 0))) == [(len(LR_LADDER) - 2, 0), (len(LR_LADDER) - 1, 1)]
-    seen = {(3, 3), (2, 3), (4, 3), (3, 2)}
-    assert open_axes((3, 3), seen) == ["momentum"]
-    assert open_axes((3, 3), seen | {(3, 4)}) == []
-    assert open_axes((len(LR_LADDER) - 1, 3), {(len(LR_LADDER) - 2, 3), (len(LR_LADDER) - 1, 2), (len(LR_LADDER) - 1, 4)}) == ["lr"]
-
-
 class _BowlHarness:
-    """Runs no training: a job's 'final val loss' is a bowl in (log lr, momentum) with its minimum at `at`."""
+    """Runs no training: a job's final val loss is a bowl in (log lr, momentum) with its minimum at `at`, heavy ball
+    ahead of Nesterov by 0.01, and the inner lr best at 3e-3."""
 
     def __init__(self, at):
         self.at, self.jobs = at, []
@@ -89,29 +57,57 @@ class _BowlHarness:
         for j in jobs:
             lr0, m0 = self.at[j["arm"]]
             o = j["outer_optimizer"]
-            out.append({"final_val_loss": (math.log(o["lr"]) - math.log(lr0)) ** 2 + (o["momentum"] - m0) ** 2})
+            v = (math.log(o["lr"]) - math.log(lr0)) ** 2 + (o["momentum"] - m0) ** 2 + 0.01 * bool(o.get("nesterov"))
+            out.append({"final_val_loss": v + 10 * abs(j["inner_lr"] - 3e-3) + 0.001 * j["seed"]})
         return out
 
 
-def _job(arm, opt, n, seed):
-    return {"arm": arm, "workers": n, "seed": seed, "outer_optimizer": opt}
+def _job(arm, setting, n, seed, inner_lr):
+    from benchmarks.noloco_convergence import outer
+
+    return {"arm": arm, "workers": n, "seed": seed, "outer_optimizer": outer(arm, setting), "inner_lr": inner_lr}
 
 
-def test_tune_walks_until_the_winner_is_bracketed_and_flags_a_ladder_end():
-    at = {"noloco_H": (1.4, 0.8), "diloco_2H": (0.7, 0.3), "diloco_H": (2.0, 0.3)}
+def test_tune_checks_the_inner_lr_once_then_brackets_every_arm_on_two_seeds():
+    at = {"noloco_H": (1.4, 0.8), "diloco_2H": (0.7, 0.3), "diloco_H": (2.0, 0.1)}
     hz = _BowlHarness(at)
-    grid = tune(hz, _job, 8, max_rounds=6, parallel=1)
-    assert {a: (g["best"]["lr"], g["best"]["momentum"]) for a, g in grid.items()} == at
-    assert grid["noloco_H"]["bracketed"] and grid["noloco_H"]["rounds"] == 5  # 4 ladder moves from 0.7/0.5, then its neighbours
-    # the paper's point wins: its 4 neighbours bracket it, nothing else is run
-    assert grid["diloco_2H"]["bracketed"] and len(grid["diloco_2H"]["rows"]) == 5
-    assert not grid["diloco_H"]["bracketed"] and grid["diloco_H"]["edge"] == ["lr"]  # 2.0 is the ladder's (and config's) end
-    assert all(j["seed"] == 0 and j["workers"] == 8 for j in hz.jobs) and set(TUNED) == set(grid)
-    assert len(hz.jobs) == len({(j["arm"], j["outer_optimizer"]["lr"], j["outer_optimizer"]["momentum"]) for j in hz.jobs})  # each once
+    plan = {"tuning_seeds": [100, 101], "finalists": 4, "max_rounds": 8, "parallel": 1, "spaces": {**SPACES, "inner": {
+        "inner_lr": Axis((7.5e-4, 1.5e-3, 3e-3, 6e-3), (3e-3,))}}}
+    out = tune(hz, _job, 8, plan)
+    assert out["inner_lr"] == 3e-3 and out["inner"]["bracketed"]
+    inner = [j for j in hz.jobs if j["arm"] == INNER_AT[0] and j["outer_optimizer"]["lr"] == 0.7 and j["outer_optimizer"]["momentum"] == 0.3
+             and j["inner_lr"] != 3e-3]
+    assert inner  # the inner-lr ladder ran at DiLoCo 2H's paper point
+    for a in TUNED:
+        w = out["arms"][a]["winner"]
+        assert (w["lr"], w["momentum"]) == at[a] and out["arms"][a]["bracketed"]
+        assert out["arms"][a]["seeds"] == [100, 101] and len(out["arms"][a]["winner_values"]) == 2
+    assert out["arms"]["diloco_2H"]["winner"]["nesterov"] is False  # heavy ball vs Nesterov is searched too
+    assert "nesterov" not in out["arms"]["noloco_H"]["winner"]
+    assert all(j["inner_lr"] == 3e-3 for j in hz.jobs if j not in inner)
+    assert not any(j["outer_optimizer"].get("nesterov") and j["outer_optimizer"]["momentum"] == 0 for j in hz.jobs)
 
 
-def test_tune_stops_after_max_rounds_and_says_the_winner_is_open():
-    hz = _BowlHarness({"noloco_H": (2.0, 0.9), "diloco_2H": (0.25, 0.0), "diloco_H": (0.7, 0.3)})
-    grid = tune(hz, _job, 8, max_rounds=2, parallel=1)
-    assert grid["noloco_H"]["rounds"] == 2 and not grid["noloco_H"]["bracketed"] and grid["noloco_H"]["edge"]
-    assert grid["diloco_H"]["bracketed"]
+def _result(test, val=None):
+    curve = [{"step": 16, "val_loss": test + 0.5}, {"step": 32, "val_loss": val if val is not None else test}]
+    return {"final_test_loss": test, "final_test_ppl": math.exp(test), "final_val_loss": val or test,
+            "final_test_loss_avg_model": test, "test_loss_replica_spread": 0.0, "train_s": 1.0, "val_curve": curve,
+            "params": 1000, "corpus": None}
+
+
+def test_analyse_decides_each_comparison_from_the_fixed_rules():
+    seeds = list(range(8))
+    shift = {"noloco_H": -0.05, "diloco_2H": 0.0, "diloco_H": 0.0, "ddp": -0.2}
+    res = {(8, a, s): _result(2.5 + shift[a] + 0.01 * (s % 3)) for a in ARMS for s in seeds}
+    tuning = {"arms": {a: {"winner": {"lr": 0.7, "momentum": 0.5, **({"nesterov": False} if a != "noloco_H" else {})},
+                           "winner_values": [2.5, 2.51]} for a in TUNED}}
+    fits = {"emulated/pair": {"alpha_s": 0.01, "beta_bytes_per_s": 1e7}, "emulated/ring": {"alpha_s": 0.01, "beta_bytes_per_s": 1e7}}
+    rules = {k: vars(v).copy() for k, v in RULES.items()}
+    cell = analyse(res, 8, seeds, 1000, 8, 32, 1024, fits, tuning, rules)
+    d = cell["decisions"]
+    assert d["noloco_H_vs_diloco_2H"]["result"]["verdict"] == "better" and d["noloco_H_vs_ddp"]["result"]["verdict"] == "worse"
+    assert all(recompute(x) == x["result"] for x in d.values())
+    assert cell["arms"]["diloco_2H"]["outer_optimizer"] == {"name": "sgd", "lr": 0.7, "momentum": 0.5, "nesterov": False}
+    rec = {"config": {"protocol": {"noloco_H": 8, "diloco_2H": 16}, "seeds": seeds, "tuning": {"seeds": [100, 101]}},
+           "figures": {"cells": {"N=8": cell}, "steps": 32, "tokens_per_param": 21.0, "unmet": []}}
+    assert "N=8 **better**" in readme_row(rec)
