@@ -10,8 +10,8 @@ batches: the sampler draws one global batch per step whatever the world). Each a
 it goes, and a run that would overrun `--budget-s` is not started: a seed left incomplete keeps the arms
 it finished, and pairs only where both arms of a comparison ran.
 
-Per arm and seed: test-split bits per byte (per domain and overall: the mean over domains, as eval/loss;
-each replica's model, averaged over replicas, as the NoLoCo paper averages perplexity), bytes sent per
+Per arm and seed: test-split bits per byte (the Trainer's rule; per domain and overall, the mean over
+domains as eval/bpb; each replica's model, averaged over replicas, as the NoLoCo paper averages perplexity), bytes sent per
 worker (the transport's count; DDP's is its ring all-reduce per step, the figure 4-rank DDP logs), tokens/s
 of the whole GPU (the replicas' rates summed, warm-up window dropped), MFU (core/metrics.py's FLOPs per token
 against the GPU's dense bf16 peak), and wall seconds with start-up.
@@ -39,15 +39,11 @@ Without CUDA (and without --smoke) it prints why and exits 0. docs/gpu.md says h
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import math
-import os
-import shutil
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -57,6 +53,7 @@ from typing import Any
 
 import torch
 
+from benchmarks.gpu_efficiency import DEFAULT_VARIANTS, VARIANTS, Batch, merged, replica_rate, run_variant, stop_groups, variant_line
 from benchmarks.harness import ROOT, SMOKE_DIR, Harness, bench_parser, header, mean_std, parse, save_figure
 from benchmarks.ledger import Comparison, Ledger, key_id, verdict_lines
 
@@ -130,15 +127,6 @@ def algorithm_of(preset: dict[str, Any], arm: str) -> str:
     return next(o.split("=", 1)[1] for o in preset["arms"][arm] if o.startswith("algorithm="))
 
 
-def merged(*groups: list[str]) -> list[str]:
-    """Hydra overrides, a later one replacing an earlier one of the same key (Hydra refuses a key twice)."""
-    out: dict[str, str] = {}
-    for group in groups:
-        for o in group:
-            out[o.split("=", 1)[0]] = o
-    return list(out.values())
-
-
 def arm_overrides(cfg: EvidenceConfig, preset: dict[str, Any], arm: str, seed: int, run_dir: Path | str,
                   steps: int | None = None) -> list[str]:
     """The recipe overrides of one arm's run (the same a `python -m recipes.train` command line takes)."""
@@ -190,13 +178,11 @@ def numerics_digest(preset: dict[str, Any], root: Path = GOLDEN) -> str:
 
 
 def corpus_identity(data_name: str, corpus) -> dict[str, str]:
-    """The corpus's name and hash: its own when it declares one (the pinned corpus's manifest), else the
-    hash of every block it serves (the offline corpus reads the box's files: another box, another hash)."""
-    own = getattr(corpus, "identity", None) or getattr(corpus, "hash", None)
-    if isinstance(own, dict):
-        return {"name": str(own.get("name", data_name)), "hash": str(own.get("hash"))}
-    if isinstance(own, str):
-        return {"name": data_name, "hash": own}
+    """The corpus's name and hash: the pinned corpus's own (its label, "pinned <manifest hash>"), else the hash
+    of every block it serves (the offline corpus reads the box's files: another box, another hash)."""
+    label = getattr(corpus, "label", "")
+    if label.startswith("pinned "):
+        return {"name": data_name, "hash": label.split(" ", 1)[1]}
     h = hashlib.sha256()
     for domain in sorted(corpus.blocks):
         for split in ("train", "val", "test"):
@@ -220,47 +206,25 @@ def ledger_key(cfg: EvidenceConfig, preset: dict[str, Any], corpus_id: dict[str,
 
 
 # -- one arm, one seed ------------------------------------------------------------------
-def bits_per_byte_factor(blocks: torch.Tensor, tokenizer) -> float:
-    """(predicted tokens) / (their UTF-8 bytes) / ln 2: nats per token -> bits per byte of the targets.
-    The byte tokenizer maps ids >= 3 to one byte each (EOS and padding are no bytes)."""
-    from transformers import ByT5Tokenizer
-
-    targets = blocks[:, 1:]
-    if isinstance(tokenizer, ByT5Tokenizer):
-        nbytes = int((targets >= 3).sum())
-    else:
-        nbytes = sum(len(tokenizer.decode(row.tolist()).encode()) for row in targets)
-    return targets.numel() / max(1, nbytes) / math.log(2)
-
-
 def test_bpb(tc, runs, corpus, eval_blocks: int, device: torch.device) -> dict[str, Any]:
-    """Test-split bits per byte of each replica's final model, per domain, averaged over the replicas."""
+    """Test-split bits per byte of each replica's final model, per domain (the Trainer's own rule,
+    trainer.evaluate_bits), averaged over the replicas; overall is the mean over domains, as eval/bpb."""
     from decentrain.algorithms.pretraining.precision import resolve_precision
-    from decentrain.algorithms.pretraining.trainer import evaluate
+    from decentrain.algorithms.pretraining.trainer import evaluate_bits
     from decentrain.models.factory import build_model, build_tokenizer
 
-    tokenizer = build_tokenizer(tc.model)
-    blocks = {d: torch.as_tensor(corpus.split("test", d)[:eval_blocks]) for d in corpus.blocks}
-    factor = {d: bits_per_byte_factor(b, tokenizer) for d, b in blocks.items()}
-    model = build_model(tc.model, tokenizer).to(device)
+    if corpus.token_bytes is None:
+        raise ValueError(f"data={tc.data.name}: the corpus has no byte counts per token; bits per byte need them")
+    blocks = {d: torch.as_tensor(corpus.split("test", d)[:eval_blocks]).to(device) for d in corpus.blocks}
+    model = build_model(tc.model, build_tokenizer(tc.model)).to(device)
     per_replica = []
     for run in runs:
         model.load_state_dict(run.weights)
-        loss = evaluate(model, {d: b.to(device) for d, b in blocks.items()}, tc.train.micro_batch_size, device,
-                        resolve_precision(tc.train.precision, device))
-        per_replica.append({d: loss[d] * factor[d] for d in blocks})
-    by_domain = {d: statistics.fmean(r[d] for r in per_replica) for d in blocks}
+        per_replica.append(evaluate_bits(model, blocks, tc.train.micro_batch_size, device,
+                                         resolve_precision(tc.train.precision, device), corpus.token_bytes.to(device))[1])
     overall = [statistics.fmean(r.values()) for r in per_replica]
-    return {"bpb": statistics.fmean(overall), "bpb_by_domain": by_domain, "bpb_replica_spread": max(overall) - min(overall),
-            "test_blocks_per_domain": {d: len(b) for d, b in blocks.items()}}
-
-
-def replica_rate(path: Path) -> float | None:
-    """A replica's tokens/s: the median over its log windows, the first (warm-up, compilation) dropped."""
-    from decentrain.core.metrics import read_jsonl
-
-    rates = [r["perf/tokens_per_s"] for r in read_jsonl(path) if r.get("perf/tokens_per_s")] if path.exists() else []
-    return statistics.median(rates[1:] if len(rates) > 1 else rates) if rates else None
+    return {"bpb": statistics.fmean(overall), "bpb_by_domain": {d: statistics.fmean(r[d] for r in per_replica) for d in blocks},
+            "bpb_replica_spread": max(overall) - min(overall), "test_blocks_per_domain": {d: len(b) for d, b in blocks.items()}}
 
 
 def run_arm(cfg: EvidenceConfig, preset: dict[str, Any], arm: str, seed: int, corpus, device: torch.device) -> dict[str, Any]:
@@ -414,83 +378,7 @@ def hz_dir(hz: Harness) -> Path:
     return out
 
 
-# -- shared-GPU efficiency --------------------------------------------------------------
-# name -> (replicas as, train.compile, micro-batch multiple, CUDA MPS); each a short run of one arm
-VARIANTS = {
-    "threads_eager": ("threads", "none", 1, False),  # the evidence runs' own setting
-    "threads_blocks": ("threads", "blocks", 1, False),  # fewer, fused kernels per layer
-    "processes_eager": ("processes", "none", 1, False),  # `decentrain compare`'s path: 4 CUDA contexts, gloo
-    "processes_mps": ("processes", "none", 1, True),  # the same under CUDA MPS (only where the box has it)
-    "threads_model": ("threads", "model", 1, False),  # whole-model compile
-    "threads_eager_mb2x": ("threads", "none", 2, False),  # twice the tokens per step: is the step launch-bound?
-}
-DEFAULT_VARIANTS = ("threads_eager", "threads_blocks", "processes_eager", "processes_mps")
-
-
-def variant_overrides(base: list[str], name: str, workers: int, global_batch: int, micro_batch: int) -> list[str]:
-    """The recipe overrides of one variant: the arm's run with its execution, compile and batch."""
-    how, scope, mult, _ = VARIANTS[name]
-    layout = ([f"transport=inprocess", f"transport.replicas={workers}", "launcher.nproc_per_node=1"] if how == "threads"
-              else [f"launcher.nproc_per_node={workers}"])
-    return merged(base, layout, [f"train.compile={scope}", f"train.global_batch_size={global_batch * mult}",
-                                 f"train.micro_batch_size={micro_batch * mult}"])
-
-
-@contextlib.contextmanager
-def mps_daemon(tmp: Path):
-    """A private CUDA MPS control daemon for the variant's processes (its own pipe directory: nothing
-    else on the box connects to it), quit afterwards. Yields the environment, or a reason it is not there."""
-    ctl = shutil.which("nvidia-cuda-mps-control")
-    if ctl is None:
-        yield "nvidia-cuda-mps-control is not on this box"
-        return
-    env = {**os.environ, "CUDA_MPS_PIPE_DIRECTORY": str(tmp / "mps_pipe"), "CUDA_MPS_LOG_DIRECTORY": str(tmp / "mps_log")}
-    for d in ("mps_pipe", "mps_log"):
-        (tmp / d).mkdir(parents=True, exist_ok=True)
-    start = subprocess.run([ctl, "-d"], env=env, capture_output=True, text=True, timeout=30)
-    if start.returncode:
-        yield f"nvidia-cuda-mps-control -d failed: {start.stderr.strip()[:200]}"
-        return
-    try:
-        yield env
-    finally:
-        subprocess.run([ctl], input="quit\n", env=env, capture_output=True, text=True, timeout=30)
-
-
-def run_recipe(overrides: list[str], env: dict[str, str], timeout: float, log: Path) -> int | None:
-    """`python -m recipes.train overrides` in its own process group, killed whole at `timeout` (None)."""
-    with log.open("w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "recipes.train", *overrides], cwd=ROOT, env=env,
-                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            return proc.wait(timeout=max(1.0, timeout))
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)  # torchrun's workers too
-            proc.wait()
-            return None
-
-
-def run_variant(cfg: EvidenceConfig, name: str, base, flops_tok: float, peak: float | None, timeout: float,
-                keep: Path) -> dict[str, Any]:
-    from decentrain.core.metrics import metrics_file
-
-    t0 = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix=f"{NAME}_{name}_") as tmp:
-        with mps_daemon(Path(tmp)) if VARIANTS[name][3] else contextlib.nullcontext(dict(os.environ)) as env:
-            if isinstance(env, str):
-                return {"variant": name, "status": f"not run: {env}"}
-            ovr = variant_overrides(base(Path(tmp) / "run"), name, cfg.workers, cfg.global_batch, cfg.micro_batch)
-            code = run_recipe(ovr, {**env, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}, timeout, keep / f"{name}.log")
-        rates = [replica_rate(Path(tmp) / "run" / metrics_file(r)) for r in range(cfg.workers)]
-    wall = time.perf_counter() - t0
-    if code != 0 or not all(rates):
-        status = "timed out" if code is None else f"exit {code}" if code else "no throughput logged"
-        return {"variant": name, "status": f"{status} (log {keep / f'{name}.log'})", "wall_s": wall}
-    tps = sum(rates)
-    return {"variant": name, "status": "ok", "tokens_per_s": tps, "mfu": tps * flops_tok / peak if peak else None,
-            "wall_s": wall, "overrides": ovr}
-
-
+# -- shared-GPU efficiency (the variants: benchmarks/gpu_efficiency.py) ------------------
 def run_efficiency(cfg: EvidenceConfig, preset: dict[str, Any], names: list[str], device: torch.device, keep: Path) -> dict[str, Any]:
     """Each variant in turn while the budget lasts: tokens/s of the whole GPU and MFU (on a CPU: the path only)."""
     from decentrain.algorithms.pretraining.trainer import model_flops_per_token
@@ -509,20 +397,13 @@ def run_efficiency(cfg: EvidenceConfig, preset: dict[str, Any], names: list[str]
         if budget.left() < 10:
             rows.append({"variant": name, "status": "not run: efficiency budget spent"})
             continue
-        row = run_variant(cfg, name, lambda d: arm_overrides(cfg, preset, arm, 0, d, cfg.efficiency_steps), flops_tok, peak,
-                          budget.left(), keep)
+        row = run_variant(name, lambda d: arm_overrides(cfg, preset, arm, 0, d, cfg.efficiency_steps),
+                          Batch(cfg.workers, cfg.global_batch, cfg.micro_batch), flops_tok, peak, budget.left(), keep)
         rows.append(row)
         print(f"[{NAME}] efficiency {variant_line(row)}", flush=True)
     return {"arm": arm, "steps": cfg.efficiency_steps, "device": gpu_identity(device), "variants": rows,
             "measured": device.type == "cuda", "note": None if device.type == "cuda" else
             "CPU: the variants ran to check the path; their speeds say nothing about a shared GPU"}
-
-
-def variant_line(row: dict[str, Any]) -> str:
-    if row["status"] != "ok":
-        return f"{row['variant']:<19} {row['status']}"
-    mfu = f"  MFU {row['mfu']:.1%}" if row.get("mfu") else ""
-    return f"{row['variant']:<19} {row['tokens_per_s'] / 1e3:8.0f}k tok/s{mfu}  ({row['wall_s']:.0f}s with start-up)"
 
 
 # -- report -----------------------------------------------------------------------------
@@ -604,7 +485,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     hz = Harness(NAME, __file__, asdict(cfg), allow_dirty=args.allow_dirty, fresh=args.fresh, smoke=cfg.smoke)
     ledger = Ledger(SMOKE_DIR / "ledger") if cfg.smoke else Ledger()
-    fig = measure(cfg, hz, ledger)
+    previous = signal.signal(signal.SIGTERM, stop_groups)  # a phase cap takes the variants' processes down too
+    try:
+        fig = measure(cfg, hz, ledger)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     paths = hz.write(fig, text_table, plot)
     print(paths["txt"].read_text())
     return 0

@@ -7,6 +7,7 @@ import shutil
 import pytest
 import torch
 
+import benchmarks.gpu_efficiency as eff
 import benchmarks.gpu_evidence as ge
 from benchmarks.ledger import Ledger
 
@@ -18,6 +19,7 @@ def cfg(**kw):
 PRESET = ge.load_preset(ge.PRESET)
 CORPUS_ID = {"name": "pinned", "hash": "h"}
 CPU = torch.device("cpu")
+BATCH = eff.Batch(workers=4, global_batch=64, micro_batch=16)
 
 
 def test_the_key_moves_with_what_is_computed_and_not_with_how_fast():
@@ -44,24 +46,15 @@ def test_numerics_follow_the_arms_golden_trajectories(tmp_path):
     assert ge.numerics_digest(PRESET, golden) != before
 
 
-def test_corpus_identity_is_the_corpus_own_hash_or_that_of_its_blocks():
+def test_corpus_identity_is_the_pinned_hash_or_that_of_the_blocks():
     from decentrain.data.blocks import Corpus
 
-    def corpus(x):
-        return Corpus({"d": {s: torch.full((4, 8), x, dtype=torch.long) for s in ("train", "val", "test")}})
+    def corpus(x, label="offline, machine-dependent"):
+        return Corpus({"d": {s: torch.full((4, 8), x, dtype=torch.long) for s in ("train", "val", "test")}}, label)
 
     a, b = ge.corpus_identity("offline", corpus(5)), ge.corpus_identity("offline", corpus(6))
     assert a["hash"].startswith("blocks:") and a != b and a == ge.corpus_identity("offline", corpus(5))
-    declared = corpus(5)
-    declared.identity = {"name": "pinned", "hash": "abc"}  # the pinned corpus names its manifest's hash
-    assert ge.corpus_identity("pinned", declared) == {"name": "pinned", "hash": "abc"}
-
-
-def test_bits_per_byte_counts_only_the_bytes_predicted():
-    from transformers import ByT5Tokenizer
-
-    blocks = torch.tensor([[3 + 65, 3 + 66, 1, 3 + 67, 3 + 68]])  # "AB</s>CD": targets B, EOS, C, D
-    assert ge.bits_per_byte_factor(blocks, ByT5Tokenizer()) == pytest.approx(4 / 3 / math.log(2))
+    assert ge.corpus_identity("pinned", corpus(5, "pinned abc123")) == {"name": "pinned", "hash": "abc123"}
 
 
 def test_every_arm_composes_to_the_recipe_config_it_names():
@@ -72,7 +65,7 @@ def test_every_arm_composes_to_the_recipe_config_it_names():
         assert tc.logger.all_ranks and not tc.resume and tc.train.eval_every == tc.train.steps == 400
     smoke = ge.compose(ge.arm_overrides(cfg(data="offline", smoke=True), PRESET, "noloco", 0, "/tmp/x"))[0]
     assert smoke.algorithm.inner_steps == 2 and smoke.model.hidden_size == 32 and smoke.train.device == "cpu"
-    assert ge.merged(["a=1", "b=2"], ["a=3"]) == ["a=3", "b=2"]
+    assert eff.merged(["a=1", "b=2"], ["a=3"]) == ["a=3", "b=2"]
 
 
 def test_a_preset_that_cannot_run_fails_in_one_line(tmp_path):
@@ -108,22 +101,22 @@ def test_a_run_that_would_overrun_the_budget_is_skipped_and_finished_arms_still_
 
 def test_variants_change_only_execution_compile_and_batch():
     base = ge.arm_overrides(cfg(), PRESET, "noloco", 0, "/tmp/x", steps=40)
-    threads = ge.variant_overrides(base, "threads_blocks", 4, 64, 16)
+    threads = eff.variant_overrides(base, "threads_blocks", BATCH)
     assert {"transport=inprocess", "transport.replicas=4", "launcher.nproc_per_node=1", "train.compile=blocks",
             "train.steps=40"} <= set(threads)
-    procs = ge.variant_overrides(base, "processes_eager", 4, 64, 16)
+    procs = eff.variant_overrides(base, "processes_eager", BATCH)
     assert "launcher.nproc_per_node=4" in procs and not any(o.startswith("transport") for o in procs)
-    double = ge.variant_overrides(base, "threads_eager_mb2x", 4, 64, 16)
+    double = eff.variant_overrides(base, "threads_eager_mb2x", BATCH)
     assert {"train.global_batch_size=128", "train.micro_batch_size=32"} <= set(double)
-    for name in ge.VARIANTS:  # each is a command line the recipe accepts
-        tc, _ = ge.compose(ge.variant_overrides(ge.arm_overrides(cfg(data="offline"), PRESET, "noloco", 0, "/tmp/x", 40),
-                                                name, 4, 64, 16))
+    for name in eff.VARIANTS:  # each is a command line the recipe accepts
+        tc, _ = ge.compose(eff.variant_overrides(ge.arm_overrides(cfg(data="offline"), PRESET, "noloco", 0, "/tmp/x", 40),
+                                                name, BATCH))
         assert tc.train.steps == 40
 
 
 def test_mps_is_only_used_where_the_box_has_it(monkeypatch, tmp_path):
-    monkeypatch.setattr(ge.shutil, "which", lambda name: None)
-    with ge.mps_daemon(tmp_path) as env:
+    monkeypatch.setattr(eff.shutil, "which", lambda name: None)
+    with eff.mps_daemon(tmp_path) as env:
         assert env == "nvidia-cuda-mps-control is not on this box"
 
 
