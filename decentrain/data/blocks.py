@@ -2,7 +2,7 @@
 
 A corpus comes from one of three sources (`data.source`, a registry):
   offline  text this machine has (decentrain/data/corpus.py): quick, for tests and laptops; it differs
-           by machine, so its results are labelled "offline, machine-dependent";
+           by machine, so its results say "offline, machine-dependent" and carry no hash;
   pinned   the corpus `decentrain data prepare` builds from pinned registry files (data/prepare.py),
            named by its corpus hash: the one for evidence (data/pinned_source.py);
   hf       any `datasets` dataset, local or from the hub.
@@ -25,7 +25,6 @@ from decentrain.core.registry import Registry
 from decentrain.data.corpus import DOMAINS, load_domain
 
 SPLITS = ("train", "val", "test")
-OFFLINE_LABEL = "offline, machine-dependent"
 
 
 @dataclass
@@ -116,11 +115,22 @@ def unique_shuffled(docs: list[str], seed: int) -> list[str]:
 @dataclass
 class Corpus:
     """blocks[domain][split] -> [n, seq_len] token ids (a LongTensor, or blocks mapped from disk), and the
-    name of its text: `label` is the corpus hash, or says why there is none."""
+    name of its text: the source's name and the corpus hash, or a note on why there is none."""
 
     blocks: dict[str, dict[str, Any]]
-    label: str = OFFLINE_LABEL
+    name: str = "offline"
+    hash: str | None = None
     token_bytes: torch.Tensor | None = None  # UTF-8 bytes each token id stands for (0: special), for bits per byte
+
+    @property
+    def identity(self) -> dict[str, Any]:
+        """What every metrics file, record and comparison says the run trained on."""
+        notes = {"pinned": None, "offline": "machine-dependent"}
+        return {"name": self.name, "hash": self.hash, "note": notes.get(self.name, "not hashed")}
+
+    @property
+    def label(self) -> str:
+        return f"{self.name} {self.hash}" if self.hash else f"{self.name}, {self.identity['note']}"
 
     def train_blocks(self, domains: list[str] | None = None):
         parts = [self.blocks[d]["train"] for d in (domains or list(self.blocks))]
@@ -163,10 +173,10 @@ def token_byte_lengths(tokenizer) -> torch.Tensor:
     return torch.tensor(lengths, dtype=torch.long)
 
 
-def packed_corpus(docs: dict[str, list[str]], cfg: DataConfig, tokenizer, label: str) -> Corpus:
+def packed_corpus(docs: dict[str, list[str]], cfg: DataConfig, tokenizer, name: str) -> Corpus:
     """Documents per domain -> shuffled, packed and split into blocks."""
     return Corpus({d: split_blocks(pack(unique_shuffled(texts, cfg.seed), tokenizer, cfg.seq_len), cfg.val_fraction,
-                                   cfg.test_fraction) for d, texts in docs.items()}, label, token_byte_lengths(tokenizer))
+                                   cfg.test_fraction) for d, texts in docs.items()}, name, None, token_byte_lengths(tokenizer))
 
 
 def _check_offline(cfg: DataConfig) -> None:
@@ -185,13 +195,12 @@ def _hf_corpus(cfg: DataConfig, tokenizer) -> Corpus:
     ds = datasets.load_dataset(cfg.hf_path, data_files=cfg.hf_data_files, split=cfg.hf_split)
     if cfg.hf_text_field not in ds.column_names:
         raise ValueError(f"data.hf_text_field={cfg.hf_text_field!r} is not a column; columns: {ds.column_names}")
-    return packed_corpus({cfg.domains[0]: [t for t in ds[cfg.hf_text_field] if t]}, cfg, tokenizer,
-                         f"hf:{cfg.hf_path} (not hashed)")
+    return packed_corpus({cfg.domains[0]: [t for t in ds[cfg.hf_text_field] if t]}, cfg, tokenizer, f"hf:{cfg.hf_path}")
 
 
 def _offline_corpus(cfg: DataConfig, tokenizer) -> Corpus:
     docs = {d: load_domain(d, cfg.max_bytes_per_domain or DataConfig.max_bytes_per_domain, cfg.seed) for d in cfg.domains}
-    return packed_corpus(docs, cfg, tokenizer, OFFLINE_LABEL)
+    return packed_corpus(docs, cfg, tokenizer, "offline")
 
 
 CORPUS_SOURCES.register("offline")(CorpusSource(_check_offline, lambda cfg: True, _offline_corpus))

@@ -1,5 +1,10 @@
 """The offline multi-domain corpus: text that every Debian + CPython machine already has.
 
+Its text depends on the machine: which Python, which Debian packages are installed (one more package
+changes the licenses, changelogs and general domains), so the same config gives other blocks on
+another box. It is the quick default for tests and laptops; results say "offline, machine-dependent".
+Evidence trains on the pinned corpus (`data=pinned`, `decentrain data prepare`), named by its hash.
+
 Domains (each a list of documents, read in a fixed order):
   python_stdlib  CPython's standard library sources (Lib/*.py, tests excluded)
   python_tests   CPython's own test suite (Lib/test/**/*.py)

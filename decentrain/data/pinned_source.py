@@ -77,7 +77,7 @@ def build(cfg: DataConfig, tokenizer) -> Corpus:
                      for split in ("train", "val", "test")}
         if min(len(b) for b in blocks[d].values()) == 0:
             raise ValueError(f"data.seq_len={cfg.seq_len}: the pinned corpus's {d} has a split shorter than one block")
-    return Corpus(blocks, f"pinned {manifest['corpus_hash']}", token_byte_lengths(tokenizer))
+    return Corpus(blocks, "pinned", manifest["corpus_hash"], token_byte_lengths(tokenizer))
 
 
 CORPUS_SOURCES.register("pinned")(CorpusSource(_check, lambda cfg: True, build))

@@ -21,7 +21,7 @@ def test_diloco_on_the_pinned_corpus_reports_bits_per_byte_and_the_corpus_hash(t
     out = proc.stdout + proc.stderr
     assert f"corpus pinned {manifest['corpus_hash']}" in out and "bits per byte" in out
     rows = metrics(run)
-    assert rows[0]["corpus"] == f"pinned {manifest['corpus_hash']}"
+    assert rows[0]["corpus"] == {"name": "pinned", "hash": manifest["corpus_hash"], "note": None}
     evals = [r for r in rows if "eval/bpb" in r]
     assert [r["step"] for r in evals] == [2, 4]
     assert all(0 < r["eval/bpb/alpha"] < 12 and 0 < r["eval/bpb/beta"] < 12 for r in evals)

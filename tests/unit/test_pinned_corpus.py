@@ -162,6 +162,7 @@ def test_data_pinned_maps_the_same_blocks_as_packing_the_documents(built):
                      max_bytes_per_domain=None, corpus_hash=manifest["corpus_hash"][:12])
     corpus = build_corpus(cfg, tok)
     assert corpus.label == f"pinned {manifest['corpus_hash']}"
+    assert corpus.identity == {"name": "pinned", "hash": manifest["corpus_hash"], "note": None}
     stream = np.fromfile(tmp / "corpus" / "alpha" / "train.000.bin", dtype=np.uint8)
     expected = pack(documents(stream, None), tok, 32)
     got = corpus.split("train", "alpha")

@@ -145,7 +145,6 @@ class Trainer:
         # evaluation data lives on the device for the whole run (small: eval_batches micro-batches per domain)
         self.val_blocks = {d: corpus.split("val", d)[:n_eval].to(world.device) for d in corpus.blocks}
         self.token_bytes = None if corpus.token_bytes is None else corpus.token_bytes.to(world.device)
-        self.corpus_label = corpus.label
         self.sampler = ShardedSampler(len(self.train_blocks), loop.global_batch_size, world.rank, world.world_size, loop.seed)
         self.accum = loop.global_batch_size // (world.world_size * loop.micro_batch_size)
         layout = layout or replica_layout(world, 1)
