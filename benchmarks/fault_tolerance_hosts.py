@@ -169,7 +169,7 @@ def summarise(jobs: list[dict], results: list[dict]) -> dict[str, Any]:
     fig["decisions"] = {"survivors_ge_target": decision("survivors_ge_target", "survivor rate vs no fault", f"the {RATE_TARGET} target",
                                                         RATE_RULE, ratios, [RATE_TARGET] * len(ratios), "steps/min ratio")}
     verdict = fig["decisions"]["survivors_ge_target"]["result"]
-    fig["targets"] = {"survivors_ge_0.9_of_no_fault_rate": verdict["supported"], "survivors_ge_0.9_verdict": verdict["verdict"],
+    fig["targets"] = {"survivors_ge_0.9_of_no_fault_rate": verdict["supported"],
                       "rolled_back_0": bool(back) and max(back) == 0, "replacement_heals": bool(healed) and all(healed)}
     fig["diloco_quoted"] = diloco_rows()
     return fig
@@ -215,8 +215,9 @@ def detectable(runs: dict) -> str:
     return (f"detectable: the same no-fault run gave the survivors {', '.join(f'{r:.0f}' for r in no_fault_rates(runs))} "
             "steps/min across "
             f"seeds ({spread:.2f}x, the box's noise alone), so a rate ratio within a factor {spread:.2f} of 1 is not resolved; "
-            + (f"the {RATE_TARGET} target lies outside that band, so this run decides it."
-               if rate_target_decided(runs) else f"the {RATE_TARGET} target lies inside it, so this run can neither meet nor miss it."))
+            + (f"the {RATE_TARGET} target lies outside that band (the box's noise cannot mask it); the decision below is on "
+               "the seeds' interval." if rate_target_decided(runs) else
+               f"the {RATE_TARGET} target lies inside it, so this run can neither meet nor miss it."))
 
 
 def stand_in_line(runs: dict) -> str:
@@ -273,7 +274,9 @@ def text(rec: dict) -> str:
             f"decision (survivors >= {RATE_TARGET} of the no-fault rate, the 95 % interval of the per-seed ratio minus the target "
             "above 0; benchmarks/protocol.py): " + _decision_line(f),
             "", "targets:"]
-    out += [f"  {name}: {'MET' if ok else 'NOT MET'}" for name, ok in f["targets"].items()]
+    rate = (f.get("decisions") or {}).get("survivors_ge_target", {}).get("result", {}).get("verdict")
+    out += [f"  {name}: {'MET' if ok else 'UNDECIDED' if name.startswith('survivors') and rate == 'undecided' else 'NOT MET'}"
+            for name, ok in f["targets"].items()]
     out += ["", "README (multi-node NoLoCo):",
             "  python -m decentrain.core.comm.job_store --port 29400          # once per job, on a machine that runs no worker",
             "  NNODES=3 NODE_RANK=<k> NPROC=8 STORE=<store-host>:29400 RUN_ID=myrun DECENTRAIN_JOB_SECRET=<shared> \\",
