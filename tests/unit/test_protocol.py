@@ -156,3 +156,19 @@ def test_seeds_rules_and_recomputed_verdicts(tmp_path):
     preregister(tmp_path, "bench", {"x": DecisionRule("reaches")}, fresh=True)
     entry = decision("x", "a", "b", DecisionRule("better"), X, Y, "eval/loss")
     assert recompute(entry) == entry["result"] and decisions_in({"f": [{"g": entry}]}) == [entry]
+
+
+def test_every_committed_decision_is_its_own_values_under_its_own_rule():
+    """Verdicts are computed from the record, never typed: each stored decision recomputes to itself."""
+    import json
+
+    from benchmarks.record import RESULTS
+
+    seen = 0
+    for path in sorted(RESULTS.glob("*.json")):
+        for entry in decisions_in(json.loads(path.read_text())["figures"]):
+            again, stored = recompute(entry), entry["result"]
+            assert again["verdict"] == stored["verdict"] and again["supported"] == stored["supported"], (path.name, entry["name"])
+            assert again["ci"] == pytest.approx(stored["ci"]) and again["mean_diff"] == pytest.approx(stored["mean_diff"])
+            seen += 1
+    assert seen > 0
