@@ -141,10 +141,16 @@ def open_tree(path: Path) -> tarfile.TarFile:
 
 
 def members(tree: tarfile.TarFile, suffixes: tuple[str, ...], under: str = "") -> Iterator[tuple[str, bytes]]:
-    """(path, bytes) of the regular files under `under` whose name ends in one of `suffixes`, sorted by path."""
-    infos = sorted((m for m in tree.getmembers() if m.isfile() and m.name.lstrip("./").startswith(under)
-                    and m.name.endswith(suffixes)), key=lambda m: m.name)
-    for m in infos:
-        f = tree.extractfile(m)
-        if f is not None:
-            yield m.name.lstrip("./"), f.read()
+    """(path, bytes) of the regular files under `under` whose name ends in one of `suffixes`, sorted by path.
+
+    Read in one pass in archive order, then sorted: a compressed tar seeks backwards by decompressing
+    again from its start, so reading members out of order costs a pass per member.
+    """
+    found = []
+    for m in tree:
+        name = m.name.lstrip("./")
+        if m.isfile() and name.startswith(under) and name.endswith(suffixes):
+            f = tree.extractfile(m)
+            if f is not None:
+                found.append((name, f.read()))
+    yield from sorted(found)
