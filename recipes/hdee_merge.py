@@ -21,7 +21,8 @@ import hydra
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from decentrain.algorithms.hdee.merge import MergeConfig, build_routed, from_ensemble, save_routed
+from decentrain.algorithms.hdee.checkpoints import CheckpointError
+from decentrain.algorithms.hdee.merge import MergeConfig, build_routed, check_merge, from_ensemble, save_routed
 from decentrain.config import register_configs
 from decentrain.core.comm.ensemble import token_logprobs
 from decentrain.data.blocks import build_corpus
@@ -56,15 +57,19 @@ def to_config(dcfg: DictConfig) -> tuple[MergeConfig, bool]:
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="hdee_merge")
 def main(dcfg: DictConfig) -> None:
-    try:  # the one conversion, and every check, before any model is loaded
+    try:  # the one conversion, and every check that reads no weights, before any model is loaded
         cfg, do_score = to_config(dcfg)
         cfg = from_ensemble(cfg)
         if not cfg.out_dir:
             raise ValueError("out_dir is unset (and no ensemble_dir to put it under)")
+        tokenizer = check_merge(cfg)  # sources, sizes, vocabularies, tokenizers, router_layer
     except ValueError as e:
         sys.exit(f"config error: {e}")
     torch.manual_seed(0)
-    model, tokenizer = build_routed(cfg)
+    try:
+        model, tokenizer = build_routed(cfg, tokenizer)
+    except CheckpointError as e:  # a model not whole or not finite: nothing is saved
+        sys.exit(f"checkpoint refused: {e}")
     out = save_routed(model, tokenizer, cfg.out_dir)
     print(f"[hdee] routed model: experts {model.config.expert_names}, router {tuple(model.router_weight.shape)}, "
           f"saved to {out}", flush=True)

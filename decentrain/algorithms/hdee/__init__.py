@@ -8,6 +8,7 @@ train           seed training and expert branching on the shared Trainer
 jobs            seeds and lanes as independent local processes
 evaluate        expert-parallel ensemble evaluation and text scoring
 router          the closed-form ridge-regression router (DUME) and its per-class statistics
+checkpoints     the models a merge reads and loads: whole, finite, compatible, of a size that fits
 routed          the experts merged into one routed causal LM (a PreTrainedModel with its own config)
 merge           building the routed model of a trained ensemble (the hdee_merge recipe's job)
 """

@@ -15,6 +15,7 @@ from torch import nn
 from transformers import PretrainedConfig
 
 from decentrain.algorithms.hdee.plan import EnsemblePlan, LaneConfig, SeedConfig
+from decentrain.core.config_checks import check_range
 
 # model_type -> (q/k/v bias, o bias); None reads config.attention_bias.
 _ATTENTION_BIAS: dict[str, tuple[bool | None, bool | None]] = {
@@ -109,13 +110,12 @@ def check_budget(
 
     Returns the relative difference (plan - baseline) / baseline.
     """
-    if tolerance < 0:
-        raise ValueError(f"tolerance={tolerance} must be >= 0")
+    check_range("tolerance", tolerance, 0, None)
     ours = plan_costs(plan, config, include_seeds)
     theirs = plan_costs(baseline, config, include_seeds)
     c_plan, c_base = sum(c.flops for c in ours), sum(c.flops for c in theirs)
     rel = (c_plan - c_base) / c_base
-    if abs(rel) > tolerance:
+    if not abs(rel) <= tolerance:  # written so that a NaN anywhere refuses
         lines = [
             f"plan compute {c_plan:.4e} FLOPs is {rel:+.2%} off the homogeneous baseline's "
             f"{c_base:.4e} FLOPs (tolerance {tolerance:.1%})",

@@ -24,6 +24,7 @@ from decentrain.algorithms.hdee.mixing import WEIGHTINGS
 from decentrain.algorithms.hdee.plan import EnsemblePlan, SeedConfig, validate
 from decentrain.algorithms.pretraining.config import LoopConfig
 from decentrain.algorithms.pretraining.engines import EngineConfig, OptimConfig, engine_config
+from decentrain.core.config_checks import check_range
 from decentrain.core.launch.config import LauncherConfig
 from decentrain.core.metrics import LoggerConfig
 from decentrain.core.typed import typed
@@ -51,8 +52,7 @@ class BudgetConfig:
             raise ValueError(f"budget.baseline_intermediate_size={self.baseline_intermediate_size} must be >= 1")
         if self.baseline_steps_per_domain < 1:
             raise ValueError(f"budget.baseline_steps_per_domain={self.baseline_steps_per_domain} must be >= 1")
-        if self.tolerance < 0:
-            raise ValueError(f"budget.tolerance={self.tolerance} must be >= 0")
+        check_range("budget.tolerance", self.tolerance, 0, None)  # NaN compares false: any plan would pass
 
 
 @dataclass

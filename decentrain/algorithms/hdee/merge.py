@@ -4,6 +4,10 @@ Experts come from an ensemble dir (its saved plan: the seed is the router backbo
 final expert routes the lane's domains) or are named one by one. The router's calibration set
 is the first `calibration_blocks` blocks of each expert domain's `calibration_split` (validation
 by default, never the test split), each block labelled with its domain's expert.
+
+Every model is checked before use (hdee/checkpoints.py): `check_merge` reads the configs and
+tokenizers only (sources exist, sizes fit, one vocabulary and tokenizer, `router_layer` names a
+hidden state), then `build_routed` loads each model whole and `merge` refuses non-finite weights.
 """
 
 from __future__ import annotations
@@ -15,11 +19,22 @@ from pathlib import Path
 
 import torch
 
+from decentrain.algorithms.hdee.checkpoints import (
+    CheckpointError,
+    check_fits,
+    check_tokenizer,
+    check_vocab,
+    load_model,
+    model_bytes,
+    read_config,
+    read_tokenizer,
+)
 from decentrain.algorithms.hdee.config import load_saved_config
 from decentrain.algorithms.hdee.routed import POOLINGS, RoutedExpertsForCausalLM, merge
 from decentrain.algorithms.hdee.train import model_dir
+from decentrain.core.config_checks import check_range
 from decentrain.data.blocks import SPLITS, DataConfig, build_corpus
-from decentrain.models.factory import ModelConfig, build_model, build_tokenizer, save_model
+from decentrain.models.factory import save_model
 
 log = logging.getLogger(__name__)
 
@@ -52,10 +67,24 @@ class MergeConfig:
             raise ValueError(f"pooling={self.pooling!r} is unknown; allowed: {list(POOLINGS)}")
         if self.calibration_blocks < 1:
             raise ValueError(f"calibration_blocks={self.calibration_blocks} must be >= 1")
-        if self.ridge_lambda <= 0:
-            raise ValueError(f"ridge_lambda={self.ridge_lambda} must be > 0")
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size={self.batch_size} must be >= 1")
+        check_range("ridge_lambda", self.ridge_lambda, 0, None, low_open=True)  # NaN and inf too: W would be NaN
         if not self.ensemble_dir and (not self.backbone or not self.experts):
             raise ValueError("ensemble_dir is unset: name backbone and experts (name, path, domains) instead")
+        check_experts(self.experts)
+
+
+def check_experts(experts: list[ExpertSource]) -> None:
+    """Each expert named once (the router's columns are keyed by name), with a path and domains to calibrate on."""
+    seen: set[str] = set()
+    for i, e in enumerate(experts):
+        if not e.name or not e.path or not e.domains:
+            raise ValueError(f"experts[{i}] needs a name, a path and domains (got name={e.name!r}, path={e.path!r}, "
+                             f"domains={e.domains})")
+        if e.name in seen:
+            raise ValueError(f"experts[{i}].name={e.name!r} names two experts; each expert needs its own name")
+        seen.add(e.name)
 
 
 def from_ensemble(cfg: MergeConfig) -> MergeConfig:
@@ -85,17 +114,42 @@ def calibration_blocks(cfg: MergeConfig, tokenizer) -> dict[str, torch.Tensor]:
             for e in cfg.experts}
 
 
-def _load(path: str):
-    return build_model(ModelConfig(pretrained=path)).eval()
-
-
-def build_routed(cfg: MergeConfig) -> tuple[RoutedExpertsForCausalLM, object]:
-    """The routed model (and the experts' tokenizer), router fit on the calibration set."""
+def check_merge(cfg: MergeConfig, memory: int | None = None):
+    """Everything that can be checked before any weights are read: the backbone and every expert exist,
+    are causal LMs that fit in `memory` bytes together (default: this machine's), share the backbone's
+    vocabulary and tokenizer, and `router_layer` names one of the backbone's hidden states.
+    Returns the backbone's tokenizer; raises CheckpointError (one line) otherwise."""
     cfg = from_ensemble(cfg)
-    tokenizer = build_tokenizer(ModelConfig(tokenizer=cfg.backbone))
+    check_experts(cfg.experts)  # from_ensemble filled them
+    backbone = read_config(cfg.backbone, "backbone")
+    tokenizer = read_tokenizer(cfg.backbone, "backbone")
+    total = model_bytes(backbone, "backbone")
+    layers = backbone.num_hidden_layers  # hidden_states holds the embeddings and every layer's output
+    if not -(layers + 1) <= cfg.router_layer <= layers:
+        raise CheckpointError(f"router_layer={cfg.router_layer} names no hidden state of the backbone "
+                              f"({layers} layers: allowed {-(layers + 1)} to {layers})")
+    if len(tokenizer) > backbone.vocab_size:
+        raise CheckpointError(f"backbone: its tokenizer has {len(tokenizer)} tokens, its vocab_size is {backbone.vocab_size}")
+    for i, e in enumerate(cfg.experts):
+        where = f"experts[{i}] ({e.name})"
+        config = read_config(e.path, f"experts[{i}].path")
+        check_vocab(config, backbone.vocab_size, where)
+        check_tokenizer(read_tokenizer(e.path, f"experts[{i}].path"), tokenizer, where)
+        total += model_bytes(config, where)
+    check_fits(total, "the backbone and experts", memory)
+    return tokenizer
+
+
+def build_routed(cfg: MergeConfig, tokenizer=None) -> tuple[RoutedExpertsForCausalLM, object]:
+    """The routed model (and the experts' tokenizer), router fit on the calibration set; `tokenizer`:
+    `check_merge`'s answer, when the caller ran it already."""
+    cfg = from_ensemble(cfg)
+    tokenizer = tokenizer if tokenizer is not None else check_merge(cfg)
     calib = calibration_blocks(cfg, tokenizer)
-    model = merge(_load(cfg.backbone), {e.name: _load(e.path) for e in cfg.experts}, calib, ridge_lambda=cfg.ridge_lambda,
-                  router_layer=cfg.router_layer, pooling=cfg.pooling)
+    backbone = load_model(cfg.backbone, "backbone")
+    experts = {e.name: load_model(e.path, f"experts[{i}] ({e.name})") for i, e in enumerate(cfg.experts)}
+    model = merge(backbone, experts, calib, ridge_lambda=cfg.ridge_lambda, router_layer=cfg.router_layer,
+                  pooling=cfg.pooling, batch_size=cfg.batch_size)
     return model, tokenizer
 
 

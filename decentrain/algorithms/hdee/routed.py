@@ -14,6 +14,11 @@ loaded with `RoutedExpertsForCausalLM.from_pretrained(path)`, or `AutoModelForCa
 `decentrain.models.factory.build_model(ModelConfig(pretrained=path))` once this module has been
 imported (it registers the config and model with the Auto classes).
 
+A routed config is data too: its sizes are measured (on the meta device) and capped before anything
+is allocated, and `from_pretrained` refuses a checkpoint with a tensor missing, unexpected, of another
+shape or non-finite (hdee/checkpoints.py); `merge` refuses experts of another vocabulary and
+non-finite weights before the router is fit.
+
 Departures from DUME, named: DUME upcycles dense experts into one MoE (shared attention, FFN
 experts, a ridge router per layer, on the merged model's hidden states); here each expert stays a
 whole model (no averaging of attention weights) and one router reads a fixed backbone (the seed),
@@ -31,14 +36,27 @@ from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutput
 
+from decentrain.algorithms.hdee.checkpoints import (
+    ROUTED_MODEL_TYPE,
+    CheckpointError,
+    check_finite,
+    check_fits,
+    check_keys,
+    check_vocab,
+    config_from_dict,
+    model_bytes,
+)
 from decentrain.algorithms.hdee.router import RouterStats, fit_router, route
+from decentrain.core.config_checks import check_range
 
 log = logging.getLogger(__name__)
 POOLINGS = ("token", "running_mean")
+MAX_EXPERTS = 256  # before measuring each one's size: the list in config.json could be of any length
+MAX_CLASSES = 1024  # router statistics kept per calibration class: a d x d float64 matrix each
 
 
 class RoutedExpertsConfig(PretrainedConfig):
-    model_type = "decentrain_routed_experts"
+    model_type = ROUTED_MODEL_TYPE
 
     def __init__(self, backbone: dict | None = None, experts: list[dict] | None = None, expert_names: list[str] | None = None,
                  calibration_classes: list[str] | None = None, router_layer: int = -1, pooling: str = "running_mean",
@@ -54,8 +72,9 @@ class RoutedExpertsConfig(PretrainedConfig):
             raise ValueError(f"pooling={pooling!r} is unknown; allowed: {list(POOLINGS)}")
         if len(self.experts) != len(self.expert_names):
             raise ValueError(f"{len(self.experts)} expert configs but {len(self.expert_names)} expert_names")
-        if ridge_lambda <= 0:
-            raise ValueError(f"ridge_lambda={ridge_lambda} must be > 0")
+        check_range("ridge_lambda", ridge_lambda, 0, None, low_open=True)
+        if not isinstance(router_layer, int) or isinstance(router_layer, bool):
+            raise ValueError(f"router_layer={router_layer!r} must be an integer")
         super().__init__(**kwargs)
 
     @property
@@ -68,6 +87,27 @@ def _from_config(d: dict) -> PreTrainedModel:
     return AutoModelForCausalLM.from_config(AutoConfig.for_model(d.pop("model_type"), **d))
 
 
+def check_size(config: RoutedExpertsConfig, memory: int | None = None) -> None:
+    """Before anything is allocated: the parts are causal LMs of the backbone's vocabulary, `router_layer`
+    names a hidden state, and every tensor the config names fits in `memory` (default: this machine's)."""
+    classes, k = len(config.calibration_classes), len(config.experts)
+    if k > MAX_EXPERTS or classes > MAX_CLASSES:
+        raise CheckpointError(f"routed config: {k} experts and {classes} calibration classes; at most {MAX_EXPERTS} "
+                              f"and {MAX_CLASSES}")
+    backbone = config_from_dict(config.backbone, "routed config: backbone")
+    total = model_bytes(backbone, "routed config: backbone")
+    layers = backbone.num_hidden_layers
+    if not -(layers + 1) <= config.router_layer <= layers:
+        raise CheckpointError(f"routed config: router_layer={config.router_layer} names no hidden state of the "
+                              f"backbone ({layers} layers)")
+    for i, part in enumerate(config.experts):
+        expert = config_from_dict(part, f"routed config: experts[{i}]")
+        check_vocab(expert, backbone.vocab_size, f"routed config: experts[{i}]")
+        total += model_bytes(expert, f"routed config: experts[{i}]")
+    d = backbone.hidden_size  # the router's buffers, float64: W [d, K], and per class G [d, d], s [d], n
+    check_fits(total + 8 * (d * k + classes * (d * d + d + 1)), "routed config", memory)
+
+
 def _config_dict(model: PreTrainedModel) -> dict:
     return model.config.to_diff_dict() | {"model_type": model.config.model_type}
 
@@ -78,6 +118,7 @@ class RoutedExpertsForCausalLM(PreTrainedModel):
     _no_split_modules: list[str] = []
 
     def __init__(self, config: RoutedExpertsConfig):
+        check_size(config)
         super().__init__(config)
         self.backbone = _from_config(config.backbone)
         self.experts = nn.ModuleList(_from_config(c) for c in config.experts)
@@ -91,6 +132,18 @@ class RoutedExpertsForCausalLM(PreTrainedModel):
 
     def _init_weights(self, module) -> None:
         pass  # built from trained checkpoints (`merge`) or loaded (`from_pretrained`); never initialised here
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
+        """transformers' loader (AutoModelForCausalLM and build_model come here too), refusing a checkpoint
+        with a tensor missing (it would be left uninitialised), unexpected, of another shape, or non-finite."""
+        asked = kwargs.pop("output_loading_info", False)
+        kwargs.setdefault("ignore_mismatched_sizes", True)  # reported by name below, not as transformers' RuntimeError
+        model, info = super().from_pretrained(pretrained_model_name_or_path, *args, output_loading_info=True, **kwargs)
+        where = f"routed model {pretrained_model_name_or_path}"
+        check_keys(info, where)
+        check_finite(model, where)
+        return (model, info) if asked else model
 
     # -- the router's statistics, kept in buffers so they travel with save_pretrained ------------
     def stats(self) -> RouterStats:
@@ -154,6 +207,8 @@ class RoutedExpertsForCausalLM(PreTrainedModel):
     @torch.no_grad()
     def calibrate(self, name: str, blocks: torch.Tensor, batch_size: int = 16) -> None:
         """Accumulate class `name`'s statistics from its calibration token blocks [N, T] (once per class)."""
+        if batch_size < 1:
+            raise ValueError(f"batch_size={batch_size} must be >= 1")
         s = self.stats()
         if name in s.gram:
             raise ValueError(f"calibration class {name!r} already has statistics; remove it first")
@@ -165,6 +220,8 @@ class RoutedExpertsForCausalLM(PreTrainedModel):
         """Add a frozen expert; its calibration text (if its class is new) is the only text read."""
         if name in self.config.expert_names:
             raise ValueError(f"expert {name!r} is already in the routed model")
+        check_vocab(expert.config, self.backbone.config.vocab_size, f"expert {name!r}")
+        check_finite(expert, f"expert {name!r}")
         if name not in self.config.calibration_classes:
             if blocks is None:
                 raise ValueError(f"expert {name!r} needs calibration blocks: its domain has no router statistics yet")
@@ -191,9 +248,15 @@ class RoutedExpertsForCausalLM(PreTrainedModel):
 
 
 def merge(backbone: PreTrainedModel, experts: dict[str, PreTrainedModel], calibration: dict[str, torch.Tensor],
-          ridge_lambda: float = 1.0, router_layer: int = -1, pooling: str = "running_mean") -> RoutedExpertsForCausalLM:
+          ridge_lambda: float = 1.0, router_layer: int = -1, pooling: str = "running_mean",
+          batch_size: int = 16) -> RoutedExpertsForCausalLM:
     """One routed model from a backbone and named experts, its router fit on `calibration`
-    ({domain/expert name: token blocks}); classes without an expert stay in HᵀH's pool."""
+    ({domain/expert name: token blocks}); classes without an expert stay in HᵀH's pool. Experts of
+    another vocabulary than the backbone's, and non-finite weights anywhere, are refused first."""
+    check_finite(backbone, "backbone")
+    for name, expert in experts.items():
+        check_vocab(expert.config, backbone.config.vocab_size, f"expert {name!r}")
+        check_finite(expert, f"expert {name!r}")
     cfg = RoutedExpertsConfig(backbone=_config_dict(backbone), experts=[_config_dict(m) for m in experts.values()],
                               expert_names=list(experts), router_layer=router_layer, pooling=pooling, ridge_lambda=ridge_lambda)
     model = RoutedExpertsForCausalLM(cfg)
@@ -202,7 +265,7 @@ def merge(backbone: PreTrainedModel, experts: dict[str, PreTrainedModel], calibr
         dst.load_state_dict(src.state_dict())
     model.eval()
     for name, blocks in calibration.items():
-        model.calibrate(name, blocks)
+        model.calibrate(name, blocks, batch_size)
     model.refit()
     log.info(f"[hdee] routed model: {len(experts)} experts, router {tuple(model.router_weight.shape)} "
              f"from {sum(int(c) for c in model.router_counts.tolist())} calibration tokens")
