@@ -19,7 +19,8 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from decentrain.algorithms.dei.config import DEIConfig, register_dei_configs
-from decentrain.algorithms.dei.run import run_node, summarize
+from decentrain.algorithms.dei.pmars import PMarsUnavailable
+from decentrain.algorithms.dei.run import preflight, run_node, summarize
 from decentrain.core.launch.launcher import launch_survivors
 from decentrain.core.world import read_launch_env
 from recipes import conf_dir, run, typed_config
@@ -35,11 +36,12 @@ def to_config(dcfg: DictConfig) -> DEIConfig:
 
 @hydra.main(version_base="1.3", config_path=str(conf_dir()), config_name="dei")
 def main(dcfg: DictConfig) -> None:
-    try:  # bad config: one clear line, before any node starts
+    try:  # bad config, a missing simulator or limits no battle fits: one clear line, before any node starts
         cfg = to_config(dcfg)
-    except ValueError as e:
+        run_dir = Path(cfg.run_dir).resolve()
+        preflight(cfg, run_dir)
+    except (ValueError, PMarsUnavailable) as e:
         sys.exit(f"config error: {e}")
-    run_dir = Path(cfg.run_dir).resolve()
     if read_launch_env().under_torchrun or cfg.num_nodes == 1:
         run_node(cfg, run_dir)
         if cfg.num_nodes > 1:

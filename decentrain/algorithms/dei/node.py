@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from collections import Counter
 from importlib import resources
 from pathlib import Path
@@ -25,10 +26,10 @@ from typing import Any
 
 import numpy as np
 
-from decentrain.algorithms.dei.archive import Archive, Elite
+from decentrain.algorithms.dei.archive import BINS, Archive, Elite
 from decentrain.algorithms.dei.config import DEIConfig
 from decentrain.algorithms.dei.operators import BudgetedOperator, Request
-from decentrain.algorithms.dei.pmars import battle
+from decentrain.algorithms.dei.pmars import MAX_WARRIORS, battle
 from decentrain.algorithms.dei.redcode import Warrior, parse
 from decentrain.algorithms.dei.sharing import StoreSharing
 
@@ -57,6 +58,8 @@ class DEINode:
         self.rng = np.random.default_rng(self.seed)
         self.initial = [load_warrior(n, cfg) for n in cfg.search.initial_opponents]
         self.champions: list[Warrior] = []
+        self.champion_rounds: list[int] = []  # the round each champion won (a round with no elites has none)
+        self.champions_saved = 0
         self.archives: list[Archive] = []
         self.inbox: list[str] = []  # peers' elites for the next round
         self.counts: Counter[str] = Counter()
@@ -97,7 +100,8 @@ class DEINode:
             opponents = tuple(w.render() for w in self.opponents())
             requests = [Request(p, opponents) for p in archive.sample(n)]
         for text in self.operator.generate(requests, self.rng):
-            self.consider(archive, text, "model")
+            if text is not None:  # a failed call is counted by the operator (calls_failed)
+                self.consider(archive, text, "model")
 
     def run_round(self, round_: int) -> dict[str, Any]:
         search = self.cfg.search
@@ -114,10 +118,12 @@ class DEINode:
         best = archive.best()
         if best is not None:
             self.champions.append(parse(best.text, self.cfg.redcode).warrior)
+            self.champion_rounds.append(round_)
         received = self.share(round_, archive)
         return {"round": round_, "elites": len(archive), "best_fitness": best.fitness if best else None,
-                "calls_used": self.operator.used, "battles": self.battles, "peer_elites_received": received,
-                **{k: v for k, v in sorted(self.counts.items())},
+                "calls_used": self.operator.used, "calls_failed": self.operator.failed, "battles": self.battles,
+                "peer_elites_received": received, **{k: v for k, v in sorted(self.counts.items())},
+                **{f"call_failed/{k}": v for k, v in sorted(self.operator.failure_counts().items())},
                 **({f"share_dropped/{k}": v for k, v in self.sharing.drops.items()} if self.sharing else {})}
 
     def share(self, round_: int, archive: Archive) -> int:
@@ -135,30 +141,105 @@ class DEINode:
         with open(out_dir / "metrics.jsonl", "a") as f:
             for r in range(self.cfg.search.rounds):
                 metrics = self.run_round(r)
+                self.save(out_dir)  # every round's: a node that dies later keeps its finished rounds
                 history.append(metrics)
-                f.write(json.dumps(metrics) + "\n")
+                f.write(json.dumps(metrics, allow_nan=False) + "\n")
                 f.flush()
-                log.info("node %d round %d: %d elites, best %s, %d model calls, %d peer elites", self.rank, r,
-                         metrics["elites"], metrics["best_fitness"], metrics["calls_used"],
-                         metrics["peer_elites_received"])
-        self.save(out_dir)
+                log.info("node %d round %d: %d elites, best %s, %d model calls (%d failed), %d peer elites",
+                         self.rank, r, metrics["elites"], metrics["best_fitness"], metrics["calls_used"],
+                         metrics["calls_failed"], metrics["peer_elites_received"])
         return history
 
     def save(self, out_dir: Path) -> None:
-        """Every round's elites (the merged-archive figures read these), then the champions as .red files."""
+        """Every round's elites so far (the merged-archive figures read these), then the champions as
+        .red files; each file is replaced whole, so a reader never sees half of one."""
         doc = [[e.__dict__ | {"cell": list(e.cell)} for e in a.elites()] for a in self.archives]
-        tmp = out_dir / "archive.json.tmp"
-        tmp.write_text(json.dumps({"rank": self.rank, "axes": list(self.cfg.search.axes), "rounds": doc}))
-        tmp.replace(out_dir / "archive.json")
-        for r, champ in enumerate(self.champions):
-            (out_dir / f"round_{r:03d}_champion.red").write_text(champ.render(f"node{self.rank}_round{r}"))
+        _write_atomic(out_dir / "archive.json",
+                      json.dumps({"rank": self.rank, "axes": list(self.cfg.search.axes), "rounds": doc},
+                                 allow_nan=False))
+        for r, champ in list(zip(self.champion_rounds, self.champions))[self.champions_saved:]:
+            _write_atomic(out_dir / f"round_{r:03d}_champion.red", champ.render(f"node{self.rank}_round{r}"))
+        self.champions_saved = len(self.champions)
 
 
-def read_elites(run_dir: Path, last_round_only: bool = True) -> list[Elite]:
-    """The elites every node saved under `run_dir` (its final round's archive by default)."""
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+MAX_ARCHIVE_BYTES = 64 << 20  # a node's archive.json: rounds x 36 elites x a warrior's few kB, with room
+
+
+def read_elites(run_dir: Path, last_round_only: bool = True, drops: Counter | None = None,
+                num_nodes: int | None = None, max_chars: int = 1 << 20) -> list[Elite]:
+    """The elites the nodes saved under `run_dir` (each one's final round by default; with
+    `num_nodes`, only node0..node{num_nodes-1}). A file or entry that is not what `save` writes
+    (too large, not JSON, a non-finite number, a cell off the grid, more elites than cells) is
+    skipped and counted in `drops`, never raised."""
+    drops = Counter() if drops is None else drops
+    paths = (sorted(run_dir.glob("node*/archive.json")) if num_nodes is None
+             else [p for i in range(num_nodes) if (p := run_dir / f"node{i}" / "archive.json").exists()])
     out = []
-    for path in sorted(run_dir.glob("node*/archive.json")):
-        rounds = json.loads(path.read_text())["rounds"]
+    for path in paths:
+        doc = read_json(path, MAX_ARCHIVE_BYTES)
+        rounds = doc.get("rounds") if isinstance(doc, dict) else None
+        if not isinstance(rounds, list) or not all(isinstance(r, list) for r in rounds):
+            drops["bad_archive"] += 1
+            continue
         for elites in rounds[-1:] if last_round_only else rounds:
-            out.extend(Elite(e["text"], float(e["fitness"]), tuple(e["cell"])) for e in elites)
+            if len(elites) > BINS * BINS:  # a round's archive has one elite per cell at most
+                drops["too_many_elites"] += len(elites) - BINS * BINS
+            for entry in elites[: BINS * BINS]:
+                if (elite := _elite(entry, max_chars)) is None:
+                    drops["bad_elite"] += 1
+                else:
+                    out.append(elite)
     return out
+
+
+def _elite(entry: Any, max_chars: int) -> Elite | None:
+    if not (isinstance(entry, dict) and isinstance(entry.get("text"), str) and len(entry["text"]) <= max_chars):
+        return None
+    fitness, cell = entry.get("fitness"), entry.get("cell")
+    # a survival share is at most the battle's size; an exact comparison (no float() of a huge int)
+    if not (isinstance(fitness, (int, float)) and not isinstance(fitness, bool) and 0 <= fitness <= MAX_WARRIORS):
+        return None
+    if not (isinstance(cell, list) and len(cell) == 2
+            and all(type(c) is int and 0 <= c < BINS for c in cell)):
+        return None
+    return Elite(entry["text"], float(fitness), (cell[0], cell[1]))
+
+
+def read_json(path: Path, max_bytes: int) -> Any:
+    """`path`'s JSON document, or None if it is missing, larger than `max_bytes` (checked before
+    reading) or not JSON; never raises. NaN and Infinity parse: the reader checks each number it uses."""
+    try:
+        if path.stat().st_size > max_bytes:
+            return None
+        data = path.read_bytes()
+    except OSError:
+        return None
+    return loads_json(data)
+
+
+def loads_json(data: bytes | str, finite: bool = False) -> Any:
+    """json.loads, or None for anything that is not JSON (with `finite`, or that holds NaN,
+    Infinity or a float that overflows, like 1e999); never raises."""
+    try:
+        if finite:
+            return json.loads(data, parse_constant=_refuse, parse_float=_finite)
+        return json.loads(data)
+    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError; RecursionError: "[" * 32000
+        return None
+
+
+def _refuse(name: str) -> float:
+    raise ValueError(f"{name} is not a finite number")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text} is not a finite number")
+    return value

@@ -6,14 +6,18 @@ Each DEI node names its own operator, so a swarm mixes model families and sizes:
   they are prompted with a random prefix of the parent warrior and continue it (the named
   departure from DRQ's instruction prompts, which the endpoint operator keeps).
 - `openai`: any OpenAI-compatible chat endpoint (vLLM, Ollama, an API), prompted with DRQ's
-  instructions, the parent and the current opponents. The key is read from the environment
-  variable the config names, sent only in the Authorization header, and never logged.
+  instructions, the parent and the current opponents, through `endpoint.post` (one deadline per
+  call, no redirects). The key is read from the environment variable the config names, sent only
+  in the Authorization header to the configured host, and never logged.
 
 Every call is counted against the node's budget (`calls`); an operator asked past it returns
-nothing. What a model answers is text for `redcode.parse`, nothing more.
+nothing. A call that fails, however it fails (the endpoint's error, timeout or garbage, or an
+exception out of the operator), is None in the answers and counted by reason in
+`BudgetedOperator.failure_counts`: it costs the node that call, not the run. What a model
+answers is text for `redcode.parse`, nothing more.
 
-Adding one: a class with `generate(prompts, rng) -> list[str]`, registered in OPERATORS, plus
-its YAML under conf/dei/operator/.
+Adding one: a class with `generate(requests, rng) -> list[str | None]` (and, optionally, a
+classmethod `check(cfg)` run before any node starts), registered in OPERATORS.
 """
 
 from __future__ import annotations
@@ -21,13 +25,14 @@ from __future__ import annotations
 import json
 import logging
 import os
-import urllib.request
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
 import torch
 
+from decentrain.algorithms.dei.endpoint import CallFailed, check_url, post, where
 from decentrain.core.registry import Registry
 from decentrain.models.factory import ModelConfig, build_model, build_tokenizer
 
@@ -65,8 +70,12 @@ class OperatorConfig:
             raise ValueError(f"operator.temperature={self.temperature} must be in (0, 10]")
         if len(self.prefix_lines) != 2 or not 0 <= self.prefix_lines[0] <= self.prefix_lines[1]:
             raise ValueError(f"operator.prefix_lines={list(self.prefix_lines)} must be 0 <= lo <= hi")
-        if not 0 < self.timeout_s < float("inf"):
-            raise ValueError(f"operator.timeout_s={self.timeout_s} must be finite and > 0")
+        if not (isinstance(self.timeout_s, (int, float)) and 0 < self.timeout_s <= 3600):
+            raise ValueError(f"operator.timeout_s={self.timeout_s} must be in (0, 3600]")
+        check_url(self.base_url, "operator.base_url")
+        for name in ("endpoint_model", "api_key_env"):
+            if not isinstance(getattr(self, name), str) or len(getattr(self, name)) > 256:
+                raise ValueError(f"operator.{name} must be a string of at most 256 characters")
         if not isinstance(self.sft_steps, int) or self.sft_steps < 0:
             raise ValueError(f"operator.sft_steps={self.sft_steps!r} must be an integer >= 0")
 
@@ -78,7 +87,7 @@ class Request:
 
 
 class MutationOperator(Protocol):
-    def generate(self, requests: list[Request], rng: np.random.Generator) -> list[str]: ...
+    def generate(self, requests: list[Request], rng: np.random.Generator) -> list[str | None]: ...
 
 
 OPERATORS: Registry[type] = Registry("operator")
@@ -116,8 +125,18 @@ class LocalLM:
 @OPERATORS.register("openai")
 class ChatEndpoint:
     def __init__(self, cfg: OperatorConfig, device: torch.device, seed: int):
+        self.check(cfg)
         self.cfg, self.seed = cfg, seed
         self._key = os.environ.get(cfg.api_key_env, "")
+        self.url = cfg.base_url.rstrip("/") + "/chat/completions"
+        self.failures: Counter[str] = Counter()
+
+    @classmethod
+    def check(cls, cfg: OperatorConfig) -> None:
+        """The key, if set, fits in a header (said without the key, before any node starts)."""
+        key = os.environ.get(cfg.api_key_env, "")
+        if key and not all(0x21 <= ord(c) <= 0x7E for c in key):
+            raise ValueError(f"operator.api_key_env: ${cfg.api_key_env} holds characters a header cannot carry")
 
     def _messages(self, req: Request) -> list[dict[str, str]]:
         if req.parent is None:
@@ -133,42 +152,72 @@ class ChatEndpoint:
         headers = {"Content-Type": "application/json"}
         if self._key:
             headers["Authorization"] = f"Bearer {self._key}"
-        request = urllib.request.Request(self.cfg.base_url.rstrip("/") + "/chat/completions", body, headers)
-        try:
-            with urllib.request.urlopen(request, timeout=self.cfg.timeout_s) as resp:
-                raw = resp.read(MAX_ANSWER_BYTES + 1)
-        except OSError as e:  # refused, timed out, HTTP error: this call yields nothing
-            log.warning("operator endpoint %s: %s", self.cfg.base_url, type(e).__name__)
-            return ""
-        return answer_text(raw[:MAX_ANSWER_BYTES])
+        text = answer_text(post(self.url, body, headers, self.cfg.timeout_s, MAX_ANSWER_BYTES))
+        if text is None:
+            raise CallFailed("not_an_answer")
+        return text
 
-    def generate(self, requests: list[Request], rng: np.random.Generator) -> list[str]:
-        return [self._call(r) for r in requests]
+    def generate(self, requests: list[Request], rng: np.random.Generator) -> list[str | None]:
+        out: list[str | None] = []
+        for req in requests:
+            try:
+                out.append(self._call(req))
+            except CallFailed as e:
+                self.failures[e.reason] += 1
+                log.warning("operator endpoint %s: call failed: %s", where(self.cfg.base_url), e)
+                out.append(None)
+        return out
 
 
-def answer_text(raw: bytes) -> str:
-    """The first choice's message text of a chat-completions answer, or "" for anything else (never raises)."""
+def answer_text(raw: bytes) -> str | None:
+    """The first choice's message text of a chat-completions answer, or None for anything else (never raises)."""
     try:
         doc = json.loads(raw.decode("utf-8", errors="replace"))
         text = doc["choices"][0]["message"]["content"]
-    except (ValueError, KeyError, IndexError, TypeError):
-        return ""
-    return text if isinstance(text, str) else ""
+    except (ValueError, KeyError, IndexError, TypeError, RecursionError):  # RecursionError: "[" * 32000
+        return None
+    return text if isinstance(text, str) else None
 
 
 class BudgetedOperator:
-    """An operator that answers at most `calls` requests over the node's whole run, and counts them."""
+    """An operator that answers at most `calls` requests over the node's whole run, and counts them.
+
+    A call that fails is None in the answers; an exception out of the operator fails the calls it
+    was given (logged, counted under `raised/<type>`) and the node goes on with its next call.
+    """
 
     def __init__(self, operator: MutationOperator, calls: int):
-        self.operator, self.left, self.used = operator, calls, 0
+        self.operator, self.left, self.used, self.failed = operator, calls, 0, 0
+        self.raised: Counter[str] = Counter()
 
-    def generate(self, requests: list[Request], rng: np.random.Generator) -> list[str]:
+    def generate(self, requests: list[Request], rng: np.random.Generator) -> list[str | None]:
         requests = requests[: max(self.left, 0)]
         if not requests:
             return []
         self.left -= len(requests)
         self.used += len(requests)
-        return self.operator.generate(requests, rng)
+        try:
+            answers = list(self.operator.generate(requests, rng))
+        except Exception as e:  # noqa: BLE001 -- whatever the model stack raised, it costs these calls only
+            log.warning("operator %s failed on %d call(s): %s", type(self.operator).__name__, len(requests),
+                        type(e).__name__, exc_info=log.isEnabledFor(logging.DEBUG))
+            self.raised[f"raised/{type(e).__name__}"] += len(requests)
+            answers = []
+        answers = [a if isinstance(a, str) else None for a in answers[: len(requests)]]
+        answers += [None] * (len(requests) - len(answers))
+        self.failed += answers.count(None)
+        return answers
+
+    def failure_counts(self) -> Counter[str]:
+        """Failed calls by reason: the operator's own (an endpoint's) and exceptions raised out of it."""
+        return self.raised + Counter(getattr(self.operator, "failures", {}))
+
+
+def check_operator(cfg: OperatorConfig) -> None:
+    """The operator's own check of what its config cannot say alone (the environment), if it has one."""
+    check = getattr(OPERATORS.get(cfg.name, field="operator.name"), "check", None)
+    if check is not None:
+        check(cfg)
 
 
 def build_operator(cfg: OperatorConfig, calls: int, device: torch.device, seed: int) -> BudgetedOperator:

@@ -12,6 +12,7 @@ survivors (k = 1..N) and how many it lost: pMARS's own `Results:` line.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import os
@@ -26,6 +27,12 @@ from pathlib import Path
 from decentrain.algorithms.dei.redcode import Warrior
 
 log = logging.getLogger(__name__)
+
+MAX_WARRIORS = 36  # pMARS's MAXWARRIOR: a battle of more warriors is refused by pMARS itself
+# pMARS's own ranges are far wider (core up to 2^30 cells, cycles up to LONG_MAX); past these bounds
+# no battle fits a run's limits, so a value beyond them is a typo, refused before any node starts.
+BOUNDS = {"core_size": 1 << 20, "cycles": 10**9, "max_processes": 1 << 20, "max_length": 1000,
+          "min_distance": 1 << 19, "rounds": 100_000, "cpu_s": 3600, "memory_mb": 1 << 20}
 
 _SCORES = re.compile(r"^(?P<name>w\d+) by .* scores (?P<score>-?\d+)\s*$", re.ASCII)
 _RESULTS = re.compile(r"^\s*Results:((?:\s+\d+)+)\s*$", re.ASCII)
@@ -45,12 +52,14 @@ class PMarsConfig:
     memory_mb: int = 256  # RLIMIT_AS of the pMARS process
 
     def __post_init__(self) -> None:
-        for name in ("core_size", "cycles", "max_processes", "max_length", "min_distance", "rounds", "cpu_s",
-                     "memory_mb"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
-                raise ValueError(f"pmars.{name}={getattr(self, name)!r} must be an integer >= 1")
-        if not 0 < self.timeout_s < float("inf"):
-            raise ValueError(f"pmars.timeout_s={self.timeout_s} must be finite and > 0")
+        for name, high in BOUNDS.items():
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= high:
+                raise ValueError(f"pmars.{name}={value!r} must be an integer in [1, {high}]")
+        if not (isinstance(self.timeout_s, (int, float)) and 0 < self.timeout_s <= 3600):
+            raise ValueError(f"pmars.timeout_s={self.timeout_s} must be in (0, 3600]")
+        if self.binary is not None and (not isinstance(self.binary, str) or not self.binary):
+            raise ValueError(f"pmars.binary={self.binary!r} must be a path or null")
         if self.min_distance > self.core_size // 2:
             raise ValueError(f"pmars.min_distance={self.min_distance} must be <= core_size / 2")
 
@@ -80,15 +89,22 @@ def _usable(path: str) -> str | None:
 def find_pmars(cfg: PMarsConfig) -> str:
     """The display-less pMARS binary, or PMarsUnavailable with the one line that says how to get it.
 
-    Looked for in `cfg.binary`, $DECENTRAIN_PMARS, the install script's default location, then PATH.
+    A binary the user named (`cfg.binary`, else $DECENTRAIN_PMARS) is the only one used: missing or
+    unusable, it is an error, never a silent fallback to another pMARS on the machine. With none
+    named: the install script's default location, then PATH.
     """
-    candidates = [cfg.binary, os.environ.get("DECENTRAIN_PMARS"), str(default_location()), shutil.which("pmars")]
-    for path in filter(None, candidates):
-        if os.access(path, os.X_OK):
-            if (why := _usable(path)) is None:
-                return path
-            if path in (cfg.binary, os.environ.get("DECENTRAIN_PMARS")):
-                raise PMarsUnavailable(f"pmars at {path} cannot run here ({why}): run launch/install_pmars.sh")
+    env = os.environ.get("DECENTRAIN_PMARS")
+    named = (f"pmars.binary={cfg.binary}", cfg.binary) if cfg.binary else (f"$DECENTRAIN_PMARS={env}", env)
+    if named[1]:
+        what, path = named
+        if not (os.path.isfile(path) and os.access(path, os.X_OK)):
+            raise PMarsUnavailable(f"{what} is not an executable file")
+        if (why := _usable(path)) is not None:
+            raise PMarsUnavailable(f"{what} cannot run here ({why}): run launch/install_pmars.sh")
+        return path
+    for path in filter(None, [str(default_location()), shutil.which("pmars")]):
+        if os.path.isfile(path) and os.access(path, os.X_OK) and _usable(path) is None:
+            return path
     raise PMarsUnavailable("no display-less pMARS binary: run launch/install_pmars.sh (or set pmars.binary or "
                            "$DECENTRAIN_PMARS)")
 
@@ -150,8 +166,30 @@ def battle(warriors: list[Warrior], cfg: PMarsConfig, seed: int) -> BattleResult
 
     `seed` fixes pMARS's placements (`-F`), so a battle is a function of its warriors and seed.
     """
-    if not 2 <= len(warriors) <= 36:
-        raise ValueError("a battle takes 2 to 36 warriors")
+    result, why = fight(warriors, cfg, seed)
+    if result is None:
+        log.warning("pMARS battle of %d warriors failed: %s", len(warriors), why)
+    return result
+
+
+def probe(warriors: list[Warrior], cfg: PMarsConfig) -> None:
+    """One round of one battle of `warriors` under `cfg`'s limits, or PMarsUnavailable saying why not.
+
+    Run once before any node starts, with as many warriors as the run's largest battle: a binary
+    that is not pMARS, or limits no battle fits in, is one line then instead of every battle failing.
+    """
+    binary = find_pmars(cfg)
+    result, why = fight(warriors, dataclasses.replace(cfg, rounds=1), seed=0)
+    if result is None:
+        raise PMarsUnavailable(f"pmars: a probe battle of {len(warriors)} warriors in {binary} failed under "
+                               f"pmars.memory_mb={cfg.memory_mb}, cpu_s={cfg.cpu_s}, timeout_s={cfg.timeout_s}: "
+                               f"{why}")
+
+
+def fight(warriors: list[Warrior], cfg: PMarsConfig, seed: int) -> tuple[BattleResult | None, str]:
+    """`battle`'s result, or None and why not in one line (never raises for a run that failed)."""
+    if not 2 <= len(warriors) <= MAX_WARRIORS:
+        raise ValueError(f"a battle takes 2 to {MAX_WARRIORS} warriors")
     binary = find_pmars(cfg)
     with tempfile.TemporaryDirectory(prefix="dei-battle-") as tmp:
         files = []
@@ -167,9 +205,11 @@ def battle(warriors: list[Warrior], cfg: PMarsConfig, seed: int) -> BattleResult
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=cfg.timeout_s, cwd=tmp,
                                   preexec_fn=_limits(cfg), stdin=subprocess.DEVNULL, errors="replace")
         except subprocess.TimeoutExpired:
-            log.warning("pMARS battle of %d warriors outlived %.0f s", len(warriors), cfg.timeout_s)
-            return None
+            return None, f"it outlived pmars.timeout_s={cfg.timeout_s}"
+        except (OSError, subprocess.SubprocessError) as e:  # could not start under these limits
+            return None, f"it did not start ({type(e).__name__}: {e})"
     result = parse_output(proc.stdout, len(warriors), cfg.rounds)
     if result is None:
-        log.warning("pMARS exit %d, unreadable output: %s", proc.returncode, (proc.stderr or proc.stdout)[-200:])
-    return result
+        tail = " ".join((proc.stderr or proc.stdout or "no output").split())[-200:]
+        return None, f"exit {proc.returncode}, no results ({tail})"
+    return result, ""

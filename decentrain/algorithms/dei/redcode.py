@@ -37,9 +37,12 @@ class RedcodeLimits:
     core_size: int = 8000  # numbers are folded into [0, core_size)
 
     def __post_init__(self) -> None:
-        for name in ("max_chars", "max_lines", "max_instructions", "core_size"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
-                raise ValueError(f"redcode.{name}={getattr(self, name)!r} must be an integer >= 1")
+        # pMARS assembles at most 1000 instructions (MAXINSTR); the core bound is PMarsConfig's
+        for name, high in (("max_chars", 1 << 20), ("max_lines", 100_000), ("max_instructions", 1000),
+                           ("core_size", 1 << 20)):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= high:
+                raise ValueError(f"redcode.{name}={value!r} must be an integer in [1, {high}]")
 
 
 @dataclass(frozen=True)

@@ -5,14 +5,15 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from decentrain.algorithms.dei.archive import Archive, merged_stats
 from decentrain.algorithms.dei.config import DEIConfig
-from decentrain.algorithms.dei.node import DEINode, load_warrior, read_elites
-from decentrain.algorithms.dei.operators import OperatorConfig, build_operator
-from decentrain.algorithms.dei.pmars import battle, find_pmars
+from decentrain.algorithms.dei.node import DEINode, load_warrior, loads_json, read_elites
+from decentrain.algorithms.dei.operators import OperatorConfig, build_operator, check_operator
+from decentrain.algorithms.dei.pmars import battle, probe
 from decentrain.algorithms.dei.redcode import parse
 from decentrain.algorithms.dei.sft import OperatorSFTConfig, train_operator
 from decentrain.algorithms.dei.sharing import StoreSharing
@@ -34,8 +35,23 @@ def prepare_operator(cfg: OperatorConfig, node_dir: Path, seed: int) -> Operator
     return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, pretrained=str(out)))
 
 
+def preflight(cfg: DEIConfig, run_dir: Path) -> None:
+    """What a config cannot say about itself, checked once before any node starts (ValueError or
+    PMarsUnavailable, in one line): the run dir can be made, the initial opponents load, each node's
+    operator passes its own check, and pMARS runs one battle as large as the run's largest (the new
+    warrior, the initial opponents, every champion) under the configured limits."""
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"run_dir={run_dir}: {e.strerror}") from None
+    initial = [load_warrior(n, cfg) for n in cfg.search.initial_opponents]
+    for i in range(cfg.num_nodes):
+        check_operator(cfg.node_operator(i))
+    size = cfg.search.battle_size
+    probe([initial[i % len(initial)] for i in range(size)], cfg.pmars)
+
+
 def run_node(cfg: DEIConfig, run_dir: Path) -> list[dict[str, Any]]:
-    find_pmars(cfg.pmars)  # before any model is trained: a missing simulator is one line, now
     world = init_world(backend="gloo", device="cpu", threads=cfg.threads)
     try:
         node_dir = run_dir / f"node{world.rank}"
@@ -50,27 +66,61 @@ def run_node(cfg: DEIConfig, run_dir: Path) -> list[dict[str, Any]]:
         world.shutdown()
 
 
+MAX_METRICS_BYTES = 16 << 20  # a node's metrics.jsonl: one short row per round
+
+
 def summarize(cfg: DEIConfig, run_dir: Path) -> dict[str, Any]:
     """Merge the nodes' final archives; QD-score and coverage on fitness re-measured against one
     common set of opponents (the initial ones), since each node's own fitness is against its own
-    champions and so not comparable across nodes."""
+    champions and so not comparable across nodes.
+
+    What the nodes wrote is read as data: only node0..node{num_nodes-1}, sizes checked before
+    reading, at most one elite per cell per node, and an entry or row that is malformed or holds a
+    non-finite number is skipped and counted under `dropped`; `summary.json` holds finite numbers only.
+    """
+    drops: Counter[str] = Counter()
     opponents = [load_warrior(n, cfg) for n in cfg.search.initial_opponents]
-    elites = read_elites(run_dir)
+    elites = read_elites(run_dir, drops=drops, num_nodes=cfg.num_nodes, max_chars=cfg.redcode.max_chars)
+    axes = Archive(tuple(cfg.search.axes))
     common = []
     for i, e in enumerate(elites):
         w = parse(e.text, cfg.redcode).warrior
         result = battle([w, *opponents], cfg.pmars, seed=cfg.seed * 7919 + i) if w else None
         if result is not None:
-            common.append(dataclasses.replace(e, fitness=result.share(0), cell=Archive(tuple(cfg.search.axes)).cell(w)))
+            common.append(dataclasses.replace(e, fitness=result.share(0), cell=axes.cell(w)))
+        else:
+            drops["elite_not_evaluated"] += 1
     nodes = {}
-    for path in sorted(run_dir.glob("node*/metrics.jsonl")):
-        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-        if rows:
-            nodes[path.parent.name] = rows[-1]
+    for i in range(cfg.num_nodes):
+        path = run_dir / f"node{i}" / "metrics.jsonl"
+        if path.exists():
+            row = _last_row(path, drops)
+            if row is not None:
+                nodes[f"node{i}"] = row
     finished = sum(1 for row in nodes.values() if row["round"] == cfg.search.rounds - 1)
-    summary = {"nodes_finished": finished, "nodes_reporting": len(nodes), "merged": merged_stats(common), "merged_own_fitness": merged_stats(elites),
-               "nodes": nodes}
+    summary = {"nodes_finished": finished, "nodes_reporting": len(nodes), "merged": merged_stats(common),
+               "merged_own_fitness": merged_stats(elites), "dropped": dict(sorted(drops.items())), "nodes": nodes}
     tmp = run_dir / "summary.json.tmp"
-    tmp.write_text(json.dumps(summary, indent=1))
+    tmp.write_text(json.dumps(summary, indent=1, allow_nan=False))
     tmp.replace(run_dir / "summary.json")
     return summary
+
+
+def _last_row(path: Path, drops: Counter[str]) -> dict[str, Any] | None:
+    """A node's last well-formed metrics row: an object of at most 256 numbers (or nulls) with an
+    integer `round`; a malformed or oversized file or row is counted in `drops`."""
+    try:
+        if path.stat().st_size > MAX_METRICS_BYTES:
+            drops["metrics_too_large"] += 1
+            return None
+        lines = path.read_bytes().splitlines()
+    except OSError:
+        drops["metrics_unreadable"] += 1
+        return None
+    for line in reversed([ln for ln in lines if ln.strip()]):
+        row = loads_json(line, finite=True)
+        if (isinstance(row, dict) and len(row) <= 256 and type(row.get("round")) is int
+                and all(v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)) for v in row.values())):
+            return row
+        drops["bad_metrics_row"] += 1
+    return None

@@ -40,11 +40,14 @@ class ShareConfig:
     deadline_s: float = 30.0  # how long a node waits for its peers' payloads after publishing its own
 
     def __post_init__(self) -> None:
-        for name in ("elites", "max_elites_per_peer", "max_chars"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
-                raise ValueError(f"share.{name}={getattr(self, name)!r} must be an integer >= 0")
-        if not 0 < self.deadline_s < float("inf"):
-            raise ValueError(f"share.deadline_s={self.deadline_s} must be finite and > 0")
+        # an archive has 36 cells, and a 100-instruction warrior renders in under 4 kB: the bounds
+        # keep a payload (max_payload_bytes) a few hundred kB at most
+        for name, high in (("elites", 36), ("max_elites_per_peer", 36), ("max_chars", 65_536)):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= high:
+                raise ValueError(f"share.{name}={value!r} must be an integer in [0, {high}]")
+        if not (isinstance(self.deadline_s, (int, float)) and 0 < self.deadline_s <= 86_400):
+            raise ValueError(f"share.deadline_s={self.deadline_s} must be in (0, 86400]")
 
     @property
     def max_payload_bytes(self) -> int:
