@@ -47,7 +47,7 @@ import statistics
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +72,7 @@ SMOKE = {"hidden": 32, "layers": 2, "heads": 2, "ffn": 64, "max_bytes": 20_000, 
 class EvidenceConfig:
     preset: str = "benchmarks/presets/gpu_25m.yaml"
     data: str = "pinned"  # a conf/data option: pinned (issue 38's corpus), offline (the box's own text)
+    overrides: list[str] = field(default_factory=list)  # more Hydra overrides for every run (--override, repeated)
     steps: int = 400
     workers: int = 4  # replicas sharing the GPU
     global_batch: int = 64
@@ -87,8 +88,12 @@ class EvidenceConfig:
     efficiency_steps: int = 40
     efficiency_budget_s: float = 90.0
     peak_flops: float | None = None
-    device: str = "cuda"
+    device: str = "auto"  # auto: cuda (cpu for --smoke); --smoke --device cuda checks the path on a GPU
     smoke: bool = False
+
+    @property
+    def torch_device(self) -> torch.device:
+        return torch.device(("cpu" if self.smoke or not torch.cuda.is_available() else "cuda") if self.device == "auto" else self.device)
 
     def __post_init__(self) -> None:
         for f in ("steps", "workers", "global_batch", "micro_batch", "seq_len", "eval_blocks", "log_every", "seeds"):
@@ -99,6 +104,8 @@ class EvidenceConfig:
                              f"= {self.workers * self.micro_batch}")
         if self.compile not in ("none", "blocks", "model"):
             raise ValueError(f"--compile={self.compile!r}: one of none, blocks, model")
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise ValueError(f"--device={self.device!r}: one of auto, cpu, cuda")
 
 
 # -- the preset and each run's config ---------------------------------------------------
@@ -134,7 +141,7 @@ def arm_overrides(cfg: EvidenceConfig, preset: dict[str, Any], arm: str, seed: i
     run = [f"data={cfg.data}", f"data.seq_len={cfg.seq_len}", f"model.max_seq_len={cfg.seq_len}",
            f"train.steps={steps}", f"train.global_batch_size={cfg.global_batch}", f"train.micro_batch_size={cfg.micro_batch}",
            f"train.eval_every={steps}", "train.eval_batches=1", f"train.checkpoint_every={steps}", "train.keep_checkpoints=1",
-           f"train.seed={seed}", f"train.device={'cpu' if cfg.smoke else cfg.device}", f"train.precision={cfg.precision}",
+           f"train.seed={seed}", f"train.device={cfg.torch_device.type}", f"train.precision={cfg.precision}",
            f"train.compile={cfg.compile}", "logger.progress=false", "logger.console=false", f"logger.log_every={cfg.log_every}",
            "logger.all_ranks=true", "resume=false", f"run_dir={run_dir}"]
     if cfg.peak_flops:
@@ -142,10 +149,12 @@ def arm_overrides(cfg: EvidenceConfig, preset: dict[str, Any], arm: str, seed: i
     smoke = []
     if cfg.smoke:  # a tiny model, a little text, H=2: the path, not the figures
         smoke = [f"model.hidden_size={SMOKE['hidden']}", f"model.num_layers={SMOKE['layers']}", f"model.num_heads={SMOKE['heads']}",
-                 f"model.intermediate_size={SMOKE['ffn']}", f"data.max_bytes_per_domain={SMOKE['max_bytes']}", f"data.domains={SMOKE['domains']}", "train.threads=1"]
+                 f"model.intermediate_size={SMOKE['ffn']}", "train.threads=1"]
+        if cfg.data == "offline":
+            smoke += [f"data.max_bytes_per_domain={SMOKE['max_bytes']}", f"data.domains={SMOKE['domains']}"]
         if algorithm_of(preset, arm) != "ddp":
             smoke.append(f"algorithm.inner_steps={SMOKE['inner_steps']}")
-    return merged(preset["model"], preset["common"], preset["arms"][arm], run, smoke)
+    return merged(preset["model"], preset["common"], preset["arms"][arm], run, smoke, cfg.overrides)
 
 
 def compose(overrides: list[str]):
@@ -178,11 +187,10 @@ def numerics_digest(preset: dict[str, Any], root: Path = GOLDEN) -> str:
 
 
 def corpus_identity(data_name: str, corpus) -> dict[str, str]:
-    """The corpus's name and hash: the pinned corpus's own (its label, "pinned <manifest hash>"), else the hash
+    """The corpus's name and hash: its own where it has one (the pinned corpus's manifest hash), else the hash
     of every block it serves (the offline corpus reads the box's files: another box, another hash)."""
-    label = getattr(corpus, "label", "")
-    if label.startswith("pinned "):
-        return {"name": data_name, "hash": label.split(" ", 1)[1]}
+    if getattr(corpus, "hash", None):
+        return {"name": corpus.name, "hash": corpus.hash}
     h = hashlib.sha256()
     for domain in sorted(corpus.blocks):
         for split in ("train", "val", "test"):
@@ -343,7 +351,7 @@ def measure(cfg: EvidenceConfig, hz: Harness, ledger: Ledger) -> dict[str, Any]:
     from decentrain.models.factory import build_tokenizer
 
     budget = Budget(cfg.budget_s)
-    device = torch.device("cpu" if cfg.smoke else cfg.device)
+    device = cfg.torch_device
     preset = load_preset(cfg.preset)
     tc, _ = compose(arm_overrides(cfg, preset, next(iter(preset["arms"])), 0, tempfile.gettempdir()))
     corpus = build_corpus(tc.data, build_tokenizer(tc.model))
@@ -462,8 +470,10 @@ def plot(record: dict[str, Any], png: Path) -> None:
 def parser():
     p = bench_parser(__doc__, seeds=EvidenceConfig.seeds)  # --seeds N: N new seeds, the ledger's smallest unused
     for f in fields(EvidenceConfig):
-        if f.name not in ("seeds", "smoke", "peak_flops"):
+        if f.name not in ("seeds", "smoke", "peak_flops", "overrides"):
             p.add_argument(f"--{f.name.replace('_', '-')}", type=type(f.default), default=f.default)
+    p.add_argument("--override", dest="overrides", action="append", default=[],
+                   help="a Hydra override for every run, e.g. data.pinned_dir=/path (repeat for more)")
     p.add_argument("--peak-flops", type=float, default=None, help="FLOP/s of the GPU (default: looked up by name)")
     return p
 
@@ -480,7 +490,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"config error: {e}")
         return 2
-    if not cfg.smoke and not torch.cuda.is_available():
+    if not cfg.smoke and cfg.torch_device.type != "cuda" and cfg.device == "auto":
         print(f"{NAME}: no CUDA device here; nothing measured (run it on a GPU machine, or --smoke to check the code path)")
         return 0
     hz = Harness(NAME, __file__, asdict(cfg), allow_dirty=args.allow_dirty, fresh=args.fresh, smoke=cfg.smoke)

@@ -49,12 +49,12 @@ def test_numerics_follow_the_arms_golden_trajectories(tmp_path):
 def test_corpus_identity_is_the_pinned_hash_or_that_of_the_blocks():
     from decentrain.data.blocks import Corpus
 
-    def corpus(x, label="offline, machine-dependent"):
-        return Corpus({"d": {s: torch.full((4, 8), x, dtype=torch.long) for s in ("train", "val", "test")}}, label)
+    def corpus(x, name="offline", digest=None):
+        return Corpus({"d": {s: torch.full((4, 8), x, dtype=torch.long) for s in ("train", "val", "test")}}, name, digest)
 
     a, b = ge.corpus_identity("offline", corpus(5)), ge.corpus_identity("offline", corpus(6))
     assert a["hash"].startswith("blocks:") and a != b and a == ge.corpus_identity("offline", corpus(5))
-    assert ge.corpus_identity("pinned", corpus(5, "pinned abc123")) == {"name": "pinned", "hash": "abc123"}
+    assert ge.corpus_identity("pinned", corpus(5, "pinned", "abc123")) == {"name": "pinned", "hash": "abc123"}
 
 
 def test_every_arm_composes_to_the_recipe_config_it_names():
@@ -118,6 +118,25 @@ def test_mps_is_only_used_where_the_box_has_it(monkeypatch, tmp_path):
     monkeypatch.setattr(eff.shutil, "which", lambda name: None)
     with eff.mps_daemon(tmp_path) as env:
         assert env == "nvidia-cuda-mps-control is not on this box"
+
+
+def test_an_arm_on_the_pinned_corpus_reads_its_mapped_blocks_and_names_its_hash(tmp_path):
+    from decentrain.data.blocks import build_corpus
+    from decentrain.data.prepare import prepare
+    from decentrain.models.factory import build_tokenizer
+    from decentrain.testing.pinned import tiny_config, tiny_domains, write_source
+
+    manifest = prepare(tiny_config(tmp_path / "corpus"), tiny_domains(write_source(tmp_path)))
+    c = cfg(smoke=True, data="pinned", steps=4, global_batch=8, micro_batch=2, seq_len=32, eval_blocks=4, log_every=2,
+            precision="fp32", overrides=[f"data.pinned_dir={tmp_path / 'corpus'}", "data.domains=[alpha,beta]"])
+    tc, _ = ge.compose(ge.arm_overrides(c, PRESET, "noloco", 0, tmp_path / "x"))
+    corpus = build_corpus(tc.data, build_tokenizer(tc.model))
+    assert ge.corpus_identity("pinned", corpus) == {"name": "pinned", "hash": manifest["corpus_hash"]}
+    run = ge.run_arm(c, PRESET, "noloco", 0, corpus, CPU)
+    assert set(run["bpb_by_domain"]) == {"alpha", "beta"} and 0 < run["bpb"] < 12
+    assert run["test_blocks_per_domain"] == {"alpha": 4, "beta": 4} and run["replicas"] == 4
+    assert ge.ledger_key(c, PRESET, ge.corpus_identity("pinned", corpus), CPU)["protocol"] != \
+        ge.ledger_key(ge.EvidenceConfig(**{**c.__dict__, "overrides": []}), PRESET, {"name": "pinned", "hash": "h"}, CPU)["protocol"]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA exit")
