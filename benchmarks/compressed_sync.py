@@ -296,9 +296,9 @@ def compare_preset(record: dict, ranks: int) -> dict[str, Any]:
             continue  # compressed NoLoCo is not one of compare's arms
         arms[m] = {"overrides": ov, "behind": behind}
     mdl = c["model"]
-    return {"workers": ranks, "steps": c["steps"], "global_batch_size": c["batch"], "micro_batch_size": c["batch"] // ranks,
-            "inner_steps": c["diloco_h"], "eval_every": STEP_MULTIPLE,
-            "overrides": [f"data={c['data_name']}", f"data.seq_len={c['seq_len']}", f"model.hidden_size={mdl['hidden']}",
+    return {"preset": f"bench_n{ranks}", "workers": ranks, "steps": c["steps"], "global_batch_size": c["batch"],
+            "micro_batch_size": c["batch"] // ranks, "inner_steps": c["diloco_h"], "eval_every": STEP_MULTIPLE,
+            "scale_overrides": [f"data={c['data_name']}", f"data.seq_len={c['seq_len']}", f"model.hidden_size={mdl['hidden']}",
                           f"model.num_layers={mdl['layers']}", f"model.num_heads={mdl['heads']}",
                           f"model.intermediate_size={mdl['intermediate']}", f"optim.lr={cell['tuning']['inner_lr']}"],
             "arms": arms}
@@ -326,7 +326,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.preset_from:
         import yaml
 
-        print(yaml.safe_dump(compare_preset(json.loads(Path(args.preset_from).read_text()), args.preset_ranks), sort_keys=False))
+        preset = compare_preset(json.loads(Path(args.preset_from).read_text()), args.preset_ranks)
+        print("# @package _global_\n# written by python -m benchmarks.compressed_sync --preset-from " + args.preset_from + "\n"
+              + yaml.safe_dump(preset, sort_keys=False, width=120))
         return
     model, seq_len, batch = SIZES[args.model], 64, 32
     params = model_params(model, seq_len)

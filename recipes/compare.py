@@ -2,13 +2,15 @@
 SparseLoCo at one layout, one after another, then their curves side by side.
 
 Each arm is the ordinary pre-training recipe in its own process (`python -m recipes.train`,
-which starts its workers through the same launcher as `decentrain`), writing `<run_dir>/<arm>/`.
-Its console goes to `<run_dir>/<arm>.log`. Then `compare.png`, `compare.txt` (the table and
+which starts its workers through the same launcher as `decentrain`), writing `<run_dir>/<arm>/`,
+at the layout and the arm's settings of the preset (`compare=<scale>`, conf/compare/), with a
+progress line while it trains. Its console goes to `<run_dir>/<arm>.log`. Then `compare.png`, `compare.txt` (the table and
 a paragraph that reads it) and `compare.json` land in `<run_dir>`.
 """
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -18,19 +20,64 @@ import hydra
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig
 
-from decentrain.algorithms.pretraining.comparison import CompareConfig, arm_overrides, read_arm, write_summary
+from decentrain.algorithms.pretraining.comparison import CompareConfig, arm_overrides, read_arm, settings, write_summary
 from recipes import conf_dir, run, typed_config
 
 ConfigStore.instance().store(name="compare_schema", node=CompareConfig)
+
+
+class MetricsTail:
+    """The newest step and eval loss of a metrics.jsonl another process is writing (read from where it left off;
+    a half-written last line waits for the next read)."""
+
+    def __init__(self, path: Path):
+        self.path, self.offset, self.step, self.eval_loss = path, 0, 0, None
+
+    def poll(self) -> None:
+        if not self.path.exists():
+            return
+        with open(self.path, "rb") as f:
+            f.seek(self.offset)
+            data = f.read()
+        done = data.rfind(b"\n") + 1
+        self.offset += done
+        for line in data[:done].splitlines():
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue
+            self.step = max(self.step, int(row.get("step", 0)))
+            self.eval_loss = row.get("eval/loss", self.eval_loss)
+
+
+def follow(proc: subprocess.Popen, tail: MetricsTail, name: str, steps: int, every_s: float = 2.0) -> int:
+    """A progress line for one arm while it trains (its step from rank 0's metrics); the arm's exit code."""
+    from tqdm import tqdm
+
+    quiet = every_s if sys.stderr.isatty() else 30.0  # into a log file: a line every 30 s, not every poll
+    with tqdm(total=steps, desc=f"[compare] {name}", unit="step", dynamic_ncols=True, mininterval=quiet) as bar:
+        while True:
+            try:
+                code = proc.wait(timeout=every_s)  # the arm's exit is the event; the metrics file is read between
+            except subprocess.TimeoutExpired:
+                code = None
+            tail.poll()
+            bar.update(min(tail.step, steps) - bar.n)
+            if tail.eval_loss is not None:
+                bar.set_postfix_str(f"eval loss {tail.eval_loss:.3f}", refresh=False)
+            if code is not None:
+                return code
 
 
 def run_arm(cfg: CompareConfig, name: str, run_dir: Path) -> None:
     log = run_dir / f"{name}.log"
     argv = [sys.executable, "-m", "recipes.train", *arm_overrides(cfg, name, run_dir / name)]
     start = time.perf_counter()
-    print(f"[compare] {name}: training ({cfg.workers} workers, {cfg.steps} steps); log {log}", flush=True)
+    print(f"[compare] {name}: training ({cfg.workers} workers, {cfg.steps} steps; settings: {settings(cfg, name).behind}); "
+          f"log {log}", flush=True)
     with open(log, "w") as out:
-        code = subprocess.call(argv, stdout=out, stderr=subprocess.STDOUT)
+        code = follow(subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT), MetricsTail(run_dir / name / "metrics.jsonl"),
+                      name, cfg.steps)
     lines = log.read_text(errors="replace").splitlines()
     done = next((line.split("[decentrain] ", 1)[1] for line in reversed(lines) if "[decentrain] done:" in line), None)
     if code != 0 or done is None:

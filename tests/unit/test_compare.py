@@ -51,3 +51,56 @@ def test_an_arm_without_evaluation_is_named(tmp_path):
     _write(tmp_path / "diloco", [{"step": 10, "train/loss": 3.0}])
     with pytest.raises(ValueError, match="the diloco arm did not finish"):
         read_arm("diloco", tmp_path / "diloco")
+
+
+def test_a_preset_sets_the_layout_and_each_arm_names_what_stands_behind_it(tmp_path):
+    from hydra import compose, initialize_config_dir
+
+    from recipes import conf_dir
+    from recipes.compare import to_config
+
+    with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
+        small = to_config(compose("compare", overrides=["run_dir=x"]))
+        n4 = to_config(compose("compare", overrides=["run_dir=x", "compare=bench_n4", "overrides=['model.num_layers=3']"]))
+    assert small.preset == "cpu_small" and small.steps == 200 and small.arms["diloco"].behind == "untuned defaults, 1 seed"
+    assert n4.preset == "bench_n4" and n4.steps == 920 and "model.hidden_size=48" in n4.scale_overrides
+    ov = arm_overrides(n4, "diloco", tmp_path)
+    assert ov.index("model.hidden_size=48") < ov.index("model.num_layers=3")  # the user's own overrides come last
+    tuned = CompareConfig(arms={"diloco": {"overrides": ["algorithm.outer_optimizer.lr=1.4"], "behind": "x.json: 2 tuning seeds"}})
+    ov = arm_overrides(tuned, "diloco", tmp_path)
+    assert "algorithm.outer_optimizer.lr=1.4" in ov and "algorithm.outer_optimizer.lr=1.4" not in arm_overrides(tuned, "noloco", tmp_path)
+    with pytest.raises(ValueError, match="arms"):
+        CompareConfig(arms={"diloco": {"lr": 1.4}})
+
+
+def test_the_reading_names_the_settings_and_seeds_before_any_number(tmp_path):
+    _write(tmp_path / "ddp", [{"step": 20, "train/loss": 2.0, "time/train_s": 10.0, "comm/bytes_sent_total": 1e8},
+                             {"step": 20, "eval/loss": 2.5}])
+    _write(tmp_path / "diloco", [{"step": 20, "train/loss": 2.6, "time/train_s": 12.0, "comm/bytes_sent_total": 4e6},
+                                {"step": 20, "eval/loss": 3.6}])
+    cfg = CompareConfig(algorithms=["ddp", "diloco"], steps=20, inner_steps=10, preset="cpu_small")
+    text = write_summary([read_arm(a, tmp_path / a) for a in cfg.algorithms], cfg, tmp_path)
+    settings = text.split("\n\n")[1]
+    assert settings.startswith("Settings (preset cpu_small): ddp at conf/algorithm/ddp.yaml's defaults (no outer settings); "
+                               "diloco at conf/algorithm/diloco.yaml's defaults (untuned defaults, 1 seed)")
+    assert "decides nothing" in settings and "settings no benchmark tuned" in settings
+
+
+def test_the_progress_line_follows_the_arm_and_returns_its_exit_code(tmp_path):
+    import subprocess
+    import sys
+
+    from recipes.compare import MetricsTail, follow
+
+    path = tmp_path / "metrics.jsonl"
+    tail = MetricsTail(path)
+    tail.poll()  # no file yet: nothing
+    path.write_text(json.dumps({"step": 10, "train/loss": 3.0}) + "\n" + '{"step": 20, "ev')  # a line still being written
+    tail.poll()
+    assert tail.step == 10 and tail.eval_loss is None
+    with open(path, "a") as f:
+        f.write('al/loss": 2.5}\n')
+    tail.poll()
+    assert tail.step == 20 and tail.eval_loss == 2.5
+    proc = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+    assert follow(proc, tail, "x", 20, every_s=0.05) == 3

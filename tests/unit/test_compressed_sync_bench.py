@@ -97,7 +97,12 @@ def test_the_compare_preset_names_the_tuned_settings_and_what_stands_behind_them
                "diloco": {"setting": {"lr": 1.4, "momentum": 0.1, "nesterov": False}},
                "sparseloco": {"setting": {"lr": 2.0, "ef_decay": 0.95, "h": 20}}, "noloco_c": {"setting": {}}}}}}}
     p = compare_preset(rec, 4)
-    assert p["workers"] == 4 and p["micro_batch_size"] == 8 and "data=pinned" in p["overrides"] and "optim.lr=0.002" in p["overrides"]
+    assert p["workers"] == 4 and p["micro_batch_size"] == 8 and p["preset"] == "bench_n4"
+    assert "data=pinned" in p["scale_overrides"] and "optim.lr=0.002" in p["scale_overrides"]
     assert "algorithm.outer_optimizer.nesterov=false" in p["arms"]["diloco"]["overrides"]
     assert set(p["arms"]) == {"diloco", "sparseloco"}
     assert p["arms"]["sparseloco"]["behind"] == "benchmarks/results/compressed_sync.json @ abcdef1234: 2 tuning seeds, 8 eval seeds"
+    from decentrain.algorithms.pretraining.comparison import CompareConfig
+
+    cfg = CompareConfig(**{k: v for k, v in p.items()})  # the preset is a valid compare config
+    assert cfg.arms["diloco"].behind.endswith("8 eval seeds")

@@ -17,6 +17,14 @@ from pathlib import Path
 from decentrain.core.metrics import format_bytes, read_jsonl
 
 SYNCS_EVERY_STEP = {"ddp"}  # arms that take no H: they all-reduce gradients every step
+UNTUNED = "untuned defaults, 1 seed"
+
+
+@dataclass
+class ArmSettings:
+    """One arm's settings in a preset (conf/compare/<scale>.yaml) and what stands behind them."""
+    overrides: list[str] = field(default_factory=list)  # e.g. algorithm.outer_optimizer.lr=1.4
+    behind: str = UNTUNED  # the benchmark record, its tuning and eval seeds; or UNTUNED
 
 
 @dataclass
@@ -30,9 +38,16 @@ class CompareConfig:
     eval_every: int = 20
     link_mbit: float = 100.0  # a slow link between workers, for the transfer-time column
     overrides: list[str] = field(default_factory=list)  # more Hydra overrides for every arm, e.g. [model=qwen2_tiny]
+    scale_overrides: list[str] = field(default_factory=list)  # the preset's model and data for every arm (before `overrides`)
     run_dir: str = "runs/compare"
+    preset: str = "custom"  # the conf/compare/ preset that set the layout and the arms' settings
+    arms: dict[str, ArmSettings] = field(default_factory=dict)  # per algorithm; an arm not named runs at UNTUNED
 
     def __post_init__(self) -> None:
+        try:
+            self.arms = {k: v if isinstance(v, ArmSettings) else ArmSettings(**v) for k, v in self.arms.items()}
+        except TypeError as e:
+            raise ValueError(f"arms: each arm takes overrides and behind ({e})") from None
         for name in ("workers", "steps", "global_batch_size", "micro_batch_size", "inner_steps", "eval_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
@@ -50,7 +65,24 @@ def arm_overrides(cfg: CompareConfig, algorithm: str, run_dir: Path) -> list[str
            f"run_dir={run_dir}", f"hydra.run.dir={run_dir}"]
     if algorithm not in SYNCS_EVERY_STEP:
         out.append(f"algorithm.inner_steps={cfg.inner_steps}")
-    return [*out, *cfg.overrides]
+    return [*out, *cfg.scale_overrides, *settings(cfg, algorithm).overrides, *cfg.overrides]  # the user's own win
+
+
+def settings(cfg: CompareConfig, algorithm: str) -> ArmSettings:
+    return cfg.arms.get(algorithm, ArmSettings())
+
+
+def settings_line(cfg: CompareConfig) -> str:
+    """Which settings each arm ran at and what stands behind them: a reading names them before any number."""
+    parts = []
+    for name in cfg.algorithms:
+        s = settings(cfg, name)
+        what = " ".join(s.overrides) if s.overrides else f"conf/algorithm/{name}.yaml's defaults"
+        parts.append(f"{name} at {what} ({'no outer settings' if name in SYNCS_EVERY_STEP and not s.overrides else s.behind})")
+    tuned = any(settings(cfg, n).behind != UNTUNED for n in cfg.algorithms if n not in SYNCS_EVERY_STEP)
+    return (f"Settings (preset {cfg.preset}): " + "; ".join(parts) + ". This run is one seed"
+            + ("" if tuned else ", at settings no benchmark tuned at this scale") + ": it shows the methods side by side and decides "
+            "nothing; the verdicts, each decided on paired seeds, are in the README's reproduction table.")
 
 
 @dataclass
@@ -156,7 +188,7 @@ def write_summary(arms: list[Arm], cfg: CompareConfig, out_dir: Path) -> str:
     """compare.json, compare.png and compare.txt in `out_dir`; returns the text printed."""
     title = f"{', '.join(a.name for a in arms)}: {cfg.workers} workers, batch {cfg.global_batch_size}, {cfg.steps} steps"
     plot(arms, out_dir / "compare.png", title)
-    text = f"{table(arms, cfg.link_mbit)}\n\n{reading(arms, cfg)}\n"
+    text = f"{table(arms, cfg.link_mbit)}\n\n{settings_line(cfg)}\n\n{reading(arms, cfg)}\n"
     (out_dir / "compare.txt").write_text(text)
     (out_dir / "compare.json").write_text(json.dumps({"config": asdict(cfg), "arms": [asdict(a) for a in arms]}, indent=1))
     return text
