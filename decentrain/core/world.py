@@ -123,12 +123,15 @@ class World:
     store: dist.Store | None = field(default=None, repr=False, compare=False)
     # opens another client of that store: a blocking wait on one client (a rendezvous) holds its
     # lock, so whatever may wait long gets a connection of its own
-    store_client: Callable[[], dist.Store] | None = field(default=None, repr=False, compare=False)
+    store_client: Callable[..., dist.Store] | None = field(default=None, repr=False, compare=False)
     # >0: this process replaces a dead worker of the same rank. It has the store but no world
     # process group: it skips start-up collectives and heals from a live peer instead
     incarnation: int = 0
     # local ranks sharing this rank's GPU (round-robin placement): each gets ~1/share of its peak FLOP/s
     device_share: int = 1
+    # gossip jobs this process started in this group, counted here: a count in the store moves with
+    # any client's write (core/comm/membership.job_number)
+    gossip_jobs: int = field(default=0, repr=False, compare=False)
 
     @property
     def is_distributed(self) -> bool:
@@ -256,8 +259,8 @@ def init_world(backend: str | None = None, timeout_s: float = 600.0, threads: in
             dist.init_process_group(backend=backend, store=dist.PrefixStore(attempt, raw) if env.agent_store else raw,
                                     rank=env.rank, world_size=env.world_size, timeout=timedelta(seconds=timeout_s))
 
-        def store_client() -> dist.Store:
-            client = dist.TCPStore(env.master_addr, env.master_port, is_master=False, timeout=timedelta(seconds=timeout_s))
+        def store_client(timeout: float = timeout_s) -> dist.Store:  # a short timeout bounds a reconnect too
+            client = dist.TCPStore(env.master_addr, env.master_port, is_master=False, timeout=timedelta(seconds=timeout))
             return dist.PrefixStore(shared_store_prefix(env.restart_count), client)
     return World(
         rank=dist.get_rank() if dist.is_initialized() else env.rank,

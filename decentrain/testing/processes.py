@@ -21,9 +21,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _entry(rank: int, world_size: int, port: int, fn: Callable, args: tuple, results, backend: str) -> None:
+def _entry(rank: int, world_size: int, port: int, fn: Callable, args: tuple, results, backend: str,
+           store: str | None = None) -> None:
+    host = "127.0.0.1"
+    if store is not None:  # every rank a client of a job store, as under the hosts launcher
+        host, _, port_s = store.rpartition(":")
+        port = int(port_s)
+        os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "True"
     os.environ.update(
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size),
+        MASTER_ADDR=host, MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size),
         LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world_size), OMP_NUM_THREADS="1",
     )
     import torch.distributed as dist
@@ -45,7 +51,7 @@ class _PortTaken(Exception):
 
 
 def run_ranks(fn: Callable, world_size: int, *args: Any, timeout: float = 300.0, backend: str = "gloo",
-              expect_dead: tuple[int, ...] = (), attempts: int = 3) -> list[Any]:
+              expect_dead: tuple[int, ...] = (), attempts: int = 3, store: str | None = None) -> list[Any]:
     """`fn(world, *args)` on every rank; returns the results in rank order, re-raising any rank's error.
 
     `timeout` bounds the wait for each rank's result: a hang detector, generous because a loaded box
@@ -53,21 +59,25 @@ def run_ranks(fn: Callable, world_size: int, *args: Any, timeout: float = 300.0,
     Ranks in `expect_dead` are meant to kill themselves: they return no result (None in the list).
     The free port is free when picked, not when rank 0 binds it: under pytest-xdist another worker
     may take it in between, so a launch whose store could not bind is retried on a new port.
+    `store`: HOST:PORT of a job store (`start_store`) that every rank joins as a client, instead of
+    rank 0 hosting the store.
     """
     for attempt in range(attempts):
         try:
-            return _launch(fn, world_size, args, timeout, backend, expect_dead)
+            return _launch(fn, world_size, args, timeout, backend, expect_dead, store)
         except _PortTaken:
             if attempt == attempts - 1:
                 raise AssertionError(f"no free port for the store after {attempts} attempts") from None
     raise AssertionError("unreachable")
 
 
-def _launch(fn: Callable, world_size: int, args: tuple, timeout: float, backend: str, expect_dead: tuple[int, ...]) -> list[Any]:
+def _launch(fn: Callable, world_size: int, args: tuple, timeout: float, backend: str, expect_dead: tuple[int, ...],
+            store: str | None = None) -> list[Any]:
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_entry, args=(r, world_size, port, fn, args, results, backend)) for r in range(world_size)]
+    procs = [ctx.Process(target=_entry, args=(r, world_size, port, fn, args, results, backend, store))
+             for r in range(world_size)]
     for p in procs:
         p.start()
     out: dict[int, Any] = {}

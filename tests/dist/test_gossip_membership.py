@@ -91,3 +91,102 @@ def test_a_stopped_partner_is_given_up_on_by_heartbeat_before_the_deadline():
     _check(results, 3, rounds)
     survivors = [0, 1, 2]
     assert sum(results[r][1] for r in survivors) == 0  # the stall (0.8s) was noticed before any 1.5s deadline
+
+
+# -- issue 40: one bad write to the job store must not cost averaging rounds ---------------------------------
+
+ROUNDS_ON_STORE, TARGET, ATTACK_S = 24, 1, 1.5
+
+
+def _noloco_on_job_store(world, rounds):
+    """NoLoCo (H=1, a tiny model) with every rank a client of a real job store; per rank: averaging rounds
+    dropped, and the membership's counts of refused values. The deadline is far above any pause a loaded
+    box makes and no heartbeat stall is acted on, so a round is dropped only when membership says a partner
+    is gone or rounds behind (its published progress)."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    cfg = NoLoCoConfig(inner_steps=1, outer_optimizer=OuterOptimizerConfig("noloco", 0.5, 0.5), deadline_s=60.0,
+                       full_duplex=False, pairing_seed=5, stall_s=None)
+    algo = NoLoCo(cfg, world)
+    algo.on_train_start(model, opt)
+    dropped, step = 0, 0
+    while algo.round < rounds and not algo.should_stop(step, rounds):
+        with torch.no_grad():
+            model.weight.add_(0.01 * (world.rank + 1))
+        time.sleep(STEP_S)  # simulated compute: the run outlasts the attack
+        step += 1
+        dropped += int(algo.after_optimizer_step(step, model, opt).get("outer/partner_missed", 0))
+    drops = dict(getattr(algo.comm().membership, "drops", {}))
+    algo.on_train_end(model)
+    return dropped, drops
+
+
+def _write_x_while_training(addr, over, report):
+    """Once every rank has done 2 rounds, write "x" at hb/<TARGET> for ATTACK_S seconds, then wait for the
+    event that the target's heartbeat wrote a number again (its thread is alive)."""
+    from decentrain.core.comm.job_store import connect
+    from decentrain.core.world import shared_store_prefix
+
+    store, ns, tick = connect(addr), f"{shared_store_prefix(0)}/job1", threading.Event()
+
+    def value(key):
+        return store.get(key) if store.check([key]) else None
+
+    def done(r):
+        raw = value(f"{ns}/progress/{r}")
+        return int(raw.split(b",")[1]) if raw else -1
+
+    while not over.is_set() and min(done(r) for r in range(4)) < 2:
+        tick.wait(0.02)
+    before, writes, end = value(f"{ns}/hb/{TARGET}"), 0, time.monotonic() + ATTACK_S
+    while not over.is_set() and time.monotonic() < end:
+        store.set(f"{ns}/hb/{TARGET}", "x")
+        writes += 1
+        tick.wait(0.005)
+    report["during_run"] = not over.is_set() and all(not value(f"{ns}/progress/{r}").endswith(b",1") for r in range(4))
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and not (report.get("recovered") or over.is_set()):
+        raw = value(f"{ns}/hb/{TARGET}")
+        report["recovered"] = raw is not None and raw.isdigit() and int(raw) > int(before or 0)
+        tick.wait(0.02)
+    report["writes"] = writes
+
+
+def _run_on_job_store(tmp_path, attack):
+    from decentrain.testing import start_store
+
+    tmp_path.mkdir()
+    store, addr = start_store(tmp_path)
+    over, report = threading.Event(), {}
+    attacker = threading.Thread(target=_write_x_while_training, args=(addr, over, report), daemon=True)
+    try:
+        if attack:
+            attacker.start()
+        results = run_ranks(_noloco_on_job_store, 4, ROUNDS_ON_STORE, timeout=300, store=addr)
+    finally:
+        over.set()
+        if attack:
+            attacker.join(30)
+        store.kill()
+    return results, report
+
+
+def test_x_at_a_heartbeat_for_1_5_s_drops_no_more_averaging_rounds_than_the_control(tmp_path):
+    """At 78c329b the target's heartbeat `add` met "x": the store server closed its connection, the heartbeat
+    thread ended and the target's progress was never published again, so its partners skipped it as rounds
+    behind for the rest of the run (and the run exited 0). Partners reading its heartbeat by `add` lost their
+    connections too: tests/unit/test_membership_store.py."""
+    control, _ = _run_on_job_store(tmp_path / "control", attack=False)
+    attacked, report = _run_on_job_store(tmp_path / "attack", attack=True)
+    assert report.get("writes", 0) > 0 and report.get("during_run"), f"the attack did not overlap the run: {report}"
+    assert report.get("recovered"), f"rank {TARGET}'s heartbeat never wrote again after the attack: {report}"
+    per_rank = [d for d, _ in attacked]
+    assert sum(per_rank) <= sum(d for d, _ in control), \
+        f"rounds dropped per rank under attack {per_rank}, control {[d for d, _ in control]}; refused {[m for _, m in attacked]}"
+
+
+def test_x_at_a_heartbeat_as_an_ordinary_user_too():
+    from decentrain.testing import rerun_unprivileged
+
+    rerun_unprivileged(__file__, "drops_no_more_averaging_rounds")

@@ -2,7 +2,7 @@
 
 Collectives run on the world's process group. Gossip needs more, set up once by
 `start_gossip` at start-up: membership keys and per-pair groups in this job's namespace
-of the shared store (`core/comm/membership.job_prefix`), and the exchange with its wait policy.
+of the shared store (`core/comm/membership.job_number`), and the exchange with its wait policy.
 """
 
 from __future__ import annotations
@@ -15,11 +15,26 @@ import torch.distributed as dist
 from decentrain.core.comm.bytes_comm import GatheredBytes
 from decentrain.core.comm.bytes_comm import all_gather_bytes as _all_gather_bytes
 from decentrain.core.comm.deadline import ArrivalWindow
-from decentrain.core.comm.membership import Membership, job_prefix
+from decentrain.core.comm.membership import Membership, job_number
 from decentrain.core.comm.pair_exchange import ExchangeStats, PairExchange
 from decentrain.core.comm.pair_groups import PairGroups
 from decentrain.core.comm.transport import GossipOptions, Transport, Work, all_gather_bytes_sent
 from decentrain.core.world import World
+
+
+RECONNECT_TIMEOUT_S = 5.0  # a reconnect to a store that is gone fails within this (the heartbeat tries again)
+
+
+def _reconnect(w: World, prefix: str):
+    """Opens a fresh connection for the membership: (this job's store, the launcher's store)."""
+    if w.store_client is None:
+        return None
+    client = w.store_client
+
+    def reconnect() -> tuple[dist.Store, dist.Store]:
+        shared = client(RECONNECT_TIMEOUT_S)
+        return dist.PrefixStore(prefix, shared), shared
+    return reconnect
 
 
 class _Done:
@@ -48,9 +63,10 @@ class TorchTransport(Transport):
             ex.arrivals = ArrivalWindow(opts.deadline_s, opts.adaptive)
         if w.store is not None and w.group is None and w.world_size > 1:
             # progress and heartbeat over the job's store: stopped or lagging partners are not waited for
-            prefix = job_prefix(w.store, w.rank, w.incarnation)
+            w.gossip_jobs = job_number(w.store, w.rank, w.incarnation, w.world_size, w.gossip_jobs)
+            prefix = f"job{w.gossip_jobs}"
             self.membership = Membership(dist.PrefixStore(prefix, w.store), w.rank, w.world_size, w.incarnation,
-                                         launcher_store=w.store)
+                                         launcher_store=w.store, reconnect=_reconnect(w, prefix))
             self.membership.start_heartbeat()
             ex.membership, ex.stall_s = self.membership, opts.stall_s
             if w.store_client is not None and (w.backend != "nccl" or opts.deadline_s is not None):

@@ -161,9 +161,12 @@ def launch_survivors(argv: list[str], nproc: int, run_dir: str | os.PathLike | N
     incarnation: dict[int, int] = {}
     restarts = {rank: 0 for rank in range(first, first + nproc)}
 
-    def start(rank: int) -> None:
-        # the launchers' signed, set-once record of who they started: donors serve heal requests only from these
+    def claim(rank: int) -> str:
+        # the launchers' signed record of who they started: donors serve heal requests only from these
         incarnation[rank], token = key.claim(shared, run_id, rank)
+        return token
+
+    def start(rank: int, token: str) -> None:
         env = {**os.environ, "MASTER_ADDR": addr, "MASTER_PORT": str(port), "RANK": str(rank),
                "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank - first), "LOCAL_WORLD_SIZE": str(nproc),
                "GROUP_RANK": str(first // nproc), "TORCHELASTIC_USE_AGENT_STORE": "True",
@@ -177,8 +180,9 @@ def launch_survivors(argv: list[str], nproc: int, run_dir: str | os.PathLike | N
 
     codes: dict[int, int] = {}
     try:
-        for rank in restarts:
-            start(rank)
+        tokens = {rank: claim(rank) for rank in restarts}  # all before any worker: a claim that fails starts none
+        for rank, token in tokens.items():
+            start(rank, token)
         while len(codes) < nproc:
             time.sleep(poll_s)
             check_store(store, addr, port)
@@ -192,7 +196,11 @@ def launch_survivors(argv: list[str], nproc: int, run_dir: str | os.PathLike | N
                     restarts[rank] += 1
                     log.warning("rank %d failed (%s); starting replacement %d of %d", rank,
                                 describe_exits({rank: code}), restarts[rank], max_restarts)
-                    start(rank)
+                    try:
+                        start(rank, claim(rank))
+                    except RuntimeError as e:  # no record could be claimed: this rank stays down, the others run on
+                        log.warning("rank %d: no replacement started (%s)", rank, (str(e).splitlines() or [""])[0])
+                        codes[rank] = code
                 else:
                     codes[rank] = code
                     if code != 0:  # said when it happens, not only in the summary at the end
