@@ -300,7 +300,8 @@ def compare_preset(record: dict, ranks: int) -> dict[str, Any]:
             "micro_batch_size": c["batch"] // ranks, "inner_steps": c["diloco_h"], "eval_every": STEP_MULTIPLE,
             "scale_overrides": [f"data={c['data_name']}", f"data.seq_len={c['seq_len']}", f"model.hidden_size={mdl['hidden']}",
                           f"model.num_layers={mdl['layers']}", f"model.num_heads={mdl['heads']}",
-                          f"model.intermediate_size={mdl['intermediate']}", f"optim.lr={cell['tuning']['inner_lr']}"],
+                          f"model.intermediate_size={mdl['intermediate']}", f"model.max_seq_len={c['seq_len']}",
+                          f"optim.lr={cell['tuning']['inner_lr']}"],
             "arms": arms}
 
 
