@@ -10,6 +10,7 @@ extracted documents are kept in the work folder, and the manifest is written las
 
     decentrain data prepare [--out DIR]          # ~230 MB of text; see docs/data.md for the table
     decentrain data verify [--dir DIR] [--leaks] # recompute every hash (and the held-out leak rate)
+    decentrain data report [--dir DIR]           # the table of domains, sizes and dedup rates (docs/data.md)
     decentrain data pack --max-mb 60 OUT.tar.xz  # a self-contained subset for a GPU box without registries
 """
 
@@ -232,6 +233,28 @@ def pack(root: Path, archive: Path, max_mb: float = 60.0) -> dict:
     return manifest
 
 
+def report(manifest: dict) -> str:
+    """The corpus as a Markdown table: bytes (= tokens for the byte-level models) per domain and split, and
+    what each step removed."""
+    rows = ["| domain | train MB | val MB | test MB | docs | exact dups | near dups | val cut | test cut | leak left |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
+    total = dict.fromkeys(SPLITS, 0)
+    for name, d in sorted(manifest["domains"].items()):
+        for split in SPLITS:
+            total[split] += d[f"{split}_bytes"]
+        rows.append(f"| {name} | {d['train_bytes'] / 1e6:.1f} | {d['val_bytes'] / 1e6:.2f} | {d['test_bytes'] / 1e6:.2f} | "
+                    f"{d['documents']} | {d['exact_duplicates']} | {d['near_duplicates']} | {d['val_cut_rate']:.1%} | "
+                    f"{d['test_cut_rate']:.1%} | {max(d['val_leak_rate'], d['test_leak_rate']):.2%} |")
+    rows.append(f"| **all** | **{total['train'] / 1e6:.1f}** | {total['val'] / 1e6:.2f} | {total['test'] / 1e6:.2f} | | | | | | |")
+    return "\n".join(rows) + f"\n\ncorpus {manifest['corpus_hash']}, built in {manifest.get('build_seconds', '?')} s\n"
+
+
+def _report(root: Path) -> dict:
+    manifest = load_manifest(root)
+    print(report(manifest))
+    return manifest
+
+
 def _verify(args) -> dict:
     manifest = verify(args.dir)
     if args.leaks:
@@ -252,6 +275,9 @@ def main(argv: list[str] | None = None) -> int:
     v.set_defaults(run=_verify)
     v.add_argument("--dir", type=Path, default=default_dir())
     v.add_argument("--leaks", action="store_true", help="also recompute the held-out 64-byte leak rate")
+    r = sub.add_parser("report", help="print the corpus's table of domains, sizes and dedup rates (Markdown)")
+    r.set_defaults(run=lambda a: _report(a.dir))
+    r.add_argument("--dir", type=Path, default=default_dir())
     k = sub.add_parser("pack", help="a <= --max-mb .tar.xz subset for a machine without registries")
     k.set_defaults(run=lambda a: pack(a.dir, a.archive, a.max_mb))
     k.add_argument("archive", type=Path)
