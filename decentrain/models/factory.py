@@ -1,19 +1,22 @@
-"""Models and tokenizers from `transformers`: tiny ones built from config, or loaded by path / hub id."""
+"""Models and tokenizers from `transformers`: tiny ones built from config, or loaded by path / hub id,
+or from a GGUF file dequantized once into a local safetensors cache (models/gguf.py), optionally
+with LoRA adapters (models/lora.py)."""
 
 from __future__ import annotations
 
-import contextlib
 import difflib
 import os
 import re
-import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, ByT5Tokenizer, LlamaConfig, PreTrainedModel, Qwen2Config
 
 from decentrain.core.registry import Registry
+from decentrain.models import gguf as gguf_cache
+from decentrain.models.lora import DEFAULT_TARGETS, apply_lora, merged_copy
+from decentrain.models.saving import save_weights
 
 BYTE_TOKENIZER = "byt5"  # transformers.ByT5Tokenizer(): byte-level, needs no download
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -27,8 +30,13 @@ FAMILIES.register("qwen2")(Qwen2Config)
 class ModelConfig:
     name: str = "llama_tiny"  # label of the conf/model entry
     family: str = "llama"
-    pretrained: str | None = None  # local dir or hub id; None builds from the fields below
-    tokenizer: str = BYTE_TOKENIZER  # "byt5" or a local dir / hub id
+    pretrained: str | None = None  # local dir or hub id; None builds from the fields below (or gguf_file)
+    # "byt5", a local dir / hub id, or None: the tokenizer saved with the weights (pretrained or gguf_file)
+    tokenizer: str | None = BYTE_TOKENIZER
+    # A GGUF file (a path, or "<package>:<file>" inside an installed package) to dequantize once into
+    # gguf_cache (None: $DECENTRAIN_CACHE or ~/.cache/decentrain, under gguf/); `pretrained` wins when set.
+    gguf_file: str | None = None
+    gguf_cache: str | None = None
     hidden_size: int = 128
     num_layers: int = 4
     num_heads: int = 4
@@ -38,9 +46,21 @@ class ModelConfig:
     rope_theta: float = 10000.0
     tie_embeddings: bool = False
     dtype: str = "float32"
+    # LoRA through peft (models/lora.py): rank 0 trains every weight
+    lora_rank: int = 0
+    lora_alpha: float = 16.0
+    lora_dropout: float = 0.0
+    lora_targets: list[str] = field(default_factory=lambda: list(DEFAULT_TARGETS))
 
     def __post_init__(self) -> None:
         FAMILIES.get(self.family, field="model.family")
+        if self.tokenizer is None and not (self.pretrained or self.gguf_file):
+            raise ValueError("model.tokenizer=null (the weights' own tokenizer) needs model.pretrained or model.gguf_file")
+        if self.lora_rank < 0 or self.lora_alpha <= 0 or not 0.0 <= self.lora_dropout < 1.0:
+            raise ValueError(f"model.lora_rank={self.lora_rank} must be >= 0, model.lora_alpha={self.lora_alpha} > 0 "
+                             f"and model.lora_dropout={self.lora_dropout} in [0, 1)")
+        if self.lora_rank and not self.lora_targets:
+            raise ValueError("model.lora_targets must name at least one module when model.lora_rank > 0")
         if self.dtype not in DTYPES:
             raise ValueError(f"model.dtype={self.dtype!r} is unknown; allowed: {list(DTYPES)}")
         for f in ("hidden_size", "num_layers", "num_heads", "intermediate_size", "max_seq_len"):
@@ -111,15 +131,30 @@ def check_model_source(value: str | None, field: str, hub_problem=_hub_problem, 
 
 
 def check_model_paths(cfg: ModelConfig, where: str = "model", hub_problem=_hub_problem) -> None:
-    """`model.pretrained` and `model.tokenizer` name something loadable (see check_model_source)."""
+    """`model.pretrained`, `model.tokenizer` and `model.gguf_file` name something loadable (see check_model_source)."""
     check_model_source(cfg.pretrained, f"{where}.pretrained", hub_problem)
     check_model_source(cfg.tokenizer, f"{where}.tokenizer", hub_problem, cache_file="tokenizer_config.json")
+    if cfg.gguf_file and not cfg.pretrained:
+        gguf_cache.resolve_gguf(cfg.gguf_file, f"{where}.gguf_file")
+
+
+def weights_source(cfg: ModelConfig) -> str | None:
+    """Where the pretrained weights load from: `pretrained`, else the GGUF's cache entry (converted
+    on first use), else None (built from config)."""
+    if cfg.pretrained:
+        return cfg.pretrained
+    if cfg.gguf_file:
+        return str(gguf_cache.ensure_cached(cfg.gguf_file, cfg.gguf_cache))
+    return None
 
 
 def build_tokenizer(cfg: ModelConfig):
     if cfg.tokenizer == BYTE_TOKENIZER:
         return ByT5Tokenizer()
-    return AutoTokenizer.from_pretrained(cfg.tokenizer)
+    tokenizer = AutoTokenizer.from_pretrained(cfg.tokenizer or weights_source(cfg))
+    if tokenizer.pad_token is None:  # batched generation pads; the end-of-text token is never trained as padding
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
 
 
 def hf_config(cfg: ModelConfig, vocab_size: int, **overrides):
@@ -143,59 +178,27 @@ def hf_config(cfg: ModelConfig, vocab_size: int, **overrides):
 
 
 def build_model(cfg: ModelConfig, tokenizer=None, **overrides) -> PreTrainedModel:
-    """Load `cfg.pretrained` if set, else build from config with random init (seed first)."""
+    """Load `cfg.pretrained` (or the GGUF's cache) if set, else build from config with random init
+    (seed first); with `lora_rank > 0`, wrapped in peft LoRA adapters (only they train)."""
     dtype = DTYPES[cfg.dtype]
-    if cfg.pretrained:
-        return AutoModelForCausalLM.from_pretrained(cfg.pretrained, dtype=dtype)
-    tokenizer = tokenizer if tokenizer is not None else build_tokenizer(cfg)
-    model = AutoModelForCausalLM.from_config(hf_config(cfg, len(tokenizer), **overrides), dtype=dtype)
+    source = weights_source(cfg)
+    if source:
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
+    else:
+        tokenizer = tokenizer if tokenizer is not None else build_tokenizer(cfg)
+        model = AutoModelForCausalLM.from_config(hf_config(cfg, len(tokenizer), **overrides), dtype=dtype)
+    if cfg.lora_rank:
+        model = apply_lora(model, cfg.lora_rank, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_targets)
     return model
 
 
-@contextlib.contextmanager
-def _no_deepspeed_probe():
-    """save_pretrained unwraps the model through accelerate, which imports DeepSpeed when it is installed
-    (seconds, and its "Setting accelerator to CPU" warning on every run) only to test isinstance against
-    DeepSpeedEngine. The model handed here is a plain transformers module: unless DeepSpeed is already in
-    use (its engine imported it), tell accelerate it is absent for this call."""
-    other = sys.modules.get("accelerate.utils.other")
-    if other is None:
-        try:
-            import accelerate.utils.other as other
-        except ImportError:  # no accelerate: transformers unwraps by itself, without DeepSpeed
-            other = None
-    if other is None or "deepspeed" in sys.modules or not hasattr(other, "is_deepspeed_available"):
-        yield
-        return
-    probe = other.is_deepspeed_available
-    other.is_deepspeed_available = lambda: False
-    try:
-        yield
-    finally:
-        other.is_deepspeed_available = probe
-
-
 def save_model(model: PreTrainedModel, tokenizer, out_dir: str | Path) -> Path:
-    """`save_pretrained` (safetensors) of the model and its tokenizer, loadable with `pretrained=`."""
+    """`save_pretrained` (safetensors) of the model and its tokenizer, loadable with `pretrained=`
+    (a LoRA model is saved with its adapters merged: a plain model, no peft needed to load it)."""
     out = Path(out_dir)
-    save_weights(model, out)
+    save_weights(merged_copy(model), out)
     tokenizer.save_pretrained(out)
     return out
-
-
-def save_weights(model: PreTrainedModel, out_dir: str | Path) -> None:
-    """`model.save_pretrained(out_dir)` (safetensors, config) on whichever rank calls it.
-
-    transformers 5 writes the files only on torch.distributed's rank 0, whatever `is_main_process`
-    says (`should_save_on_this_rank`). Here each caller saves a model of its own (a DEI node's
-    operator, an HDEE expert, a SAPO node's weights for vLLM): on every other rank the directory
-    got the tokenizer alone, and loading it failed ("Unrecognized model ... model_type")."""
-    model.should_save_on_this_rank = lambda is_main_process: is_main_process  # the caller decides who saves
-    try:
-        with _no_deepspeed_probe():
-            model.save_pretrained(out_dir, safe_serialization=True)
-    finally:
-        del model.should_save_on_this_rank
 
 
 def num_params(model: torch.nn.Module) -> int:
