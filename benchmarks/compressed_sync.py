@@ -53,9 +53,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness import (CACHE_DIR, MODEL_SIZES as SIZES, Harness, add_corpus_flags, bench_parser, corpus_of, fmt,
-                                header, mean_std, model_params, model_section, parse, recipe_sections, save_figure, seed_list,
-                                steps_for)
+from benchmarks.harness import (CACHE_DIR, MODEL_SIZES as SIZES, Harness, add_corpus_flags, bench_parser, corpus_facts,
+                                corpus_of, fmt, header, mean_std, model_params, model_section, parse, recipe_sections,
+                                save_figure, seed_list, steps_for)
 from benchmarks.protocol import (Axis, DecisionRule, consistency, decision, describe, describe_consistency, describe_rules,
                                  describe_tuning, grid_search, preregister, unmet)
 
@@ -236,7 +236,8 @@ def text(record: dict) -> str:
     c, f = record["config"], record["figures"]
     lines = [header(record), "",
              f"model {c['model_size']} {c['model']}, {c['steps']} steps x {c['batch']} x {c['seq_len']} tokens "
-             f"({f.get('tokens_per_param', 0):.1f} tokens/param), data={c['data_name']} (corpus {f.get('corpus')}), "
+             f"({f.get('tokens_per_param', 0):.1f} tokens/param, {f.get('epochs', 0):.1f} epochs of the training text), "
+             f"data={c['data_name']} (corpus {f.get('corpus', {}).get('name')} {f.get('corpus', {}).get('hash') or f.get('corpus', {}).get('note')}), "
              f"tuning seeds {c['tuning_seeds']}, eval seeds {c['eval_seeds']}; SparseLoCo top-{c['fixed']['topk']} per 64x64 tile, "
              f"{c['fixed']['bits']}-bit; DiLoCo at H={c['diloco_h']}",
              "decision rules (fixed before the run): " + describe_rules(c["decision_rules"]),
@@ -337,16 +338,19 @@ def main(argv: list[str] | None = None) -> None:
     spaces = {m: ({k: Axis(a.ladder, (a.start[len(a.start) // 2],), a.ordered) for k, a in sp.items()} if args.small_grid else sp)
               for m, sp in {**SPACES, "inner": INNER_SPACE}.items()}
     data = recipe_sections([f"data={args.data}", *args.override])["data"]
+    corpus = corpus_facts(data, model, seq_len)
     fixed = {"topk": 64, "bits": 2, "state_topk": 32, "state_bits": 4, "anchor_every": 10, "noloco_momentum": 0.5}
     config = {"steps": steps, "ranks": args.ranks, "model_size": args.model, "model": model, "params": params, "seq_len": seq_len,
-              "batch": batch, "data_name": args.data, "overrides": args.override, "data": data, "tuning_seeds": args.tuning_seeds,
+              "batch": batch, "data_name": args.data, "overrides": args.override, "data": data, "corpus": corpus,
+              "tuning_seeds": args.tuning_seeds,
               "eval_seeds": seed_list(args.seeds), "finalists": args.finalists or None, "max_rounds": args.max_rounds,
               "diloco_h": args.diloco_h, "fixed": fixed, "methods": args.methods,
               "spaces": {m: {k: [list(a.ladder), list(a.start), a.ordered] for k, a in sp.items()} for m, sp in spaces.items()},
               "decision_rules": preregister(CACHE_DIR, args.name, RULES, args.fresh)}  # fixed before any run
     harness = Harness(args.name, __file__, config, allow_dirty=args.allow_dirty, fresh=args.fresh, smoke=args.smoke)
-    shared = {"steps": steps, "model": model, "seq_len": seq_len, "batch": batch, "data": data, "warmup": 20, "eval_every": STEP_MULTIPLE,
-              "eval_seqs": 32, "fixed": fixed, "diloco_h": args.diloco_h}
+    # the corpus hash rides in every job: a run cached on other text is never reused
+    shared = {"steps": steps, "model": model, "seq_len": seq_len, "batch": batch, "data": data, "corpus_hash": corpus["hash"],
+              "warmup": 20, "eval_every": STEP_MULTIPLE, "eval_seqs": 32, "fixed": fixed, "diloco_h": args.diloco_h}
     plan = {"methods": args.methods, "spaces": spaces, "tuning_seeds": args.tuning_seeds, "finalists": args.finalists or None,
             "max_rounds": args.max_rounds, "parallel": args.parallel}
     cells: dict[str, Any] = {}
@@ -358,9 +362,9 @@ def main(argv: list[str] | None = None) -> None:
         for j, r in zip(jobs, results):
             runs.setdefault(j["method"], []).append({**r, "h": j["h"]})
         cells[f"N={n}"] = {**figures_for(n, tuned, runs, config["decision_rules"]), "tuning": tuned}
-        corpora = {json.dumps(r.get("corpus"), sort_keys=True) for rs in runs.values() for r in rs}
-        figures = {"cells": cells, "tokens_per_param": steps * batch * seq_len / params,
-                   "corpus": json.loads(corpora.pop()) if len(corpora) == 1 else {"name": "mixed", "hash": None}}
+        logged = {json.dumps(r["corpus"], sort_keys=True) for rs in runs.values() for r in rs if r.get("corpus")}
+        figures = {"cells": cells, "tokens_per_param": steps * batch * seq_len / params, "epochs": steps * batch * seq_len / corpus["train_tokens"],
+                   "corpus": corpus if len(logged) <= 1 else {"name": "mixed", "hash": None}}
         figures["unmet"] = sorted(set(x for c in cells.values() for x in unmet(
             c["tuning"]["arms"], args.tuning_seeds, config["eval_seeds"], figures["tokens_per_param"], figures["corpus"])))
         paths = harness.write(figures, text, plot)

@@ -443,6 +443,18 @@ def steps_for(params: int, tokens_per_step: int, tokens_per_param: float, multip
     return max(multiple, math.ceil(tokens_per_param * params / tokens_per_step / multiple) * multiple)
 
 
+def corpus_facts(data: dict[str, Any], model: dict[str, Any], seq_len: int) -> dict[str, Any]:
+    """The corpus every run of a benchmark trains on: its identity ({name, hash, note}: the pinned corpus's hash,
+    or why there is none) and its training tokens (for epochs). Built once, in the benchmark's own process."""
+    from decentrain.config import config_from_dict
+    from decentrain.data.blocks import build_corpus
+    from decentrain.models.factory import build_tokenizer
+
+    cfg = config_from_dict({"data": {**data, "seq_len": seq_len}, "model": model_section(model, seq_len)})
+    corpus = build_corpus(cfg.data, build_tokenizer(cfg.model))
+    return {**corpus.identity, "train_tokens": sum(len(corpus.blocks[d]["train"]) for d in corpus.blocks) * seq_len}
+
+
 def corpus_of(rows: Iterable[dict]) -> dict[str, Any] | None:
     """The corpus a run's metrics name (the header record's {"name", "hash"}); None when not logged."""
     for r in rows:

@@ -53,8 +53,9 @@ from typing import Any
 
 import torch
 
-from benchmarks.harness import (CACHE_DIR, MODEL_SIZES, RESULTS, Harness, add_corpus_flags, bench_parser, corpus_of, fmt, header,
-                                mean_std, model_params, model_section, parse, recipe_sections, save_figure, seed_list, steps_for)
+from benchmarks.harness import (CACHE_DIR, MODEL_SIZES, RESULTS, Harness, add_corpus_flags, bench_parser, corpus_facts,
+                                corpus_of, fmt, header, mean_std, model_params, model_section, parse, recipe_sections,
+                                save_figure, seed_list, steps_for)
 from benchmarks.protocol import (Axis, DecisionRule, consistency, decide, decision, describe, describe_consistency,
                                  describe_rules, describe_tuning, grid_search, preregister, unmet)
 
@@ -337,7 +338,10 @@ def main(argv: list[str] | None = None) -> None:
     spaces = {k: ({n: Axis(a.ladder, (a.start[len(a.start) // 2],), a.ordered) for n, a in sp.items()} if args.small_grid else sp)
               for k, sp in {**SPACES, "inner": INNER_SPACE}.items()}
     data = recipe_sections([f"data={args.data}", *args.override])["data"]
-    base = {"steps": steps, "local_batch": args.local_batch, "seq_len": args.seq_len, "data": data, "warmup": args.warmup,
+    corpus = corpus_facts(data, model, args.seq_len)
+    # the corpus hash rides in every job: a run cached on other text is never reused
+    base = {"steps": steps, "local_batch": args.local_batch, "seq_len": args.seq_len, "data": data, "corpus_hash": corpus["hash"],
+            "warmup": args.warmup,
             "eval_every": 2 * h, "eval_blocks": args.eval_blocks, "final_blocks": args.final_blocks, "model": model,
             "pairing_seed": None if args.pairing_seed < 0 else args.pairing_seed}
     fits = json.loads((RESULTS / "comm_sync.json").read_text())["figures"]["fits"]
@@ -369,9 +373,10 @@ def main(argv: list[str] | None = None) -> None:
     for n in args.workers:
         figures["cells"][f"N={n}"] = analyse(res, n, seeds, res[(n, "ddp", seeds[0])]["params"], h, steps,
                                              n * args.local_batch * args.seq_len, fits, tuning, config["decision_rules"])
-    corpora = {json.dumps(r.get("corpus"), sort_keys=True) for r in res.values()}
-    figures["corpus"] = json.loads(corpora.pop()) if len(corpora) == 1 else {"name": "mixed", "hash": None}
+    logged = {json.dumps(r["corpus"], sort_keys=True) for r in res.values() if r.get("corpus")}
+    figures["corpus"] = corpus if len(logged) <= 1 else {"name": "mixed", "hash": None}
     figures["tokens_per_param"] = steps * tokens_per_step / params
+    figures["epochs"] = steps * tokens_per_step / corpus["train_tokens"]
     figures["unmet"] = unmet(tuning["arms"], args.tuning_seeds, seeds, figures["tokens_per_param"], figures["corpus"])
     figures["departures"] = [
         f"model: Llama {model} ({params:,} params) vs the paper's 125M-6.8B; inner AdamW lr {tuning['inner_lr']:g} (checked once), "
@@ -413,8 +418,9 @@ def text(rec: dict) -> str:
     t = f["tuning"]
     lines = [header(rec), "",
              f"NoLoCo H={p['noloco_H']} vs DiLoCo 2H={p['diloco_2H']} (the paper's 1:2) and DiLoCo H={p['noloco_H']} (equal H), DDP as "
-             f"reference; {f['steps']} inner steps at equal tokens ({f['tokens_per_param']:.1f} tokens/param), data={cfg['data_name']} "
-             f"(corpus {f['corpus']}); N={cfg['workers']}; tuning seeds {cfg['tuning']['seeds']} at N={t['at_workers']}, "
+             f"reference; {f['steps']} inner steps at equal tokens ({f['tokens_per_param']:.1f} tokens/param, {f.get('epochs', 0):.1f} epochs), "
+             f"data={cfg['data_name']} (corpus {f['corpus'].get('name')} {f['corpus'].get('hash') or f['corpus'].get('note')}); "
+             f"N={cfg['workers']}; tuning seeds {cfg['tuning']['seeds']} at N={t['at_workers']}, "
              f"eval seeds {cfg['seeds']}; {cfg['emulation']}",
              "decision rules (fixed before the run): " + describe_rules(cfg["decision_rules"]),
              "protocol: " + ("met" if not f["unmet"] else "NOT MET: " + "; ".join(f["unmet"])),
