@@ -129,7 +129,7 @@ def test_upgrade_cli_rewrites_files_once(tmp_path, capsys):
 
 SCRIPTS = [p for p in sorted(RESULTS.parent.glob("*.py"))
            if p.stem not in ("__init__", "harness", "record", "common", "fault_tolerance_netns", "repro_table",
-                             "ledger", "gpu_efficiency", "protocol", "claims")]  # helpers, not benchmarks
+                             "ledger", "gpu_efficiency", "protocol", "claims", "scale")]  # helpers
 
 
 @pytest.mark.parametrize("path", SCRIPTS, ids=lambda p: p.stem)
