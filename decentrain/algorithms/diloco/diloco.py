@@ -5,6 +5,11 @@ inner optimizer; every H steps `outer_step` averages Δ = θ_prev − θ_i over 
 takes an outer step on the fp32 slow weights (`algorithm.outer_optimizer`, by default
 Nesterov SGD) and copies them back. With `algorithm.overlap=true` the all-reduce of round r
 runs during round r+1 and lands at its end, one outer step late (outer/overlap.py).
+
+`algorithm.rounds.mode` picks how a round closes (outer/rounds.py): `lockstep` (the all-reduce above,
+every replica every round) or `quorum` (outer/quorum.py: at min_quorum deliveries once an adaptive
+deadline passed, or when every live replica delivered; token-weighted; a replica that missed a round
+applies it at its next sync). Δ travels to the board as its flat fp32 bytes (`DenseMean`).
 """
 
 from __future__ import annotations
@@ -13,10 +18,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from decentrain.algorithms.base import register_algorithm
 from decentrain.algorithms.outer.optimizers import OuterOptimizerConfig
 from decentrain.algorithms.outer.overlap import DelayedOuter, check_overlap
+from decentrain.algorithms.outer.quorum import RoundsConfig
+from decentrain.algorithms.outer.rounds import RoundStrategy, build_rounds, check_rounds
 from decentrain.algorithms.outer.updates import OuterOptimizer
 from decentrain.algorithms.pretraining.inner_outer import InnerOuterAlgorithm, InnerOuterConfig
 from decentrain.core.comm.transport import PendingMean
@@ -29,10 +37,51 @@ class DiLoCoConfig(InnerOuterConfig):
     outer_optimizer: OuterOptimizerConfig = field(default_factory=lambda: OuterOptimizerConfig("sgd", 0.7, 0.9))  # sgd: Nesterov at μ > 0
     # one-step-delayed outer update: round r's all-reduce overlaps round r+1's inner steps (outer/overlap.py)
     overlap: bool = False
+    # how a round closes: lockstep (every replica, an all-reduce) or quorum (outer/quorum.py)
+    rounds: RoundsConfig = field(default_factory=RoundsConfig)
 
     def __post_init__(self) -> None:
         super().__post_init__()
         check_overlap(self)
+        check_rounds(self.rounds, overlap=self.overlap, pacing=self.adaptive_inner_steps)
+
+
+class DenseMean:
+    """DiLoCo's payload, Δ as fp32 tensors: the all-reduce mean, or the mean of flat fp32 bytes off the board
+    summed in the record's order and divided by the members kept (the all-reduce's rank-order sum when every
+    replica is a member, as the in-process transport sums)."""
+
+    def __init__(self, algo: "DiLoCo"):
+        self.algo = algo
+        self.like = [torch.empty(s.shape, dtype=torch.float32) for s in algo.outer.slow]
+        self.numel = sum(t.numel() for t in self.like)
+        self.bad_payloads = 0  # board payloads of the wrong size
+
+    def to_bytes(self, delta: list[torch.Tensor]) -> bytes:
+        return _flatten_dense_tensors([t.detach().float().cpu() for t in delta]).numpy().tobytes()
+
+    def collective(self, delta: list[torch.Tensor]) -> tuple[list[torch.Tensor], dict[str, float]]:
+        pending = self.algo.comm().start_mean(delta)
+        return pending.result(), {"outer/payload_bytes": float(pending.payload_bytes)}
+
+    def merge(self, parts: list[tuple[bytes, float, int]]) -> tuple[list[torch.Tensor], dict[str, float]]:
+        device = self.algo.outer.slow[0].device
+        total, kept = None, 0
+        for data, scale, _ in parts:
+            if len(data) != 4 * self.numel:  # a size check before any tensor is made of it
+                self.bad_payloads += 1
+                continue
+            flat = torch.frombuffer(bytearray(data), dtype=torch.float32).to(device)
+            flat = flat if scale == 1.0 else flat * scale
+            total = flat.clone() if total is None else total.add_(flat)
+            kept += 1
+        if total is None:  # nothing usable: no move this round
+            total, kept = torch.zeros(self.numel, dtype=torch.float32, device=device), 1
+        metrics = {"outer/payload_bytes": float(4 * self.numel), "quorum/payload_dropped": float(self.bad_payloads)}
+        return list(_unflatten_dense_tensors(total / kept, [t.to(device) for t in self.like])), metrics
+
+    def left_out(self, delta: list[torch.Tensor]) -> None:
+        pass  # θ is reset to φ after the sync: the late Δ is gone with it
 
 
 @register_algorithm("diloco", DiLoCoConfig)
@@ -44,6 +93,13 @@ class DiLoCo(InnerOuterAlgorithm):
         self.outer = OuterOptimizer(self.params, self.cfg.outer_optimizer)
         self.delayed = DelayedOuter(self.params) if self.cfg.overlap else None
         self.in_flight: PendingMean | None = None  # overlap: the mean of the last round's Δ, still travelling
+        self.sync: RoundStrategy = build_rounds(self.cfg.rounds, self.world.rank, self.world.world_size, self.comm(),
+                                                DenseMean(self))
+        self.sync.start()
+
+    @classmethod
+    def check_world(cls, cfg: DiLoCoConfig, world_size: int) -> None:
+        cfg.rounds.check_world(world_size)
 
     def outer_step(self, model: torch.nn.Module) -> dict[str, float]:
         if self.delayed is not None:
@@ -51,15 +107,20 @@ class DiLoCo(InnerOuterAlgorithm):
             self.delayed.correct(self.params, self.outer.slow)  # θ ← φ + (θ − b) ; b ← θ
             return {**metrics, **self._send(), "outer/round": float(self.round + 1)}
         delta = self.outer.pseudo_gradient(self.params)
-        pending = self.comm().start_mean(delta)
-        mean = pending.result()
+        synced = self.sync.exchange(delta, self.inner_count, self.round)
         if self.cfg.adaptive_inner_steps:
             self._share_pace()
-        self.outer.step(mean)
+        for mean in synced.updates:  # lockstep: one; quorum: every round closed since this replica's last sync
+            self.outer.step(mean)
         self.outer.copy_to(self.params)
-        norm = torch.sqrt(sum((d.double() ** 2).sum() for d in mean)).item()
-        return {"outer/pseudo_grad_norm": norm, "outer/round": float(self.round + 1),
-                "outer/payload_bytes": float(pending.payload_bytes)}
+        self.round += len(synced.updates) - 1  # the loop counts one
+        metrics = dict(synced.metrics)
+        if synced.updates:
+            metrics["outer/pseudo_grad_norm"] = torch.sqrt(sum((d.double() ** 2).sum() for d in synced.updates[-1])).item()
+        return {**metrics, "outer/round": float(self.round + 1)}
+
+    def should_stop(self, step: int, total_steps: int) -> bool:
+        return super().should_stop(step, total_steps) or self.sync.stops(self.round, total_steps, self.cfg.inner_steps)
 
     def _send(self) -> dict[str, float]:
         """Start the mean of this round's Δ = φ − b (= φ − θ just after the correction)."""
@@ -74,7 +135,15 @@ class DiLoCo(InnerOuterAlgorithm):
         return {"outer/pseudo_grad_norm": torch.sqrt(sum((d.double() ** 2).sum() for d in mean)).item()}
 
     def drain(self, model: torch.nn.Module) -> dict[str, float]:
-        if self.delayed is None or self.in_flight is None:
+        if self.delayed is None:  # quorum rounds this replica has not applied yet (lockstep: none)
+            synced = self.sync.drain(self.round)
+            for mean in synced.updates:
+                self.outer.step(mean)
+            if synced.updates:
+                self.outer.copy_to(self.params)
+                self.round += len(synced.updates)
+            return synced.metrics
+        if self.in_flight is None:
             return {}
         metrics = self._land()
         self.delayed.correct(self.params, self.outer.slow)
@@ -84,6 +153,7 @@ class DiLoCo(InnerOuterAlgorithm):
         if self.in_flight is not None:  # stopped early (train.stop_at): never leave a collective in flight
             self.in_flight.result()
             self.in_flight = None
+        self.sync.finish()
 
     def _share_pace(self) -> None:
         # DiLoCo syncs everybody anyway: one tiny MIN all-reduce tells all replicas the fastest step time.

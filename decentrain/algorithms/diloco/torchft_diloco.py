@@ -28,6 +28,7 @@ from decentrain.algorithms.base import Algorithm
 from decentrain.algorithms.diloco.diloco import DiLoCoConfig
 from decentrain.algorithms.diloco.streaming import StreamingDiLoCoConfig
 from decentrain.algorithms.outer.optimizers import OUTER_OPTIMIZERS
+from decentrain.algorithms.outer.rounds import ROUND_MODES
 from decentrain.algorithms.outer.updates import fragment_param_names
 from decentrain.algorithms.pretraining.torchft.manager import FT_ALGORITHMS, ReplicaGroup, build_manager, ft_metrics
 from decentrain.core.world import World
@@ -73,6 +74,10 @@ class TorchFTDiLoCo(Algorithm):
     cfg: DiLoCoConfig | StreamingDiLoCoConfig
 
     def __init__(self, cfg: DiLoCoConfig | StreamingDiLoCoConfig, world: World, group: ReplicaGroup, total_steps: int):
+        mode = getattr(cfg, "rounds", None)
+        if mode is not None and ROUND_MODES.get(mode.mode).needs_board:  # torchft's Manager forms its own quorums
+            raise ValueError(f"algorithm.rounds.mode={mode.mode} runs on the transport's board, which torchft's replica "
+                             "groups do not use; allowed with launcher.fault_tolerance=torchft: lockstep")
         super().__init__(cfg, world)
         self.group, self.total_steps = group, total_steps
         self.manager = None

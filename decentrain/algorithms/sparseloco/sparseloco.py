@@ -28,6 +28,12 @@ outer_learning_rate 1.0): `tiling: tensor` (64×64 tiles per tensor), `quantizer
 library's first choices stay as named options: `tiling: flat` (chunks of `chunk_size` over the
 flat vector), `quantizer: maxabs`, `aggregation: sum_over_replicas` (the paper's 1/R).
 
+`algorithm.rounds.mode` picks how a round closes (outer/rounds.py): `lockstep` (the all-gather above) or
+`quorum` (outer/quorum.py). In quorum mode the payloads of a round not every replica made are read off
+the board and averaged by the same aggregation, each decoded message scaled by its token weight (1.0,
+untouched, when the tokens are equal); a message left out for good (late under `late: drop`) goes back
+into its sender's error buffer, e ← e + D(c), so error feedback carries it to the next round.
+
 Remaining departures from the reference, named: k scaled to tiles smaller than 64×64 and 1-D
 tensors tiled like rows (outer/compression.py); uint16 indices, not 12-bit; no clipping of each
 sender's values to the median norm over senders (templar's `batch_decompress(clip_norm=True)`,
@@ -47,8 +53,10 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from decentrain.algorithms.base import register_algorithm
 from decentrain.algorithms.outer.compression import (AGGREGATIONS, BITS, MAX_CHUNK, CompressionSpec, ErrorFeedback,
-                                                      decompress, sent_mask)
+                                                      SparseChunks, decompress, sent_mask)
 from decentrain.algorithms.outer.optimizers import OuterOptimizerConfig
+from decentrain.algorithms.outer.quorum import RoundsConfig
+from decentrain.algorithms.outer.rounds import RoundStrategy, build_rounds, check_rounds
 from decentrain.algorithms.outer.sparse_payload import decode, encode, payload_bytes
 from decentrain.algorithms.outer.sparse_quantizers import QUANTIZERS
 from decentrain.algorithms.outer.updates import OuterOptimizer
@@ -74,11 +82,14 @@ class SparseLoCoConfig(InnerOuterConfig):
     bits: int = 2  # b: value bits (2, 4 or 8)
     quantizer: str = "statistical"  # the reference's 6σ/4-bin quantiser, or "maxabs": one scale per tile
     aggregation: str = "mean_over_senders"  # or "sum_over_replicas" (the paper's 1/R); outer/compression.py
+    # how a round closes: lockstep (every replica, an all-gather) or quorum (outer/quorum.py)
+    rounds: RoundsConfig = field(default_factory=RoundsConfig)
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.adaptive_inner_steps:
             raise ValueError("algorithm.adaptive_inner_steps is not supported by sparseloco; allowed: false")
+        check_rounds(self.rounds)
         check_range("algorithm.ef_decay", self.ef_decay, 0, 1)
         AGGREGATIONS.get(self.aggregation, field="algorithm.aggregation")
         TILINGS.get(self.tiling, field="algorithm.tiling")
@@ -107,6 +118,57 @@ def _flat_chunks(cfg: SparseLoCoConfig, shapes: list[torch.Size]) -> Compression
     return CompressionSpec.flat(numel, min(cfg.chunk_size, numel), min(cfg.topk, cfg.chunk_size, numel), cfg.bits, cfg.quantizer)
 
 
+@dataclass
+class Message:
+    chunks: SparseChunks  # what the error buffer gave up for this message
+    data: bytes  # its wire bytes (outer/sparse_payload.py)
+
+
+class SparsePayloads:
+    """SparseLoCo's payload: the all-gather of every replica's message, or the messages a quorum round's
+    record lists, read off the board; both decoded in order and averaged by `algorithm.aggregation`."""
+
+    def __init__(self, algo: "SparseLoCo"):
+        self.algo = algo
+
+    def to_bytes(self, msg: Message) -> bytes:
+        return msg.data
+
+    def collective(self, msg: Message) -> tuple[torch.Tensor, dict[str, float]]:
+        a = self.algo
+        gathered = a.comm().all_gather_bytes(msg.data, max_bytes=payload_bytes(a.spec))
+        mean, dropped = self._mean([(data, 1.0, a.round) for data in gathered])
+        n = len(gathered)
+        return mean, {"outer/payload_bytes": float(len(msg.data)), "outer/bytes_sent": float((n - 1) * (len(msg.data) + 8)),
+                      "outer/payload_dropped": float(dropped)}
+
+    def merge(self, parts: list[tuple[bytes, float, int]]) -> tuple[torch.Tensor, dict[str, float]]:
+        mean, dropped = self._mean(parts)
+        return mean, {"outer/payload_bytes": float(payload_bytes(self.algo.spec)), "outer/payload_dropped": float(dropped)}
+
+    def _mean(self, parts: list[tuple[bytes, float, int]]) -> tuple[torch.Tensor, int]:
+        """Decode in order, scale, aggregate; a message that does not decode is dropped and counted."""
+        a = self.algo
+        device = a.outer.slow[0].device
+        values, masks, dropped = [], [], 0
+        for i, (data, scale, base) in enumerate(parts):
+            chunks, why = decode(data, a.spec, base)
+            if chunks is None:
+                dropped += 1
+                logger.warning("sparseloco round %d: dropped message %d (of round %d): %s", a.round, i, base, why)
+                continue
+            value = decompress(chunks, a.spec).to(device)
+            values.append(value if scale == 1.0 else value * scale)
+            masks.append(sent_mask(chunks, a.spec).to(device))
+        a.dropped += dropped
+        # our own message is always among them unless the wire broke it
+        mean = a.aggregate(values, masks) if values else torch.zeros(a.spec.numel, dtype=torch.float32, device=device)
+        return mean, dropped
+
+    def left_out(self, msg: Message) -> None:
+        self.algo.ef.error.add_(decompress(msg.chunks, self.algo.spec).to(self.algo.ef.error))  # e ← e + D(c)
+
+
 @register_algorithm("sparseloco", SparseLoCoConfig)
 class SparseLoCo(InnerOuterAlgorithm):
     cfg: SparseLoCoConfig
@@ -119,33 +181,44 @@ class SparseLoCo(InnerOuterAlgorithm):
         self.ef = ErrorFeedback(self.spec, self.cfg.ef_decay, self.world.device)
         self.aggregate = AGGREGATIONS.get(self.cfg.aggregation)
         self.dropped = 0  # payloads dropped over the run
+        self.sync: RoundStrategy = build_rounds(self.cfg.rounds, self.world.rank, self.world.world_size, self.comm(),
+                                                SparsePayloads(self))
+        self.sync.start()
         if self.world.is_main:
             logger.info("sparseloco: %d parameters, %s tiling (%d tiles), %d kept, %d-bit %s: %d payload bytes vs %d dense fp32 "
                         "(%.1fx)", numel, self.cfg.tiling, sum(g.n for g in self.spec.groups), self.spec.kept, self.spec.bits,
                         self.cfg.quantizer, payload_bytes(self.spec), 4 * numel, 4 * numel / payload_bytes(self.spec))
 
+    @classmethod
+    def check_world(cls, cfg: SparseLoCoConfig, world_size: int) -> None:
+        cfg.rounds.check_world(world_size)
+
     def outer_step(self, model: torch.nn.Module) -> dict[str, float]:
         delta = _flatten_dense_tensors(self.outer.pseudo_gradient(self.params))
-        payload = encode(self.ef.step(delta), self.spec, self.round)
-        gathered = self.comm().all_gather_bytes(payload, max_bytes=payload_bytes(self.spec))
-        values, masks, dropped = [], [], 0
-        for rank, data in enumerate(gathered):
-            chunks, why = decode(data, self.spec, self.round)
-            if chunks is None:
-                dropped += 1
-                logger.warning("sparseloco round %d: dropped rank %d's payload: %s", self.round, rank, why)
-                continue
-            values.append(decompress(chunks, self.spec).to(delta.device))
-            masks.append(sent_mask(chunks, self.spec).to(delta.device))
-        self.dropped += dropped
-        # our own payload is always among them unless the wire broke it
-        mean = self.aggregate(values, masks) if values else torch.zeros_like(delta)
-        self.outer.step(_unflatten_dense_tensors(mean, self.outer.slow))
+        chunks = self.ef.step(delta)
+        synced = self.sync.exchange(Message(chunks, encode(chunks, self.spec, self.round)), self.inner_count, self.round)
+        for mean in synced.updates:  # lockstep: one; quorum: every round closed since this replica's last sync
+            self.outer.step(_unflatten_dense_tensors(mean, self.outer.slow))
         self.outer.copy_to(self.params)
-        n = len(gathered)
-        return {"outer/pseudo_grad_norm": mean.norm().item(), "outer/error_norm": self.ef.error.norm().item(),
-                "outer/payload_bytes": float(len(payload)), "outer/bytes_sent": float((n - 1) * (len(payload) + 8)),
-                "outer/payload_dropped": float(dropped), "outer/round": float(self.round + 1)}
+        self.round += len(synced.updates) - 1  # the loop counts one
+        norm = synced.updates[-1].norm().item() if synced.updates else 0.0
+        return {"outer/pseudo_grad_norm": norm, "outer/error_norm": self.ef.error.norm().item(), **synced.metrics,
+                "outer/round": float(self.round + 1)}
+
+    def should_stop(self, step: int, total_steps: int) -> bool:
+        return super().should_stop(step, total_steps) or self.sync.stops(self.round, total_steps, self.cfg.inner_steps)
+
+    def drain(self, model: torch.nn.Module) -> dict[str, float]:
+        synced = self.sync.drain(self.round)  # quorum rounds this replica has not applied yet (lockstep: none)
+        for mean in synced.updates:
+            self.outer.step(_unflatten_dense_tensors(mean, self.outer.slow))
+        if synced.updates:
+            self.outer.copy_to(self.params)
+            self.round += len(synced.updates)
+        return synced.metrics
+
+    def on_train_end(self, model: torch.nn.Module) -> None:
+        self.sync.finish()
 
     def outer_state(self) -> dict[str, Any]:
         return {"outer": self.outer.state_dict(), "ef": self.ef.state_dict(), "dropped": self.dropped}
