@@ -54,8 +54,8 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.harness import (CACHE_DIR, MODEL_SIZES as SIZES, Harness, add_corpus_flags, bench_parser, corpus_facts,
-                                corpus_of, fmt, header, mean_std, model_params, model_section, parse, recipe_sections,
-                                save_figure, seed_list, steps_for)
+                                corpus_of, divergence, fmt, header, mean_std, model_params, model_section, parse,
+                                recipe_sections, save_figure, seed_list, steps_for)
 from benchmarks.protocol import (Axis, DecisionRule, consistency, decision, describe, describe_consistency, describe_rules,
                                  describe_tuning, grid_search, preregister, unmet)
 
@@ -134,9 +134,14 @@ def train_run(job: dict[str, Any]) -> dict[str, Any]:
 
     torch.set_num_threads(1)
     cfg = config_from_dict(_config(job))
+    diverged = None
     with tempfile.TemporaryDirectory(prefix="compressed_sync_") as d:
-        run_replicas_in_process(cfg, job["ranks"], Path(d))
-        rows = read_jsonl(Path(d) / "metrics.jsonl")
+        try:
+            run_replicas_in_process(cfg, job["ranks"], Path(d))
+        except RuntimeError as e:  # a diverged grid point loses; anything else stops the benchmark
+            if (diverged := divergence(e)) is None:
+                raise
+        rows = read_jsonl(Path(d) / "metrics.jsonl") if (Path(d) / "metrics.jsonl").exists() else []
     numel = sum(p.numel() for p in build_model(cfg.model, build_tokenizer(cfg.model)).parameters())
     steps, payload, wire = sync_bytes(job["method"], rows, numel, job["ranks"])
     curve, bpb = [], None
@@ -145,8 +150,8 @@ def train_run(job: dict[str, Any]) -> dict[str, Any]:
             done = [i for i, s in enumerate(steps) if s <= r["step"]]
             curve.append([r["step"], r["eval/loss"], sum(payload[i] for i in done), sum(wire[i] for i in done)])
             bpb = r.get("eval/bpb", bpb)
-    return {"numel": numel, "curve": curve, "syncs": len(steps), "final": curve[-1][1], "final_bpb": bpb,
-            "corpus": corpus_of(rows)}
+    return {"numel": numel, "curve": curve, "syncs": len(steps), "final": math.inf if diverged or not curve else curve[-1][1],
+            "final_bpb": bpb, "corpus": corpus_of(rows), "diverged": diverged}
 
 
 def plan_steps(params: int, tokens_per_step: int, tokens_per_param: float) -> int:
@@ -195,6 +200,7 @@ def bytes_to(curve: list[list[float]], target: float) -> tuple[float, float, flo
 def figures_for(n: int, tuning: dict[str, Any], runs: dict[str, list[dict[str, Any]]], rules: dict[str, dict]) -> dict[str, Any]:
     """One N's figures from its eval runs (`runs`: arm -> its seeds' results, seed order) under the fixed rules."""
     finals = {m: [r["final"] for r in rs] for m, rs in runs.items()}
+    runs = {m: [r for r in rs if not r.get("diverged")] or rs for m, rs in runs.items()}  # curves: the runs that finished
     base_curve = seed_mean_curve(runs["diloco"])
     target = 1.01 * mean_std(finals["diloco"])["mean"]
     base_hit = bytes_to(base_curve, target)

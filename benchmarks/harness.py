@@ -44,8 +44,8 @@ from typing import Any
 from benchmarks.record import (RESULTS, ROOT, SCHEMA, SCHEMA_ID, _git, command_line, git_state, hardware,  # noqa: F401
                                provenance, upgrade_record, validate_record, versions)
 # the scale of a pre-training comparison: model sizes, steps for tokens per parameter, the corpus (benchmarks/scale.py)
-from benchmarks.scale import (MODEL_SIZES, add_corpus_flags, corpus_facts, corpus_of, model_params, model_section,  # noqa: F401
-                              recipe_sections, steps_for)
+from benchmarks.scale import (MODEL_SIZES, add_corpus_flags, corpus_facts, corpus_of, divergence, model_params,  # noqa: F401
+                              model_section, recipe_sections, steps_for)
 # and the one tuning and decision protocol (benchmarks/protocol.py, docs/benchmarks.md)
 from benchmarks.protocol import (Axis, DecisionRule, check_seeds, consistency, decide, decision, decisions_in,  # noqa: F401
                                  describe, describe_tuning, detectable, grid_search, preregister, recompute, seeds_needed)

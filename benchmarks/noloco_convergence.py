@@ -54,8 +54,8 @@ from typing import Any
 import torch
 
 from benchmarks.harness import (CACHE_DIR, MODEL_SIZES, RESULTS, Harness, add_corpus_flags, bench_parser, corpus_facts,
-                                corpus_of, fmt, header, mean_std, model_params, model_section, parse, recipe_sections,
-                                save_figure, seed_list, steps_for)
+                                corpus_of, divergence, fmt, header, mean_std, model_params, model_section, parse,
+                                recipe_sections, save_figure, seed_list, steps_for)
 from benchmarks.protocol import (Axis, DecisionRule, consistency, decide, decision, describe, describe_consistency,
                                  describe_rules, describe_tuning, grid_search, preregister, unmet)
 
@@ -159,7 +159,15 @@ def train_run(job: dict[str, Any]) -> dict[str, Any]:
     replicas = 1 if job["algorithm"] == "ddp" else job["workers"]
     with tempfile.TemporaryDirectory(prefix="noloco_convergence_") as run_dir:
         t0 = time.perf_counter()
-        runs = run_replicas_in_process(cfg, replicas, Path(run_dir))
+        try:
+            runs = run_replicas_in_process(cfg, replicas, Path(run_dir))
+        except RuntimeError as e:  # a diverged grid point loses; anything else stops the benchmark
+            if (diverged := divergence(e)) is None:
+                raise
+            return {"diverged": diverged, "params": num_params(build_model(cfg.model, build_tokenizer(cfg.model))),
+                    **dict.fromkeys(("final_val_loss", "final_test_loss", "final_test_ppl", "final_val_loss_avg_model",
+                                     "final_test_loss_avg_model", "test_loss_replica_spread"), math.inf),
+                    "val_curve": [], "train_s": time.perf_counter() - t0, "corpus": None}
         train_s = time.perf_counter() - t0
         curves, corpus_named = [], None
         for r in range(replicas):

@@ -79,3 +79,15 @@ def corpus_of(rows: Iterable[dict]) -> dict[str, Any] | None:
         if isinstance(c, dict):
             return {"name": c.get("name"), "hash": c.get("hash")}
     return None
+
+
+def divergence(error: BaseException) -> str | None:
+    """The training loop's own stop on a non-finite loss or weights (FloatingPointError, wrapped by the in-process
+    replicas), as text; None for any other failure, which the benchmark must not swallow. A grid point that
+    diverges is a result (it loses), not a crash of the whole search."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, FloatingPointError):
+            return str(seen)
+        seen = seen.__cause__
+    return None

@@ -106,3 +106,28 @@ def test_the_compare_preset_names_the_tuned_settings_and_what_stands_behind_them
 
     cfg = CompareConfig(**{k: v for k, v in p.items()})  # the preset is a valid compare config
     assert cfg.arms["diloco"].behind.endswith("8 eval seeds")
+
+
+def test_a_diverged_grid_point_loses_and_any_other_failure_stops_the_benchmark(monkeypatch):
+    import math
+
+    import decentrain.algorithms.pretraining.inprocess_replicas as replicas
+    from benchmarks.compressed_sync import SIZES, train_run
+    from benchmarks.scale import divergence
+
+    def diverges(*a, **k):
+        try:
+            raise FloatingPointError("step 7: train loss is nan")
+        except FloatingPointError as e:
+            raise RuntimeError("in-process replica 0 failed") from e  # as run_replicas_in_process wraps it
+
+    job = {"steps": 40, "model": SIZES["xs"], "seq_len": 64, "batch": 8, "data": {"name": "offline", "source": "offline"},
+           "warmup": 1, "eval_every": 40, "eval_seqs": 8, "fixed": {"topk": 64, "bits": 2}, "diloco_h": 20, "ranks": 2,
+           "method": "diloco", "setting": {"lr": 4.0, "momentum": 0.95, "nesterov": True}, "h": 20, "seed": 0, "inner_lr": 1e-3}
+    monkeypatch.setattr(replicas, "run_replicas_in_process", diverges)
+    r = train_run(job)
+    assert r["final"] == math.inf and "train loss is nan" in r["diverged"]
+    monkeypatch.setattr(replicas, "run_replicas_in_process", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("a bug")))
+    with pytest.raises(RuntimeError, match="a bug"):
+        train_run(job)
+    assert divergence(ValueError("x")) is None
