@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import inspect
 import json
 import logging
 import os
@@ -60,12 +61,20 @@ def normalize(text: str) -> bytes:
     return text.replace("\r\n", "\n").replace("\r", "\n").replace("\0", "").strip().encode("utf-8")
 
 
+def extraction_key(domain: Domain) -> str:
+    """What a domain's documents depend on: its sources, its extractor's code and its tools' versions."""
+    parts = [s.sha256 for s in domain.sources] + [inspect.getsource(domain.extract), json.dumps(tool_versions([domain]))]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
+
+
 def extract(domain: Domain, work: Path, cache: Path) -> tuple[list[str], list[bytes]]:
-    """(groups, documents) of a domain, from its work-folder copy when an earlier prepare made it."""
-    done = work / f"{domain.name}.json"
+    """(groups, documents) of a domain, from its work-folder copy when an earlier prepare made it from the
+    same sources, code and tools."""
+    stem = f"{domain.name}.{extraction_key(domain)}"
+    done = work / f"{stem}.json"
     if done.exists():
         groups = json.loads(done.read_text())
-        stream = np.fromfile(work / f"{domain.name}.bin", dtype=np.uint8)
+        stream = np.fromfile(work / f"{stem}.bin", dtype=np.uint8)
         return groups, bytes(stream).split(b"\0")[:-1]
     trees = {s.name: open_tree(fetch(s, cache)) for s in domain.sources}
     groups, docs = [], []
@@ -75,7 +84,7 @@ def extract(domain: Domain, work: Path, cache: Path) -> tuple[list[str], list[by
             groups.append(group)
             docs.append(body)
     work.mkdir(parents=True, exist_ok=True)
-    dedup.join_docs([np.frombuffer(d, np.uint8) for d in docs]).tofile(work / f"{domain.name}.bin")
+    dedup.join_docs([np.frombuffer(d, np.uint8) for d in docs]).tofile(work / f"{stem}.bin")
     done.write_text(json.dumps(groups))  # written last: its presence means the .bin is whole
     log.info("extracted %s: %d documents, %.1f MB", domain.name, len(docs), sum(map(len, docs)) / 1e6)
     return groups, docs
@@ -85,7 +94,8 @@ def _order(seed: int, domain: str, group: str) -> str:
     return hashlib.sha256(f"{seed}:{domain}:{group}".encode()).hexdigest()
 
 
-def split_groups(name: str, groups: list[str], docs: list[bytes], cfg: PrepareConfig, cap: int) -> dict[str, list[bytes]]:
+def split_groups(name: str, groups: list[str], docs: list[bytes], cfg: PrepareConfig, cap: int,
+                 scale: float = 1.0) -> dict[str, list[bytes]]:
     """Whole groups to val, then test, until each holds its bytes; the rest to train, up to `cap` bytes.
 
     Groups come in a seeded order of their names; one larger than half the held-out target stays in
@@ -95,7 +105,7 @@ def split_groups(name: str, groups: list[str], docs: list[bytes], cfg: PrepareCo
     for g, d in zip(groups, docs):
         by_group.setdefault(g, []).append(d)
     out: dict[str, list[bytes]] = {s: [] for s in SPLITS}
-    want = {"val": cfg.val_bytes, "test": cfg.test_bytes}
+    want = {"val": cfg.val_bytes * scale, "test": cfg.test_bytes * scale}
     have = dict.fromkeys(SPLITS, 0)
     for g in sorted(by_group, key=lambda g: _order(cfg.seed, name, g)):
         size = sum(map(len, by_group[g]))
@@ -150,7 +160,8 @@ def prepare(cfg: PrepareConfig, domains: list[Domain] | None = None) -> dict:
         keep = [i for i, doc in enumerate(docs) if not ((h := hashlib.sha256(doc).digest()) in seen or seen.add(h))]
         near = dedup.near_duplicates([docs[i] for i in keep], cfg.near_dup_threshold, seed=cfg.seed)
         keep = [i for j, i in enumerate(keep) if j not in near]
-        splits[d.name] = split_groups(d.name, [groups[i] for i in keep], [docs[i] for i in keep], cfg, d.max_train_bytes)
+        splits[d.name] = split_groups(d.name, [groups[i] for i in keep], [docs[i] for i in keep], cfg, d.max_train_bytes,
+                                      d.heldout_scale)
         stats[d.name] = {"documents": len(docs), "exact_duplicates": len(docs) - len(keep) - len(near),
                          "near_duplicates": len(near), "bytes_extracted": sum(map(len, docs))}
     streams = {(n, s): _stream(parts[s]) for n, parts in splits.items() for s in SPLITS}

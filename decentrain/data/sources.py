@@ -63,6 +63,8 @@ SOURCES = {s.name: s for s in (
          "96ef96fe6df87d939ca713bd7df3d15c2b778ccb892eca025c4ee504146f697b", 17000500),
     _deb("rust-src", "1.63.0+dfsg1-2", "pool/main/r/rustc/rust-src_1.63.0+dfsg1-2_all.deb",
          "410b8c6d464cabbe5fb3154ab8c3d374980dd597fbe7e3b7bb3ed8dd1bf11e25", 18161724),
+    _deb("sbcl-source", "2:2.2.9-1", "pool/main/s/sbcl/sbcl-source_2.2.9-1_all.deb",
+         "908656efc0892047dba4f32bddd38388cd4f590c2e149c90f757afc97388cd38", 3619392),
     _deb("libboost1.74-doc", "1.74.0+ds1-21", "pool/main/b/boost1.74/libboost1.74-doc_1.74.0+ds1-21_all.deb",
          "10a7c2aa42068bcb71093fc375bf3a9ef2235baa91cc4960aa0c02df3c733d4a", 7353520),
     _deb("python3.11-doc", "3.11.2-6+deb12u8", "pool/main/p/python3.11/python3.11-doc_3.11.2-6+deb12u8_all.deb",

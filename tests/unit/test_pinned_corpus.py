@@ -16,7 +16,7 @@ from decentrain.data import dedup
 from decentrain.data.blocks import DataConfig, build_corpus, pack
 from decentrain.data.pinned import CorpusError, corpus_hash, documents, verify
 from decentrain.data.prepare import leak_report, main, prepare
-from decentrain.data.sources import REGISTRIES, Source, SourceError, fetch
+from decentrain.data.sources import REGISTRIES, Source, SourceError, fetch, open_tree
 from decentrain.testing.pinned import SHARED, tiny_config, tiny_domains, write_source
 
 
@@ -96,7 +96,9 @@ def test_a_val_64gram_planted_in_train_fails_verify_leaks(built, tmp_path):
     assert main(["verify", "--dir", str(root), "--leaks"]) == 1
 
 
-def test_an_interrupted_prepare_resumes_from_the_extracted_domains(built, tmp_path):
+def test_an_interrupted_prepare_resumes_from_the_extracted_domains(built, tmp_path, monkeypatch):
+    import decentrain.data.prepare as prep
+
     tmp, source, manifest = built
     calls = []
     domains = tiny_domains(source)
@@ -111,11 +113,11 @@ def test_an_interrupted_prepare_resumes_from_the_extracted_domains(built, tmp_pa
     domains[1] = domains[1].__class__(domains[1].name, domains[1].sources, fails_once, domains[1].max_train_bytes)
     with pytest.raises(KeyboardInterrupt):
         prepare(tiny_config(tmp_path / "c"), domains)
-    assert (tmp_path / "c" / ".work" / "alpha.json").exists() and not (tmp_path / "c" / "manifest.json").exists()
-    first = domains[0]
-    domains[0] = first.__class__(first.name, first.sources, lambda trees: pytest.fail("alpha extracted again"),
-                                 first.max_train_bytes)
+    assert list((tmp_path / "c" / ".work").glob("alpha.*.json")) and not (tmp_path / "c" / "manifest.json").exists()
+    opened = []
+    monkeypatch.setattr(prep, "open_tree", lambda path: opened.append(path) or open_tree(path))
     assert prepare(tiny_config(tmp_path / "c"), domains)["corpus_hash"] == manifest["corpus_hash"]
+    assert len(opened) == 1  # beta's package only: alpha's documents came from the work folder
 
 
 def test_a_source_with_another_digest_or_no_longer_served_fails_with_its_name_and_version(tmp_path):
