@@ -9,7 +9,7 @@
 #   bash launch/gpu/run.sh evidence step         # some phases (install and env always run)
 #   DRY_RUN=1 bash launch/gpu/run.sh             # on a CPU: every phase at smoke size against the same caps
 #
-# Phases and caps (s): install 60 | env 40 | evidence 330 (seeds 230 + efficiency 75 inside) | step 110 |
+# Phases and caps (s): install 60 | env 40 | evidence 330 (seeds 220 + efficiency 75 inside) | step 110 |
 # tier: what is left, at most TIER_CAP (120). Each benchmark stops itself inside its cap (its own budget
 # flag); the cap (timeout, then KILL of the phase's process group) is the backstop.
 set -u
@@ -37,7 +37,7 @@ phase() {
   local name=$1 cap=$2 pattern=$3; shift 3
   local t=$(date +%s)
   if [ "$cap" -lt 15 ]; then note "skip $name: ${cap}s left of the budget"; printf '%s\tskipped\t0\t%s\n' "$name" "$cap" >> "$WORK/summary.tsv"; return 0; fi
-  note "start $name (cap ${cap}s): $*"
+  note "start $name (cap ${cap}s): $(echo "$*" | cut -c1-160)"
   timeout -k 10 "$cap" "$@" 2>&1 | tee "$WORK/$name.log" | grep --line-buffered -E "$pattern" | while IFS= read -r l; do note "  $l"; done
   local rc=${PIPESTATUS[0]} s=$(( $(date +%s) - t ))
   printf '%s\t%s\t%s\t%s\n' "$name" "$rc" "$s" "$cap" >> "$WORK/summary.tsv"
@@ -106,8 +106,8 @@ if [ "$DRY_RUN" = 1 ]; then  # the same phases at smoke size on a CPU: the plumb
   EV=(--smoke --efficiency threads_eager --efficiency-budget-s 75)
   ST=(--smoke)
 else
-  EV=(--data "$DATA" --allow-dirty --budget-s 230 --efficiency default --efficiency-budget-s 75)
-  ST=(--allow-dirty --budget-s 85)
+  EV=(--data "$DATA" --allow-dirty --budget-s 220 --efficiency default --efficiency-budget-s 75)
+  ST=(--allow-dirty --budget-s 80)
 fi
 cap() { local l=$(( $(left) - 10 )); [ "$l" -lt "$1" ] && echo "$l" || echo "$1"; }
 
