@@ -11,7 +11,7 @@ from decentrain.tasks.answers import ASCII_SPACE, Malformed, score
 from decentrain.tasks.mixture import TaskItem, check_task_name
 from decentrain.tasks.vetted import check_vetted
 
-ANSWER_FORMATS = ("line", "tag")
+ANSWER_FORMATS = ("line", "tag", "final")  # final: free-form chat answers (algorithms/sapo/prompts.py)
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 # Whitespace characters allowed on either side of an answer; more is malformed. Padding scores
 # nothing, but would be trained with the answer's advantage ("60 spaces + -4" scored 1.0).
@@ -25,18 +25,28 @@ class TemplateConfig:
     # "line": the answer is the completion up to `stop`; "tag": the text inside <answer>...</answer>.
     answer_format: str = "line"
     stop: str = "\n"
+    # Instruct models: `prompt` is the user turn of the tokenizer's chat template (after `system`, if set),
+    # answers are free-form ("final") and `stop` is the end-of-turn marker (algorithms/sapo/prompts.py).
+    chat: bool = False
+    system: str | None = None
 
     def __post_init__(self) -> None:
         if "{question}" not in self.prompt:
             raise ValueError(f"prompt={self.prompt!r} must contain '{{question}}'")
         if self.answer_format not in ANSWER_FORMATS:
-            raise ValueError(f"answer_format={self.answer_format!r} is unknown; allowed: {list(ANSWER_FORMATS)}")
+            raise ValueError(f"answer_format={self.answer_format!r} is unknown; allowed: {list(ANSWER_FORMATS[:2])}"
+                             " (and 'final' with chat=true)")
+        if self.chat != (self.answer_format == "final"):
+            raise ValueError(f"answer_format={self.answer_format!r} with chat={self.chat}: chat templates take "
+                             "free-form answers (answer_format='final') and only they do")
         if self.answer_format == "line" and not self.stop:
             raise ValueError("stop must be non-empty when answer_format='line'")
 
 
 class PromptTemplate:
     def __init__(self, cfg: TemplateConfig):
+        if cfg.chat and type(self) is PromptTemplate:
+            raise ValueError("template.chat=true needs the tokenizer: algorithms.sapo.prompts.build_template")
         self.cfg = cfg
 
     def __call__(self, question: str) -> str:

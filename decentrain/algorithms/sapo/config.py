@@ -21,8 +21,10 @@ from decentrain.algorithms.sapo.payload import PayloadLimits, check_swarm_key
 from decentrain.core.metrics import LoggerConfig
 from decentrain.core.typed import typed
 from decentrain.core.world import DEVICES
-from decentrain.models.factory import ModelConfig
+from decentrain.models.factory import BYTE_TOKENIZER, ModelConfig
 from decentrain.tasks import RewardConfig, TaskMixConfig, TemplateConfig
+
+PRECISIONS = ("auto", "fp32", "bf16_autocast")
 
 # Sections a node may override; each override is a dict of that section's fields.
 NODE_SECTIONS = ("model", "task", "template", "reward", "sampling", "batch", "optim")
@@ -58,10 +60,15 @@ class RLLoopConfig:
     threads: int | None = None
     stop_at: int | None = None  # leave after this round, as a preempted job would (resume continues)
     device: str = "auto"  # auto | cpu | cuda (nodes sharing a GPU talk over gloo)
+    # the policy step's matmuls: auto (bf16 autocast on CUDA, fp32 elsewhere) | fp32 | bf16_autocast;
+    # master weights and AdamW state stay in model.dtype (generation has its own sampling.dtype)
+    precision: str = "auto"
 
     def __post_init__(self) -> None:
         if self.device not in DEVICES:
             raise ValueError(f"train.device={self.device!r} is unknown; allowed: {list(DEVICES)}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"train.precision={self.precision!r} is unknown; allowed: {list(PRECISIONS)}")
         for name in ("rounds", "micro_batch_size", "max_prompt_tokens", "keep_checkpoints"):
             if getattr(self, name) < 1:
                 raise ValueError(f"train.{name}={getattr(self, name)} must be >= 1")
@@ -137,6 +144,7 @@ class SAPOConfig:
         except ValueError as e:
             raise ValueError(f"{e} (got {self.swarm_key!r})") from None
         self._check_batch(self.batch, "batch")
+        check_template_model(self.template, self.model)
         if self.train.prioritized_sampling and self.loss.advantage != "spo":
             raise ValueError(f"train.prioritized_sampling=True needs loss.advantage='spo', not {self.loss.advantage!r}")
         for i in range(len(self.nodes)):
@@ -183,9 +191,18 @@ class SAPOConfig:
                 raise ValueError(f"nodes[{index}].{section}: {e}") from None
         if "batch" in changes:
             self._check_batch(changes["batch"], f"nodes[{index}].batch")
+        if "template" in changes or "model" in changes:
+            check_template_model(changes.get("template", self.template), changes.get("model", self.model), f"nodes[{index}].")
         if "sampling" in changes:  # the loss normaliser follows this node's own generation cap
             changes["loss"] = dataclasses.replace(self.loss, max_completion_length=None)
         return dataclasses.replace(self, nodes=[], **changes) if changes else dataclasses.replace(self, nodes=[])
+
+
+def check_template_model(template: TemplateConfig, model: ModelConfig, where: str = "") -> None:
+    """A chat template needs a tokenizer that has one: the byte tokenizer of the tiny models has none."""
+    if template.chat and model.tokenizer == BYTE_TOKENIZER:
+        raise ValueError(f"{where}template.chat=true needs a tokenizer with a chat template; {where}model.tokenizer="
+                         f"{BYTE_TOKENIZER!r} has none (model=smollm2_135m_instruct has one)")
 
 
 @dataclass
@@ -232,6 +249,9 @@ class SFTConfig:
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     out_dir: str | None = None  # where the save_pretrained checkpoint goes; None: <run_dir>/model
     run_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        check_template_model(self.template, self.model)
 
 
 def sapo_config_from_dict(raw: dict[str, Any]) -> SAPOConfig:

@@ -69,6 +69,23 @@ def sampling_kwargs(cfg: SamplingConfig, temperature: float, top_p: float, token
     return kwargs
 
 
+def eos_ids(model: Any, tokenizer: Any) -> list[int]:
+    """Every token id that ends a turn: the generation config's EOS ids and the tokenizer's EOS."""
+    ids = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    ids = [] if ids is None else [ids] if isinstance(ids, int) else list(ids)
+    return sorted(set(ids) | ({tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()))
+
+
+def decode_turns(tokenizer: Any, rows: list[list[int]], ends: set[int], end_text: str) -> list[str]:
+    """Each row's text up to its first end-of-turn id, followed by `end_text` where there is one."""
+    texts = []
+    for row in rows:
+        cut = next((i for i, t in enumerate(row) if t in ends), None)
+        text = tokenizer.decode(row if cut is None else row[:cut], skip_special_tokens=True)
+        texts.append(text if cut is None else text + end_text)
+    return texts
+
+
 def generation_dtype(cfg: SamplingConfig, model: Any, device: torch.device) -> torch.dtype:
     model_dtype = next(model.parameters()).dtype
     if cfg.dtype == "auto":
@@ -85,6 +102,7 @@ class HFGenerationBackend:
         self.tokenizer = tokenizer
         self.cfg = cfg or SamplingConfig()
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self.eos_ids = eos_ids(model, tokenizer)
         self._copy: Any = None  # the generation copy, when it differs in dtype from the trained model
 
     def rollout_model(self, device: torch.device) -> Any:
@@ -193,10 +211,14 @@ class HFGenerationBackend:
             prompts, add_special_tokens=False, padding=True, padding_side="left", return_tensors="pt",
             pad_to_multiple_of=PROMPT_WIDTH_MULTIPLE if static else None,
         ).to(device)
+        if self.cfg.end_of_turn is not None:  # chat models: stop on any end-of-turn id, not only the first
+            kwargs = {**kwargs, "eos_token_id": self.eos_ids}
         out = model.generate(
             **enc, max_new_tokens=max_new_tokens, use_cache=True, pad_token_id=self.pad_id, **kwargs
         )
         new = out[:, enc["input_ids"].size(1) :]
+        if self.cfg.end_of_turn is not None:
+            return decode_turns(self.tokenizer, new.tolist(), set(self.eos_ids), self.cfg.end_of_turn), new.tolist()
         return self.tokenizer.batch_decode(new, skip_special_tokens=True), new.tolist()
 
 

@@ -45,6 +45,9 @@ class SAPOLossConfig:
     # log-probs; where the tokenizer is the same, a peer's tokens are weighted min(pi/mu, cap).
     external_is: bool = False
     external_is_cap: float = 2.0
+    # F-TIS (`filter_off_policy_negatives`): beside the TIS weights, a peer's completion with a negative
+    # advantage is dropped when its per-token KL(sender || this node) exceeds this. None: off. Needs external_is.
+    ftis_kl: float | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.scale_rewards, bool):
@@ -69,6 +72,10 @@ class SAPOLossConfig:
             raise ValueError(f"spo_discount={self.spo_discount!r} is unknown; allowed: {list(SPO_DISCOUNTS)}")
         if not (math.isfinite(self.external_is_cap) and self.external_is_cap >= 1):
             raise ValueError(f"external_is_cap={self.external_is_cap} must be finite and >= 1")
+        if self.ftis_kl is not None and not (math.isfinite(self.ftis_kl) and self.ftis_kl > 0):
+            raise ValueError(f"ftis_kl={self.ftis_kl} must be finite and > 0 (or null: off)")
+        if self.ftis_kl is not None and not self.external_is:
+            raise ValueError("ftis_kl needs external_is=true (senders attach their sampling log-probs only then)")
         if self.spo_init not in SPO_INITS:
             raise ValueError(f"spo_init={self.spo_init!r} is unknown; allowed: {list(SPO_INITS)}")
 
@@ -231,6 +238,26 @@ def truncated_is_weight(old_logps: Tensor, sender_logps: Tensor, sender_mask: Te
     """
     log_ratio = torch.where(sender_mask.bool(), old_logps.detach() - sender_logps, torch.zeros_like(old_logps))
     return torch.clamp(torch.exp(log_ratio), max=cap).detach()
+
+
+def filter_off_policy_negatives(old_logps: Tensor, sender_logps: Tensor, sender_mask: Tensor, advantages: Tensor,
+                                max_kl: float) -> Tensor:
+    """F-TIS's filter: [B] 1.0 for the completions kept, 0.0 for those dropped.
+
+    A peer's completion (sender log-probs known, `sender_mask`) with a negative advantage is dropped
+    when the mean over its tokens of the k3 estimate of KL(mu || pi_old), on tokens mu sampled,
+    (r - 1) - log r with r = pi_old / mu, exceeds `max_kl`. Truncated IS bounds how much a token
+    the sender liked far more than this node counts; a negative advantage on such a completion
+    pushes down text this node would rarely write anyway, so F-TIS drops it outright. Positive
+    completions are kept: they carry what the peer knows. This follows the filter as the issue
+    describes Gensyn's 2026 follow-up to SAPO (the paper's text was not available here): the per-token
+    mean and the k3 estimator are this code's choices. Own completions (mask 0) are always kept.
+    """
+    mask = sender_mask.to(old_logps.dtype)
+    log_r = (old_logps.detach() - sender_logps) * mask
+    kl = ((torch.exp(log_r) - 1.0 - log_r) * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+    drop = (advantages < 0) & (mask.sum(-1) > 0) & (kl > max_kl)
+    return (~drop).to(advantages.dtype)
 
 
 def policy_loss(

@@ -36,13 +36,16 @@ from decentrain.algorithms.sapo.batching import Arrival, build_swarm_batch, toke
 from decentrain.algorithms.sapo.config import SAPOConfig
 from decentrain.algorithms.sapo.exchange import PeerRecord, RolloutExchange
 from decentrain.algorithms.sapo.generation import build_generation_backend, clip_to_tokens, completion_logprobs
-from decentrain.algorithms.sapo.grpo import LossNorm, build_advantage_estimator, policy_loss, truncated_is_weight
+from decentrain.algorithms.sapo.grpo import (LossNorm, build_advantage_estimator, filter_off_policy_negatives, policy_loss,
+                                             truncated_is_weight)
 from decentrain.algorithms.sapo.offpolicy import align_logprobs, tokenizer_fingerprint
+from decentrain.algorithms.sapo.prompts import build_template
 from decentrain.algorithms.sapo.sender_budget import SenderBudget
 from decentrain.core.identity import NodeIdentity
 from decentrain.algorithms.sapo.payload import PayloadDecoder, RolloutGroup, RolloutPayload, encode_payload
 from decentrain.models.factory import build_model, build_tokenizer
-from decentrain.tasks import EntryRef, PromptTemplate, TaskItem, TaskMixture, Verifier
+from decentrain.models.lora import trainable_parameters
+from decentrain.tasks import EntryRef, TaskItem, TaskMixture, Verifier
 
 logger = logging.getLogger(__name__)
 
@@ -96,15 +99,15 @@ class SAPONode:
         self.model.train()
         # beta > 0: KL to the starting policy, kept frozen.
         self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False) if cfg.loss.beta > 0 else None
-        self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay, betas=tuple(cfg.optim.betas)
+        self.optimizer = torch.optim.AdamW(  # a LoRA model steps its adapters only
+            trainable_parameters(self.model), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay, betas=tuple(cfg.optim.betas)
         )
-        self.template = PromptTemplate(cfg.template)
+        self.template = build_template(cfg.template, self.tokenizer)  # plain text, or the tokenizer's chat template
         self.verifier = Verifier(self.template, cfg.reward)
         self.mixture = TaskMixture(cfg.task)
-        sampling = copy.copy(cfg.sampling)
-        sampling.stop = cfg.template.stop if cfg.template.answer_format == "line" else sampling.stop
-        self.backend = build_generation_backend(self.model, self.tokenizer, sampling)
+        self.backend = build_generation_backend(self.model, self.tokenizer, self.template.sampling(cfg.sampling))
+        # bf16 matmuls in the policy step on CUDA (fp32 master weights and optimizer state): train.precision
+        self.autocast = cfg.train.precision == "bf16_autocast" or (cfg.train.precision == "auto" and self.device.type == "cuda")
         self.advantage = build_advantage_estimator(cfg.loss)
         self.decoder = PayloadDecoder(cfg.payload, key=cfg.swarm_key)
         self.group_drops: Counter[str] = Counter()  # peers' groups that were not used, by reason
@@ -316,7 +319,7 @@ class SAPONode:
             if sender is not None:
                 sender = [t[keep][:, : tensors[2].size(1)] for t in sender]
         old_logps = ref_logps = None
-        with torch.no_grad():
+        with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.autocast):  # as the loss's pass
             if cfg.loss.num_iterations > 1:  # the ratio is 1 on the first pass otherwise
                 old_logps = completion_logprobs(self.model, *tensors, mb, temperature)
             if self.ref_model is not None:
@@ -330,19 +333,25 @@ class SAPONode:
         clip_sum = torch.zeros((), device=self.device)
         grad_sum = torch.zeros((), device=self.device)
         weights: list[torch.Tensor] = []  # the IS weights of peers' tokens, first pass (they do not change)
+        kept: list[torch.Tensor] = []  # F-TIS: per micro-batch, 1 for the completions kept (decided on the first pass)
         for it in range(cfg.loss.num_iterations):
             self.optimizer.zero_grad(set_to_none=True)
-            for i in range(0, n, mb):
+            for k, i in enumerate(range(0, n, mb)):
                 sl = slice(i, i + mb)
-                logps = completion_logprobs(self.model, *(t[sl] for t in tensors), mb, temperature)
-                is_weights = None
+                with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.autocast):
+                    logps = completion_logprobs(self.model, *(t[sl] for t in tensors), mb, temperature)
+                is_weights, adv = None, advantages[sl]
                 if sender is not None:  # pi_old: this node's policy before the step, as the ratio's
                     old = logps.detach() if old_logps is None else old_logps[sl]
                     is_weights = truncated_is_weight(old, sender[0][sl], sender[1][sl], cfg.loss.external_is_cap)
                     if it == 0:
                         weights.append(is_weights[sender[1][sl].bool()])
+                    if cfg.loss.ftis_kl is not None:  # a dropped completion weighs as one with zero advantage
+                        if it == 0:
+                            kept.append(filter_off_policy_negatives(old, sender[0][sl], sender[1][sl], adv, cfg.loss.ftis_kl))
+                        adv = adv * kept[k]
                 loss, stats = policy_loss(
-                    logps, advantages[sl], tensors[3][sl], cfg.loss, norm,
+                    logps, adv, tensors[3][sl], cfg.loss, norm,
                     old_logps=None if old_logps is None else old_logps[sl],
                     ref_logps=None if ref_logps is None else ref_logps[sl],
                     is_weights=is_weights,
@@ -356,6 +365,8 @@ class SAPONode:
         totals["loss"], totals["clip_ratio"], totals["grad_norm"] = torch.stack([loss_sum, clip_sum, grad_sum]).tolist()
         iters = cfg.loss.num_iterations
         out = {k: v if k == "trained_completions" else v / iters for k, v in totals.items()}
+        if kept:
+            out["ftis_dropped"] = float((torch.cat(kept) == 0).sum().item())
         if weights and (w := torch.cat(weights)).numel():
             out.update(is_tokens=float(w.numel()), is_weight_mean=w.mean().item(), is_weight_min=w.min().item(),
                        is_weight_max=w.max().item(), is_capped=(w >= cfg.loss.external_is_cap).float().mean().item())

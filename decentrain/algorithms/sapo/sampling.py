@@ -27,6 +27,9 @@ class SamplingConfig:
     # None/0: off, as in TRL. transformers would otherwise apply its generation default (top_k=50).
     top_k: int | None = None
     stop: str | None = "\n"  # each completion is cut just after the first stop string
+    # Chat models: the text a completion that ended on the model's EOS / end-of-turn token carries in its
+    # place (the swarm's end-of-turn marker; set from template.stop by a chat template). None: EOS ends silently.
+    end_of_turn: str | None = None
     batch_size: int = 64  # sequences per `generate` call
     backend: str = "hf"  # hf | vllm (needs the vllm package)
     dtype: str = "auto"  # weights generation runs in; auto: bfloat16 on CUDA, the model's own dtype elsewhere

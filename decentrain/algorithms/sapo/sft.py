@@ -20,10 +20,12 @@ import torch
 from decentrain.algorithms.sapo.batching import pad_sequences
 from decentrain.algorithms.sapo.config import SFTConfig
 from decentrain.algorithms.sapo.generation import HFGenerationBackend
+from decentrain.algorithms.sapo.prompts import answer_target, build_template
 from decentrain.algorithms.sapo.sampling import SamplingConfig
 from decentrain.core.metrics import MetricsLogger
 from decentrain.core.world import local_world
 from decentrain.models.factory import build_model, build_tokenizer, num_params, save_model
+from decentrain.models.lora import trainable_parameters
 from decentrain.tasks import PromptTemplate, TaskItem, TaskMixConfig, TaskMixture, Verifier
 
 logger = logging.getLogger(__name__)
@@ -31,10 +33,12 @@ logger = logging.getLogger(__name__)
 IGNORE_INDEX = -100
 
 
-def encode_example(item: TaskItem, template: PromptTemplate, tokenizer: Any, max_prompt_tokens: int = 256) -> tuple[list[int], list[int]]:
-    """(input_ids, labels) with labels = IGNORE_INDEX on the prompt: only the answer is learned."""
+def encode_example(item: TaskItem, template: PromptTemplate, tokenizer: Any,
+                   max_prompt_tokens: int = 256) -> tuple[list[int], list[int]]:
+    """(input_ids, labels) with labels = IGNORE_INDEX on the prompt: only the answer (and what ends it:
+    the stop string, or a chat model's end-of-turn token) is learned."""
     prompt = tokenizer(template(item.question), add_special_tokens=False)["input_ids"][-max_prompt_tokens:]
-    answer = tokenizer(item.answer + template.cfg.stop, add_special_tokens=False)["input_ids"]
+    answer = tokenizer(answer_target(template, item.answer), add_special_tokens=False)["input_ids"]
     return prompt + answer, [IGNORE_INDEX] * len(prompt) + answer
 
 
@@ -91,13 +95,13 @@ def run_sft(cfg: SFTConfig, run_dir: Path) -> dict[str, Any]:
     torch.manual_seed(cfg.sft.seed)
     tokenizer = build_tokenizer(cfg.model)
     model = build_model(cfg.model, tokenizer).to(device)
-    template = PromptTemplate(cfg.template)
+    template = build_template(cfg.template, tokenizer)
     mixture = TaskMixture(cfg.task)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.sft.lr, weight_decay=cfg.sft.weight_decay)
+    optimizer = torch.optim.AdamW(trainable_parameters(model), lr=cfg.sft.lr, weight_decay=cfg.sft.weight_decay)
     rng = np.random.default_rng(cfg.sft.seed)
     log = MetricsLogger(cfg.logger, run_dir, rank=0, total_steps=cfg.sft.steps)
-    sampling = SamplingConfig(**{**cfg.sampling.__dict__, "stop": cfg.template.stop})
+    sampling = template.sampling(cfg.sampling)  # a line answer stops at the stop string, a chat turn at its end-of-turn token
     start = time.perf_counter()
     model.train()
     try:
