@@ -23,7 +23,7 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from decentrain.algorithms.base import register_algorithm
 from decentrain.algorithms.outer.optimizers import OuterOptimizerConfig
 from decentrain.algorithms.outer.overlap import DelayedOuter, check_overlap
-from decentrain.algorithms.outer.quorum import RoundsConfig
+from decentrain.algorithms.outer.quorum import RoundsConfig, rounds_config
 from decentrain.algorithms.outer.rounds import RoundStrategy, build_rounds, check_rounds
 from decentrain.algorithms.outer.updates import OuterOptimizer
 from decentrain.algorithms.pretraining.inner_outer import InnerOuterAlgorithm, InnerOuterConfig
@@ -43,6 +43,7 @@ class DiLoCoConfig(InnerOuterConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         check_overlap(self)
+        self.rounds = rounds_config(self.rounds)
         check_rounds(self.rounds, overlap=self.overlap, pacing=self.adaptive_inner_steps)
 
 

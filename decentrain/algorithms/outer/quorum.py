@@ -35,12 +35,14 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 from decentrain.core.comm.deadline import AdaptiveDeadlineConfig, ArrivalWindow
 from decentrain.core.config_checks import check_range
 from decentrain.core.registry import Registry
+from decentrain.core.typed import typed
 
 FIELD = "algorithm.rounds"
 MAX_RECORD_BYTES = 1 << 20  # a record holds a few numbers per replica; anything larger is refused unread
@@ -98,6 +100,8 @@ class RoundsConfig:
     poll_s: float = 0.05  # across processes: how often a waiting replica re-reads the board
 
     def __post_init__(self) -> None:
+        if isinstance(self.grace, Mapping):  # built by hand from plain values (configs come typed already)
+            self.grace = typed(GraceConfig, self.grace, f"{FIELD}.grace")
         if self.min_quorum is not None:
             if not isinstance(self.min_quorum, int) or isinstance(self.min_quorum, bool):
                 raise ValueError(f"{FIELD}.min_quorum={self.min_quorum!r} must be an integer or null")
@@ -115,6 +119,11 @@ class RoundsConfig:
     def check_world(self, world_size: int) -> None:
         if self.min_quorum is not None and self.min_quorum > world_size:
             raise ValueError(f"{FIELD}.min_quorum={self.min_quorum} exceeds the {world_size} replicas")
+
+
+def rounds_config(value: "RoundsConfig | Mapping[str, Any]") -> RoundsConfig:
+    """The section from a dataclass or plain values (`DiLoCoConfig(rounds={"mode": "quorum"})`)."""
+    return value if isinstance(value, RoundsConfig) else typed(RoundsConfig, value, FIELD)
 
 
 # -- what travels on the board ---------------------------------------------------------------

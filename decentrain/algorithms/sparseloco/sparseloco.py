@@ -55,7 +55,7 @@ from decentrain.algorithms.base import register_algorithm
 from decentrain.algorithms.outer.compression import (AGGREGATIONS, BITS, MAX_CHUNK, CompressionSpec, ErrorFeedback,
                                                       SparseChunks, decompress, sent_mask)
 from decentrain.algorithms.outer.optimizers import OuterOptimizerConfig
-from decentrain.algorithms.outer.quorum import RoundsConfig
+from decentrain.algorithms.outer.quorum import RoundsConfig, rounds_config
 from decentrain.algorithms.outer.rounds import RoundStrategy, build_rounds, check_rounds
 from decentrain.algorithms.outer.sparse_payload import decode, encode, payload_bytes
 from decentrain.algorithms.outer.sparse_quantizers import QUANTIZERS
@@ -89,6 +89,7 @@ class SparseLoCoConfig(InnerOuterConfig):
         super().__post_init__()
         if self.adaptive_inner_steps:
             raise ValueError("algorithm.adaptive_inner_steps is not supported by sparseloco; allowed: false")
+        self.rounds = rounds_config(self.rounds)
         check_rounds(self.rounds)
         check_range("algorithm.ef_decay", self.ef_decay, 0, 1)
         AGGREGATIONS.get(self.aggregation, field="algorithm.aggregation")
