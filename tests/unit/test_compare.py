@@ -104,3 +104,19 @@ def test_the_progress_line_follows_the_arm_and_returns_its_exit_code(tmp_path):
     assert tail.step == 20 and tail.eval_loss == 2.5
     proc = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
     assert follow(proc, tail, "x", 20, every_s=0.05) == 3
+
+
+def test_the_table_gives_bits_per_byte_and_the_text_names_the_corpus(tmp_path):
+    corpus = {"name": "pinned", "hash": "ab" * 32, "note": None}
+    for name, bpb in (("ddp", 2.5), ("diloco", 2.9)):
+        _write(tmp_path / name, [{"step": 0, "corpus": corpus},
+                                 {"step": 20, "train/loss": 2.0, "time/train_s": 10.0, "comm/bytes_sent_total": 1e8},
+                                 {"step": 20, "eval/loss": 1.9, "eval/bpb": bpb}])
+    cfg = CompareConfig(algorithms=["ddp", "diloco"], steps=20)
+    text = write_summary([read_arm(a, tmp_path / a) for a in cfg.algorithms], cfg, tmp_path)
+    assert "bits/byte" in text.splitlines()[0] and "2.900" in text
+    assert f"Corpus: pinned {'ab' * 32}." in text
+    _write(tmp_path / "other", [{"step": 0, "corpus": {"name": "offline", "hash": None, "note": "machine-dependent"}},
+                                {"step": 20, "train/loss": 2.0}, {"step": 20, "eval/loss": 1.9}])
+    text = write_summary([read_arm("ddp", tmp_path / "ddp"), read_arm("diloco", tmp_path / "other")], cfg, tmp_path)
+    assert "The arms trained on different corpora" in text

@@ -92,11 +92,13 @@ class Arm:
     eval_loss: list[float]
     seconds: list[float]  # time/train_s of the log line at that step
     bytes_sent: list[float]  # rank 0's cumulative bytes at that step
+    eval_bpb: list[float] = field(default_factory=list)  # bits per byte at each evaluation (empty: not logged)
+    corpus: dict | None = None  # the metrics header's {name, hash, note}
 
     @property
     def final(self) -> dict[str, float]:
         return {"step": self.step[-1], "eval_loss": self.eval_loss[-1], "seconds": self.seconds[-1],
-                "bytes_sent": self.bytes_sent[-1]}
+                "bytes_sent": self.bytes_sent[-1], "eval_bpb": self.eval_bpb[-1] if self.eval_bpb else math.nan}
 
 
 def read_arm(name: str, run_dir: Path) -> Arm:
@@ -106,19 +108,34 @@ def read_arm(name: str, run_dir: Path) -> Arm:
     points = [(r["step"], r["eval/loss"]) for r in rows if r.get("eval/loss") is not None and r["step"] in train]
     if not points:
         raise ValueError(f"{run_dir / 'metrics.jsonl'} has no evaluation: the {name} arm did not finish")
+    bpb = {r["step"]: r["eval/bpb"] for r in rows if r.get("eval/bpb") is not None}
     return Arm(name, [s for s, _ in points], [v for _, v in points], [train[s].get("time/train_s", math.nan) for s, _ in points],
-               [train[s].get("comm/bytes_sent_total", 0.0) for s, _ in points])
+               [train[s].get("comm/bytes_sent_total", 0.0) for s, _ in points],
+               [bpb[s] for s, _ in points] if all(s in bpb for s, _ in points) else [],
+               next((r["corpus"] for r in rows if isinstance(r.get("corpus"), dict)), None))
+
+
+def corpus_line(arms: list[Arm]) -> str:
+    """The text every arm trained on, by its hash (or why it has none); arms that disagree are named."""
+    names = {json.dumps(a.corpus, sort_keys=True) for a in arms}
+    if len(names) > 1:
+        return "The arms trained on different corpora: " + "; ".join(f"{a.name}: {a.corpus}" for a in arms) + "."
+    c = arms[0].corpus
+    if not c:
+        return "Corpus: not logged by these runs."
+    return f"Corpus: {c['name']} {c['hash']}." if c.get("hash") else f"Corpus: {c['name']} ({c.get('note')}, no hash)."
 
 
 def table(arms: list[Arm], link_mbit: float) -> str:
     ref = arms[0].final["bytes_sent"]
-    lines = [f"{'algorithm':<11} {'step':>5} {'eval loss':>9} {'train s':>8} {'sent/worker':>12} {'vs ' + arms[0].name:>10} "
-             f"{f'at {link_mbit:g} Mbit/s':>14}"]
+    lines = [f"{'algorithm':<11} {'step':>5} {'eval loss':>9} {'bits/byte':>9} {'train s':>8} {'sent/worker':>12} "
+             f"{'vs ' + arms[0].name:>10} {f'at {link_mbit:g} Mbit/s':>14}"]
     for a in arms:
         f = a.final
         ratio = f"{ref / f['bytes_sent']:.0f}x less" if f["bytes_sent"] and a is not arms[0] else "-"
-        lines.append(f"{a.name:<11} {f['step']:>5} {f['eval_loss']:>9.3f} {f['seconds']:>8.1f} {format_bytes(f['bytes_sent']):>12} "
-                     f"{ratio:>10} {link_seconds(f['bytes_sent'], link_mbit):>12.1f} s")
+        bpb = f"{f['eval_bpb']:>9.3f}" if math.isfinite(f["eval_bpb"]) else f"{'-':>9}"
+        lines.append(f"{a.name:<11} {f['step']:>5} {f['eval_loss']:>9.3f} {bpb} {f['seconds']:>8.1f} "
+                     f"{format_bytes(f['bytes_sent']):>12} {ratio:>10} {link_seconds(f['bytes_sent'], link_mbit):>12.1f} s")
     return "\n".join(lines)
 
 
@@ -188,7 +205,7 @@ def write_summary(arms: list[Arm], cfg: CompareConfig, out_dir: Path) -> str:
     """compare.json, compare.png and compare.txt in `out_dir`; returns the text printed."""
     title = f"{', '.join(a.name for a in arms)}: {cfg.workers} workers, batch {cfg.global_batch_size}, {cfg.steps} steps"
     plot(arms, out_dir / "compare.png", title)
-    text = f"{table(arms, cfg.link_mbit)}\n\n{settings_line(cfg)}\n\n{reading(arms, cfg)}\n"
+    text = f"{table(arms, cfg.link_mbit)}\n{corpus_line(arms)}\n\n{settings_line(cfg)}\n\n{reading(arms, cfg)}\n"
     (out_dir / "compare.txt").write_text(text)
     (out_dir / "compare.json").write_text(json.dumps({"config": asdict(cfg), "arms": [asdict(a) for a in arms]}, indent=1))
     return text
