@@ -28,6 +28,7 @@ SUBNET = "10.77.0"  # launch/wan_emulation.sh: namespace i is SUBNET.(i+1)
 STORE_PORT = 29400
 # where workers keep their gossip keys in the job store: World.store's prefix, then the first job's namespace
 JOB_KEYS = "decentrain/attempt0/shared/job1/"
+LAUNCHER_KEYS = "decentrain/attempt0/shared/launcher/incarnation/"  # the launchers' incarnation records
 
 # Run inside the store's namespace: block until the condition holds, print what was seen.
 WAITER = """
@@ -37,14 +38,17 @@ from torch.distributed import TCPStore
 host, port, mode, *args = sys.argv[1:]
 s = TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=60))
 prefix = {prefix!r}
+launcher = {launcher!r}
 def done(rank):
     key = f"{{prefix}}progress/{{rank}}"
     return int(s.get(key).split(b",")[1]) if s.check([key]) else -1
 while True:
     if mode == "progress" and any(done(int(r)) >= int(args[0]) for r in args[1:]):
         break
-    if mode == "heal" and any(s.add(f"{{prefix}}heal/{{r}}/n", 0) > 0 for r in args):
-        break
+    if mode == "heal":  # heal/<donor>/<rank>/<incarnation>, of an incarnation a launcher started (its record)
+        started = [(r, i) for r in range(16) for i in (1, 2, 3) if s.check([f"{{launcher}}{{r}}/{{i}}"])]
+        if any(s.check([f"{{prefix}}heal/{{d}}/{{r}}/{{i}}"]) for d in args for r, i in started):
+            break
     time.sleep(0.1)
 print("seen", flush=True)
 """
@@ -148,7 +152,7 @@ class EmulatedHosts:
     # -- store reads (inside the store's namespace) ----------------------------------------
     def _wait(self, *args: str, launchers: list[subprocess.Popen], timeout_s: float) -> None:
         """Run the waiter; RuntimeError if it fails, times out, or every launcher in `launchers` has exited."""
-        code = WAITER.format(prefix=JOB_KEYS)
+        code = WAITER.format(prefix=JOB_KEYS, launcher=LAUNCHER_KEYS)
         host, port = self.store_addr.split(":")
         p = self.spawn(self.store_ns, [sys.executable, "-c", code, host, port, *args], subprocess.PIPE)
         deadline = time.monotonic() + timeout_s
