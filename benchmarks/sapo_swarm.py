@@ -33,6 +33,9 @@ pair into tasks the node's warm start trained on and tasks it missed: the gain o
 the one sharing can carry, and its 4/4 - 8/0 difference (paired by seed) is the mechanism's figure.
 An arm "I/J+is" runs I/J with the off-policy correction of received rollouts (loss.external_is).
 
+The GPU mechanism mode, with a pretrained instruct model (SmolLM2-135M-Instruct, 8 nodes sharing one GPU, 8/0 vs
+4/4, specialists, seeds appended to a ledger): benchmarks/sapo_swarm_gpu.py.
+
 Each (split, seed) run is one harness job: its result is cached when it finishes, and the
 recipe checkpoints every `checkpoint_every` rounds into a run dir named by the job, so an
 interrupted benchmark resumes the unfinished run where it stopped.

@@ -6,6 +6,7 @@ Modules (import them directly; this package imports nothing heavy):
   grpo        SAPOLossConfig, the clipped-ratio loss, `group` / `spo` advantages
   batching    I local + J external groups, re-scored and re-tokenised by the receiver
   generation  GenerationBackend protocol, HF backend, completion log-probs
+  prompts     plain and chat templates, free-form answer extraction, the end of a turn as text
   exchange    rollout exchange backends: silo, collective (all_gather of bytes), hivemind (DHT)
   config      SAPOConfig (with per-node overrides), SFTConfig, Hydra schema registration
   node        one node's round: generate, share, build the I+J batch, policy step
