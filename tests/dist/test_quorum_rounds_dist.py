@@ -32,7 +32,8 @@ def _algo(name, world, rounds):
 
 
 def _train(name, world, rounds, steps=3):
-    """`steps` outer rounds of a tiny model, each replica's 'inner step' a rank-dependent nudge."""
+    """`steps` outer rounds of a tiny model, each replica's 'inner step' a rank-dependent nudge; the hooks are
+    called as the Trainer calls them (should_stop after each step, drain at the last)."""
     torch.manual_seed(0)
     model = torch.nn.Linear(8, 4)
     algo = _algo(name, world, rounds)
@@ -43,6 +44,9 @@ def _train(name, world, rounds, steps=3):
             for p in model.parameters():
                 p.add_(0.01 * (world.rank + 1) * step * torch.sin(torch.arange(p.numel(), dtype=torch.float32)).view_as(p))
         metrics.append(algo.after_optimizer_step(step, model, None))
+        if algo.should_stop(step, steps) or step == steps:
+            algo.drain(model)
+            break
     algo.on_train_end(model)
     return [p.detach().clone() for p in model.parameters()], metrics
 

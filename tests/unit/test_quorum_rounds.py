@@ -295,9 +295,10 @@ def test_quorum_rounds_do_not_wait_for_the_straggler_and_lockstep_on_the_board_d
     _, lb = _run({"name": "diloco", "inner_steps": 2, "rounds": lockstep}, 4, 16, _faulty_clock(outage=False))
     q, lock = _records(qb), _records(lb)
     assert [rec.closed_at for rec in lock] == [6.0 * (r + 1) for r in range(8)]  # every round waited for the 3x replica
-    # round 0 waits too (the deadline is its cap until `warmup` arrivals); then each round closes the grace
-    # margin after the quorum: 2 s of steps + 0.5 s
-    assert q[0].closed_at == 6.0 and [b.closed_at - a.closed_at for a, b in zip(q, q[1:])] == [2.5] * 7
+    # round 0 waits too (the deadline is its cap until `warmup` arrivals); then a round closes the grace margin
+    # after the quorum (2 s of steps + 0.5 s), or at once (2 s) while the late straggler sits a round out
+    gaps = [b.closed_at - a.closed_at for a, b in zip(q, q[1:])]
+    assert q[0].closed_at == 6.0 and set(gaps) == {2.0, 2.5} and q[-1].closed_at < 0.5 * lock[-1].closed_at
 
 
 def test_a_schedule_gives_the_same_run_twice(one_thread):

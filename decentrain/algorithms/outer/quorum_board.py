@@ -106,7 +106,8 @@ class SimClock:
     """Virtual time for `world_size` replica threads, one running at a time (a discrete-event simulation).
 
     `step_seconds(rank, t, i)` is the cost of replica `rank`'s i-th inner step started at virtual time t
-    (stragglers: a larger cost); `outages[rank]` are its scripted failures. A replica that waits gives up
+    (stragglers: a larger cost), `sync_s` what each sync adds to it (the payload's time on the link);
+    `outages[rank]` are its scripted failures. A replica that waits gives up
     the run to the replica with the earliest next event (ties: the lower rank), so the results are a
     function of the schedule alone, however loaded the machine is. An outage takes effect at the
     replica's next spending of steps: its start falls in that span, or passed while it waited.
@@ -115,8 +116,8 @@ class SimClock:
     collectives_ok = False  # one thread runs at a time: a collective would wait for threads that cannot run
 
     def __init__(self, world_size: int, step_seconds: Callable[[int, float, int], float],
-                 outages: dict[int, list[Outage]] | None = None, stuck_s: float = 600.0):
-        self.n, self.step_seconds, self.stuck_s = world_size, step_seconds, stuck_s
+                 outages: dict[int, list[Outage]] | None = None, sync_s: float = 0.0, stuck_s: float = 600.0):
+        self.n, self.step_seconds, self.sync_s, self.stuck_s = world_size, step_seconds, sync_s, stuck_s
         self.pending = {r: sorted(o, key=lambda x: x.start) for r, o in (outages or {}).items()}
         self.t = [0.0] * world_size  # each replica's virtual time
         self.steps = [0] * world_size
@@ -181,11 +182,12 @@ class SimClock:
         return self.t[rank]
 
     def spend(self, rank: int, steps: int) -> Outage | None:
-        """Advance through `steps` inner steps; an outage due by their end stops the replica at its start."""
+        """Advance through `steps` inner steps and a sync; an outage due by their end stops the replica at its start."""
         start = t = self.t[rank]
         for _ in range(steps):
             t += self.step_seconds(rank, t, self.steps[rank])
             self.steps[rank] += 1
+        t += self.sync_s
         queue = self.pending.get(rank, [])
         if queue and queue[0].start < t:
             o = queue.pop(0)

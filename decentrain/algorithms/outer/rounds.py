@@ -145,18 +145,7 @@ class Quorum(RoundStrategy):
         """Out of steps (work lost to an outage or a late round) before the run's last round: leave, so that
         no round waits for us, and apply the remaining rounds as they close, while any replica still trains."""
         self.board.leave(self.rank)
-        updates, metrics, r = [], {}, rounds_done
-        while self.target is not None and r < self.target:
-            rec = self.board.record(r)
-            if rec is not None:
-                update, metrics = self._apply(rec)
-                updates.append(update)
-                r += 1
-            elif not self.board.live():
-                log.warning("quorum: round %d never closed (every replica is done); ending on round %d", r, r)
-                break
-            else:
-                self.clock.wait(self.rank, None)
+        updates, metrics = self._follow(rounds_done, rounds_done if self.target is None else self.target)
         return Synced(updates, metrics)
 
     def exchange(self, payload: Any, steps: int, round_idx: int) -> Synced:
@@ -179,10 +168,13 @@ class Quorum(RoundStrategy):
         if any(m.rank == self.rank and m.base == r for m in rec.members):
             update, metrics = self._apply(rec, own=payload)
             updates = [update]
-        else:  # closed without us: catch up on every closed round, then the late payload goes by the rule
+        else:  # closed without us: catch up on every closed round, the late payload goes by the rule, rejoin
             self.counts["late_rounds"] += 1
             updates, metrics = self._catch_up(r)
             self._late(payload, steps, r, now - self.opened, len(updates))
+            self.board.leave(self.rank)
+            more, metrics = self._rejoin(r + len(updates), metrics)
+            updates += more
         self.opened = self.clock.now(self.rank)
         return Synced(updates, {**metrics, **self._metrics(rec)})
 
@@ -221,6 +213,32 @@ class Quorum(RoundStrategy):
             parts.append((data, s, m.base))
         return self.codec.merge(parts)
 
+    def _rejoin(self, r: int, metrics: dict[str, float]) -> tuple[list[Any], dict[str, float]]:
+        """Sit out open round r (this replica has left it) and join at its close, in phase with the others: a
+        replica that started its next round now, mid-round, would deliver late again by the same offset (a
+        drop-rule replica would stay out for good). Idle at most one round; not past the run's last round."""
+        updates: list[Any] = []
+        if self.target is None or r < self.target:
+            updates, metrics = self._follow(r, r + 1, metrics)
+        self.board.join(self.rank)
+        return updates, metrics
+
+    def _follow(self, r: int, end: int, metrics: dict[str, float] | None = None) -> tuple[list[Any], dict[str, float]]:
+        """Apply rounds r..end-1 as they close, this replica out of their quorum, while any other replica is live."""
+        updates, metrics = [], metrics or {}
+        while r < end:
+            rec = self.board.record(r)
+            if rec is not None:
+                update, metrics = self._apply(rec)
+                updates.append(update)
+                r += 1
+            elif not self.board.live() - {self.rank}:
+                log.warning("quorum: round %d never closed (every other replica is done); ending on round %d", r, r)
+                break
+            else:
+                self.clock.wait(self.rank, None)
+        return updates, metrics
+
     def _catch_up(self, r: int) -> tuple[list[Any], dict[str, float]]:
         """The updates of rounds r, r+1, ... that are closed (r is), applied in order as everyone did."""
         updates, metrics = [], {}
@@ -253,7 +271,7 @@ class Quorum(RoundStrategy):
 
     def _recover(self, outage: Outage, steps: int, r: int) -> Synced:
         """A scripted outage (SimClock): this round's work is lost; the others notice, it comes back,
-        catches up on the rounds closed meanwhile and rejoins."""
+        catches up on the rounds closed meanwhile and rejoins at the next round boundary."""
         self.counts["outages"] += 1
         self.counts["lost_steps"] += steps
         self.clock.sleep_until(self.rank, outage.noticed)
@@ -262,7 +280,8 @@ class Quorum(RoundStrategy):
         updates, metrics = self._catch_up(r)
         if self.stale is not None and self.board.record(self.stale[0]) is None:
             self.stale = None  # the process that posted it is gone; the board may still merge it
-        self.board.join(self.rank)
+        more, metrics = self._rejoin(r + len(updates), metrics)
+        updates += more
         self.opened = self.clock.now(self.rank)
         return Synced(updates, {**metrics, "quorum/outage": 1.0})
 
