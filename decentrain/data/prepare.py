@@ -51,6 +51,7 @@ class PrepareConfig:
     val_bytes: int = 1_200_000  # per domain, before the cut of text that also occurs in train
     test_bytes: int = 1_200_000
     min_piece: int = 128  # a held-out piece left shorter than this after the cut is dropped
+    min_heldout_bytes: int = 1_000_000  # per domain and held-out split, after the cut: short domains draw more
     near_dup_threshold: float = 0.8
     shard_bytes: int = 128 << 20
     pinned_tools: dict[str, str] | None = field(default_factory=lambda: dict(PINNED_TOOLS))
@@ -148,37 +149,75 @@ def check_tools(domains: list[Domain], pinned: dict[str, str] | None) -> dict[st
     return have
 
 
-def prepare(cfg: PrepareConfig, domains: list[Domain] | None = None) -> dict:
-    """Build the corpus in `cfg.out` (see the module docstring) and return its manifest."""
-    start = time.time()
-    domains = domains or [PINNED_DOMAINS.get(d, field="data.pinned_domains") for d in cfg.domains]
-    tools = check_tools(domains, cfg.pinned_tools)
+def deduplicated(domains: list[Domain], cfg: PrepareConfig) -> tuple[dict, dict]:
+    """Each domain's (groups, documents) without exact duplicates (across domains) or near duplicates."""
+    kept, stats, seen = {}, {}, set()
     work, cache = cfg.out / ".work", cfg.out / ".sources"
-    splits, stats, seen = {}, {}, set()
     for d in domains:
         groups, docs = extract(d, work, cache)
         keep = [i for i, doc in enumerate(docs) if not ((h := hashlib.sha256(doc).digest()) in seen or seen.add(h))]
         near = dedup.near_duplicates([docs[i] for i in keep], cfg.near_dup_threshold, seed=cfg.seed)
         keep = [i for j, i in enumerate(keep) if j not in near]
-        splits[d.name] = split_groups(d.name, [groups[i] for i in keep], [docs[i] for i in keep], cfg, d.max_train_bytes,
-                                      d.heldout_scale)
+        kept[d.name] = ([groups[i] for i in keep], [docs[i] for i in keep])
         stats[d.name] = {"documents": len(docs), "exact_duplicates": len(docs) - len(keep) - len(near),
                          "near_duplicates": len(near), "bytes_extracted": sum(map(len, docs))}
+    return kept, stats
+
+
+def split_and_cut(kept: dict, domains: list[Domain], cfg: PrepareConfig, scale: dict[str, float]) -> tuple[dict, dict]:
+    """Streams per (domain, split) after the split and the held-out cut, and the share each cut removed."""
+    caps = {d.name: d.max_train_bytes for d in domains}
+    splits = {n: split_groups(n, *kept[n], cfg, caps[n], scale[n]) for n in kept}
     streams = {(n, s): _stream(parts[s]) for n, parts in splits.items() for s in SPLITS}
     train = [streams[(n, "train")] for n in splits]
     heldout = [k for k in streams if k[1] != "train"]
     probe = np.unique(np.concatenate([dedup.window_hashes(streams[k])[0] for k in heldout]))
     banned = dedup.hashes_in(train, probe)
+    cut_rates = {}
+    for k in heldout:
+        text_bytes = int((streams[k] != dedup.SEP).sum())
+        streams[k], cut = dedup.cut_spans(streams[k], banned, cfg.min_piece)
+        cut_rates[k] = cut / max(1, text_bytes)
+    return streams, cut_rates
+
+
+def heldout_scales(domains: list[Domain], cfg: PrepareConfig, kept: dict) -> tuple[dict, dict, dict]:
+    """Draw held-out text until every domain keeps `min_heldout_bytes` per split after the cut.
+
+    A domain short of it draws more (in proportion, with a margin) and the split and cut run again,
+    at most three times; a domain that runs out of groups keeps what it has (the manifest says so).
+    """
+    scale = {d.name: d.heldout_scale for d in domains}
+    for attempt in range(3):
+        streams, cut_rates = split_and_cut(kept, domains, cfg, scale)
+        short = {}
+        for (name, split), stream in streams.items():
+            got = int((stream != dedup.SEP).sum())
+            if split != "train" and got < cfg.min_heldout_bytes:
+                short[name] = max(short.get(name, 1.0), 1.15 * cfg.min_heldout_bytes / max(got, 1))
+        if not short or attempt == 2:
+            return streams, cut_rates, scale
+        log.info("held-out text short after the cut in %s: drawing more", sorted(short))
+        for name, factor in short.items():
+            scale[name] = round(scale[name] * factor, 3)
+
+
+def prepare(cfg: PrepareConfig, domains: list[Domain] | None = None) -> dict:
+    """Build the corpus in `cfg.out` (see the module docstring) and return its manifest."""
+    start = time.time()
+    domains = domains or [PINNED_DOMAINS.get(d, field="data.pinned_domains") for d in cfg.domains]
+    tools = check_tools(domains, cfg.pinned_tools)
+    kept, stats = deduplicated(domains, cfg)
+    streams, cut_rates, scale = heldout_scales(domains, cfg, kept)
     shards = []
-    for name in splits:
-        for split in SPLITS:
-            text_bytes = int((streams[(name, split)] != dedup.SEP).sum())
-            if split != "train":
-                streams[(name, split)], cut = dedup.cut_spans(streams[(name, split)], banned, cfg.min_piece)
-                stats[name][f"{split}_cut_rate"] = cut / max(1, text_bytes)
-            stats[name][f"{split}_bytes"] = int((streams[(name, split)] != dedup.SEP).sum())
-            shards += write_shards(cfg.out, name, split, streams[(name, split)], cfg.shard_bytes)
-    for (name, split), rate in dedup.leak_rates({k: streams[k] for k in heldout}, train).items():
+    for (name, split), stream in streams.items():
+        if split != "train":
+            stats[name][f"{split}_cut_rate"] = cut_rates[(name, split)]
+        stats[name][f"{split}_bytes"] = int((stream != dedup.SEP).sum())
+        stats[name]["heldout_scale"] = scale[name]
+        shards += write_shards(cfg.out, name, split, stream, cfg.shard_bytes)
+    train = [s for (_, split), s in streams.items() if split == "train"]
+    for (name, split), rate in dedup.leak_rates({k: v for k, v in streams.items() if k[1] != "train"}, train).items():
         stats[name][f"{split}_leak_rate"] = rate  # recomputed after the cut: 0 unless the cut is wrong
     manifest = {"format": FORMAT, "name": "pinned", "corpus_hash": corpus_hash(shards), "seed": cfg.seed,
                 "params": {k: v for k, v in asdict(cfg).items() if k not in ("out", "domains", "pinned_tools")},

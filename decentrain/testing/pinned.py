@@ -74,6 +74,7 @@ def tiny_domains(source: Source, max_train_bytes: int = 10**9) -> list[Domain]:
 
 
 def tiny_config(out: Path) -> PrepareConfig:
-    """Held-out splits of about 2.5 kB per domain (documents are about 2.3 kB), no tool pins."""
+    """Held-out splits of about 5 kB per domain (documents are about 2.3 kB), at least 2 kB after the cut,
+    no tool pins."""
     return PrepareConfig(out=out, domains=["alpha", "beta"], val_bytes=5_000, test_bytes=5_000, min_piece=32,
-                         pinned_tools=None)
+                         min_heldout_bytes=2_000, pinned_tools=None)

@@ -48,6 +48,19 @@ def test_duplicates_are_removed_and_held_out_text_never_occurs_in_train(built):
     assert SHARED.encode() in train and SHARED.encode()[:64] not in held
 
 
+def test_a_domain_short_of_held_out_text_after_the_cut_draws_more(built, tmp_path):
+    import dataclasses
+
+    tmp, source, manifest = built
+    beta = manifest["domains"]["beta"]
+    want = min(beta["val_bytes"], beta["test_bytes"]) + 1_000
+    more = prepare(dataclasses.replace(tiny_config(tmp_path / "more"), min_heldout_bytes=want), tiny_domains(source))
+    got = more["domains"]["beta"]
+    assert got["heldout_scale"] > 1 and got["val_bytes"] >= want and got["test_bytes"] >= want
+    assert got["train_bytes"] < beta["train_bytes"]  # what held-out gained, train gave
+    assert all(rate == 0 for rate in leak_report(tmp_path / "more").values())
+
+
 def test_without_the_cut_the_leak_is_found():
     """The check itself is not vacuous: a held-out stream that shares a sentence with train leaks."""
     train = dedup.join_docs([np.frombuffer(b"train text " * 10 + SHARED.encode(), np.uint8)])
