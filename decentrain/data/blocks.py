@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import difflib
 import glob
+import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -208,8 +209,20 @@ CORPUS_SOURCES.register("hf")(CorpusSource(
     _check_hf, lambda cfg: bool(cfg.hf_data_files and all("://" not in f for f in cfg.hf_data_files)), _hf_corpus))
 
 
+_BUILT: dict[str, Corpus] = {}
+
+
 def build_corpus(cfg: DataConfig, tokenizer) -> Corpus:
-    return CORPUS_SOURCES.get(cfg.source, field="data.source").build(cfg, tokenizer)
+    """The corpus of `cfg` for `tokenizer`, built once per process: a worker's start-up check and its run
+    (and a benchmark's many jobs) share it. Keyed by the whole data config and the tokenizer; the blocks
+    are read-only for every caller."""
+    key = json.dumps([asdict(cfg), type(tokenizer).__name__, getattr(tokenizer, "name_or_path", ""), len(tokenizer)],
+                     sort_keys=True, default=str)
+    if key not in _BUILT:
+        if len(_BUILT) >= 4:
+            _BUILT.pop(next(iter(_BUILT)))
+        _BUILT[key] = CORPUS_SOURCES.get(cfg.source, field="data.source").build(cfg, tokenizer)
+    return _BUILT[key]
 
 
 class ShardedSampler:
