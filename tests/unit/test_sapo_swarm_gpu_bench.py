@@ -35,8 +35,8 @@ def test_each_arm_composes_to_the_swarm_it_names(arm):
 
 
 def test_sft_overrides_cut_the_mix_to_the_subset():
-    o = bench.sft_overrides(bench.BenchConfig(), ["chain_sum", "leg_counting"], bench.SMOLLM2, "cuda")
-    assert "task.tasks=[chain_sum,leg_counting]" in o and "~task.task_kwargs.basic_arithmetic" in o
+    o = bench.sft_overrides(bench.BenchConfig(), ["chain_sum", "polynomial_multiplication"], bench.SMOLLM2, "cuda")
+    assert "task.tasks=[chain_sum,polynomial_multiplication]" in o and "~task.task_kwargs.basic_arithmetic" in o
     with pytest.raises(ValueError, match="warm_start_tasks: \\['word_sorting'\\] not in"):
         bench.sft_overrides(bench.BenchConfig(), ["word_sorting"], bench.SMOLLM2, "cuda")
 
