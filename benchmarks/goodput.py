@@ -39,6 +39,7 @@ as well (it is paused, then NoLoCo's own catch-up rule applies); the model is a 
 
     nice -n 10 python -m benchmarks.goodput                 # 8 replicas, 100 rounds, 3 seeds: results/goodput.*
     python -m benchmarks.goodput --smoke                    # 4 replicas, 6 rounds, 1 seed (< 60 s)
+    python -m benchmarks.goodput --reanalyse                # the committed result's figures again, from its runs
 """
 
 from __future__ import annotations
@@ -54,7 +55,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from benchmarks.harness import DecisionRule, Harness, bench_parser, decide, describe, header, own_flags, parse, save_figure
+from benchmarks.harness import (RESULTS, DecisionRule, Harness, bench_parser, decision, describe, header, own_flags, parse,
+                                reanalyse, save_figure)
 from decentrain.algorithms.outer.quorum_board import Board, Outage, SimClock, use_board
 from decentrain.core.comm.deadline import AdaptiveDeadlineConfig, ArrivalWindow
 from decentrain.core.comm.transport import Transport
@@ -293,26 +295,29 @@ def ddp(job: dict[str, Any]) -> dict[str, Any]:
 
 # -- figures -------------------------------------------------------------------------------------------
 def figures(runs: dict[str, dict[str, list[dict[str, Any]]]], seeds: list[int]) -> dict[str, Any]:
-    out: dict[str, Any] = {"arms": {}, "decisions": {}}
+    """Per arm: the per-seed goodput ratios and their decision against the target, the eval losses and their
+    decision against the failure-free run (stored with their values: benchmarks.protocol.recompute checks them)."""
+    out: dict[str, Any] = {"arms": {}}
     for arm, by in runs.items():
         fault, free = by["faults"], by["free"]
         ratio = [(f["useful_tokens"] / f["time_s"]) / (g["useful_tokens"] / g["time_s"]) for f, g in zip(fault, free)]
         entry = {"goodput": ratio, "goodput_mean": statistics.fmean(ratio),
-                 "goodput_vs_target": decide(ratio, [TARGET] * len(ratio), RULES["goodput"]),
+                 "goodput_vs_target": decision(f"{arm} goodput >= {TARGET}", arm, f"target {TARGET}", RULES["goodput"],
+                                               ratio, [TARGET] * len(ratio), "goodput"),
                  "dropped_fraction": [f["dropped_tokens"] / f["computed_tokens"] for f in fault],
                  "heal_s": [s for f in fault for s in f["heal_s"]],
                  "time_ratio": [f["time_s"] / g["time_s"] for f, g in zip(fault, free)]}
         if fault[0]["eval_loss"] is not None:
-            entry["eval_loss"] = {"faults": [f["eval_loss"] for f in fault], "free": [g["eval_loss"] for g in free]}
-            entry["loss_ratio"] = [f["eval_loss"] / g["eval_loss"] for f, g in zip(fault, free)]
-            entry["loss_vs_free"] = decide(entry["eval_loss"]["faults"], entry["eval_loss"]["free"], RULES["loss"])
+            losses = [f["eval_loss"] for f in fault], [g["eval_loss"] for g in free]
+            entry["loss_ratio"] = [a / b for a, b in zip(*losses)]
+            entry["loss_vs_free"] = decision(f"{arm} eval loss vs failure-free", f"{arm}/faults", f"{arm}/free", RULES["loss"],
+                                             losses[0], losses[1], "eval/loss")
         out["arms"][arm] = entry
     q = out["arms"].get("quorum_diloco")
     if q is not None:
-        out["targets"] = {"goodput_at_least_0.88": q["goodput_vs_target"]["verdict"] == "better",
-                          "loss_within_1pct": q.get("loss_vs_free", {}).get("verdict") == "reaches",
-                          "goodput_verdict": q["goodput_vs_target"]["verdict"],
-                          "loss_verdict": q.get("loss_vs_free", {}).get("verdict")}
+        g, loss = q["goodput_vs_target"]["result"]["verdict"], q.get("loss_vs_free", {}).get("result", {}).get("verdict")
+        out["targets"] = {"goodput_at_least_0.88": g == "better", "loss_within_1pct": loss == "reaches",
+                          "goodput_verdict": g, "loss_verdict": loss}
     out["seeds"] = seeds
     return out
 
@@ -332,15 +337,15 @@ def text(rec: dict[str, Any]) -> str:
              f"({c['straggle_rounds']} rounds); quorum: min_quorum={c['min_quorum']}, late={c['late']}", "",
              f"{'arm':16s} {'goodput (95% CI)':26s} {'eval loss ratio':18s} {'dropped':>8s} {'heal s (mean)':>14s}"]
     for arm, e in f["arms"].items():
-        g = _ci(e["goodput_vs_target"])
+        g = _ci(e["goodput_vs_target"]["result"])
         loss = f"{statistics.fmean(e['loss_ratio']):.4f}" if "loss_ratio" in e else "-"
         heal = f"{statistics.fmean(e['heal_s']):.1f}" if e["heal_s"] else "-"
         lines.append(f"{arm:16s} {g:26s} {loss:18s} {statistics.fmean(e['dropped_fraction']):8.1%} {heal:>14s}")
     lines.append("")
     for arm, e in f["arms"].items():
-        lines.append(f"{arm}: goodput >= {TARGET}: {describe(e['goodput_vs_target'])}")
+        lines.append(f"{arm}: goodput >= {TARGET}: {describe(e['goodput_vs_target']['result'])}")
         if "loss_vs_free" in e:
-            lines.append(f"{arm}: eval loss vs its failure-free run: {describe(e['loss_vs_free'], 4)}")
+            lines.append(f"{arm}: eval loss vs its failure-free run: {describe(e['loss_vs_free']['result'], 4)}")
     t = f.get("targets")
     if t:
         lines += ["", f"targets (quorum_diloco): goodput >= 0.88 {'MET' if t['goodput_at_least_0.88'] else 'NOT MET'} "
@@ -392,9 +397,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--data-bytes", type=int, default=200000)
     ap.add_argument("--eval-batches", type=int, default=8)
+    ap.add_argument("--reanalyse", action="store_true", help="recompute the committed result's figures from its runs (no run)")
     args = parse(ap, argv)
+    if args.reanalyse:
+        reanalyse(RESULTS / "goodput.json", lambda rec: {**figures(rec["figures"]["runs"], rec["figures"]["seeds"]),
+                                                         "runs": rec["figures"]["runs"]}, text, plot, args.allow_dirty)
+        return
     config = own_flags(args)
     config.pop("seeds")
+    config.pop("reanalyse")
     hz = Harness("goodput", __file__, {**config, "decision_rules": {k: asdict(r) for k, r in RULES.items()}},
                  allow_dirty=args.allow_dirty, fresh=args.fresh, smoke=args.smoke)
     seeds = list(range(args.seeds))

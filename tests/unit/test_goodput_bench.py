@@ -53,6 +53,8 @@ def _runs(ratios: list[float], loss_ratio: float = 1.0) -> dict:
 
 
 def test_the_targets_are_decided_on_the_interval_not_the_mean():
+    from benchmarks.protocol import decisions_in, recompute
+
     met = figures({"quorum_diloco": _runs([0.95, 0.96, 0.94], 1.001)}, [0, 1, 2])
     assert met["arms"]["quorum_diloco"]["goodput"] == pytest.approx([0.95, 0.96, 0.94])
     assert met["targets"]["goodput_at_least_0.88"] and met["targets"]["loss_within_1pct"]
@@ -60,6 +62,8 @@ def test_the_targets_are_decided_on_the_interval_not_the_mean():
     assert wide["arms"]["quorum_diloco"]["goodput_mean"] > TARGET and not wide["targets"]["goodput_at_least_0.88"]
     worse = figures({"quorum_diloco": _runs([0.95, 0.96, 0.94], 1.05)}, [0, 1, 2])  # 5 % worse loss: not within 1 %
     assert not worse["targets"]["loss_within_1pct"] and worse["targets"]["loss_verdict"] == "worse"
+    stored = decisions_in(met)
+    assert len(stored) == 2 and all(recompute(d) == d["result"] for d in stored)  # verdicts from the values stored
 
 
 @pytest.mark.slow
