@@ -36,7 +36,8 @@ def test_seeds_then_lanes_branch_and_continue_without_overwriting(tmp_path):
     assert not torch.equal(seed[key], it0[key]) and not torch.equal(it0[key], it1[key])
     # every run trained only its own domain, each for its own step count
     logs = [json.loads(x) for x in (tmp_path / "lane1-it0-w80" / "metrics.jsonl").read_text().splitlines()]
-    assert {k for r in logs for k in r if k.startswith("eval/")} == {"eval/loss", "eval/arithmetic"}
+    assert {k for r in logs for k in r if k.startswith("eval/")} == {"eval/loss", "eval/arithmetic", "eval/bpb",
+                                                                     "eval/bpb/arithmetic"}
     assert max(r["step"] for r in logs) == 2
 
 
