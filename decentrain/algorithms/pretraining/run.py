@@ -55,7 +55,8 @@ def run_pretraining(cfg: TrainConfig, world: World, run_dir: Path, config_dict: 
     if resumed is not None:  # the steps after the checkpoint will be logged again: drop their old rows
         drop_rows_after(run_dir / metrics_file(world.rank), resumed)
     logger = MetricsLogger(cfg.logger, run_dir, world.rank, config_dict, total_steps=cfg.train.steps)
-    logger.log(resumed or 0, {"corpus": corpus.identity}, console=False)  # every metrics file names the text it trained on
+    # every metrics file names the text it trained on; at step 0, so that no reader takes it for progress
+    logger.log(0, {"corpus": corpus.identity}, console=False)
     if world.is_main:
         shards = f" ({layout.replicas} replicas x {layout.shards} shards, {cfg.engine.name})" if layout.shards > 1 else ""
         where = f"resumed from step {resumed}" if resumed is not None else "from scratch"
