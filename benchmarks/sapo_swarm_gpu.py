@@ -198,13 +198,14 @@ def read_run(b: BenchConfig, run_dir: Path) -> dict[str, Any]:
 def ledger_key(b: BenchConfig, gguf: str, device: str) -> dict[str, Any]:
     import torch
 
-    from decentrain.models.gguf import file_sha256, resolve_gguf
+    from decentrain.core.checkpoint import sha256_file
+    from decentrain.models.gguf import resolve_gguf
 
     path = resolve_gguf(gguf)
     gpu = f"{torch.cuda.get_device_name()} (CUDA {torch.version.cuda})" if device == "cuda" else "cpu"
     protocol = {k: v for k, v in asdict(b).items() if k not in NOT_PROTOCOL}
     digest = hashlib.sha256(json.dumps(protocol, sort_keys=True).encode()).hexdigest()[:16]
-    return {"model": {"file": path.name, "sha256": file_sha256(path)[:16]}, "gpu": gpu,
+    return {"model": {"file": path.name, "sha256": sha256_file(path)[:16]}, "gpu": gpu,
             "torch": torch.__version__.split("+")[0], "protocol": digest}
 
 

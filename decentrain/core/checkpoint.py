@@ -42,7 +42,8 @@ class CheckpointError(ValueError):
     """A rank's checkpoint files are missing, damaged or inconsistent (the message names the file)."""
 
 
-def _sha256(path: Path) -> str:
+def sha256_file(path: Path) -> str:
+    """A file's sha256 (hex), read in 4 MB blocks: the one helper for checkpoints, corpus shards and sources."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 22), b""):
@@ -116,7 +117,7 @@ class Checkpointer:
             f.flush()
             os.fsync(f.fileno())
         with open(tmp / _SUMS, "w") as f:  # read back: the hash covers what reached the disk
-            json.dump({"step": step, "sha256": {name: _sha256(tmp / name) for name in _FILES}}, f)
+            json.dump({"step": step, "sha256": {name: sha256_file(tmp / name) for name in _FILES}}, f)
             f.flush()
             os.fsync(f.fileno())
         _fsync_dir(tmp)

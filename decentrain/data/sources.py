@@ -11,7 +11,6 @@ are marked `moves`).
 
 from __future__ import annotations
 
-import hashlib
 import io
 import logging
 import os
@@ -21,6 +20,8 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
+
+from decentrain.core.checkpoint import sha256_file
 
 log = logging.getLogger(__name__)
 
@@ -81,14 +82,6 @@ SOURCES = {s.name: s for s in (
 
 class SourceError(RuntimeError):
     """A source that cannot be had as pinned: the message names it and its version."""
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def fetch(source: Source, cache: Path, timeout_s: float = 120) -> Path:

@@ -17,7 +17,6 @@ and minimum); accuracy figures measured on them are figures for this file, not f
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import json
 import logging
@@ -25,6 +24,8 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+
+from decentrain.core.checkpoint import sha256_file
 
 logger = logging.getLogger(__name__)
 
@@ -56,17 +57,9 @@ def resolve_gguf(spec: str, field: str = "model.gguf_file") -> Path:
     return path
 
 
-def file_sha256(path: Path, chunk: int = 1 << 22) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
-
-
 def cache_entry(gguf: Path, cache_root: Path) -> Path:
     """The directory the dequantized model of `gguf` lives in: `<root>/<file stem>-<sha256[:16]>`."""
-    return cache_root / f"{gguf.stem}-{file_sha256(gguf)[:16]}"
+    return cache_root / f"{gguf.stem}-{sha256_file(gguf)[:16]}"
 
 
 def is_complete(entry: Path) -> bool:
@@ -139,7 +132,7 @@ def convert(gguf: Path, entry: Path) -> None:
     try:
         save_weights(model, tmp)
         tokenizer.save_pretrained(tmp)
-        source = {"gguf_file": gguf.name, "sha256": file_sha256(gguf), "bytes": gguf.stat().st_size,
+        source = {"gguf_file": gguf.name, "sha256": sha256_file(gguf), "bytes": gguf.stat().st_size,
                   "params": sum(p.numel() for p in model.parameters()), "dtype": "float32",
                   "note": "dequantized from the GGUF's quantized blocks: an approximation of the released weights"}
         (tmp / DONE).write_text(json.dumps(source, indent=1))
