@@ -221,8 +221,8 @@ def _cfg(algorithm: dict, steps: int):
     })
 
 
-def _run(algorithm: dict, n: int, steps: int, clock: SimClock | None = None):
-    """In-process replicas; with `clock`, their quorum rounds meet on a board in its virtual time."""
+def _run(algorithm: dict, n: int, steps: int, clock: SimClock | RealClock | None = None):
+    """In-process replicas; with `clock`, their quorum rounds meet on a board of ours, on that clock."""
     from decentrain.algorithms.pretraining.inprocess_replicas import run_replicas_in_process
 
     board = None if clock is None else Board(dist.HashStore(), n, clock)
@@ -254,13 +254,16 @@ def test_quorum_rounds_with_every_replica_on_time_are_lockstep_bit_for_bit(name,
     """On time: the board's round is the collective itself (real clock), and the board's own merge (virtual
     clock, no collective) sums the same payloads in the same order."""
     lockstep, _ = _run({"name": name, "inner_steps": 2}, n, 6)
-    quorum, _ = _run({"name": name, "inner_steps": 2, "rounds": {"mode": "quorum"}}, n, 6)
+    quorum, real = _run({"name": name, "inner_steps": 2, "rounds": {"mode": "quorum"}}, n, 6, RealClock())
     sim, board = _run({"name": name, "inner_steps": 2, "rounds": {"mode": "quorum", "min_quorum": 1}}, n, 6,
                       SimClock(n, lambda r, t, i: 1.0, stuck_s=120))
-    assert all(rec.full and len(rec.members) == n for rec in _records(board))  # nobody was late
+    assert all(rec.full and len(rec.members) == n for rec in _records(board) + _records(real))  # nobody was late
+    # the on-time rounds ran as the collective: no payload went through the store, the bytes sent are lock-step's
+    assert not any(real.store.check([f"r{r}/p{rank}.{r}"]) for r in range(3) for rank in range(n))
     for a, b, c in zip(lockstep, quorum, sim):
         assert a.result.final_step == b.result.final_step == c.result.final_step == 6
         assert _same(a.weights, b.weights) and _same(a.weights, c.weights)
+        assert a.exchange_stats["bytes_sent"] == b.exchange_stats["bytes_sent"]
 
 
 STRAGGLER = 3  # rank 3 runs 3x slower; rank 1 is down from t=9.5 (noticed at 10.5) until t=14

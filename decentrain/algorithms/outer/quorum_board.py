@@ -1,7 +1,8 @@
 """Where the replicas of one job meet for quorum rounds: a board on a c10d store, and its clocks.
 
 The board holds, per round, the deliveries posted to it (a counter and one small JSON entry each),
-the members' payloads (bytes: a DiLoCo Δ in fp32, a SparseLoCo message), and the round's record,
+the members' payloads (bytes: a DiLoCo Δ in fp32, a SparseLoCo message; put only for a round that does
+not run as the lock-step collective, by each member once it reads the record), and the round's record,
 written once: `compare_set` on an empty key, so when two replicas close a round at the same moment
 the first record stands and both read it back. Payloads older than `retain_rounds` are deleted by
 whoever closes a round. Everything read back is decoded by outer/quorum.py's total decoders; an
@@ -41,7 +42,7 @@ from decentrain.core.comm.transport import Transport
 
 log = logging.getLogger(__name__)
 
-PAYLOAD_WAIT_S = 600.0  # a member's payload is posted before its delivery: longer than this is a dead store
+PAYLOAD_WAIT_S = 600.0  # a member puts its payload as soon as it reads its round's record: longer is a dead member
 
 
 # -- clocks ---------------------------------------------------------------------------------
@@ -231,12 +232,17 @@ class Board:
         return self.store.get(key) if self.store.check([key]) else None
 
     # deliveries and payloads
-    def post(self, round_idx: int, d: Delivery, payload: bytes) -> None:
-        """The payload first, then the delivery entry: a counted delivery always has its payload."""
-        self.store.set(f"r{round_idx}/p{d.rank}.{d.base}", payload)
+    def post(self, round_idx: int, d: Delivery, payload: bytes | None) -> None:
+        """The payload first (when given), then the delivery entry: a counted delivery with an eager payload
+        always has it; a deferred one is put by `put_payload` once the record names it a member."""
+        if payload is not None:
+            self.put_payload(round_idx, d.rank, d.base, payload)
         k = self.store.add(f"r{round_idx}/n", 1)
         self.store.set(f"r{round_idx}/d{k}", d.encode())
         self.clock.notify()
+
+    def put_payload(self, round_idx: int, rank: int, base: int, payload: bytes) -> None:
+        self.store.set(f"r{round_idx}/p{rank}.{base}", payload)
 
     def deliveries(self, round_idx: int) -> list[Delivery] | None:
         """Every delivery posted to the round, in posting order; None while one is still being written."""

@@ -126,6 +126,7 @@ class Quorum(RoundStrategy):
         self.opened = 0.0  # when this replica began its current round (its clock)
         self.arrivals: list[float] = []  # the arrival window of the last record applied
         self.stale: tuple[int, int, Any] | None = None  # (round posted to, base, payload) of a late payload in flight
+        self.deferred: tuple[int, Any] | None = None  # (round, payload) delivered without its bytes (see _exchange)
         self.counts = {"late_rounds": 0, "dropped_steps": 0, "stale_merged": 0, "lost_steps": 0, "outages": 0}
         self.target: int | None = None
 
@@ -163,7 +164,11 @@ class Quorum(RoundStrategy):
         if outage is not None:
             return self._recover(outage, steps, r)
         now = self.clock.now(self.rank)
-        self.board.post(r, Delivery(self.rank, r, steps, now - self.opened, now), self.codec.to_bytes(payload))
+        # where the round may run as the collective, its payload waits for the record: an on-time round puts
+        # nothing on the store; in a simulation (one replica runs at a time) a reader could not wait for it
+        eager = not self.clock.collectives_ok
+        self.board.post(r, Delivery(self.rank, r, steps, now - self.opened, now), self._upload(payload) if eager else None)
+        self.deferred = None if eager else (r, payload)
         rec = self._await(r)
         if any(m.rank == self.rank and m.base == r for m in rec.members):
             update, metrics = self._apply(rec, own=payload)
@@ -204,7 +209,9 @@ class Quorum(RoundStrategy):
         self.arrivals = rec.arrivals
         self._settle_stale(rec)
         if rec.full and own is not None and self.clock.collectives_ok:
+            self.deferred = None
             return self.codec.collective(own)
+        self._put_deferred(rec)
         scales = token_scales([m.weight for m in rec.members])
         parts = []
         for m, s in zip(rec.members, scales):
@@ -212,6 +219,20 @@ class Quorum(RoundStrategy):
             data = self.codec.to_bytes(own) if mine else self.board.payload(rec.round, m.rank, m.base)
             parts.append((data, s, m.base))
         return self.codec.merge(parts)
+
+    def _upload(self, payload: Any) -> bytes:
+        data = self.codec.to_bytes(payload)
+        self.transport.stats.bytes_sent += len(data)  # the store's traffic is this replica's too
+        return data
+
+    def _put_deferred(self, rec: RoundRecord) -> None:
+        """Our deferred payload of round rec.round, put now if the record merges it off the board."""
+        if self.deferred is None or self.deferred[0] != rec.round:
+            return
+        _, payload = self.deferred
+        self.deferred = None
+        if any(m.rank == self.rank and m.base == rec.round for m in rec.members):
+            self.board.put_payload(rec.round, self.rank, rec.round, self._upload(payload))
 
     def _rejoin(self, r: int, metrics: dict[str, float]) -> tuple[list[Any], dict[str, float]]:
         """Sit out open round r (this replica has left it) and join at its close, in phase with the others: a
@@ -255,7 +276,7 @@ class Quorum(RoundStrategy):
             self.codec.left_out(payload)
             return
         now = self.clock.now(self.rank)
-        self.board.post(open_round, Delivery(self.rank, base, steps, seconds, now), self.codec.to_bytes(payload))
+        self.board.post(open_round, Delivery(self.rank, base, steps, seconds, now), self._upload(payload))
         self.stale = (open_round, base, payload)
 
     def _settle_stale(self, rec: RoundRecord) -> None:
