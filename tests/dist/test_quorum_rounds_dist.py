@@ -54,37 +54,44 @@ def _train(name, world, rounds, steps=3):
 def _lockstep_then_quorum(world, name):
     lockstep, _ = _train(name, world, {"mode": "lockstep"})
     quorum, metrics = _train(name, world, {"mode": "quorum"})
-    return [p.tolist() for p in lockstep], [p.tolist() for p in quorum], [m.get("quorum/full") for m in metrics]
+    again, _ = _train(name, world, {"mode": "quorum"})  # a second job in the same process group: its own rounds
+    return ([p.tolist() for p in lockstep], [p.tolist() for p in quorum], [m.get("quorum/full") for m in metrics],
+            [p.tolist() for p in again])
 
 
 @pytest.mark.parametrize("name", ["diloco", "sparseloco"])
 @pytest.mark.parametrize("n", [2, 4])
 def test_on_time_quorum_rounds_are_lockstep_bit_for_bit_over_gloo(name, n):
-    for lockstep, quorum, full in run_ranks(_lockstep_then_quorum, n, name, timeout=600):
+    for lockstep, quorum, full, again in run_ranks(_lockstep_then_quorum, n, name, timeout=600):
         assert full == [1.0, 1.0, 1.0]  # every round was the lock-step one
-        assert lockstep == quorum  # float lists: equal means bit-identical
+        assert lockstep == quorum == again  # float lists: equal means bit-identical
 
 
 def _late_rank_one(world, late):
     from decentrain.algorithms.outer.quorum_board import Board
 
-    if world.rank == 1:  # hold round 1's delivery until rank 0 has closed round 1 without it
-        real = Board.post
+    real, hold = Board.post, {"on": world.rank == 1}
 
-        def held(self, round_idx, delivery, payload):
-            if round_idx == 1 and delivery.base == 1:
-                self.store.wait(["r1/rec"])
-            return real(self, round_idx, delivery, payload)
+    def held(self, round_idx, delivery, payload):  # rank 1: round 1's delivery waits until rank 0 closed it alone
+        if hold["on"] and round_idx == 1 and delivery.base == 1:
+            self.store.wait(["r1/rec"])  # the board's own namespace of the job store
+        return real(self, round_idx, delivery, payload)
 
-        Board.post = held
+    Board.post = held
     rounds = {"mode": "quorum", "min_quorum": 1, "late": late, "grace": {"warmup": 1, "margin_s": 0.2, "cap_s": 120.0}}
-    weights, metrics = _train("diloco", world, rounds)
-    return [p.tolist() for p in weights], [(m["quorum/members"], m.get("quorum/late_rounds")) for m in metrics]
+    runs = []
+    for _ in range(2):  # then a second job in the same process group, nobody held: it must not read the first's rounds
+        weights, metrics = _train("diloco", world, rounds)
+        runs.append(([p.tolist() for p in weights], [(m["quorum/members"], m.get("quorum/late_rounds")) for m in metrics]))
+        hold["on"] = False
+    return runs
 
 
 @pytest.mark.parametrize("late", ["drop", "fedasync"])
 def test_a_late_replica_applies_the_round_it_missed_and_ends_on_the_same_weights(late):
-    (w0, m0), (w1, m1) = run_ranks(_late_rank_one, 2, late, timeout=600)
-    assert m0[1] == (1.0, 0.0)  # rank 0 closed round 1 alone
-    assert m1[1] == (1.0, 1.0)  # rank 1 found it closed: late, caught up from the board
-    assert w0 == w1  # identical slow weights, θ = φ, bit for bit
+    (held0, free0), (held1, free1) = run_ranks(_late_rank_one, 2, late, timeout=600)
+    assert held0[1][1] == (1.0, 0.0)  # rank 0 closed round 1 alone
+    assert held1[1][1] == (1.0, 1.0)  # rank 1 found it closed: late, caught up from the board
+    assert held0[0] == held1[0]  # identical slow weights, θ = φ, bit for bit
+    # the second job ran on its own rounds (a shared namespace would hand it the first job's round 1 record)
+    assert free0[1] == free1[1] == [(2.0, 0.0)] * 3 and free0[0] == free1[0]

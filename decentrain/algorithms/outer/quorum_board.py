@@ -38,6 +38,7 @@ import torch.distributed as dist
 from decentrain.algorithms.outer.quorum import Delivery, RoundRecord, decode_delivery, decode_record
 from decentrain.core.comm.dist_transport import TorchTransport
 from decentrain.core.comm.inprocess_transport import InProcessHub, InProcessTransport
+from decentrain.core.comm.membership import job_number
 from decentrain.core.comm.transport import Transport
 
 log = logging.getLogger(__name__)
@@ -338,6 +339,9 @@ def _(transport: TorchTransport, world_size: int, poll_s: float, window: int) ->
     w = transport.world
     if w.store is None:
         raise ValueError("algorithm.rounds.mode=quorum needs the job's c10d store (a torchrun launch)")
-    return Board(dist.PrefixStore("quorum_rounds/", w.store), world_size, RealClock(poll_s), window)
+    # the job's own namespace, numbered as gossip jobs are (core/comm/membership.job_number): two runs one
+    # after the other in one process group (HDEE's lanes, a resume in place) never read each other's rounds
+    w.gossip_jobs = job_number(w.store, w.rank, w.incarnation, w.world_size, w.gossip_jobs)
+    return Board(dist.PrefixStore(f"job{w.gossip_jobs}/quorum_rounds/", w.store), world_size, RealClock(poll_s), window)
 
 
