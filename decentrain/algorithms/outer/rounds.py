@@ -70,8 +70,7 @@ class RoundStrategy:
         self.cfg, self.rank, self.n, self.transport, self.codec = cfg, rank, world_size, transport, codec
 
     @classmethod
-    def check_family(cls, overlap: bool, pacing: bool) -> None:
-        mode = next(name for name in ROUND_MODES.names() if ROUND_MODES.get(name) is cls)
+    def check_family(cls, mode: str, overlap: bool, pacing: bool) -> None:
         if overlap and not cls.supports_overlap:
             raise ValueError(f"{FIELD}.mode={mode} with algorithm.overlap=true is not supported; allowed: overlap=false")
         if pacing and not cls.supports_pacing:
@@ -101,7 +100,7 @@ ROUND_MODES: Registry[type[RoundStrategy]] = Registry(f"{FIELD}.mode")
 
 def check_rounds(cfg: RoundsConfig, overlap: bool = False, pacing: bool = False) -> None:
     """The family's config check: the mode exists and supports the family's other choices."""
-    ROUND_MODES.get(cfg.mode, field=f"{FIELD}.mode").check_family(overlap, pacing)
+    ROUND_MODES.get(cfg.mode, field=f"{FIELD}.mode").check_family(cfg.mode, overlap, pacing)
 
 
 @ROUND_MODES.register("lockstep")
@@ -176,6 +175,8 @@ class Quorum(RoundStrategy):
         else:  # closed without us: catch up on every closed round, the late payload goes by the rule, rejoin
             self.counts["late_rounds"] += 1
             updates, metrics = self._catch_up(r)
+            log.info("quorum round %d closed without this replica (%s); applying %d closed rounds, rejoining at the next",
+                     r, self.cfg.late, len(updates))
             self._late(payload, steps, r, now - self.opened, len(updates))
             self.board.leave(self.rank)
             more, metrics = self._rejoin(r + len(updates), metrics)
@@ -295,6 +296,7 @@ class Quorum(RoundStrategy):
         catches up on the rounds closed meanwhile and rejoins at the next round boundary."""
         self.counts["outages"] += 1
         self.counts["lost_steps"] += steps
+        log.info("quorum round %d: down from %.1f to %.1f (scripted); its %d steps are lost", r, outage.start, outage.end, steps)
         self.clock.sleep_until(self.rank, outage.noticed)
         self.board.leave(self.rank)
         self.clock.sleep_until(self.rank, outage.end)
