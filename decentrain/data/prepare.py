@@ -301,7 +301,7 @@ def report(manifest: dict) -> str:
 
 def _report(root: Path) -> dict:
     manifest = load_manifest(root)
-    print(report(manifest))
+    sys.stdout.write(report(manifest))  # the command's output (a table to paste), not a log record
     return manifest
 
 
@@ -338,9 +338,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         m = args.run(args)
     except (CorpusError, SourceError, OSError) as e:
-        print(f"decentrain data {args.command}: {e}", file=sys.stderr)
+        sys.stderr.write(f"decentrain data {args.command}: {e}\n")  # one line for the user, exit status 1
         return 1
-    print(f"corpus {m['corpus_hash']}")
+    sys.stdout.write(f"corpus {m['corpus_hash']}\n")
     return 0
 
 
