@@ -74,11 +74,10 @@ def corpus_facts(data: dict[str, Any], model: dict[str, Any], seq_len: int) -> d
 
 def corpus_of(rows: Iterable[dict]) -> dict[str, Any] | None:
     """The corpus a run's metrics name (the header record's {"name", "hash"}); None when not logged."""
-    for r in rows:
-        c = r.get("corpus")
-        if isinstance(c, dict):
-            return {"name": c.get("name"), "hash": c.get("hash")}
-    return None
+    from decentrain.core.metrics import corpus_header
+
+    c = corpus_header(rows)
+    return None if c is None else {"name": c.get("name"), "hash": c.get("hash")}
 
 
 def divergence(error: BaseException) -> str | None:

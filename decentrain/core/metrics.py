@@ -281,6 +281,12 @@ def drop_rows_after(path: Path, step: int) -> None:
     os.replace(tmp, path)
 
 
+def corpus_header(rows: Iterable[dict]) -> dict | None:
+    """The corpus a run's metrics name: the header record's {name, hash, note} (run_pretraining writes it); None
+    when the run logged none."""
+    return next((r["corpus"] for r in rows if isinstance(r.get("corpus"), dict)), None)
+
+
 def read_jsonl(path: Path) -> list[dict]:
     with open(path) as f:
         return [json.loads(line) for line in f if line.strip()]

@@ -14,7 +14,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from decentrain.core.metrics import format_bytes, read_jsonl
+from decentrain.core.metrics import corpus_header, format_bytes, read_jsonl
 
 SYNCS_EVERY_STEP = {"ddp"}  # arms that take no H: they all-reduce gradients every step
 UNTUNED = "untuned defaults, 1 seed"
@@ -112,7 +112,7 @@ def read_arm(name: str, run_dir: Path) -> Arm:
     return Arm(name, [s for s, _ in points], [v for _, v in points], [train[s].get("time/train_s", math.nan) for s, _ in points],
                [train[s].get("comm/bytes_sent_total", 0.0) for s, _ in points],
                [bpb[s] for s, _ in points] if all(s in bpb for s, _ in points) else [],
-               next((r["corpus"] for r in rows if isinstance(r.get("corpus"), dict)), None))
+               corpus_header(rows))
 
 
 def corpus_line(arms: list[Arm]) -> str:
