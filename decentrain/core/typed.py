@@ -24,12 +24,16 @@ def _default(f: dataclasses.Field) -> Any:
 
 
 def renamed_key(cls: type, keys: Iterable[str], where: str) -> str | None:
-    """The one-line error for the first of `keys` that `cls` renamed (`cls.RENAMED`: old -> new, both
-    relative to the section at `where`), or None."""
-    renamed = getattr(cls, "RENAMED", {})
-    gone = sorted(set(keys) & set(renamed))
+    """The one-line error for the first of `keys` that `cls` renamed or moved, or None.
+
+    `cls.RENAMED`: old -> new, both relative to the section at `where`; `cls.MOVED`: old -> where the
+    setting lives now, written from the top of the config (it went to another section)."""
+    renamed, moved = getattr(cls, "RENAMED", {}), getattr(cls, "MOVED", {})
+    gone = sorted(set(keys) & (set(renamed) | set(moved)))
+    if not gone:
+        return None
     prefix = f"{where}." if where else ""
-    return f"{prefix}{gone[0]} was removed; use {prefix}{renamed[gone[0]]}" if gone else None
+    return f"{prefix}{gone[0]} was removed; use {moved.get(gone[0]) or prefix + renamed[gone[0]]}"
 
 
 def check_known(cls: type, raw: Mapping[str, Any], where: str) -> None:
