@@ -18,8 +18,8 @@ from datetime import timedelta
 import pytest
 import torch.distributed as dist
 
+from decentrain.core.comm.incarnation import INCARNATION_KEY, PUBLIC_KEY_ENV, SECRET_ENV, IncarnationCheck, LauncherKey
 from decentrain.core.comm.membership import Membership
-from decentrain.core.launch.incarnation import INCARNATION_KEY, PUBLIC_KEY_ENV, SECRET_ENV, IncarnationCheck, LauncherKey
 
 JOB = "job1"
 

@@ -69,8 +69,8 @@ def test_heal_requests_are_honoured_only_from_ranks_the_launcher_restarted():
 
     import torch.distributed as dist
 
+    from decentrain.core.comm.incarnation import IncarnationCheck, LauncherKey
     from decentrain.core.comm.membership import Membership
-    from decentrain.core.launch.incarnation import IncarnationCheck, LauncherKey
 
     store = dist.HashStore()
     store.set_timeout(timedelta(seconds=5))

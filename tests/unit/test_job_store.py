@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from decentrain.core.comm.incarnation import INCARNATION_KEY, SECRET_ENV, IncarnationCheck, LauncherKey
 from decentrain.core.comm.job_store import connect, parse_endpoint
 from decentrain.core.launch.config import LauncherConfig
-from decentrain.core.launch.incarnation import INCARNATION_KEY, SECRET_ENV, IncarnationCheck, LauncherKey
 from decentrain.core.launch.launcher import HostSlot, launch_survivors
 from decentrain.testing import rerun_unprivileged, start_store
 

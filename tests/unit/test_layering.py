@@ -1,7 +1,8 @@
 """recipes -> algorithms -> core: core imports no algorithm, no family imports another,
 nothing below the recipes imports decentrain/config.py (the composition root). The test kit
 (decentrain/testing) sits beside the composition root: it may import any of the library, the
-library imports none of it.
+library imports none of it. Inside core, its own modules sit below core/comm, which sits below
+core/launch; and no two packages import each other, even through other modules.
 
 Checked on the transitive import graph, read statically from the sources: every import
 in a module counts (also those inside functions, which run later but still tie the
@@ -16,6 +17,7 @@ import subprocess
 import sys
 from functools import cache
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
@@ -120,6 +122,27 @@ def test_nothing_below_the_recipes_imports_the_composition_root(mod):
 def test_core_models_data_tasks_import_no_algorithm(mod):
     bad = _under(closure(mod), "decentrain.algorithms")
     assert not bad, f"{mod} imports {sorted(bad)} (transitively)"
+
+
+# core's rooms, lowest first: its own modules (world, stores, registry, checkpoints), core/comm (how
+# workers talk: transports, membership, heal authority), core/launch (how they are started). A module
+# imports its own room and those below it, never one above (core/comm and core/launch imported each other once).
+CORE_ROOMS = ("decentrain.core", "decentrain.core.comm", "decentrain.core.launch")
+
+
+def _core_room(mod: str) -> int:
+    return max(i for i, room in enumerate(CORE_ROOMS) if mod == room or mod.startswith(room + "."))
+
+
+def test_every_package_of_core_is_a_room():
+    packages = {m for m in _under(MODULES, "decentrain.core") if MODULES[m].name == "__init__.py"}
+    assert packages == set(CORE_ROOMS), "place a new package of core in CORE_ROOMS, above what it imports"
+
+
+@pytest.mark.parametrize("mod", sorted(_under(MODULES, "decentrain.core")))
+def test_core_imports_only_its_own_room_and_those_below(mod):
+    bad = {m for m in _under(closure(mod), "decentrain.core") if _core_room(m) > _core_room(mod)}
+    assert not bad, f"{mod} ({CORE_ROOMS[_core_room(mod)]}) imports {sorted(bad)} (transitively)"
 
 
 @pytest.mark.parametrize("mod", sorted(m for m in MODULES if m.startswith("decentrain.algorithms")))
@@ -269,3 +292,35 @@ def test_no_import_cycles():
     # forces imports into functions; the graph counts those function-level imports too.
     assert _cycles({m: _runtime_imports(m) for m in MODULES}) == []
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]  # the check can fail
+
+
+def _package(mod: str) -> str:
+    return mod if MODULES[mod].name == "__init__.py" else mod.rpartition(".")[0]
+
+
+def _package_graph(imports: dict[str, set[str]], package: Callable[[str], str]) -> dict[str, set[str]]:
+    """The modules' imports drawn between their packages. A package and the packages inside it are one
+    room (pre-training and the engines and transports it picks from their registries): no edge between them."""
+    graph: dict[str, set[str]] = {}
+    for mod, deps in imports.items():
+        p = package(mod)
+        graph.setdefault(p, set())
+        for q in map(package, deps):
+            graph.setdefault(q, set())
+            if not (q == p or q.startswith(p + ".") or p.startswith(q + ".")):
+                graph[p].add(q)
+    return graph
+
+
+def test_no_import_cycles_between_packages():
+    # Modules can be acyclic while their packages are not (core/comm/membership -> core/launch/incarnation and
+    # core/launch/launcher -> core/comm/job_store, once): then neither package can be read, moved or tested
+    # without the other.
+    graph = _package_graph({m: _runtime_imports(m) for m in MODULES}, _package)
+    assert _cycles(graph) == []
+
+    def parent(mod: str) -> str:
+        return mod.rpartition(".")[0]
+
+    assert _cycles(_package_graph({"p.a.x": {"p.b.y"}, "p.b.y": {"p.a.z"}, "p.a.z": set()}, parent)) == [["p.a", "p.b"]]
+    assert _cycles(_package_graph({"p.x": {"p.a.y"}, "p.a.y": {"p.z"}, "p.z": set()}, parent)) == []  # one room

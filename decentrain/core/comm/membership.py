@@ -8,7 +8,7 @@ already shares (`World.store`):
 - `late/<rank>`: written by a partner that gave up waiting on <rank>: the rounds-done value
   <rank> had then. While <rank> has published no progress since, it is still late;
 - `heal/<rank>/nonce`: this rank's current nonce as a donor; `heal/<donor>/<rank>/<incarnation>`:
-  this incarnation's heal request to <donor>, signed over that nonce (core/launch/incarnation.py).
+  this incarnation's heal request to <donor>, signed over that nonce (core/comm/incarnation.py).
 
 Partners read these before and while waiting on each other (see `PairExchange`), so that a
 stopped or lagging rank costs at most one deadline wait, and a rank that wakes far behind
@@ -34,7 +34,7 @@ from typing import Callable
 
 import torch.distributed as dist
 
-from decentrain.core.launch.incarnation import NONCE_HEX, IncarnationCheck
+from decentrain.core.comm.incarnation import NONCE_HEX, IncarnationCheck
 from decentrain.core.shared_store import parse_count, peek
 
 log = logging.getLogger(__name__)
@@ -118,7 +118,7 @@ class Membership:
     # where the launcher records incarnations: the job's whole store, above this job's namespace
     # (None: `store` itself)
     launcher_store: dist.Store | None = None
-    # the launchers' public key and this rank's token (core/launch/incarnation.py); None: no heal request is honoured
+    # the launchers' public key and this rank's token (core/comm/incarnation.py); None: no heal request is honoured
     authority: IncarnationCheck | None = field(default_factory=IncarnationCheck.from_env)
     # opens a fresh connection: (this job's store, the launcher's store); None: a lost one stays lost
     reconnect: Callable[[], tuple[dist.Store, dist.Store]] | None = None

@@ -28,9 +28,9 @@ from typing import Any, Callable, Iterable
 from torch.distributed import PrefixStore, TCPStore
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
+from decentrain.core.comm.incarnation import SECRET_ENV, LauncherKey
 from decentrain.core.comm.job_store import connect, parse_endpoint
 from decentrain.core.launch.config import LauncherConfig
-from decentrain.core.launch.incarnation import SECRET_ENV, LauncherKey
 from decentrain.core.world import Placement, plan_placement, read_launch_env, shared_store_prefix, visible_gpus
 
 log = logging.getLogger(__name__)

@@ -24,6 +24,9 @@ replacement, whose attempt failed, asks again with the new nonce and is served.
 Departure from "an HMAC with a per-job secret": signatures, because a donor must check requests
 and an HMAC key that checks can also forge; with per-incarnation keys a worker can speak only
 for itself, even to a donor.
+
+It lives in core/comm beside the membership that checks heal requests: the launcher (core/launch)
+imports it, and core/comm imports nothing of core/launch (tests/unit/test_layering.py).
 """
 
 from __future__ import annotations
