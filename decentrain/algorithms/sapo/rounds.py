@@ -17,15 +17,14 @@ from pathlib import Path
 from typing import Any
 
 from decentrain.algorithms.sapo.config import SAPOConfig
-from decentrain.algorithms.sapo.evaluation import greedy_accuracy, heldout_items
+from decentrain.algorithms.sapo.evaluation import heldout_items
 from decentrain.algorithms.sapo.exchange import EXCHANGES, build_exchange
-from decentrain.core.identity import NodeIdentity
 from decentrain.algorithms.sapo.node import SAPONode
 from decentrain.algorithms.sapo.results import round_line, summarize, summary_line, swarm_mean
 from decentrain.core.checkpoint import Checkpointer
+from decentrain.core.identity import NodeIdentity
 from decentrain.core.metrics import MetricsLogger, drop_rows_after
 from decentrain.core.world import World
-from decentrain.models.factory import save_model
 
 logger = logging.getLogger(__name__)
 
@@ -75,27 +74,27 @@ def run_sapo(cfg: SAPOConfig, world: World, run_dir: Path, on_round=None) -> dic
     heldout = heldout_items(cfg.task, cfg.eval.prompts_per_task, cfg.eval.seed_offset) if every else {}
 
     def evaluate() -> dict[str, float]:
-        acc = greedy_accuracy(node.model, node.tokenizer, node.template, node.backend.cfg, heldout)
-        return {f"heldout_greedy/{k}": v for k, v in acc.items()}
+        return {f"heldout_greedy/{k}": v for k, v in node.heldout_accuracy(heldout).items()}
 
     try:
         if every and node.round == 0:
             log.log(0, evaluate(), console=index == 0)  # the starting policy: step 0
         while node.round < last:
             metrics = node.run_round()
-            if every and (node.round % every == 0 or node.round == cfg.train.rounds):
+            done = node.round  # rounds completed, this one included
+            if every and (done % every == 0 or done == cfg.train.rounds):
                 metrics.update(evaluate())
             # the collective job's ranks agree on the swarm's mean own reward; node 0 prints it
             swarm = swarm_mean(world, float(metrics.get("reward", 0.0))) if collective else None
-            log.log(node.round, metrics, console=False)  # every field: metrics.jsonl; the console gets one short line
-            if (index == 0 or not collective) and (node.round % cfg.logger.log_every == 0 or node.round == last):
-                logger.info(round_line(node_id, node.round, metrics, swarm))
+            log.log(done, metrics, console=False)  # every field: metrics.jsonl; the console gets one short line
+            if (index == 0 or not collective) and (done % cfg.logger.log_every == 0 or done == last):
+                logger.info(round_line(node_id, done, metrics, swarm))
             if on_round is not None:
                 on_round(node, metrics)
-            if cfg.train.checkpoint_every and (node.round % cfg.train.checkpoint_every == 0 or node.round == last):
-                ckpt.save(node.round, node.state_dict())
+            if cfg.train.checkpoint_every and (done % cfg.train.checkpoint_every == 0 or done == last):
+                ckpt.save(done, node.state_dict())
         if node.round >= cfg.train.rounds:
-            save_model(node.model, node.tokenizer, node_dir / "final")
+            node.save(node_dir / "final")
     finally:
         log.close()
         exchange.close()
