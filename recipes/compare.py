@@ -4,8 +4,9 @@ SparseLoCo at one layout, one after another, then their curves side by side.
 Each arm is the ordinary pre-training recipe in its own process (`python -m recipes.train`,
 which starts its workers through the same launcher as `decentrain`), writing `<run_dir>/<arm>/`,
 at the layout and the arm's settings of the preset (`compare=<scale>`, conf/compare/), with a
-progress line while it trains. Its console goes to `<run_dir>/<arm>.log`. Then `compare.png`, `compare.txt` (the table and
-a paragraph that reads it) and `compare.json` land in `<run_dir>`.
+progress line while it trains. Its console goes to `<run_dir>/<arm>.log` (for a person: nothing here parses it);
+what the arm reports comes from its own files, `result.json` and `metrics.jsonl` (recipes/comparison.py). Then
+`compare.png`, `compare.txt` (the table and a paragraph that reads it) and `compare.json` land in `<run_dir>`.
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ import hydra
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig
 
-from decentrain.algorithms.pretraining.comparison import CompareConfig, arm_overrides, read_arm, settings, write_summary
+from decentrain.algorithms.pretraining.run import RESULT_FILE
 from recipes import conf_dir, run, typed_config
+from recipes.comparison import CompareConfig, arm_overrides, read_arm, read_result, settings, write_summary
 
 ConfigStore.instance().store(name="compare_schema", node=CompareConfig)
 
@@ -72,18 +74,19 @@ def follow(proc: subprocess.Popen, tail: MetricsTail, name: str, steps: int, eve
 def run_arm(cfg: CompareConfig, name: str, run_dir: Path) -> None:
     log = run_dir / f"{name}.log"
     argv = [sys.executable, "-m", "recipes.train", *arm_overrides(cfg, name, run_dir / name)]
+    (run_dir / name / RESULT_FILE).unlink(missing_ok=True)  # one an earlier run left here is not this arm's
     start = time.perf_counter()
-    print(f"[compare] {name}: training ({cfg.workers} workers, {cfg.steps} steps; settings: {settings(cfg, name).behind}); "
-          f"log {log}", flush=True)
+    print(f"[compare] {name}: training ({cfg.workers} workers, {cfg.steps} steps; "
+          f"settings: {settings(cfg, name).behind}); log {log}", flush=True)
     with open(log, "w") as out:
-        code = follow(subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT), MetricsTail(run_dir / name / "metrics.jsonl"),
-                      name, cfg.steps)
-    lines = log.read_text(errors="replace").splitlines()
-    done = next((line.split("[decentrain] ", 1)[1] for line in reversed(lines) if "[decentrain] done:" in line), None)
-    if code != 0 or done is None:
-        tail = "\n".join(lines[-15:])
-        sys.exit(f"[compare] {name} failed (exit {code}); the end of {log}:\n{tail}")
-    print(f"[compare] {name}: {done} ({time.perf_counter() - start:.0f}s with start-up)", flush=True)
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
+        code = follow(proc, MetricsTail(run_dir / name / "metrics.jsonl"), name, cfg.steps)
+    result = read_result(run_dir / name)
+    if code != 0 or result is None:
+        tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
+        why = f"exit {code}" if code else f"exit 0 but no {RESULT_FILE}"
+        sys.exit(f"[compare] {name} failed ({why}); the end of {log}:\n{tail}")
+    print(f"[compare] {name}: {result['line']} ({time.perf_counter() - start:.0f}s with start-up)", flush=True)
 
 
 def to_config(dcfg: DictConfig) -> CompareConfig:

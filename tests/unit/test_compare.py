@@ -1,11 +1,12 @@
 """`decentrain compare`: every arm gets the same layout, and the table, the reading and the figure
-come from the arms' own metrics.jsonl (rank 0's eval loss, wall time and cumulative bytes)."""
+come from the arms' own files: result.json (the run's end) and metrics.jsonl (rank 0's eval loss, wall
+time and cumulative bytes), never from their console."""
 
 import json
 
 import pytest
 
-from decentrain.algorithms.pretraining.comparison import CompareConfig, arm_overrides, read_arm, write_summary
+from recipes.comparison import CompareConfig, arm_overrides, read_arm, write_summary
 
 
 def test_arms_share_the_layout_and_differ_only_in_the_algorithm(tmp_path):
@@ -120,3 +121,42 @@ def test_the_table_gives_bits_per_byte_and_the_text_names_the_corpus(tmp_path):
                                 {"step": 20, "train/loss": 2.0}, {"step": 20, "eval/loss": 1.9}])
     text = write_summary([read_arm("ddp", tmp_path / "ddp"), read_arm("diloco", tmp_path / "other")], cfg, tmp_path)
     assert "The arms trained on different corpora" in text
+
+
+def test_an_arm_that_syncs_every_step_is_known_by_its_class_not_its_name(tmp_path, monkeypatch):
+    from decentrain.algorithms.base import ALGORITHMS, Algorithm
+
+    every = type("EveryStep", (Algorithm,), {"syncs_every_step": True})
+    monkeypatch.setitem(ALGORITHMS._entries, "allreduce", every)  # a second every-step algorithm, not named ddp
+    cfg = CompareConfig(algorithms=["allreduce", "diloco"], inner_steps=10)
+    assert not any(o.startswith("algorithm.inner_steps") for o in arm_overrides(cfg, "allreduce", tmp_path))
+    assert "algorithm.inner_steps=10" in arm_overrides(cfg, "diloco", tmp_path)
+    with pytest.raises(ValueError, match="algorithms='nope' is unknown"):  # before any arm trains
+        CompareConfig(algorithms=["ddp", "nope"])
+
+
+def test_an_arm_ends_by_its_result_file_not_by_its_log(tmp_path, monkeypatch, capsys):
+    """run_arm reports what the arm's result.json says; a log that merely prints a done line is not a result."""
+    import subprocess
+    import sys
+
+    import recipes.compare as compare
+
+    popen = subprocess.Popen
+
+    def fake_arm(writes_result: bool):
+        # stands for `python -m recipes.train`: writes the arm's files, or only prints what a run would print
+        arm = tmp_path / "ddp"
+        record = {"line": "done: step 20, from the result file"}
+        script = (f"import json, pathlib; pathlib.Path({str(arm)!r}).mkdir(exist_ok=True); "
+                  + (f"pathlib.Path({str(arm / 'result.json')!r}).write_text(json.dumps({record!r}))"
+                     if writes_result else "print('[decentrain] done: step 20, from the log')"))
+        return lambda argv, **kw: popen([sys.executable, "-c", script], **kw)
+
+    cfg = CompareConfig(algorithms=["ddp"], steps=20)
+    monkeypatch.setattr(compare.subprocess, "Popen", fake_arm(writes_result=True))
+    compare.run_arm(cfg, "ddp", tmp_path)
+    assert "[compare] ddp: done: step 20, from the result file (" in capsys.readouterr().out
+    monkeypatch.setattr(compare.subprocess, "Popen", fake_arm(writes_result=False))
+    with pytest.raises(SystemExit, match="exit 0 but no result.json"):  # the result.json above was this run's to replace
+        compare.run_arm(cfg, "ddp", tmp_path)

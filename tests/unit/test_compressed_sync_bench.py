@@ -102,7 +102,7 @@ def test_the_compare_preset_names_the_tuned_settings_and_what_stands_behind_them
     assert "algorithm.outer_optimizer.nesterov=false" in p["arms"]["diloco"]["overrides"]
     assert set(p["arms"]) == {"diloco", "sparseloco"}
     assert p["arms"]["sparseloco"]["behind"] == "benchmarks/results/compressed_sync.json @ abcdef1234: 2 tuning seeds, 8 eval seeds"
-    from decentrain.algorithms.pretraining.comparison import CompareConfig
+    from recipes.comparison import CompareConfig
 
     cfg = CompareConfig(**{k: v for k, v in p.items()})  # the preset is a valid compare config
     assert cfg.arms["diloco"].behind.endswith("8 eval seeds")

@@ -6,9 +6,11 @@ seed and expert run, each with its own `algorithm`, `engine`, model and data sec
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -25,6 +27,9 @@ from decentrain.models.factory import build_model, build_tokenizer, num_params, 
 log = logging.getLogger(__name__)
 
 MODEL_SUBDIR = "model"  # <run_dir>/model: the run's save_pretrained weights
+# <run_dir>/result.json, rank 0's at the end: the TrainResult, the corpus and the run's last line, for
+# whoever started the run (decentrain compare reads it; nobody parses the console)
+RESULT_FILE = "result.json"
 
 
 def save_atomic(model, tokenizer, out: Path) -> None:
@@ -84,7 +89,9 @@ def run_pretraining(cfg: TrainConfig, world: World, run_dir: Path, config_dict: 
             plot_curves(read_jsonl(metrics), ["train/loss", "eval/loss"], run_dir / "loss.png", title=f"{cfg.algorithm.name} on {world.world_size} ranks")
         sent = "" if result.bytes_sent is None else f", sent {format_bytes(result.bytes_sent)} per worker"
         bpb = f", {sum(result.eval_bpb.values()) / len(result.eval_bpb):.4f} bits per byte" if result.eval_bpb else ""
-        log.info(f"[decentrain] done: step {result.final_step}, train loss {result.train_loss:.4f}, "
-                 f"eval loss {sum(result.eval_loss.values()) / max(1, len(result.eval_loss)):.4f}{bpb}, "
-                 f"{result.seconds:.1f}s{sent}; corpus {corpus.label}")
+        line = (f"done: step {result.final_step}, train loss {result.train_loss:.4f}, "
+                f"eval loss {sum(result.eval_loss.values()) / max(1, len(result.eval_loss)):.4f}{bpb}, "
+                f"{result.seconds:.1f}s{sent}; corpus {corpus.label}")
+        log.info(f"[decentrain] {line}")
+        (run_dir / RESULT_FILE).write_text(json.dumps({**asdict(result), "corpus": corpus.identity, "line": line}))
     return result

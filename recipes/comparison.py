@@ -1,10 +1,11 @@
 """`decentrain compare`: several pre-training algorithms at one layout, read side by side.
 
-Each arm is an ordinary run of the pre-training recipe (the caller starts it; this module never
-trains), at the same workers, global batch, steps, model, data and seed; only `algorithm=` (and
-its H) differs. This module holds the config, each arm's overrides, and the reading of the arms'
-`metrics.jsonl`: eval loss against step, wall time and bytes sent per worker (rank 0's
-`comm/bytes_sent_total`), a table, a figure and a paragraph generated from those numbers.
+Each arm is an ordinary run of the pre-training recipe (recipes/compare.py starts it; this module
+never trains), at the same workers, global batch, steps, model, data and seed; only `algorithm=` (and
+its H) differs. This module holds the config, each arm's overrides, and the reading of what each arm
+wrote: its `result.json` (the run's end) and its `metrics.jsonl` (eval loss against step, wall time and
+bytes sent per worker: rank 0's `comm/bytes_sent_total`), then a table, a figure and a paragraph
+generated from those numbers. It serves the one recipe, so it sits beside it, not in the library.
 """
 
 from __future__ import annotations
@@ -14,9 +15,11 @@ import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import decentrain.config  # noqa: F401  (the composition root: importing it registers every loop algorithm)
+from decentrain.algorithms.base import ALGORITHMS
+from decentrain.algorithms.pretraining.run import RESULT_FILE
 from decentrain.core.metrics import corpus_header, format_bytes, read_jsonl
 
-SYNCS_EVERY_STEP = {"ddp"}  # arms that take no H: they all-reduce gradients every step
 UNTUNED = "untuned defaults, 1 seed"
 
 
@@ -38,7 +41,8 @@ class CompareConfig:
     eval_every: int = 20
     link_mbit: float = 100.0  # a slow link between workers, for the transfer-time column
     overrides: list[str] = field(default_factory=list)  # more Hydra overrides for every arm, e.g. [model=qwen2_tiny]
-    scale_overrides: list[str] = field(default_factory=list)  # the preset's model and data for every arm (before `overrides`)
+    # the preset's model and data for every arm (before `overrides`)
+    scale_overrides: list[str] = field(default_factory=list)
     run_dir: str = "runs/compare"
     preset: str = "custom"  # the conf/compare/ preset that set the layout and the arms' settings
     arms: dict[str, ArmSettings] = field(default_factory=dict)  # per algorithm; an arm not named runs at UNTUNED
@@ -53,8 +57,15 @@ class CompareConfig:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
         if not self.algorithms:
             raise ValueError("algorithms=[] names no arm; e.g. algorithms=[ddp,noloco]")
+        for name in self.algorithms:
+            ALGORITHMS.get(name, field="algorithms")  # an unknown one fails here, before the first arm trains
         if not (math.isfinite(self.link_mbit) and self.link_mbit > 0):
             raise ValueError(f"link_mbit={self.link_mbit} must be a finite number > 0")
+
+
+def syncs_every_step(algorithm: str) -> bool:
+    """The arm averages every step (DDP: Algorithm.syncs_every_step): it takes no H and has no outer settings."""
+    return ALGORITHMS.get(algorithm, field="algorithms").syncs_every_step
 
 
 def arm_overrides(cfg: CompareConfig, algorithm: str, run_dir: Path) -> list[str]:
@@ -63,7 +74,7 @@ def arm_overrides(cfg: CompareConfig, algorithm: str, run_dir: Path) -> list[str
            f"train.global_batch_size={cfg.global_batch_size}", f"train.micro_batch_size={cfg.micro_batch_size}",
            f"train.eval_every={cfg.eval_every}", "train.device=cpu", "logger.progress=false", "resume=false",
            f"run_dir={run_dir}", f"hydra.run.dir={run_dir}"]
-    if algorithm not in SYNCS_EVERY_STEP:
+    if not syncs_every_step(algorithm):
         out.append(f"algorithm.inner_steps={cfg.inner_steps}")
     return [*out, *cfg.scale_overrides, *settings(cfg, algorithm).overrides, *cfg.overrides]  # the user's own win
 
@@ -78,10 +89,12 @@ def settings_line(cfg: CompareConfig) -> str:
     for name in cfg.algorithms:
         s = settings(cfg, name)
         what = " ".join(s.overrides) if s.overrides else f"conf/algorithm/{name}.yaml's defaults"
-        parts.append(f"{name} at {what} ({'no outer settings' if name in SYNCS_EVERY_STEP and not s.overrides else s.behind})")
-    tuned = any(settings(cfg, n).behind != UNTUNED for n in cfg.algorithms if n not in SYNCS_EVERY_STEP)
+        behind = "no outer settings" if syncs_every_step(name) and not s.overrides else s.behind
+        parts.append(f"{name} at {what} ({behind})")
+    tuned = any(settings(cfg, n).behind != UNTUNED for n in cfg.algorithms if not syncs_every_step(n))
     return (f"Settings (preset {cfg.preset}): " + "; ".join(parts) + ". This run is one seed"
-            + ("" if tuned else ", at settings no benchmark tuned at this scale") + ": it shows the methods side by side and decides "
+            + ("" if tuned else ", at settings no benchmark tuned at this scale")
+            + ": it shows the methods side by side and decides "
             "nothing; the verdicts, each decided on paired seeds, are in the README's reproduction table.")
 
 
@@ -101,6 +114,14 @@ class Arm:
                 "bytes_sent": self.bytes_sent[-1], "eval_bpb": self.eval_bpb[-1] if self.eval_bpb else math.nan}
 
 
+def read_result(run_dir: Path) -> dict | None:
+    """An arm's `result.json` (its rank 0 writes it as the run ends); None if the run did not get there."""
+    try:
+        return json.loads((run_dir / RESULT_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+
+
 def read_arm(name: str, run_dir: Path) -> Arm:
     """Eval points of one arm's rank-0 metrics, each with the wall time and bytes of its step's log line."""
     rows = read_jsonl(run_dir / "metrics.jsonl")
@@ -109,7 +130,8 @@ def read_arm(name: str, run_dir: Path) -> Arm:
     if not points:
         raise ValueError(f"{run_dir / 'metrics.jsonl'} has no evaluation: the {name} arm did not finish")
     bpb = {r["step"]: r["eval/bpb"] for r in rows if r.get("eval/bpb") is not None}
-    return Arm(name, [s for s, _ in points], [v for _, v in points], [train[s].get("time/train_s", math.nan) for s, _ in points],
+    return Arm(name, [s for s, _ in points], [v for _, v in points],
+               [train[s].get("time/train_s", math.nan) for s, _ in points],
                [train[s].get("comm/bytes_sent_total", 0.0) for s, _ in points],
                [bpb[s] for s, _ in points] if all(s in bpb for s, _ in points) else [],
                corpus_header(rows))
@@ -135,7 +157,8 @@ def table(arms: list[Arm], link_mbit: float) -> str:
         ratio = f"{ref / f['bytes_sent']:.0f}x less" if f["bytes_sent"] and a is not arms[0] else "-"
         bpb = f"{f['eval_bpb']:>9.3f}" if math.isfinite(f["eval_bpb"]) else f"{'-':>9}"
         lines.append(f"{a.name:<11} {f['step']:>5} {f['eval_loss']:>9.3f} {bpb} {f['seconds']:>8.1f} "
-                     f"{format_bytes(f['bytes_sent']):>12} {ratio:>10} {link_seconds(f['bytes_sent'], link_mbit):>12.1f} s")
+                     f"{format_bytes(f['bytes_sent']):>12} {ratio:>10} "
+                     f"{link_seconds(f['bytes_sent'], link_mbit):>12.1f} s")
     return "\n".join(lines)
 
 
@@ -159,7 +182,7 @@ def reading(arms: list[Arm], cfg: CompareConfig) -> str:
         f = a.final
         text.append(f"{a.name} sends {most.final['bytes_sent'] / f['bytes_sent']:.0f}x less than {most.name} "
                     f"for eval {f['eval_loss']:.3f} ({f['eval_loss'] - by[most.name]['eval_loss']:+.3f}).")
-    if most.name in SYNCS_EVERY_STEP and most.final["step"]:  # at equal traffic: how far the every-step arm got
+    if syncs_every_step(most.name) and most.final["step"]:  # at equal traffic: how far the every-step arm got
         per_step = most.final["bytes_sent"] / most.final["step"]
         lean = [a for a in arms if a is not most and a.final["bytes_sent"]]
         if lean and per_step:
@@ -167,13 +190,16 @@ def reading(arms: list[Arm], cfg: CompareConfig) -> str:
                         + ", ".join(f"{math.ceil(a.final['bytes_sent'] / per_step)} ({a.name})" for a in lean)
                         + f" of its {most.final['step']} steps.")
     rounds = cfg.steps // cfg.inner_steps
-    if "ddp" in by and any(n not in SYNCS_EVERY_STEP and by[n]["eval_loss"] > by["ddp"]["eval_loss"] for n in by):
-        text.append(f"The low-communication methods sync once every {cfg.inner_steps} steps ({rounds} outer steps in this run), "
-                    "so per step they trail DDP, which averages every gradient; that gap is the price of their traffic, "
+    every = next((n for n in by if syncs_every_step(n)), None)
+    if every and any(not syncs_every_step(n) and by[n]["eval_loss"] > by[every]["eval_loss"] for n in by):
+        text.append(f"The low-communication methods sync once every {cfg.inner_steps} steps "
+                    f"({rounds} outer steps in this run), so per step they trail {every.upper()}, "
+                    "which averages every gradient; that gap is the price of their traffic, "
                     f"and whether longer runs close it is what `decentrain compare steps={10 * cfg.steps}` shows.")
     slow = link_seconds(most.final["bytes_sent"], cfg.link_mbit)
-    text.append(f"On a {cfg.link_mbit:g} Mbit/s link between workers {most.name}'s traffic alone would take {slow:.0f} s, "
-                f"against {min(link_seconds(a.final['bytes_sent'], cfg.link_mbit) for a in arms):.1f} s for the leanest arm; "
+    leanest = min(link_seconds(a.final["bytes_sent"], cfg.link_mbit) for a in arms)
+    text.append(f"On a {cfg.link_mbit:g} Mbit/s link between workers {most.name}'s traffic alone would take "
+                f"{slow:.0f} s, against {leanest:.1f} s for the leanest arm; "
                 "here the workers share one machine over loopback, so wall time measures compute, not the network.")
     return " ".join(text)
 
@@ -203,9 +229,11 @@ def plot(arms: list[Arm], out_png: Path, title: str) -> Path:
 
 def write_summary(arms: list[Arm], cfg: CompareConfig, out_dir: Path) -> str:
     """compare.json, compare.png and compare.txt in `out_dir`; returns the text printed."""
-    title = f"{', '.join(a.name for a in arms)}: {cfg.workers} workers, batch {cfg.global_batch_size}, {cfg.steps} steps"
+    title = (f"{', '.join(a.name for a in arms)}: {cfg.workers} workers, batch {cfg.global_batch_size}, "
+             f"{cfg.steps} steps")
     plot(arms, out_dir / "compare.png", title)
     text = f"{table(arms, cfg.link_mbit)}\n{corpus_line(arms)}\n\n{settings_line(cfg)}\n\n{reading(arms, cfg)}\n"
     (out_dir / "compare.txt").write_text(text)
-    (out_dir / "compare.json").write_text(json.dumps({"config": asdict(cfg), "arms": [asdict(a) for a in arms]}, indent=1))
+    record = {"config": asdict(cfg), "arms": [asdict(a) for a in arms]}
+    (out_dir / "compare.json").write_text(json.dumps(record, indent=1))
     return text
