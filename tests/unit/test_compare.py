@@ -158,5 +158,5 @@ def test_an_arm_ends_by_its_result_file_not_by_its_log(tmp_path, monkeypatch, ca
     compare.run_arm(cfg, "ddp", tmp_path)
     assert "[compare] ddp: done: step 20, from the result file (" in capsys.readouterr().out
     monkeypatch.setattr(compare.subprocess, "Popen", fake_arm(writes_result=False))
-    with pytest.raises(SystemExit, match="exit 0 but no result.json"):  # the result.json above was this run's to replace
+    with pytest.raises(SystemExit, match="exit 0 but no result.json"):  # the first run's result is not this one's
         compare.run_arm(cfg, "ddp", tmp_path)
