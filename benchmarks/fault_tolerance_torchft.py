@@ -1,4 +1,4 @@
-"""fault_tolerance_torchft: what a killed worker costs DDP and DiLoCo with `launcher.fault_tolerance=torchft`
+"""fault_tolerance_torchft: what a killed worker costs DDP and DiLoCo with `transport=torchft`
 (its replica group alone restarts and heals from a live one) beside today's whole-group restart.
 
 Every run is the ordinary recipe on loopback with two workers of one rank, 8 sequences per worker
@@ -10,7 +10,7 @@ and step, `launcher.max_restarts=1`:
                  A busy stand-in process holds the dead worker's share of the cores from the kill
                  until its replacement process exists (on separate machines the survivor would not
                  get that CPU; fault_tolerance.py does the same for NoLoCo)
-  group_none     one collective job of 2 ranks (launcher.fault_tolerance=none), checkpoint every
+  group_none     one collective job of 2 ranks (transport=torch), checkpoint every
                  `--checkpoint-every` steps; no fault
   group_restart  the same; SIGKILL rank 1 at `--fault-step`: torchrun restarts both ranks, which resume
                  from the newest checkpoint (today's path for DDP/DiLoCo)
@@ -112,7 +112,7 @@ def overrides(job: dict, run_dir: Path) -> list[str]:
     if job["algorithm"] == "diloco":
         args.append(f"algorithm.inner_steps={job['inner_steps']}")
     if ft:  # train.global_batch_size is per replica group
-        return [*args, "launcher.fault_tolerance=torchft", "launcher.replicas=2", "launcher.nproc_per_node=1",
+        return [*args, "transport=torchft", "transport.replicas=2", "launcher.nproc_per_node=1",
                 f"train.global_batch_size={PER_WORKER_BATCH}", "train.checkpoint_every=100000"]
     return [*args, "launcher.nproc_per_node=2", f"train.global_batch_size={2 * PER_WORKER_BATCH}",
             f"train.checkpoint_every={job['checkpoint_every']}"]

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One replica group of a launcher.fault_tolerance=torchft run, on this host: a torchrun job of
+# One replica group of a transport=torchft run, on this host: a torchrun job of
 # NPROC ranks that joins the torchft lighthouse at $LIGHTHOUSE as group $REPLICA of $REPLICAS.
 # Start the lighthouse once (`torchft_lighthouse --min_replicas 1 --heartbeat_timeout_ms 5000`), then this
 # on each group's host; a group may start late (it heals and joins the next quorum) and is
@@ -11,6 +11,6 @@ NPROC="${NPROC:-1}"
 MAX_RESTARTS="${MAX_RESTARTS:-3}"
 RUN_DIR="${RUN_DIR:-runs/torchft}"
 exec torchrun --standalone --nproc-per-node "$NPROC" --max-restarts "$MAX_RESTARTS" -m recipes.train \
-  launcher=torchrun launcher.fault_tolerance=torchft launcher.replicas="$REPLICAS" \
-  launcher.torchft.replica_id="$REPLICA" launcher.torchft.lighthouse="$LIGHTHOUSE" \
+  launcher=torchrun transport=torchft transport.replicas="$REPLICAS" \
+  transport.replica_id="$REPLICA" transport.lighthouse="$LIGHTHOUSE" \
   run_dir="$RUN_DIR/replica_$REPLICA" "$@"

@@ -30,7 +30,6 @@ import torch.distributed as dist
 from torch import nn
 
 from decentrain.algorithms.pretraining.torchft import FT_ALGORITHMS, ReplicaGroup
-from decentrain.core.launch.ft_config import TorchFTConfig
 from decentrain.core.world import World
 
 INIT_LOCK = threading.Lock()
@@ -193,9 +192,8 @@ class Replica:
 
     def _group(self, attempt: int) -> list[dict[str, Any]]:
         store = dist.TCPStore("localhost", 0, is_master=True, wait_for_workers=False)
-        ft = TorchFTConfig(lighthouse=self.lighthouse, replica_id=self.replica_id, timeout_s=self.timeout_s,
-                           quorum_timeout_s=self.timeout_s)
-        group = ReplicaGroup(self.replica_id, 3, ft, store_addr="localhost", store_port=store.port)
+        group = ReplicaGroup(self.replica_id, 3, self.lighthouse, timeout_s=self.timeout_s, quorum_timeout_s=self.timeout_s,
+                             store_addr="localhost", store_port=store.port)
 
         def rank_main(rank: int) -> dict[str, Any]:
             intra = None

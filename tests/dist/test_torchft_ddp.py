@@ -1,4 +1,4 @@
-"""launcher.fault_tolerance=torchft with DDP: torchft's ManagerIntegTest scenarios on decentrain's TorchFTDDP.
+"""transport=torchft with DDP: torchft's ManagerIntegTest scenarios on decentrain's TorchFTDDP.
 
 Replica groups are threads of this process (as in torchft's tests), joined by a real
 LighthouseServer; each group's loop goes through TorchFTDDP's hooks and the trainer-state
@@ -7,7 +7,6 @@ callbacks, the heal state over SafeHTTPTransport.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from datetime import timedelta
 
@@ -92,18 +91,16 @@ def test_quorum_timeout_raises_at_the_calls_timeout():
     import torch.distributed as dist
 
     from decentrain.algorithms.pretraining.torchft import ReplicaGroup, build_manager
-    from decentrain.core.launch.ft_config import TorchFTConfig
     from decentrain.core.world import World
 
-    ft_cfg = TorchFTConfig(replica_id=0, min_replicas=2, quorum_timeout_s=60.0)
     with lighthouse(min_replicas=2) as lh:
         store = dist.TCPStore("localhost", 0, is_master=True, wait_for_workers=False)
-        group = ReplicaGroup(0, 2, dataclasses.replace(ft_cfg, lighthouse=lh), store_addr="localhost", store_port=store.port)
+        group = ReplicaGroup(0, 2, lh, min_replicas=2, quorum_timeout_s=60.0, store_addr="localhost", store_port=store.port)
         manager = build_manager(World(), group, lambda: {}, lambda s: None)
         try:
             start = time.monotonic()
             with pytest.raises(TimeoutError, match="Timeout expired"):
                 manager.start_quorum(timeout=timedelta(seconds=0.01))
-            assert time.monotonic() - start < ft_cfg.quorum_timeout_s / 6
+            assert time.monotonic() - start < group.quorum_timeout_s / 6
         finally:
             manager.shutdown(wait=False)

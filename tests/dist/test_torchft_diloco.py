@@ -1,4 +1,4 @@
-"""launcher.fault_tolerance=torchft with DiLoCo / Streaming DiLoCo: torchft's LocalSGDIntegTest scenarios
+"""transport=torchft with DiLoCo / Streaming DiLoCo: torchft's LocalSGDIntegTest scenarios
 on decentrain's TorchFTDiLoCo (torchft's DiLoCo on the trainer's AdamW, heal state over SafeHTTPTransport).
 
 Replica groups are threads joined by a real LighthouseServer, as in torchft's tests; "global state"

@@ -142,10 +142,9 @@ def test_bad_config_values_fail_in_one_line_naming_the_field():
 
 def test_torchft_groups_refuse_quorum_rounds():
     from decentrain.algorithms.diloco.torchft_diloco import TorchFTDiLoCo
-    from decentrain.core.world import World
 
     with pytest.raises(ValueError, match="algorithm.rounds.mode=quorum runs on the transport's board"):
-        TorchFTDiLoCo(DiLoCoConfig(rounds=RoundsConfig(mode="quorum")), World(), None, 10)
+        TorchFTDiLoCo.check_world(DiLoCoConfig(rounds=RoundsConfig(mode="quorum")), 1)  # before any worker starts
 
 
 def test_sparseloco_gives_a_dropped_message_back_to_its_error_buffer():

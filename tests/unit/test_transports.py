@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 
 from decentrain.algorithms.pretraining import transports
 from decentrain.algorithms.pretraining.run import run_pretraining
-from decentrain.algorithms.pretraining.transports import TRANSPORTS, door, door_name
+from decentrain.algorithms.pretraining.transports import TRANSPORTS, door
 from decentrain.config import config_from_dict, register_configs, validate
 from decentrain.core.comm.dist_transport import TorchTransport
 from decentrain.core.comm.inprocess_transport import InProcessTransport
@@ -36,17 +36,17 @@ def test_the_shipped_doors_register_themselves():
     assert TRANSPORTS.names() == ["inprocess", "torch", "torchft"]  # found by the package's module list
 
 
-def test_null_follows_the_launcher_and_a_named_door_is_its_own_config_class():
-    assert door_name(_compose()) == "torch"
-    assert door_name(_compose("launcher.fault_tolerance=torchft", "launcher.replicas=2")) == "torchft"
+def test_torch_is_the_default_and_a_named_door_is_its_own_config_class():
+    assert _compose().transport.name == "torch"
+    cfg = _compose("transport=torchft", "transport.replicas=3")
+    assert door(cfg) is TRANSPORTS.get("torchft") and cfg.transport.replicas == 3
     cfg = _compose("transport=inprocess", "transport.replicas=4", "algorithm=noloco")
-    assert door_name(cfg) == "inprocess" and cfg.transport.replicas == 4 and type(cfg.transport).__name__ == "InProcessConfig"
+    assert door(cfg) is TRANSPORTS.get("inprocess") and cfg.transport.replicas == 4
+    assert type(cfg.transport).__name__ == "InProcessConfig"
 
 
 @pytest.mark.parametrize("overrides,message", [
-    (["transport=torchft"], "transport.name=torchft needs launcher.fault_tolerance=torchft"),
-    (["transport=torch", "launcher.fault_tolerance=torchft", "launcher.replicas=2"],
-     "transport.name=torch with launcher.fault_tolerance=torchft"),
+    (["transport=torchft", "algorithm=noloco"], "transport=torchft does not support algorithm.name='noloco'"),
     (["transport=inprocess", "transport.replicas=3", "algorithm=noloco"], "world size 3 is odd"),
     (["transport=inprocess", "algorithm=ddp"], "transport.name=inprocess with algorithm.name=ddp"),
     (["transport=inprocess", "transport.replicas=3", "algorithm=diloco"], "does not divide into transport.replicas=3"),
@@ -91,10 +91,8 @@ class SoloConfig(TransportConfig):
     deadline_s: float = 1.0
 
 
-@TRANSPORTS.register("solo")
+@TRANSPORTS.register("solo", config=SoloConfig)
 class SoloDoor(Door):
-    config_cls = SoloConfig
-
     @classmethod
     def check(cls, cfg, world_size: int) -> None:
         if world_size != 1:
@@ -136,7 +134,7 @@ def solo(tmp_path):
 def test_a_new_transport_is_one_module_plus_one_yaml_and_trains_end_to_end(solo, tmp_path):
     cfg = _compose("transport=solo", "algorithm=diloco", "algorithm.inner_steps=2", "train.steps=4",
                    "train.eval_every=4", "train.checkpoint_every=100", search=solo)
-    assert door_name(cfg) == "solo" and cfg.transport.deadline_s == 2.0  # the YAML's value, the module's class
+    assert door(cfg) is TRANSPORTS.get("solo") and cfg.transport.deadline_s == 2.0  # the YAML's value, the module's class
     validate(cfg, 1)
     with pytest.raises(ValueError, match="transport.name=solo runs one replica; got a world of 2"):
         door(cfg).check(cfg, 2)

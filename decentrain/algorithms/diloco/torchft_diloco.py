@@ -68,16 +68,31 @@ def global_sum(fragments) -> float:
     return float(total)
 
 
+def check_one_rank(cfg: DiLoCoConfig | StreamingDiLoCoConfig, world_size: int) -> None:
+    """Both variants: one rank per replica group, and torchft's fixed H."""
+    if world_size != 1:  # each rank of a group would be its own un-synced DiLoCo replica
+        raise ValueError(f"launcher.nproc_per_node={world_size} with transport=torchft and algorithm={cfg.name}: "
+                         "allowed 1 (one rank per replica group; transport.replicas sets how many)")
+    if cfg.adaptive_inner_steps:
+        raise ValueError("algorithm.adaptive_inner_steps=true with transport=torchft; allowed: false")
+
+
 @FT_ALGORITHMS.register("diloco")
-@FT_ALGORITHMS.register("streaming_diloco")
 class TorchFTDiLoCo(Algorithm):
     cfg: DiLoCoConfig | StreamingDiLoCoConfig
 
+    @classmethod
+    def check_world(cls, cfg: DiLoCoConfig, world_size: int) -> None:
+        """What torchft's DiLoCo cannot carry; `world_size`: the ranks of one replica group."""
+        check_one_rank(cfg, world_size)
+        if cfg.overlap:  # torchft's DiLoCo has its own schedule (streaming's overlap_steps)
+            raise ValueError("algorithm.overlap=true with transport=torchft; allowed: false "
+                             "(or algorithm=streaming_diloco with overlap_steps)")
+        if ROUND_MODES.get(cfg.rounds.mode).needs_board:  # torchft's Manager forms its own quorums
+            raise ValueError(f"algorithm.rounds.mode={cfg.rounds.mode} runs on the transport's board, which torchft's "
+                             "replica groups do not use; allowed with transport=torchft: lockstep")
+
     def __init__(self, cfg: DiLoCoConfig | StreamingDiLoCoConfig, world: World, group: ReplicaGroup, total_steps: int):
-        mode = getattr(cfg, "rounds", None)
-        if mode is not None and ROUND_MODES.get(mode.mode).needs_board:  # torchft's Manager forms its own quorums
-            raise ValueError(f"algorithm.rounds.mode={mode.mode} runs on the transport's board, which torchft's replica "
-                             "groups do not use; allowed with launcher.fault_tolerance=torchft: lockstep")
         super().__init__(cfg, world)
         self.group, self.total_steps = group, total_steps
         self.manager = None
@@ -86,6 +101,10 @@ class TorchFTDiLoCo(Algorithm):
         self.failed_syncs = 0
         self._summed_at, self._global_sum = -1, float("nan")
 
+    def fragment_schedule(self) -> dict[str, Any]:
+        """torchft DiLoCo's fragment arguments: one fragment, synced and merged at once."""
+        return {"fragment_sync_delay": 0, "fragment_update_alpha": 0.0}
+
     def _heal_state(self) -> dict[str, Any]:
         # the fragments' outer state travels through torchft's own fragment callbacks: not twice
         return {**self.trainer_state(), "algorithm": {"local_step": self.diloco._local_step}}  # noqa: SLF001
@@ -93,16 +112,12 @@ class TorchFTDiLoCo(Algorithm):
     def on_train_start(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
         from torchft.local_sgd import DiLoCo
 
-        streaming = isinstance(self.cfg, StreamingDiLoCoConfig)
         self.manager = build_manager(self.world, self.group, self._heal_state, lambda s: self.load_trainer_state(s))
         fragments = model_fragments(model, self.cfg)
         rule = OUTER_OPTIMIZERS.get(self.cfg.outer_optimizer.name)  # torchft steps it on the pseudo-gradient
         outers = [rule.build(list(f.parameters()), self.cfg.outer_optimizer) for f in fragments]
-        self.diloco = DiLoCo(
-            self.manager, fragments, optimizer, outers, sync_every=self.cfg.inner_steps,
-            fragment_sync_delay=self.cfg.overlap_steps if streaming else 0,
-            fragment_update_alpha=self.cfg.mix_alpha if streaming else 0.0,
-        )
+        self.diloco = DiLoCo(self.manager, fragments, optimizer, outers, sync_every=self.cfg.inner_steps,
+                             **self.fragment_schedule())
         if self._resume is not None:  # a whole-job restart from a checkpoint
             self._load(self._resume)
             self._resume = None
@@ -155,3 +170,24 @@ class TorchFTDiLoCo(Algorithm):
             f._outer_optimizer.load_state_dict(s["outer"])  # noqa: SLF001
             for name, t in s["global"].items():
                 f.original_parameters[name].copy_(t)
+
+
+@FT_ALGORITHMS.register("streaming_diloco")
+class TorchFTStreamingDiLoCo(TorchFTDiLoCo):
+    """torchft's schedule for fragments: fragment f syncs at local steps ≡ (f+1)·H/P, quorum τ steps before."""
+
+    cfg: StreamingDiLoCoConfig
+
+    @classmethod
+    def check_world(cls, cfg: StreamingDiLoCoConfig, world_size: int) -> None:
+        check_one_rank(cfg, world_size)
+        h, p, tau = cfg.inner_steps, cfg.num_fragments, cfg.overlap_steps
+        if h % p:
+            raise ValueError(f"algorithm.inner_steps={h} must be a multiple of algorithm.num_fragments={p} with torchft")
+        if tau >= h // p:
+            raise ValueError(f"algorithm.overlap_steps={tau} must be < inner_steps/num_fragments={h // p} with torchft")
+        if cfg.quantization != "none":
+            raise ValueError(f"algorithm.quantization={cfg.quantization!r} with transport=torchft; allowed: none")
+
+    def fragment_schedule(self) -> dict[str, Any]:
+        return {"fragment_sync_delay": self.cfg.overlap_steps, "fragment_update_alpha": self.cfg.mix_alpha}

@@ -54,8 +54,7 @@ def run_pretraining(cfg: TrainConfig, world: World, run_dir: Path, config_dict: 
     network = door(cfg)  # transport.name: how this replica reaches the others
     algorithm = network.algorithm(cfg, layout.outer)
     trainer = Trainer(cfg.train, world, algorithm, model, corpus, run_dir, layout, engine=cfg.engine, optim=cfg.optim,
-                      logger=cfg.logger, resume=cfg.resume)
-    network.attach(trainer, cfg, world)
+                      logger=cfg.logger, resume=cfg.resume, sampler=network.sampler(cfg, world))
     resumed = trainer.maybe_resume()
     if resumed is not None:  # the steps after the checkpoint will be logged again: drop their old rows
         drop_rows_after(run_dir / metrics_file(world.rank), resumed)
@@ -66,7 +65,7 @@ def run_pretraining(cfg: TrainConfig, world: World, run_dir: Path, config_dict: 
         shards = f" ({layout.replicas} replicas x {layout.shards} shards, {cfg.engine.name})" if layout.shards > 1 else ""
         where = f"resumed from step {resumed}" if resumed is not None else "from scratch"
         restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
-        if cfg.launcher.replicas > 1 and restarts:  # torchrun restarted this group alone: it heals from a live one
+        if restarts and network.heals_on_restart(cfg):  # torchrun restarted this group alone: it heals from a live one
             where = f"restarted (restart {restarts}), healing from a live group at its first quorum"
         log.info(
             f"[decentrain] {cfg.algorithm.name}: {num_params(model) / 1e6:.2f}M params, world {world.world_size}{shards}, "

@@ -15,6 +15,7 @@ import random
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -132,7 +133,8 @@ class Trainer:
 
     def __init__(self, loop: LoopConfig, world: World, algorithm: Algorithm, model: torch.nn.Module, corpus: Corpus,
                  run_dir: Path, layout: ReplicaLayout | None = None, *, engine: EngineConfig | None = None,
-                 optim: OptimConfig | None = None, logger: LoggerConfig | None = None, resume: bool = True):
+                 optim: OptimConfig | None = None, logger: LoggerConfig | None = None, resume: bool = True,
+                 sampler: Callable[[int], ShardedSampler] | None = None):
         engine, optim, self.logger_cfg = engine_config(engine or EngineConfig()), optim or OptimConfig(), logger or LoggerConfig()
         self.loop, self.world, self.algorithm, self.resume = loop, world, algorithm, resume
         self.run_dir = run_dir
@@ -145,7 +147,10 @@ class Trainer:
         # evaluation data lives on the device for the whole run (small: eval_batches micro-batches per domain)
         self.val_blocks = {d: corpus.split("val", d)[:n_eval].to(world.device) for d in corpus.blocks}
         self.token_bytes = None if corpus.token_bytes is None else corpus.token_bytes.to(world.device)
-        self.sampler = ShardedSampler(len(self.train_blocks), loop.global_batch_size, world.rank, world.world_size, loop.seed)
+        # the batch order over the training blocks: each rank its slice of one seeded order, unless the transport
+        # gives its own (torchft's replica groups each read their own slice: Door.sampler)
+        n = len(self.train_blocks)
+        self.sampler = sampler(n) if sampler else ShardedSampler(n, loop.global_batch_size, world.rank, world.world_size, loop.seed)
         self.accum = loop.global_batch_size // (world.world_size * loop.micro_batch_size)
         layout = layout or replica_layout(world, 1)
         self.engine = ENGINES.get(engine.name)(engine, optim, loop, layout, self.model, self.accum)

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
-from decentrain.core.launch.ft_config import TorchFTConfig, check_fault_tolerance
+from dataclasses import dataclass
+from typing import ClassVar
 
 # local: start the workers here; torchrun: already under torchrun; hosts: this host's share of a job
 # over several hosts (launch/multinode.sh, launch/slurm.sbatch; docs/multihost.md)
@@ -21,14 +20,16 @@ class LauncherConfig:
     # validate the config for this layout (nproc_per_node x nnodes), then exit: launch/slurm.sbatch
     # runs it once before torchrun, so a bad config fails once instead of once per restart and rank
     check_only: bool = False
-    fault_tolerance: str = "none"  # none | torchft (core/launch/ft_config.py)
-    replicas: int = 1  # torchft: replica groups, each its own torchrun job of nproc_per_node ranks
-    torchft: TorchFTConfig = field(default_factory=TorchFTConfig)
     # launcher=hosts: the job store's HOST:PORT (gossip algorithms; core/comm/job_store.py), this host's
     # place among nnodes, and the job's id (the same on every host)
     store: str = ""
     node_rank: int = 0
     job_id: str = ""
+    # torchft's settings moved to its transport (transports/torchft_groups.py, conf/transport/torchft.yaml)
+    MOVED: ClassVar[dict[str, str]] = {
+        "fault_tolerance": "transport=torchft",
+        "replicas": "transport.replicas (with transport=torchft)",
+        "torchft": "transport=torchft, whose section holds those fields (transport.lighthouse, transport.replica_id, ...)"}
 
     def __post_init__(self) -> None:
         if self.name not in LAUNCHERS:
@@ -44,7 +45,6 @@ class LauncherConfig:
             check_hosts(self)
         elif self.store:
             raise ValueError(f"launcher.store={self.store!r} is for launcher=hosts only (a job over several hosts)")
-        check_fault_tolerance(self.fault_tolerance, self.replicas, self.torchft)
 
     @property
     def world_size(self) -> int | None:

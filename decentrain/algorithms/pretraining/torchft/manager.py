@@ -16,15 +16,15 @@ from datetime import timedelta
 from typing import Any, Callable
 
 from decentrain.algorithms.base import Algorithm
-from decentrain.core.launch.ft_config import TorchFTConfig
 from decentrain.core.registry import Registry
 from decentrain.core.world import World
 from decentrain.data.blocks import ShardedSampler
 
 log = logging.getLogger(__name__)
 
-# torchft variants of the collective algorithms, by algorithm.name: cls(cfg, world, group, total_steps)
-FT_ALGORITHMS: Registry[type[Algorithm]] = Registry("algorithm.name with launcher.fault_tolerance=torchft")
+# torchft variants of the collective algorithms, by algorithm.name: cls(cfg, world, group, total_steps); each
+# refuses in its `check_world` what it cannot carry (called before any worker starts)
+FT_ALGORITHMS: Registry[type[Algorithm]] = Registry("algorithm.name with transport=torchft")
 
 
 def torchft_available() -> bool:
@@ -33,23 +33,18 @@ def torchft_available() -> bool:
 
 @dataclass(frozen=True)
 class ReplicaGroup:
-    """Which replica group this torchrun job is, of how many, and torchft's settings."""
+    """Which replica group this torchrun job is, of how many, and how its Manager reaches the others
+    (built from the `transport` section by TorchFTConfig.replica_group, transports/torchft_groups.py)."""
 
     replica_id: int
     replicas: int
-    ft: TorchFTConfig
+    lighthouse: str  # http://host:port of torchft's Lighthouse
+    min_replicas: int = 1
+    timeout_s: float = 60.0
+    quorum_timeout_s: float = 60.0
     # the group's own key-value store; None: torchrun's (MASTER_ADDR/MASTER_PORT, read by torchft)
     store_addr: str | None = None
     store_port: int | None = None
-
-    @classmethod
-    def from_config(cls, replicas: int, ft: TorchFTConfig) -> "ReplicaGroup":
-        if ft.replica_id is None or ft.lighthouse is None:
-            raise ValueError("launcher.fault_tolerance=torchft under torchrun needs launcher.torchft.replica_id and "
-                             "launcher.torchft.lighthouse (the local launcher sets both; see README, Fault tolerance)")
-        if not torchft_available():
-            raise ValueError("launcher.fault_tolerance=torchft needs torchft: pip install 'decentrain[ft]'")
-        return cls(ft.replica_id, replicas, ft)
 
 
 def replica_sampler(num_blocks: int, batch_per_group: int, world: World, group: ReplicaGroup, seed: int) -> ShardedSampler:
@@ -76,8 +71,7 @@ def build_manager(world: World, group: ReplicaGroup, state_dict: Callable[[], An
 
     from decentrain.algorithms.pretraining.torchft.transport import SafeHTTPTransport
 
-    ft = group.ft
-    timeout = timedelta(seconds=ft.timeout_s)
+    timeout = timedelta(seconds=group.timeout_s)
 
     def tagged_state() -> Any:  # the donor names itself, so that the healed group can say where it came from
         return {**state_dict(), HEALED_FROM: group.replica_id}
@@ -90,7 +84,7 @@ def build_manager(world: World, group: ReplicaGroup, state_dict: Callable[[], An
 
     manager = Manager(
         pg=ProcessGroupGloo(timeout=timeout),
-        min_replica_size=ft.min_replicas,
+        min_replica_size=group.min_replicas,
         load_state_dict=load_and_say,
         state_dict=tagged_state,
         replica_id=f"replica_{group.replica_id}",
@@ -98,14 +92,14 @@ def build_manager(world: World, group: ReplicaGroup, state_dict: Callable[[], An
         world_size=world.world_size,
         store_addr=group.store_addr,
         store_port=group.store_port,
-        lighthouse_addr=ft.lighthouse,
+        lighthouse_addr=group.lighthouse,
         use_async_quorum=use_async_quorum,
         timeout=timeout,
-        quorum_timeout=timedelta(seconds=ft.quorum_timeout_s),
+        quorum_timeout=timedelta(seconds=group.quorum_timeout_s),
         connect_timeout=timeout,
         checkpoint_transport=SafeHTTPTransport(timeout),
     )
-    log.info("torchft manager: replica group %d of %d, lighthouse %s", group.replica_id, group.replicas, ft.lighthouse)
+    log.info("torchft manager: replica group %d of %d, lighthouse %s", group.replica_id, group.replicas, group.lighthouse)
     return manager
 
 

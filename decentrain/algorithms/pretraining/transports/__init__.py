@@ -6,7 +6,7 @@ run's processes are started, and what it changes in the trainer. The pre-trainin
 path (`run.py`), the in-process replicas and the recipe ask the entry and never test
 which one it is. Entries: `torch` (torch.distributed, core/comm/dist_transport.py), `inprocess`
 (replicas as threads of one process, core/comm/inprocess_transport.py), `torchft` (replica groups joined
-by torchft's Manager; see torchft_groups.py for how far it shares the protocol).
+by torchft's Manager, every torchft setting in its config; see torchft_groups.py for how far it shares the protocol).
 
 Adding one: a module in this package that registers a `Door` subclass (found by the
 package's own module list, no import list to edit), plus conf/transport/<name>.yaml.
@@ -15,13 +15,10 @@ package's own module list, no import list to edit), plus conf/transport/<name>.y
 from decentrain.algorithms.pretraining.transports.base import (  # noqa: F401  (the package's public names)
     DEFAULT_DOOR,
     FIELD,
-    LAUNCHER_DOORS,
     TRANSPORTS,
     Door,
     TransportConfig,
     door,
-    door_name,
-    transport_config,
 )
 from decentrain.core.registry import discover
 

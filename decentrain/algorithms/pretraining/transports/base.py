@@ -7,30 +7,28 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from decentrain.algorithms.base import ALGORITHMS, Algorithm
 from decentrain.core.comm.transport import Transport
 from decentrain.core.registry import Registry
-from decentrain.core.typed import typed
 from decentrain.core.world import World
+from decentrain.data.blocks import ShardedSampler
 
 FIELD = "transport"
-# `transport.name: null` (the default): the door the launcher's mode implies, so that
-# `launcher.fault_tolerance=torchft` alone keeps selecting torchft's groups
-LAUNCHER_DOORS = {"none": "torch", "torchft": "torchft"}
-DEFAULT_DOOR = LAUNCHER_DOORS["none"]
+DEFAULT_DOOR = "torch"
 
 
 @dataclass
 class TransportConfig:
     """The `transport` section; each entry subclasses it with its own fields."""
 
-    name: str | None = None  # null: LAUNCHER_DOORS[launcher.fault_tolerance]
+    name: str | None = DEFAULT_DOOR
 
     @classmethod
     def convert(cls, raw: Mapping[str, Any], where: str = FIELD, default: "TransportConfig | None" = None):
-        return transport_config(raw)
+        """The section typed by its entry's own class (core/typed.py calls this for a registry-picked section)."""
+        return TRANSPORTS.config(raw, where)
 
 
 class Door:
@@ -56,8 +54,15 @@ class Door:
         return algorithm
 
     @classmethod
-    def attach(cls, trainer, cfg, world: World) -> None:
-        """What the door changes in a built trainer (torchft: each group reads its own data slice)."""
+    def sampler(cls, cfg, world: World) -> Callable[[int], ShardedSampler] | None:
+        """How this rank draws its batches from n training blocks, for the Trainer; None: the Trainer's own
+        (each rank its slice of one seeded order). torchft: each replica group reads its own slice."""
+        return None
+
+    @classmethod
+    def heals_on_restart(cls, cfg) -> bool:
+        """A worker restarted by torchrun heals from a live peer (rather than resuming from a checkpoint)."""
+        return False
 
     @classmethod
     def launch(cls, cfg, overrides: list[str], run_dir: Path, module: str) -> bool:
@@ -65,24 +70,10 @@ class Door:
         return False
 
 
-TRANSPORTS: Registry[type[Door]] = Registry(FIELD)
-
-
-def door_name(cfg) -> str:
-    """The entry a TrainConfig selects: `transport.name`, or the launcher's door when it is null."""
-    return cfg.transport.name or LAUNCHER_DOORS[cfg.launcher.fault_tolerance]
+# each entry module registers its class, with its own config class where it has fields: TRANSPORTS.register(name, config=...)
+TRANSPORTS: Registry[type[Door]] = Registry(FIELD, config=TransportConfig)
 
 
 def door(cfg) -> type[Door]:
-    return TRANSPORTS.get(door_name(cfg), field=f"{FIELD}.name")
-
-
-def transport_config(raw: Mapping[str, Any] | TransportConfig | None) -> TransportConfig:
-    """The typed `transport` section of the entry `raw["name"]` names; unknown keys fail naming the field."""
-    if isinstance(raw, TransportConfig):
-        return raw
-    raw = dict(raw or {})
-    name = raw.get("name")
-    cls = TransportConfig if name is None else TRANSPORTS.get(name, field=f"{FIELD}.name").config_cls
-    return typed(cls, raw, FIELD)
-
+    """The entry a TrainConfig's `transport.name` selects."""
+    return TRANSPORTS.get(cfg.transport.name, field=f"{FIELD}.name")

@@ -32,10 +32,8 @@ class InProcessConfig(TransportConfig):
         check_range("transport.deadline_s", self.deadline_s, 0, 86400, low_open=True, none_ok=True)
 
 
-@TRANSPORTS.register("inprocess")
+@TRANSPORTS.register("inprocess", config=InProcessConfig)
 class InProcessDoor(Door):
-    config_cls = InProcessConfig
-
     @classmethod
     def check(cls, cfg, world_size: int) -> None:
         if world_size != 1:

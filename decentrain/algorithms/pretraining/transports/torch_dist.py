@@ -19,12 +19,6 @@ from decentrain.core.world import World
 @TRANSPORTS.register("torch")
 class TorchDoor(Door):
     @classmethod
-    def check(cls, cfg, world_size: int) -> None:
-        if cfg.launcher.fault_tolerance != "none":
-            raise ValueError(f"transport.name=torch with launcher.fault_tolerance={cfg.launcher.fault_tolerance}; "
-                             "use transport=torchft (or transport.name=null)")
-
-    @classmethod
     def transport(cls, world: World, cfg: TransportConfig) -> TorchTransport:
         return TorchTransport(world)
 

@@ -1,5 +1,5 @@
-"""Start `launcher.replicas` replica groups on this machine, each its own torchrun job, and a
-torchft Lighthouse that joins them (`launcher.fault_tolerance=torchft`).
+"""Start `transport.replicas` replica groups on this machine, each its own torchrun job, and a
+torchft Lighthouse that joins them (`transport=torchft`, transports/torchft_groups.py).
 
 A group is `python -m torch.distributed.run --standalone --max-restarts N`: when one of its
 ranks dies, torchrun restarts that group alone (the others keep training, see torchft's
@@ -19,20 +19,19 @@ import sys
 import time
 from pathlib import Path
 
-from decentrain.core.launch.ft_config import TorchFTConfig
 from decentrain.core.launch.launcher import stop_all
 
 log = logging.getLogger(__name__)
 
-_OWN_KEYS = ("run_dir=", "hydra.run.dir=", "launcher.torchft.replica_id=", "launcher.torchft.lighthouse=")
+_OWN_KEYS = ("run_dir=", "hydra.run.dir=", "transport.replica_id=", "transport.lighthouse=")
 
 
-def start_lighthouse(ft: TorchFTConfig, replicas: int):
-    """torchft's Rust Lighthouse in this process (torchft.coordination.LighthouseServer)."""
+def start_lighthouse(options: dict[str, int]):
+    """torchft's Rust Lighthouse in this process (torchft.coordination.LighthouseServer; `options`:
+    TorchFTConfig.lighthouse_options)."""
     from torchft.coordination import LighthouseServer
 
-    return LighthouseServer(bind="[::]:0", min_replicas=ft.min_replicas, join_timeout_ms=ft.join_timeout_ms,
-                            quorum_tick_ms=ft.quorum_tick_ms, heartbeat_timeout_ms=ft.heartbeat_timeout_ms)
+    return LighthouseServer(bind="[::]:0", **options)
 
 
 def replica_group_command(argv: list[str], replica_id: int, nproc: int, run_dir: str, lighthouse: str,
@@ -43,16 +42,18 @@ def replica_group_command(argv: list[str], replica_id: int, nproc: int, run_dir:
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
             f"--max-restarts={max_restarts}", "--monitor-interval=0.2", "-m", module, *own,
             f"run_dir={group_dir}", f"hydra.run.dir={group_dir}",
-            f"launcher.torchft.replica_id={replica_id}", f"launcher.torchft.lighthouse={lighthouse}"]
+            f"transport.replica_id={replica_id}", f"transport.lighthouse={lighthouse}"]
 
 
-def launch_replica_groups(argv: list[str], replicas: int, nproc: int, run_dir: str, ft: TorchFTConfig,
-                          max_restarts: int = 0, module: str = "recipes.train", poll_s: float = 0.2) -> dict[int, int]:
-    """Run the replica groups to the end; returns {replica_id: exit code}. RuntimeError if none finished."""
+def launch_replica_groups(argv: list[str], replicas: int, nproc: int, run_dir: str, address: str | None,
+                          lighthouse_options: dict[str, int], max_restarts: int = 0, module: str = "recipes.train",
+                          poll_s: float = 0.2) -> dict[int, int]:
+    """Run the replica groups to the end; returns {replica_id: exit code}. RuntimeError if none finished.
+
+    `address`: a running lighthouse's; None starts one here with `lighthouse_options`."""
     lighthouse = None
-    address = ft.lighthouse
     if address is None:
-        lighthouse = start_lighthouse(ft, replicas)
+        lighthouse = start_lighthouse(lighthouse_options)
         address = lighthouse.address()
     log.info("torchft lighthouse %s; %d replica groups of %d ranks", address, replicas, nproc)
     procs = {i: subprocess.Popen(replica_group_command(argv, i, nproc, run_dir, address, max_restarts, module),
