@@ -1,2 +1,3 @@
 """Moving bytes between ranks: transports, pair groups, pairing and pair exchange, wire format, deadlines
-and wait policy, membership, the job store, heal transfer and ensemble dispatch."""
+and wait policy, membership, the job store, the heal authority (incarnation.py), heal transfer and ensemble
+dispatch."""
