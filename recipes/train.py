@@ -15,7 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from decentrain.algorithms.base import ALGORITHMS
 from decentrain.algorithms.pretraining.run import run_pretraining
-from decentrain.algorithms.pretraining.transports import door
+from decentrain.algorithms.pretraining.transports import transport_spec
 from decentrain.config import config_from_dict, register_configs, validate
 from decentrain.core.comm.bytes_comm import agree_run_dir
 from decentrain.core.launch.launcher import check_placement, exit_survivor
@@ -41,7 +41,7 @@ def main(dcfg: DictConfig) -> None:
         return
     if not env.under_torchrun:
         try:  # the transport starts the run's processes (torchrun workers, torchft groups) or runs it here (in-process)
-            if door(cfg).launch(cfg, list(HydraConfig.get().overrides.task), Path(cfg.run_dir).resolve(), MODULE):
+            if transport_spec(cfg).launch(cfg, list(HydraConfig.get().overrides.task), Path(cfg.run_dir).resolve(), MODULE):
                 return
         except RuntimeError as e:
             sys.exit(f"[decentrain] {e}")

@@ -57,7 +57,7 @@ def _noloco_run(world, rounds, lagger, lag_round, lag_s, stop):
         r = algo.round
         m = algo.after_optimizer_step(step, model, opt)
         rows.append((r, m["outer/partner_missed"], m.get("outer/rounds_jumped", 0)))
-    st = algo.comm().stats
+    st = algo.transport.stats
     algo.on_train_end(model)
     return rows, st.timeouts, getattr(st, "partner_skipped", 0), st.seconds, time.perf_counter() - start
 
@@ -117,7 +117,7 @@ def _noloco_on_job_store(world, rounds):
         time.sleep(STEP_S)  # simulated compute: the run outlasts the attack
         step += 1
         dropped += int(algo.after_optimizer_step(step, model, opt).get("outer/partner_missed", 0))
-    drops = dict(getattr(algo.comm().membership, "drops", {}))
+    drops = dict(getattr(algo.transport.membership, "drops", {}))
     algo.on_train_end(model)
     return dropped, drops
 

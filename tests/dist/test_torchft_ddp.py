@@ -2,7 +2,7 @@
 
 Replica groups are threads of this process (as in torchft's tests), joined by a real
 LighthouseServer; each group's loop goes through TorchFTDDP's hooks and the trainer-state
-callbacks, the heal state over SafeHTTPTransport.
+callbacks, the heal state over SafeHealHTTP.
 """
 
 from __future__ import annotations

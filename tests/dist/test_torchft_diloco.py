@@ -1,5 +1,5 @@
 """transport=torchft with DiLoCo / Streaming DiLoCo: torchft's LocalSGDIntegTest scenarios
-on decentrain's TorchFTDiLoCo (torchft's DiLoCo on the trainer's AdamW, heal state over SafeHTTPTransport).
+on decentrain's TorchFTDiLoCo (torchft's DiLoCo on the trainer's AdamW, heal state over SafeHealHTTP).
 
 Replica groups are threads joined by a real LighthouseServer, as in torchft's tests; "global state"
 is each fragment's last synced weights (torchft's `original_parameters`), which every replica

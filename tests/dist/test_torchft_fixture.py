@@ -6,7 +6,7 @@ SGD lr 1, outer SGD lr 2 (no momentum). Replica 1 dies right after its second co
 and restarts alone from the initial weights; at its first quorum it heals from replica 0
 (weights, optimizer, the fragments' global weights and outer state, step) and both run on to
 manager step 7. The run goes through the library's own path: TorchFTDiLoCo builds the manager
-(build_manager, SafeHTTPTransport), the fragments (model_fragments from `algorithm.fragments`)
+(build_manager, SafeHealHTTP), the fragments (model_fragments from `algorithm.fragments`)
 and the outer optimizers (the registry's sgd), and heals through the trainer-state callbacks.
 Each replica's parameters before every local step and its fragments' global weights at every
 new manager step must equal torchft's fixture exactly.

@@ -101,7 +101,7 @@ class LocalSGD(InnerOuterAlgorithm):
         self.params = [p for p in model.parameters() if p.requires_grad]
 
     def outer_step(self, model: torch.nn.Module) -> dict[str, float]:
-        mean = self.comm().start_mean(self.params).result()  # θ ← mean_i θ_i
+        mean = self.transport.start_mean(self.params).result()  # θ ← mean_i θ_i
         with torch.no_grad():
             for p, m in zip(self.params, mean):
                 p.copy_(m)

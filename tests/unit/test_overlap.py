@@ -90,7 +90,7 @@ def test_noloco_overlap_averages_with_the_partner_one_round_late():
 def test_noloco_overlap_late_partner_costs_that_round_only():
     cfg = NoLoCoConfig(inner_steps=1, overlap=True, outer_optimizer=OuterOptimizerConfig("noloco", 0.5, 0.0))
     reps = _pair(NoLoCo, cfg, deadline_s=5.0)
-    late = reps[1][1].comm()
+    late = reps[1][1].transport
     exchange = late.exchange
 
     def skip_round_zero(tensors, group, round_idx):  # replica 1 sends nothing in round 0

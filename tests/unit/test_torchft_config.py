@@ -1,5 +1,5 @@
 """transport=torchft: its settings in its own transport section, the variants' checks, per-group data slices
-handed to the Trainer, the replica groups' command line, the pickle-free heal transport."""
+handed to the Trainer, the replica groups' command line, the pickle-free heal channel."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from datetime import timedelta
 import pytest
 import torch
 
-from decentrain.algorithms.pretraining.transports import TRANSPORTS, door
+from decentrain.algorithms.pretraining.transports import TRANSPORTS, transport_spec
 from decentrain.algorithms.pretraining.transports.torchft_groups import TorchFTConfig
 from decentrain.config import config_from_dict
 from decentrain.core.world import World
@@ -93,11 +93,11 @@ def test_the_trainer_is_handed_the_groups_sampler(tmp_path):
     run = config_from_dict({**base, "transport": {"name": "torchft", "replica_id": 1, "lighthouse": "http://h:1"}})
     tok = build_tokenizer(run.model)
     trainer = Trainer(run.train, World(), DDP(run.algorithm, World()), build_model(run.model, tok),
-                      build_corpus(run.data, tok), tmp_path, sampler=door(run).sampler(run, World()))
+                      build_corpus(run.data, tok), tmp_path, sampler=transport_spec(run).sampler(run, World()))
     whole = ShardedSampler(len(trainer.train_blocks), 8, 0, 1, run.train.seed).next_indices().tolist()
     assert trainer.sampler.next_indices().tolist() == whole[4:]
     plain = config_from_dict(base)
-    assert door(plain).sampler(plain, World()) is None  # transport=torch: the Trainer's own
+    assert transport_spec(plain).sampler(plain, World()) is None  # transport=torch: the Trainer's own
 
 
 def test_the_replica_groups_command_sets_the_transport_fields_once():
@@ -111,11 +111,11 @@ def test_the_replica_groups_command_sets_the_transport_fields_once():
     assert "--nproc-per-node=2" in cmd and "--max-restarts=3" in cmd
 
 
-def test_safe_transport_round_trips_state_and_refuses_pickles():
+def test_the_heal_channel_round_trips_state_and_refuses_pickles():
     pytest.importorskip("torchft")
     from torchft.checkpointing.http_transport import HTTPTransport
 
-    from decentrain.algorithms.pretraining.torchft.transport import SafeHTTPTransport
+    from decentrain.algorithms.pretraining.torchft.heal_http import SafeHealHTTP
 
     model = torch.nn.Linear(3, 2)
     opt = torch.optim.AdamW(model.parameters())
@@ -123,7 +123,7 @@ def test_safe_transport_round_trips_state_and_refuses_pickles():
     opt.step()
     state = {"user": {"default": {"step": 7, "model": model.state_dict(), "optimizer": opt.state_dict(),
                                   "sampler": {"epoch": 0, "position": 56}}}, "torchft": {"step": 7, "batches_committed": 14}}
-    t = SafeHTTPTransport(timedelta(seconds=10))
+    t = SafeHealHTTP(timedelta(seconds=10))
     try:
         t.send_checkpoint([1], 7, state, timedelta(seconds=10))
         got = t.recv_checkpoint(0, t.metadata(), 7, timedelta(seconds=10))
@@ -140,6 +140,6 @@ def test_safe_transport_round_trips_state_and_refuses_pickles():
     try:
         evil.send_checkpoint([1], 1, {"x": Payload()}, timedelta(seconds=10))
         with pytest.raises(Exception, match="(?i)weights.only|unsupported|global"):
-            SafeHTTPTransport._load_from_address(f"{evil.metadata()}1/full", timedelta(seconds=10))
+            SafeHealHTTP._load_from_address(f"{evil.metadata()}1/full", timedelta(seconds=10))
     finally:
         evil.shutdown()

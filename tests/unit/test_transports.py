@@ -1,5 +1,5 @@
-"""One door to the network: `transport.name` picks a registry entry (pretraining/transports/), and adding
-one is one module plus one YAML."""
+"""One word, transport: `transport.name` picks a registry entry, a `TransportSpec` (pretraining/transports/), and
+adding one is one module plus one YAML."""
 
 import sys
 from pathlib import Path
@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 
 from decentrain.algorithms.pretraining import transports
 from decentrain.algorithms.pretraining.run import run_pretraining
-from decentrain.algorithms.pretraining.transports import TRANSPORTS, door
+from decentrain.algorithms.pretraining.transports import TRANSPORTS, transport_spec
 from decentrain.config import config_from_dict, register_configs, validate
 from decentrain.core.comm.dist_transport import TorchTransport
 from decentrain.core.comm.inprocess_transport import InProcessTransport
@@ -32,16 +32,16 @@ def _compose(*overrides: str, search: Path | None = None):
     return config_from_dict(OmegaConf.to_container(cfg, resolve=True))
 
 
-def test_the_shipped_doors_register_themselves():
+def test_the_shipped_transports_register_themselves():
     assert TRANSPORTS.names() == ["inprocess", "torch", "torchft"]  # found by the package's module list
 
 
-def test_torch_is_the_default_and_a_named_door_is_its_own_config_class():
+def test_torch_is_the_default_and_a_named_transport_is_its_own_config_class():
     assert _compose().transport.name == "torch"
     cfg = _compose("transport=torchft", "transport.replicas=3")
-    assert door(cfg) is TRANSPORTS.get("torchft") and cfg.transport.replicas == 3
+    assert transport_spec(cfg) is TRANSPORTS.get("torchft") and cfg.transport.replicas == 3
     cfg = _compose("transport=inprocess", "transport.replicas=4", "algorithm=noloco")
-    assert door(cfg) is TRANSPORTS.get("inprocess") and cfg.transport.replicas == 4
+    assert transport_spec(cfg) is TRANSPORTS.get("inprocess") and cfg.transport.replicas == 4
     assert type(cfg.transport).__name__ == "InProcessConfig"
 
 
@@ -51,12 +51,12 @@ def test_torch_is_the_default_and_a_named_door_is_its_own_config_class():
     (["transport=inprocess", "algorithm=ddp"], "transport.name=inprocess with algorithm.name=ddp"),
     (["transport=inprocess", "transport.replicas=3", "algorithm=diloco"], "does not divide into transport.replicas=3"),
 ])
-def test_a_run_the_door_cannot_carry_fails_in_one_line_naming_the_field(overrides, message):
+def test_a_run_the_transport_cannot_carry_fails_in_one_line_naming_the_field(overrides, message):
     with pytest.raises(ValueError, match=message):
         validate(_compose(*overrides), 1)
 
 
-def test_unknown_fields_and_doors_fail_naming_the_field():
+def test_unknown_fields_and_transports_fail_naming_the_field():
     with pytest.raises(ValueError, match=r"transport: unknown field\(s\) \['replicas'\]"):
         config_from_dict({"transport": {"name": "torch", "replicas": 2}})
     with pytest.raises(ValueError, match=r"transport.name='carrier_pigeon' is unknown; allowed: \['inprocess', 'torch', 'torchft'\]"):
@@ -65,12 +65,12 @@ def test_unknown_fields_and_doors_fail_naming_the_field():
         config_from_dict({"transport": {"name": "inprocess", "replicas": 0}})
 
 
-def test_the_loop_algorithms_talk_through_the_door_they_are_given():
+def test_the_loop_algorithms_talk_through_the_transport_they_are_given():
     cfg = _compose("algorithm=noloco")
-    algorithm = door(cfg).algorithm(cfg, World())
-    assert type(algorithm.comm()) is TorchTransport
-    built_by_hand = type(algorithm)(cfg.algorithm, World())  # no door: the default entry's
-    assert type(built_by_hand.comm()) is TorchTransport
+    algorithm = transport_spec(cfg).algorithm(cfg, World())
+    assert type(algorithm.transport) is TorchTransport
+    built_by_hand = type(algorithm)(cfg.algorithm, World())  # no spec set one: the default transport's
+    assert type(built_by_hand.transport) is TorchTransport
 
 
 # -- adding a transport: one module in the package, one YAML in conf/transport/ ---------------------
@@ -81,7 +81,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from decentrain.algorithms.pretraining.transports import TRANSPORTS, Door, TransportConfig
+from decentrain.algorithms.pretraining.transports import TRANSPORTS, TransportSpec, TransportConfig
 from decentrain.core.comm.inprocess_transport import InProcessHub
 
 
@@ -92,14 +92,14 @@ class SoloConfig(TransportConfig):
 
 
 @TRANSPORTS.register("solo", config=SoloConfig)
-class SoloDoor(Door):
+class SoloSpec(TransportSpec):
     @classmethod
     def check(cls, cfg, world_size: int) -> None:
         if world_size != 1:
             raise ValueError(f"transport.name=solo runs one replica; got a world of {world_size}")
 
     @classmethod
-    def transport(cls, world, cfg):
+    def connect(cls, world, cfg):
         return InProcessHub(1, cfg.deadline_s).transport(0)
 '''
 
@@ -134,12 +134,12 @@ def solo(tmp_path):
 def test_a_new_transport_is_one_module_plus_one_yaml_and_trains_end_to_end(solo, tmp_path):
     cfg = _compose("transport=solo", "algorithm=diloco", "algorithm.inner_steps=2", "train.steps=4",
                    "train.eval_every=4", "train.checkpoint_every=100", search=solo)
-    assert door(cfg) is TRANSPORTS.get("solo") and cfg.transport.deadline_s == 2.0  # the YAML's value, the module's class
+    assert transport_spec(cfg) is TRANSPORTS.get("solo") and cfg.transport.deadline_s == 2.0  # the YAML's value, the module's class
     validate(cfg, 1)
     with pytest.raises(ValueError, match="transport.name=solo runs one replica; got a world of 2"):
-        door(cfg).check(cfg, 2)
-    algorithm = door(cfg).algorithm(cfg, World())
-    assert type(algorithm.comm()) is InProcessTransport
+        transport_spec(cfg).check(cfg, 2)
+    algorithm = transport_spec(cfg).algorithm(cfg, World())
+    assert type(algorithm.transport) is InProcessTransport
     torch.set_num_threads(1)
     result = run_pretraining(cfg, World(), tmp_path / "run")
     assert result.final_step == 4 and (tmp_path / "run" / "model").is_dir()

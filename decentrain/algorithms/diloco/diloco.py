@@ -62,7 +62,7 @@ class DenseMean:
         return _flatten_dense_tensors([t.detach().float().cpu() for t in delta]).numpy().tobytes()
 
     def collective(self, delta: list[torch.Tensor]) -> tuple[list[torch.Tensor], dict[str, float]]:
-        pending = self.algo.comm().start_mean(delta)
+        pending = self.algo.transport.start_mean(delta)
         return pending.result(), {"outer/payload_bytes": float(pending.payload_bytes)}
 
     def merge(self, parts: list[tuple[bytes, float, int]]) -> tuple[list[torch.Tensor], dict[str, float]]:
@@ -94,7 +94,7 @@ class DiLoCo(InnerOuterAlgorithm):
         self.outer = OuterOptimizer(self.params, self.cfg.outer_optimizer)
         self.delayed = DelayedOuter(self.params) if self.cfg.overlap else None
         self.in_flight: PendingMean | None = None  # overlap: the mean of the last round's Δ, still travelling
-        self.sync: RoundStrategy = build_rounds(self.cfg.rounds, self.world.rank, self.world.world_size, self.comm(),
+        self.sync: RoundStrategy = build_rounds(self.cfg.rounds, self.world.rank, self.world.world_size, self.transport,
                                                 DenseMean(self))
         self.sync.start()
 
@@ -125,7 +125,7 @@ class DiLoCo(InnerOuterAlgorithm):
 
     def _send(self) -> dict[str, float]:
         """Start the mean of this round's Δ = φ − b (= φ − θ just after the correction)."""
-        self.in_flight = self.comm().start_mean(self.outer.pseudo_gradient(self.delayed.base))
+        self.in_flight = self.transport.start_mean(self.outer.pseudo_gradient(self.delayed.base))
         return {"outer/payload_bytes": float(self.in_flight.payload_bytes)}
 
     def _land(self) -> dict[str, float]:
@@ -158,7 +158,7 @@ class DiLoCo(InnerOuterAlgorithm):
 
     def _share_pace(self) -> None:
         # DiLoCo syncs everybody anyway: one tiny MIN all-reduce tells all replicas the fastest step time.
-        self.pace.hear(self.comm().all_reduce_min(self.pace.step_time))
+        self.pace.hear(self.transport.all_reduce_min(self.pace.step_time))
 
     def outer_state(self) -> dict[str, Any]:
         state = self.outer.state_dict()

@@ -91,7 +91,7 @@ class StreamingDiLoCo(InnerOuterAlgorithm):
         for f, off in enumerate(self.offsets):
             if step % self.cfg.inner_steps == off:
                 delta = self.outers[f].pseudo_gradient(self.frag_params[f])
-                mean = self.comm().start_mean(delta, codec_for(self.cfg.quantization, self.cfg.quant_chunk))
+                mean = self.transport.start_mean(delta, codec_for(self.cfg.quantization, self.cfg.quant_chunk))
                 metrics["outer/payload_bytes"] = metrics.get("outer/payload_bytes", 0.0) + mean.payload_bytes
                 self.pending.append({"frag": f, "due": step + self.cfg.overlap_steps, "mean": mean})
                 self.round += 1

@@ -204,12 +204,12 @@ def compressed_outer_step(algo, group: tuple[int, ...], jumped: int) -> dict[str
     from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
     gossip: CompressedGossip = algo.gossip
-    comm, r = algo.comm(), algo.round
+    transport, r = algo.transport, algo.round
     delta = _flatten_dense_tensors(algo.outer.pseudo_gradient(algo.params)).float()
     phi = _flatten_dense_tensors(algo.outer.slow)
     c_bytes, s_bytes, own = gossip.messages(delta, phi, r)
     pace = algo.pace_tensor(torch.device("cpu"))  # travels with the byte payloads
-    received = None if jumped else comm.exchange([c_bytes, s_bytes, pace], group, r)
+    received = None if jumped else transport.exchange([c_bytes, s_bytes, pace], group, r)
     decoded, paces, dropped = [], [], 0
     for i, theirs in enumerate(received or []):
         pair, why = gossip.decode_pair(theirs[0], theirs[1], r)
@@ -232,11 +232,11 @@ def compressed_outer_step(algo, group: tuple[int, ...], jumped: int) -> dict[str
     sent = (len(group) - 1) * (c_bytes.numel() + s_bytes.numel() + 4 * pace.numel()) if received is not None else 0
     anchor_dropped = 0
     if gossip.reanchor_due(r):
-        gathered = comm.all_gather_bytes(s_bytes.numpy().tobytes(), max_bytes=gossip.message_bytes[1])
+        gathered = transport.all_gather_bytes(s_bytes.numpy().tobytes(), max_bytes=gossip.message_bytes[1])
         anchor_dropped = gossip.reanchor(gathered, r)
         sent += (len(gathered) - 1) * (s_bytes.numel() + 8)  # a ring all-gather forwards every other block once
-    comm.publish(r + 1)
-    st = comm.stats
+    transport.publish(r + 1)
+    st = transport.stats
     return {"outer/round": float(r + 1), "outer/partner_missed": float(missed), "outer/exchange_timeouts": float(st.timeouts),
             "outer/exchange_dropped": float(st.dropped), "outer/partner_skipped": float(st.partner_skipped),
             "outer/rounds_jumped": float(jumped), "outer/payload_bytes": float(c_bytes.numel() + s_bytes.numel()),

@@ -141,7 +141,7 @@ class NoLoCo(InnerOuterAlgorithm):
         self.delayed = DelayedOuter(self.params) if self.cfg.overlap else None
         self.in_flight: tuple | None = None  # overlap: (round, group, payload sent, Future of the partners' tensors)
         self.background = Background("noloco-overlap") if self.cfg.overlap else None
-        transport = self.comm()
+        transport = self.transport
         # membership, pair groups and lanes where the transport keeps them: start-up, every rank
         transport.start_gossip(GossipOptions(int(self.cfg.bucket_mb * (1 << 20)), self.cfg.deadline_s,
                                              self.cfg.stall_s, self.cfg.full_duplex, self.cfg.adaptive_deadline))
@@ -168,11 +168,11 @@ class NoLoCo(InnerOuterAlgorithm):
         steps and exchanges (one header each, so no partner waits on it) and rejoins at the live
         round. It keeps its own weights: the next mix pulls them towards its partner's.
         """
-        live = self.comm().live_round()
+        live = self.transport.live_round()
         if live is None or live - self.round < BEHIND:
             return 0
         for r in range(self.round, live):
-            self.comm().skip_round(group_of(self.world.rank, self._groups(r)), r)
+            self.transport.skip_round(group_of(self.world.rank, self._groups(r)), r)
         jumped = live - self.round
         log.warning("round %d: %d rounds behind the live ranks; jumping to round %d", self.round, jumped, live)
         self.steps_skipped += (jumped - 1) * self.cfg.inner_steps  # this round's inner steps were run
@@ -195,7 +195,7 @@ class NoLoCo(InnerOuterAlgorithm):
         log.info("healed from rank %d in %.2fs: round %d, phi crc %08x", donor, seconds, self.round,
                  tensors_crc(self._resume["outer"]["slow"]))
         self._heal_metrics = {"heal/seconds": seconds, "heal/from_rank": float(donor)}
-        self.comm().publish(self.round)  # back in the pairing, under the new incarnation
+        self.transport.publish(self.round)  # back in the pairing, under the new incarnation
 
     def after_optimizer_step(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, float]:
         metrics = super().after_optimizer_step(step, model, optimizer)
@@ -214,10 +214,10 @@ class NoLoCo(InnerOuterAlgorithm):
             self.in_flight = None
         if self.background is not None:
             self.background.close()
-        self.comm().finish(self.round)  # partners still running skip this rank at once
+        self.transport.finish(self.round)  # partners still running skip this rank at once
         if self.healer is not None:
             self.healer.finish()
-        self.comm().close()
+        self.transport.close()
 
     def _payload(self, theta: list[torch.Tensor]) -> list[torch.Tensor]:
         """What the partner gets: θ, φ too when γ ≠ β, and the pace side data."""
@@ -254,7 +254,7 @@ class NoLoCo(InnerOuterAlgorithm):
             others = (mean[-1] * len(group) - sent[-1]) / (len(group) - 1)
             if float(others[1]) < 1e30:
                 self.pace.hear(float(others[1]))
-        st = self.comm().stats
+        st = self.transport.stats
         return {"outer/partner_missed": float(missed), "outer/exchange_timeouts": float(st.timeouts),
                 "outer/exchange_dropped": float(st.dropped), "outer/partner_skipped": float(st.partner_skipped),
                 **({} if st.deadline_s is None else {"outer/deadline_s": st.deadline_s,
@@ -268,15 +268,15 @@ class NoLoCo(InnerOuterAlgorithm):
         if self.gossip is not None:
             return compressed_outer_step(self, group, jumped)
         sent = self._payload([p.detach() for p in self.params])
-        partners = None if jumped else self.comm().exchange(sent, group, self.round)
+        partners = None if jumped else self.transport.exchange(sent, group, self.round)
         metrics = self._apply(sent, group, partners, reset=True)
-        self.comm().publish(self.round + 1)
+        self.transport.publish(self.round + 1)
         return {"outer/round": float(self.round + 1), **metrics, "outer/rounds_jumped": float(jumped)}
 
     # -- overlap: round r's exchange runs during round r+1 --------------------------------
     def _overlapped_outer_step(self) -> dict[str, float]:
         metrics = self._land()  # round r−1, one round late
-        self.comm().publish(self.round)  # rounds landed: a partner's round-r exchange must still wait for us
+        self.transport.publish(self.round)  # rounds landed: a partner's round-r exchange must still wait for us
         jumped = self._catch_up()
         self.delayed.correct(self.params, self.phi)  # θ ← φ + (θ − b) ; b ← θ
         self._send(self.round, jumped=bool(jumped))
@@ -291,7 +291,7 @@ class NoLoCo(InnerOuterAlgorithm):
             missed.set_result(None)
             self.in_flight = (round_idx, group, sent, missed)
         else:
-            self.in_flight = (round_idx, group, sent, self.background.submit(self.comm().exchange, sent, group, round_idx))
+            self.in_flight = (round_idx, group, sent, self.background.submit(self.transport.exchange, sent, group, round_idx))
 
     def _land(self) -> dict[str, float]:
         if self.in_flight is None:
@@ -305,7 +305,7 @@ class NoLoCo(InnerOuterAlgorithm):
             return {}
         metrics = self._land()
         self.delayed.correct(self.params, self.phi)
-        self.comm().publish(self.round)
+        self.transport.publish(self.round)
         return metrics
 
     def outer_state(self) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from typing import Any
 from decentrain.algorithms.base import ALGORITHMS, AlgorithmConfig
 from decentrain.algorithms.pretraining.engines import ENGINES, EngineConfig, OptimConfig
 from decentrain.algorithms.pretraining.precision import COMPILE_SCOPES, PRECISIONS
-from decentrain.algorithms.pretraining.transports.base import TransportConfig, door
+from decentrain.algorithms.pretraining.transports.base import TransportConfig, transport_spec
 from decentrain.core.config_checks import check_range
 from decentrain.core.launch.config import LauncherConfig
 from decentrain.core.metrics import LoggerConfig
@@ -68,7 +68,7 @@ class TrainConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: LoopConfig = field(default_factory=LoopConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
-    transport: Any = field(default_factory=TransportConfig)  # the door to the network: an entry's own config class
+    transport: Any = field(default_factory=TransportConfig)  # how replicas reach each other: its spec's own config class
     run_dir: str | None = None
     resume: bool = True  # continue from the newest complete checkpoint in run_dir
     experiment: str | None = None
@@ -127,4 +127,4 @@ def validate(cfg: TrainConfig, world_size: int) -> None:
                          "or an outer algorithm (diloco, noloco)")
     algorithm.check_world(cfg.algorithm, world_size // shards)
     algorithm.check_steps(cfg.algorithm, cfg.train.steps)
-    door(cfg).check(cfg, world_size)  # what the selected transport cannot carry
+    transport_spec(cfg).check(cfg, world_size)  # what the selected transport cannot carry

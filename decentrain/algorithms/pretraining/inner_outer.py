@@ -21,7 +21,7 @@ from decentrain.algorithms.base import Algorithm, AlgorithmConfig
 from decentrain.algorithms.outer.optimizers import OuterOptimizerConfig, outer_optimizer_config
 from decentrain.algorithms.pretraining.precision import DeviceTimer
 from decentrain.algorithms.pretraining.replicas import broadcast_parameters, check_replicas_match
-from decentrain.algorithms.pretraining.transports import DEFAULT_DOOR, TRANSPORTS, TransportConfig
+from decentrain.algorithms.pretraining.transports import DEFAULT_TRANSPORT, TRANSPORTS, TransportConfig
 from decentrain.core.comm.transport import Transport
 
 
@@ -80,17 +80,22 @@ class InnerOuterAlgorithm(Algorithm):
     """Subclasses implement `setup(model)`, `outer_step(model) -> metrics` and the outer state."""
 
     cfg: InnerOuterConfig
-    # how this replica talks to the others: set by the run's transport entry (pretraining/transports/,
-    # `transport.name`) before on_train_start; unset (an algorithm built by hand), the default entry's
-    transport: Transport | None = None
+    _transport: Transport | None = None
 
-    def comm(self) -> Transport:
-        if self.transport is None:
-            self.transport = TRANSPORTS.get(DEFAULT_DOOR).transport(self.world, TransportConfig(DEFAULT_DOOR))
-        return self.transport
+    @property
+    def transport(self) -> Transport:
+        """How this replica talks to the others: set by the run's transport spec (pretraining/transports/,
+        `transport.name`) before on_train_start; unset (an algorithm built by hand), the default transport's."""
+        if self._transport is None:
+            self._transport = TRANSPORTS.get(DEFAULT_TRANSPORT).connect(self.world, TransportConfig())
+        return self._transport
+
+    @transport.setter
+    def transport(self, transport: Transport) -> None:
+        self._transport = transport
 
     def bytes_sent(self) -> int | None:
-        return self.comm().stats.bytes_sent  # the transport counts every operation
+        return self.transport.stats.bytes_sent  # the transport counts every operation
 
     @classmethod
     def check_steps(cls, cfg: InnerOuterConfig, steps: int) -> None:

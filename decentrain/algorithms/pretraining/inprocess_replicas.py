@@ -36,9 +36,9 @@ log = logging.getLogger(__name__)
 
 
 def _stats(algorithm) -> dict[str, float]:
-    if not hasattr(algorithm, "comm"):
+    if not hasattr(type(algorithm), "transport"):
         return {}
-    return {k: float(v) for k, v in vars(algorithm.comm().stats).items() if v is not None}  # deadline_s: None without one
+    return {k: float(v) for k, v in vars(algorithm.transport.stats).items() if v is not None}  # deadline_s: None without one
 
 
 @dataclass
@@ -65,7 +65,7 @@ def run_replicas_in_process(cfg: TrainConfig, world_size: int, run_dir: Path, de
         seed_everything(cfg.train.seed)  # same seed on every replica: they start identical
         world = World(rank=rank, world_size=world_size, device=placement.device(rank))
         algorithm = algo_cls(cfg.algorithm, world)
-        if hasattr(algorithm, "comm"):
+        if hasattr(type(algorithm), "transport"):
             transport = hub.transport(rank)
             algorithm.transport = transport if wrap_transport is None else wrap_transport(transport)
         elif world_size > 1:

@@ -17,7 +17,7 @@ import torch
 
 from decentrain.algorithms.pretraining.config import TrainConfig
 from decentrain.algorithms.pretraining.trainer import Trainer, TrainResult, seed_everything
-from decentrain.algorithms.pretraining.transports import door
+from decentrain.algorithms.pretraining.transports import transport_spec
 from decentrain.core.mesh import replica_layout
 from decentrain.core.metrics import MetricsLogger, drop_rows_after, format_bytes, metrics_file, plot_curves, read_jsonl
 from decentrain.core.world import World
@@ -51,10 +51,10 @@ def run_pretraining(cfg: TrainConfig, world: World, run_dir: Path, config_dict: 
     torch.manual_seed(cfg.train.seed + 1 + world.rank)
     # replicas × shards: the outer algorithm sees one rank per replica (the whole world when 1 shard)
     layout = replica_layout(world, cfg.engine.shards_per_replica)
-    network = door(cfg)  # transport.name: how this replica reaches the others
-    algorithm = network.algorithm(cfg, layout.outer)
+    spec = transport_spec(cfg)  # transport.name: how this replica reaches the others
+    algorithm = spec.algorithm(cfg, layout.outer)
     trainer = Trainer(cfg.train, world, algorithm, model, corpus, run_dir, layout, engine=cfg.engine, optim=cfg.optim,
-                      logger=cfg.logger, resume=cfg.resume, sampler=network.sampler(cfg, world))
+                      logger=cfg.logger, resume=cfg.resume, sampler=spec.sampler(cfg, world))
     resumed = trainer.maybe_resume()
     if resumed is not None:  # the steps after the checkpoint will be logged again: drop their old rows
         drop_rows_after(run_dir / metrics_file(world.rank), resumed)
@@ -65,7 +65,7 @@ def run_pretraining(cfg: TrainConfig, world: World, run_dir: Path, config_dict: 
         shards = f" ({layout.replicas} replicas x {layout.shards} shards, {cfg.engine.name})" if layout.shards > 1 else ""
         where = f"resumed from step {resumed}" if resumed is not None else "from scratch"
         restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
-        if restarts and network.heals_on_restart(cfg):  # torchrun restarted this group alone: it heals from a live one
+        if restarts and spec.heals_on_restart(cfg):  # torchrun restarted this group alone: it heals from a live one
             where = f"restarted (restart {restarts}), healing from a live group at its first quorum"
         log.info(
             f"[decentrain] {cfg.algorithm.name}: {num_params(model) / 1e6:.2f}M params, world {world.world_size}{shards}, "

@@ -148,7 +148,7 @@ class Trainer:
         self.val_blocks = {d: corpus.split("val", d)[:n_eval].to(world.device) for d in corpus.blocks}
         self.token_bytes = None if corpus.token_bytes is None else corpus.token_bytes.to(world.device)
         # the batch order over the training blocks: each rank its slice of one seeded order, unless the transport
-        # gives its own (torchft's replica groups each read their own slice: Door.sampler)
+        # gives its own (torchft's replica groups each read their own slice: TransportSpec.sampler)
         n = len(self.train_blocks)
         self.sampler = sampler(n) if sampler else ShardedSampler(n, loop.global_batch_size, world.rank, world.world_size, loop.seed)
         self.accum = loop.global_batch_size // (world.world_size * loop.micro_batch_size)

@@ -137,7 +137,7 @@ class SparsePayloads:
 
     def collective(self, msg: Message) -> tuple[torch.Tensor, dict[str, float]]:
         a = self.algo
-        gathered = a.comm().all_gather_bytes(msg.data, max_bytes=payload_bytes(a.spec))
+        gathered = a.transport.all_gather_bytes(msg.data, max_bytes=payload_bytes(a.spec))
         mean, dropped = self._mean([(data, 1.0, a.round) for data in gathered])
         n = len(gathered)
         return mean, {"outer/payload_bytes": float(len(msg.data)), "outer/bytes_sent": float((n - 1) * (len(msg.data) + 8)),
@@ -182,7 +182,7 @@ class SparseLoCo(InnerOuterAlgorithm):
         self.ef = ErrorFeedback(self.spec, self.cfg.ef_decay, self.world.device)
         self.aggregate = AGGREGATIONS.get(self.cfg.aggregation)
         self.dropped = 0  # payloads dropped over the run
-        self.sync: RoundStrategy = build_rounds(self.cfg.rounds, self.world.rank, self.world.world_size, self.comm(),
+        self.sync: RoundStrategy = build_rounds(self.cfg.rounds, self.world.rank, self.world.world_size, self.transport,
                                                 SparsePayloads(self))
         self.sync.start()
         if self.world.is_main:

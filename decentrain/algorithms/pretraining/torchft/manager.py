@@ -65,11 +65,11 @@ def build_manager(world: World, group: ReplicaGroup, state_dict: Callable[[], An
     """torchft.Manager for this rank; its gloo group spans the same rank of every live replica group.
 
     The intra-group store is torchrun's unless the group names one. The heal state
-    travels through SafeHTTPTransport (JSON + safetensors), not torchft's pickle-based default.
+    travels through SafeHealHTTP (JSON + safetensors), not torchft's pickle-based default.
     """
     from torchft import Manager, ProcessGroupGloo
 
-    from decentrain.algorithms.pretraining.torchft.transport import SafeHTTPTransport
+    from decentrain.algorithms.pretraining.torchft.heal_http import SafeHealHTTP
 
     timeout = timedelta(seconds=group.timeout_s)
 
@@ -97,7 +97,7 @@ def build_manager(world: World, group: ReplicaGroup, state_dict: Callable[[], An
         timeout=timeout,
         quorum_timeout=timedelta(seconds=group.quorum_timeout_s),
         connect_timeout=timeout,
-        checkpoint_transport=SafeHTTPTransport(timeout),
+        checkpoint_transport=SafeHealHTTP(timeout),  # torchft's name for its heal channel
     )
     log.info("torchft manager: replica group %d of %d, lighthouse %s", group.replica_id, group.replicas, group.lighthouse)
     return manager

@@ -1,4 +1,4 @@
-"""The transport registry: `Door` (one entry), its common config and the selection by config.
+"""The transport registry: `TransportSpec` (one entry), its common config and the selection by config.
 
 The package's `__init__` imports every entry module (core/registry.discover); see there.
 """
@@ -16,14 +16,14 @@ from decentrain.core.world import World
 from decentrain.data.blocks import ShardedSampler
 
 FIELD = "transport"
-DEFAULT_DOOR = "torch"
+DEFAULT_TRANSPORT = "torch"
 
 
 @dataclass
 class TransportConfig:
     """The `transport` section; each entry subclasses it with its own fields."""
 
-    name: str | None = DEFAULT_DOOR
+    name: str | None = DEFAULT_TRANSPORT
 
     @classmethod
     def convert(cls, raw: Mapping[str, Any], where: str = FIELD, default: "TransportConfig | None" = None):
@@ -31,26 +31,27 @@ class TransportConfig:
         return TRANSPORTS.config(raw, where)
 
 
-class Door:
-    """One registry entry. Class methods only: an entry is a kind of network, not a connection."""
+class TransportSpec:
+    """One registry entry: a kind of transport (class methods only), not a connection; `connect` makes
+    one replica's connection, a `core/comm/transport.Transport`."""
 
     config_cls: type[TransportConfig] = TransportConfig
 
     @classmethod
     def check(cls, cfg, world_size: int) -> None:
-        """ValueError naming the field for a run this door cannot carry; `cfg` is a TrainConfig."""
+        """ValueError naming the field for a run this transport cannot carry; `cfg` is a TrainConfig."""
 
     @classmethod
-    def transport(cls, world: World, cfg: TransportConfig) -> Transport:
-        """Replica `world.rank`'s view of the others."""
+    def connect(cls, world: World, cfg: TransportConfig) -> Transport:
+        """Replica `world.rank`'s connection to the others."""
         raise NotImplementedError
 
     @classmethod
     def algorithm(cls, cfg, world: World) -> Algorithm:
-        """The run's algorithm for this replica, talking through this door."""
+        """The run's algorithm for this replica, talking through this transport."""
         algorithm = ALGORITHMS.get(cfg.algorithm.name)(cfg.algorithm, world)
-        if hasattr(algorithm, "transport"):  # loop algorithms without one (DDP) use torch.distributed's DDP
-            algorithm.transport = cls.transport(world, cfg.transport)
+        if hasattr(type(algorithm), "transport"):  # loop algorithms without one (DDP) use torch.distributed's DDP
+            algorithm.transport = cls.connect(world, cfg.transport)
         return algorithm
 
     @classmethod
@@ -71,9 +72,9 @@ class Door:
 
 
 # each entry module registers its class, with its own config class where it has fields: TRANSPORTS.register(name, config=...)
-TRANSPORTS: Registry[type[Door]] = Registry(FIELD, config=TransportConfig)
+TRANSPORTS: Registry[type[TransportSpec]] = Registry(FIELD, config=TransportConfig)
 
 
-def door(cfg) -> type[Door]:
+def transport_spec(cfg) -> type[TransportSpec]:
     """The entry a TrainConfig's `transport.name` selects."""
     return TRANSPORTS.get(cfg.transport.name, field=f"{FIELD}.name")

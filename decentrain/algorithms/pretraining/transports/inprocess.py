@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from decentrain.algorithms.base import ALGORITHMS
-from decentrain.algorithms.pretraining.transports.base import TRANSPORTS, Door, TransportConfig
+from decentrain.algorithms.pretraining.transports.base import TRANSPORTS, TransportSpec, TransportConfig
 from decentrain.core.comm.inprocess_transport import InProcessTransport
 from decentrain.core.config_checks import check_range
 from decentrain.core.world import World
@@ -33,14 +33,14 @@ class InProcessConfig(TransportConfig):
 
 
 @TRANSPORTS.register("inprocess", config=InProcessConfig)
-class InProcessDoor(Door):
+class InProcessSpec(TransportSpec):
     @classmethod
     def check(cls, cfg, world_size: int) -> None:
         if world_size != 1:
             raise ValueError(f"transport.name=inprocess runs its replicas in one process; got a world of {world_size} "
                              "processes (use transport.replicas, not launcher.nproc_per_node)")
         n = cfg.transport.replicas
-        if not hasattr(ALGORITHMS.get(cfg.algorithm.name), "comm") and n > 1:
+        if not hasattr(ALGORITHMS.get(cfg.algorithm.name), "transport") and n > 1:
             raise ValueError(f"transport.name=inprocess with algorithm.name={cfg.algorithm.name}: it has no transport; "
                              "allowed: an outer algorithm (diloco, noloco, ...)")
         ALGORITHMS.get(cfg.algorithm.name).check_world(cfg.algorithm, n)
@@ -49,7 +49,7 @@ class InProcessDoor(Door):
                              f"={n} x train.micro_batch_size={cfg.train.micro_batch_size}")
 
     @classmethod
-    def transport(cls, world: World, cfg: TransportConfig) -> InProcessTransport:
+    def connect(cls, world: World, cfg: TransportConfig) -> InProcessTransport:
         raise ValueError("transport.name=inprocess: the replicas share one hub; pretraining/inprocess_replicas.py builds them")
 
     @classmethod

@@ -10,16 +10,16 @@ from __future__ import annotations
 from pathlib import Path
 
 from decentrain.algorithms.base import ALGORITHMS
-from decentrain.algorithms.pretraining.transports.base import TRANSPORTS, Door, TransportConfig
+from decentrain.algorithms.pretraining.transports.base import TRANSPORTS, TransportSpec, TransportConfig
 from decentrain.core.comm.dist_transport import TorchTransport
 from decentrain.core.launch.launcher import launch_job
 from decentrain.core.world import World
 
 
 @TRANSPORTS.register("torch")
-class TorchDoor(Door):
+class TorchSpec(TransportSpec):
     @classmethod
-    def transport(cls, world: World, cfg: TransportConfig) -> TorchTransport:
+    def connect(cls, world: World, cfg: TransportConfig) -> TorchTransport:
         return TorchTransport(world)
 
     @classmethod

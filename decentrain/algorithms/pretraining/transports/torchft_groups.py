@@ -24,7 +24,7 @@ from decentrain.algorithms.base import Algorithm
 from decentrain.algorithms.pretraining.torchft.launch import launch_replica_groups
 from decentrain.algorithms.pretraining.torchft.manager import (FT_ALGORITHMS, ReplicaGroup, replica_sampler,
                                                                torchft_available)
-from decentrain.algorithms.pretraining.transports.base import TRANSPORTS, Door, TransportConfig
+from decentrain.algorithms.pretraining.transports.base import TRANSPORTS, TransportSpec, TransportConfig
 from decentrain.core.config_checks import check_range
 from decentrain.core.world import World
 from decentrain.data.blocks import ShardedSampler
@@ -73,7 +73,7 @@ class TorchFTConfig(TransportConfig):
 
 
 @TRANSPORTS.register("torchft", config=TorchFTConfig)
-class TorchFTDoor(Door):
+class TorchFTSpec(TransportSpec):
     @classmethod
     def check(cls, cfg, world_size: int) -> None:
         if not torchft_available():

@@ -1,6 +1,8 @@
-"""torchft's HTTP checkpoint transport, carrying the heal state as JSON + safetensors.
+"""The heal channel: torchft's HTTP checkpoint server, carrying the heal state as JSON + safetensors.
 
-torchft's transports unpickle what the peer sends (`_streaming_load(weights_only=False)`,
+torchft names this a "checkpoint transport"; here it is the heal channel (a replica group's state handed
+to a group that heals), and "transport" means only how replicas reach each other (pretraining/transports/).
+torchft's own channels unpickle what the peer sends (`_streaming_load(weights_only=False)`,
 `pickle.loads` of PGTransport's metadata). A peer is data, never code: here the sender
 encodes the state as decentrain's checkpoints are (core/comm/heal_transfer.py: a JSON skeleton plus one
 safetensors blob, tensors cloned at send time, so the weights may move on while a
@@ -25,7 +27,7 @@ from decentrain.core.comm.heal_transfer import encode_state
 from decentrain.core.comm.wire import all_finite
 
 
-class SafeHTTPTransport(HTTPTransport):
+class SafeHealHTTP(HTTPTransport):
     def __init__(self, timeout: timedelta) -> None:
         super().__init__(timeout=timeout, num_chunks=0)  # one request: the payload is two flat buffers
 
