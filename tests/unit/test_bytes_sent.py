@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from decentrain.config import config_from_dict
+from decentrain.core.comm.inprocess_transport import InProcessTransport
 from decentrain.core.comm.transport import all_gather_bytes_sent, ring_all_reduce_bytes
 from decentrain.core.metrics import CommMeter, format_bytes
 
@@ -79,3 +80,64 @@ def test_saving_a_model_does_not_import_deepspeed(tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "False"
     assert "Setting accelerator" not in out.stderr
+
+
+class FramedTransport(InProcessTransport):
+    """An in-process transport whose link adds 100 bytes of framing to every exchange and all-gather: bytes only
+    the transport knows of, as a real link's headers and retransmissions are."""
+
+    def exchange(self, tensors, group, round_idx):
+        out = super().exchange(tensors, group, round_idx)
+        self.stats.bytes_sent += 100
+        return out
+
+    def all_gather_bytes(self, data, max_bytes):
+        out = super().all_gather_bytes(data, max_bytes)
+        self.stats.bytes_sent += 100
+        return out
+
+
+def _sparseloco():
+    from decentrain.algorithms.sparseloco import SparseLoCo, SparseLoCoConfig
+
+    return SparseLoCo, SparseLoCoConfig(inner_steps=1, chunk_size=16, topk=4, bits=8)
+
+
+def _compressed_noloco():
+    from decentrain.algorithms.noloco import NoLoCo, NoLoCoConfig
+    from decentrain.algorithms.noloco.compressed_gossip import NoLoCoCompressionConfig
+    from decentrain.algorithms.outer.optimizers import OuterOptimizerConfig
+
+    compression = NoLoCoCompressionConfig(enabled=True, chunk_size=16, topk=4, bits=8, state_topk=4, state_bits=8,
+                                          anchor_every=2)  # round 2 re-anchors: an all-gather beside the exchange
+    return NoLoCo, NoLoCoConfig(inner_steps=1, outer_optimizer=OuterOptimizerConfig("noloco", lr=0.5, momentum=0.0),
+                                compression=compression)
+
+
+@pytest.mark.parametrize("family", [_sparseloco, _compressed_noloco])
+def test_a_compressed_sync_reports_what_its_transport_counted(family):
+    """SparseLoCo and compressed NoLoCo log `outer/bytes_sent` from the transport's counter, the one count of
+    bytes: the syncs' sum is the counter's total, framing included. Before, both counted their payloads by hand
+    beside the transport and missed what only the transport knew (here 100 bytes per operation)."""
+    from decentrain.core.comm.inprocess_transport import InProcessHub
+    from decentrain.core.world import World
+    from decentrain.testing import run_in_threads
+
+    cls, cfg = family()
+    hub = InProcessHub(2)
+
+    def replica(rank):
+        torch.manual_seed(rank)
+        model = torch.nn.Linear(4, 4, bias=False)
+        algo = cls(cfg, World(rank=rank, world_size=2))
+        algo.transport = FramedTransport(hub, rank)
+        algo.on_train_start(model, None)
+        syncs = []
+        for step in (1, 2):
+            with torch.no_grad():
+                model.weight.add_(0.1 * (rank + 1) * step)
+            syncs.append(algo.after_optimizer_step(step, model, None)["outer/bytes_sent"])
+        return syncs, algo.transport.stats.bytes_sent
+
+    for syncs, counted in run_in_threads(replica, 2):
+        assert all(s > 100 for s in syncs) and sum(syncs) == counted

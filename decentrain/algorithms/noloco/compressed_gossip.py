@@ -205,6 +205,7 @@ def compressed_outer_step(algo, group: tuple[int, ...], jumped: int) -> dict[str
 
     gossip: CompressedGossip = algo.gossip
     transport, r = algo.transport, algo.round
+    before = transport.stats.bytes_sent  # what this sync sends, as the transport counts it: one counter
     delta = _flatten_dense_tensors(algo.outer.pseudo_gradient(algo.params)).float()
     phi = _flatten_dense_tensors(algo.outer.slow)
     c_bytes, s_bytes, own = gossip.messages(delta, phi, r)
@@ -229,12 +230,11 @@ def compressed_outer_step(algo, group: tuple[int, ...], jumped: int) -> dict[str
         fastest = min(float(p[1]) for p in paces)
         if fastest < 1e30:
             algo.pace.hear(fastest)
-    sent = (len(group) - 1) * (c_bytes.numel() + s_bytes.numel() + 4 * pace.numel()) if received is not None else 0
     anchor_dropped = 0
     if gossip.reanchor_due(r):
         gathered = transport.all_gather_bytes(s_bytes.numpy().tobytes(), max_bytes=gossip.message_bytes[1])
         anchor_dropped = gossip.reanchor(gathered, r)
-        sent += (len(gathered) - 1) * (s_bytes.numel() + 8)  # a ring all-gather forwards every other block once
+    sent = transport.stats.bytes_sent - before
     transport.publish(r + 1)
     st = transport.stats
     return {"outer/round": float(r + 1), "outer/partner_missed": float(missed), "outer/exchange_timeouts": float(st.timeouts),

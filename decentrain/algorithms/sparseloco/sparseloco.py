@@ -15,8 +15,8 @@ identical on all replicas without any further collective.
 A payload that fails decoding (wrong size, header, round, indices or scale) is dropped
 and counted (`outer/payload_dropped`); the mean is over the payloads kept. Logged per
 sync: `outer/payload_bytes` (this replica's message), `outer/bytes_sent` (what this rank
-transmits in gloo's ring all-gather: every other rank's block once, plus the 8-byte size
-announcements), `outer/error_norm` (‖e‖ after the send) and `outer/pseudo_grad_norm` (‖Δ̄‖).
+transmits, as its transport counts it: over gloo's ring all-gather every other rank's block once,
+plus the 8-byte size announcements), `outer/error_norm` (‖e‖ after the send) and `outer/pseudo_grad_norm` (‖Δ̄‖).
 
 The outer step defaults to SparseLoCo's: SGD with lr α and no momentum (the decayed EF
 accumulator plays DiLoCo's outer momentum); `algorithm.outer_optimizer` turns it back on.
@@ -137,10 +137,11 @@ class SparsePayloads:
 
     def collective(self, msg: Message) -> tuple[torch.Tensor, dict[str, float]]:
         a = self.algo
+        before = a.transport.stats.bytes_sent  # the transport counts what the all-gather sends: one counter
         gathered = a.transport.all_gather_bytes(msg.data, max_bytes=payload_bytes(a.spec))
+        sent = a.transport.stats.bytes_sent - before
         mean, dropped = self._mean([(data, 1.0, a.round) for data in gathered])
-        n = len(gathered)
-        return mean, {"outer/payload_bytes": float(len(msg.data)), "outer/bytes_sent": float((n - 1) * (len(msg.data) + 8)),
+        return mean, {"outer/payload_bytes": float(len(msg.data)), "outer/bytes_sent": float(sent),
                       "outer/payload_dropped": float(dropped)}
 
     def merge(self, parts: list[tuple[bytes, float, int]]) -> tuple[torch.Tensor, dict[str, float]]:
