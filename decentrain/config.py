@@ -32,7 +32,7 @@ from decentrain.models.factory import ModelConfig
 
 # every loop algorithm registers itself: the modules under algorithms/ that use the decorator are imported
 # (ddp, diloco, streaming_diloco, noloco, sparseloco); adding one is a module plus conf/algorithm/<name>.yaml
-LOOP_ALGORITHM_MODULES = discover_marked(algorithms.__name__, Path(algorithms.__file__).parent, ("@register_algorithm(",))
+LOOP_ALGORITHM_MODULES = discover_marked(algorithms.__name__, Path(algorithms.__file__).parent, ("@ALGORITHMS.register(",))
 
 # callers above the library (recipes, tests, benchmarks) import the run's schemas from here
 __all__ = ["LAUNCHERS", "SCHEDULES", "LauncherConfig", "LoopConfig", "OptimConfig", "TrainConfig", "check_data_fits",

@@ -6,6 +6,6 @@ A loop algorithm registers itself when its package is imported; decentrain/confi
 (the composition root) imports them all.
 """
 
-from decentrain.algorithms.base import ALGORITHMS, Algorithm, AlgorithmConfig, register_algorithm
+from decentrain.algorithms.base import ALGORITHMS, Algorithm, AlgorithmConfig
 
-__all__ = ["ALGORITHMS", "Algorithm", "AlgorithmConfig", "register_algorithm"]
+__all__ = ["ALGORITHMS", "Algorithm", "AlgorithmConfig"]

@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, ContextManager
 
 import torch
 
 from decentrain.core.registry import Registry
-from decentrain.core.typed import check_known, typed
 from decentrain.core.world import World
 
 
@@ -29,7 +28,8 @@ class AlgorithmConfig:
 
     @classmethod
     def convert(cls, raw: Mapping[str, Any], where: str = "algorithm", default: "AlgorithmConfig | None" = None):
-        return algorithm_config(raw, where)
+        """The section typed by its algorithm's own class (core/typed.py calls this for a registry-picked section)."""
+        return ALGORITHMS.config(raw, where)
 
 
 class Algorithm:
@@ -101,32 +101,6 @@ class Algorithm:
         pass
 
 
-ALGORITHMS: Registry[type[Algorithm]] = Registry("algorithm.name")
+# each algorithm module registers its class with its own config class: ALGORITHMS.register("<name>", config=...)
+ALGORITHMS: Registry[type[Algorithm]] = Registry("algorithm", config=AlgorithmConfig)
 
-
-def register_algorithm(name: str, config_cls: type[AlgorithmConfig]) -> Callable[[type[Algorithm]], type[Algorithm]]:
-    def deco(cls: type[Algorithm]) -> type[Algorithm]:
-        cls.config_cls = config_cls
-        return ALGORITHMS.register(name)(cls)
-
-    return deco
-
-
-def algorithm_config(raw: Mapping[str, Any] | AlgorithmConfig, where: str = "algorithm") -> AlgorithmConfig:
-    """The typed section of the algorithm `raw["name"]` names (default ddp), from a plain dict.
-
-    Unknown keys and bad values fail in one line naming the field under `where` (the section's
-    place in the config: `algorithm` for a run, `job.algorithm` for HDEE's seed and expert runs).
-    """
-    if isinstance(raw, AlgorithmConfig):
-        if type(raw) is ALGORITHMS.get(raw.name, field=f"{where}.name").config_cls:
-            return raw
-        raw = asdict(raw)  # a default naming the algorithm (the base class): typed by its own class
-    raw = dict(raw)
-    cls = ALGORITHMS.get(raw.get("name", "ddp"), field=f"{where}.name").config_cls
-    check_known(cls, raw, where)  # before the relabelling below: it names `where` itself (and a renamed key's successor)
-    try:
-        return typed(cls, raw, where)
-    except ValueError as e:  # the sections name their fields `algorithm.<field>`
-        msg = str(e)
-        raise ValueError(where + msg[len("algorithm"):] if msg.startswith("algorithm") else f"{where}: {msg}") from None

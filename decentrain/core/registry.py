@@ -74,8 +74,8 @@ class Registry(Generic[T]):
     def config(self, raw: Any, where: str | None = None, default_name: str | None = None, fill: Any = None) -> Any:
         """The section `raw` typed by the config class of the entry it names.
 
-        `raw`: a plain mapping (Hydra's), None (empty), or a config instance, kept when it is already its
-        entry's own class and otherwise re-typed from its fields (a default of the base class naming an
+        `raw`: a plain mapping (Hydra's), None (empty), or a config instance, kept when it names its entry and
+        is of that entry's own class, otherwise re-typed from its fields (a default of the base class naming an
         entry with fields of its own). A section without a name (or `name: null`) picks `default_name`,
         else the base class's default name; with neither it stays the base class. `fill`: a config whose
         fields fill those `raw` leaves out, where the entry's class has them (the outer optimizer takes its
@@ -87,8 +87,7 @@ class Registry(Generic[T]):
             raise TypeError(f"the {self.kind} registry has no config class (Registry(kind, config=...))")
         where = where or self.kind
         if isinstance(raw, self.base):
-            name = raw.name if raw.name is not None else self._default_name(default_name)
-            if type(raw) is self.config_cls(name, where):
+            if raw.name is not None and type(raw) is self.config_cls(raw.name, where):
                 return raw
             raw = dataclasses.asdict(raw)
         raw = {k: v for k, v in dict(raw or {}).items() if not (k == "name" and v is None)}

@@ -48,9 +48,8 @@ class SkipNonFiniteConfig(EngineConfig):
     max_skips: int = 10  # more skipped steps than this: raise (the run is diverging, not unlucky)
 
 
-@ENGINES.register("torch_skip_nonfinite")
+@ENGINES.register("torch_skip_nonfinite", config=SkipNonFiniteConfig)
 class SkipNonFiniteEngine(TorchEngine):
-    config_cls = SkipNonFiniteConfig
     skipped = 0
 
     def step(self) -> None:
@@ -83,7 +82,7 @@ from typing import Any
 
 import torch
 
-from decentrain.algorithms.base import register_algorithm
+from decentrain.algorithms.base import ALGORITHMS
 from decentrain.algorithms.pretraining.inner_outer import InnerOuterAlgorithm, InnerOuterConfig
 
 
@@ -93,7 +92,7 @@ class LocalSGDConfig(InnerOuterConfig):
     inner_steps: int = 8
 
 
-@register_algorithm("local_sgd", LocalSGDConfig)
+@ALGORITHMS.register("local_sgd", config=LocalSGDConfig)
 class LocalSGD(InnerOuterAlgorithm):
     cfg: LocalSGDConfig
 
@@ -142,8 +141,6 @@ class RMSpropConfig(OuterOptimizerConfig):
 class RMSpropRule(OuterRule):
     """torch.optim.RMSprop on the pseudo-gradient (an example entry)."""
 
-    config_cls = RMSpropConfig
-
     @classmethod
     def check(cls, cfg: RMSpropConfig) -> None:
         super().check(cfg)
@@ -170,8 +167,8 @@ def extensions(tmp_path):
     try:
         # what importing the engines package and decentrain.config do for files in their directories
         assert discover(engines.__name__, [str(tmp_path / "engines")]) == ["torch_skip_nonfinite"]
-        assert discover_marked(algorithms.__name__, tmp_path / "algos", ("@register_algorithm(",)) == ["diloco.local_sgd"]
-        OUTER_OPTIMIZERS.register("rmsprop")(RMSpropRule)
+        assert discover_marked(algorithms.__name__, tmp_path / "algos", ("@ALGORITHMS.register(",)) == ["diloco.local_sgd"]
+        OUTER_OPTIMIZERS.register("rmsprop", config=RMSpropConfig)(RMSpropRule)
         register_configs()  # each entry's <name>_schema, as every recipe does at import
         yield tmp_path / "conf"
     finally:

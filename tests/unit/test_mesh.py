@@ -2,7 +2,7 @@
 
 import pytest
 
-from decentrain.algorithms.pretraining.engines import engine_config
+from decentrain.algorithms.pretraining.engines import ENGINES
 from decentrain.core.mesh import layout_ranks, replica_layout
 from decentrain.core.world import World
 
@@ -37,4 +37,4 @@ def test_one_shard_per_replica_keeps_the_world_as_the_outer_world():
 ])
 def test_engine_config_refusals_name_the_field(kwargs, field):
     with pytest.raises(ValueError, match=field.replace("[", r"\[")):
-        engine_config(kwargs)
+        ENGINES.config(kwargs)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from decentrain.algorithms.base import algorithm_config
+from decentrain.algorithms.base import ALGORITHMS
 from decentrain.algorithms.diloco import DiLoCoConfig, StreamingDiLoCo, StreamingDiLoCoConfig
 from decentrain.algorithms.noloco import NoLoCo, NoLoCoConfig
 from decentrain.algorithms.outer.optimizers import (
@@ -14,7 +14,6 @@ from decentrain.algorithms.outer.optimizers import (
     AdamConfig,
     OuterOptimizerConfig,
     SGDConfig,
-    outer_optimizer_config,
 )
 from decentrain.algorithms.outer.updates import OuterOptimizer, noloco_step_
 from decentrain.core.world import World
@@ -96,7 +95,7 @@ def test_resuming_under_another_outer_optimizer_is_refused() -> None:
 ])
 def test_bad_values_fail_in_one_line_naming_field_and_range(kwargs, message) -> None:
     with pytest.raises(ValueError) as e:
-        outer_optimizer_config(kwargs)
+        OuterOptimizerConfig.convert(kwargs)
     assert str(e.value).startswith(message) and "\n" not in str(e.value)
 
 
@@ -105,9 +104,9 @@ def test_every_family_takes_the_section_and_the_old_flat_keys_fail_naming_the_ne
     assert NoLoCoConfig().outer_optimizer == OuterOptimizerConfig("noloco", 0.7, 0.5)
     for old, new in (("outer_lr", "lr"), ("outer_momentum", "momentum"), ("nesterov", "nesterov")):
         with pytest.raises(ValueError, match=rf"^algorithm.{old} was removed; use algorithm.outer_optimizer.{new} \("):
-            algorithm_config({"name": "diloco", old: 0.5})
+            ALGORITHMS.config({"name": "diloco", old: 0.5})
     with pytest.raises(ValueError, match=r"^job.algorithm.outer_lr was removed; use job.algorithm.outer_optimizer.lr \("):
-        algorithm_config({"name": "noloco", "outer_lr": 0.5}, where="job.algorithm")
+        ALGORITHMS.config({"name": "noloco", "outer_lr": 0.5}, where="job.algorithm")
     with pytest.raises(ValueError, match="algorithm.gamma=0.2 .* allowed: algorithm.outer_optimizer.name=noloco"):
         NoLoCoConfig(gamma=0.2, outer_optimizer=OuterOptimizerConfig("sgd"))
 
@@ -162,7 +161,7 @@ def test_every_outer_optimizer_yaml_composes_into_every_family(choice) -> None:
             cfg = config_from_dict({"algorithm": OmegaConf.to_container(raw.algorithm, resolve=True)})
             values = OmegaConf.to_container(OmegaConf.load(conf / "algorithm/outer_optimizer" / f"{choice}.yaml"))
             values.pop("defaults")
-            assert cfg.algorithm.outer_optimizer == outer_optimizer_config(values)
+            assert cfg.algorithm.outer_optimizer == OuterOptimizerConfig.convert(values)
             assert type(cfg.algorithm.outer_optimizer) is OUTER_OPTIMIZERS.get(values["name"]).config_cls
 
 
@@ -219,10 +218,10 @@ def hydra_algorithm(*overrides: str):
 def follow_the_removed_key_message(family: str, old: str, value: float):
     """What a user does with `algorithm.<old> was removed; use algorithm.<new> (...)`: writes <new> instead."""
     with pytest.raises(ValueError) as e:
-        algorithm_config({"name": family, old: value})
+        ALGORITHMS.config({"name": family, old: value})
     new = str(e.value).split("; use algorithm.", 1)[1].split(" ", 1)[0]  # e.g. outer_optimizer.lr
     section, key = new.split(".")
-    return algorithm_config({"name": family, section: {key: value}})
+    return ALGORITHMS.config({"name": family, section: {key: value}})
 
 
 NOLOCO_SPELLINGS = {
@@ -230,7 +229,7 @@ NOLOCO_SPELLINGS = {
         {"algorithm": {"name": "noloco", "outer_optimizer": {"lr": 0.7}}}).algorithm,
     "dataclass_dict": lambda: NoLoCoConfig(outer_optimizer={"lr": 0.7}),
     "dataclass_unnamed_section": lambda: NoLoCoConfig(outer_optimizer=OuterOptimizerConfig(lr=0.7, momentum=0.5)),
-    "hdee_job_algorithm": lambda: algorithm_config({"name": "noloco", "outer_optimizer": {"lr": 0.7}}, where="job.algorithm"),
+    "hdee_job_algorithm": lambda: ALGORITHMS.config({"name": "noloco", "outer_optimizer": {"lr": 0.7}}, where="job.algorithm"),
     "hydra_override": lambda: hydra_algorithm("algorithm=noloco", "algorithm.outer_optimizer.lr=0.7"),
     "hydra_section_override": lambda: hydra_algorithm("algorithm=noloco", "algorithm.outer_optimizer={lr: 0.7}"),
     "removed_key_message": lambda: follow_the_removed_key_message("noloco", "outer_lr", 0.7),

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from decentrain.algorithms.base import Algorithm, AlgorithmConfig, register_algorithm
+from decentrain.algorithms.base import ALGORITHMS, Algorithm, AlgorithmConfig
 from decentrain.core.comm.transport import ring_all_reduce_bytes
 
 
@@ -24,7 +24,7 @@ class DDPConfig(AlgorithmConfig):
             raise ValueError(f"algorithm.bucket_cap_mb={self.bucket_cap_mb} must be > 0")
 
 
-@register_algorithm("ddp", DDPConfig)
+@ALGORITHMS.register("ddp", config=DDPConfig)
 class DDP(Algorithm):
     """The quality reference. Replicas stay identical: DDP broadcasts rank 0's weights on wrap."""
 

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
-from decentrain.algorithms.base import register_algorithm
+from decentrain.algorithms.base import ALGORITHMS
 from decentrain.algorithms.outer.optimizers import OuterOptimizerConfig
 from decentrain.algorithms.outer.overlap import DelayedOuter, check_overlap
 from decentrain.algorithms.outer.quorum import RoundsConfig, rounds_config
@@ -85,7 +85,7 @@ class DenseMean:
         pass  # θ is reset to φ after the sync: the late Δ is gone with it
 
 
-@register_algorithm("diloco", DiLoCoConfig)
+@ALGORITHMS.register("diloco", config=DiLoCoConfig)
 class DiLoCo(InnerOuterAlgorithm):
     cfg: DiLoCoConfig
 

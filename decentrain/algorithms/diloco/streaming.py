@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from decentrain.algorithms.base import register_algorithm
+from decentrain.algorithms.base import ALGORITHMS
 from decentrain.algorithms.outer.optimizers import OuterOptimizerConfig
 from decentrain.algorithms.outer.quantized_mean import QUANTIZATIONS, check_quantization_backend, codec_for
 from decentrain.algorithms.outer.updates import OuterOptimizer, check_fragments_cover, fragment_param_names, mix_
@@ -57,7 +57,7 @@ class StreamingDiLoCoConfig(InnerOuterConfig):
             raise ValueError(f"algorithm.fragments has {len(self.fragments)} lists; algorithm.num_fragments={self.num_fragments}")
 
 
-@register_algorithm("streaming_diloco", StreamingDiLoCoConfig)
+@ALGORITHMS.register("streaming_diloco", config=StreamingDiLoCoConfig)
 class StreamingDiLoCo(InnerOuterAlgorithm):
     cfg: StreamingDiLoCoConfig
 

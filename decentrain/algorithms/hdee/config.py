@@ -18,12 +18,12 @@ from typing import Any, ClassVar, Optional
 
 from omegaconf import OmegaConf
 
-from decentrain.algorithms.base import ALGORITHMS, AlgorithmConfig, algorithm_config
+from decentrain.algorithms.base import ALGORITHMS, AlgorithmConfig
 from decentrain.algorithms.hdee.compute_budget import check_budget, homogeneous_baseline
 from decentrain.algorithms.hdee.mixing import WEIGHTINGS
 from decentrain.algorithms.hdee.plan import EnsemblePlan, SeedConfig, validate
 from decentrain.algorithms.pretraining.config import LoopConfig
-from decentrain.algorithms.pretraining.engines import EngineConfig, OptimConfig, engine_config
+from decentrain.algorithms.pretraining.engines import ENGINES, EngineConfig, OptimConfig
 from decentrain.core.config_checks import check_range
 from decentrain.core.launch.config import LauncherConfig
 from decentrain.core.metrics import LoggerConfig
@@ -114,8 +114,8 @@ class JobConfig:
 
     def typed(self) -> None:
         """Type `algorithm` and `engine` by their names (each entry's own config class)."""
-        self.engine = engine_config(self.engine, where="job.engine")
-        self.algorithm = algorithm_config(self.algorithm, where="job.algorithm")
+        self.engine = ENGINES.config(self.engine, where="job.engine")
+        self.algorithm = ALGORITHMS.config(self.algorithm, where="job.algorithm")
 
 
 @dataclass

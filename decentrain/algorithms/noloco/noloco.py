@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from decentrain.algorithms.base import register_algorithm
+from decentrain.algorithms.base import ALGORITHMS
 from decentrain.algorithms.noloco.compressed_gossip import CompressedGossip, NoLoCoCompressionConfig, compressed_outer_step
 from decentrain.algorithms.noloco.healing import Healer, tensors_crc
 from decentrain.algorithms.outer.optimizers import OUTER_OPTIMIZERS, OuterOptimizerConfig
@@ -115,7 +115,7 @@ def group_mean(mine: list[torch.Tensor], partners: list[list[torch.Tensor]]) -> 
     return out
 
 
-@register_algorithm("noloco", NoLoCoConfig)
+@ALGORITHMS.register("noloco", config=NoLoCoConfig)
 class NoLoCo(InnerOuterAlgorithm):
     cfg: NoLoCoConfig
     survives_peer_loss = True  # a dead partner costs a round; the job is launched so that survivors go on

@@ -12,7 +12,7 @@ own), plus conf/algorithm/outer_optimizer/<name>.yaml (`defaults: [<name>_schema
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -20,7 +20,6 @@ from torch import Tensor
 
 from decentrain.core.config_checks import check_range
 from decentrain.core.registry import Registry
-from decentrain.core.typed import typed
 
 FIELD = "algorithm.outer_optimizer"
 DEFAULT_RULE = "sgd"  # outside any algorithm (a bare OuterOptimizer): DiLoCo's
@@ -31,7 +30,7 @@ class OuterOptimizerConfig:
     """The `algorithm.outer_optimizer` fields every rule has; an entry's config class adds its own.
 
     An instance of this class naming a rule with fields of its own (an algorithm's default, which
-    any entry's schema can extend under Hydra) becomes that rule's class in `outer_optimizer_config`.
+    any entry's schema can extend under Hydra) becomes that rule's class in `convert`.
     One without a name (`OuterOptimizerConfig(lr=0.5)`) takes the algorithm's own rule there: a
     default rule name here would switch NoLoCo to Nesterov SGD whenever a section left it out.
     """
@@ -41,38 +40,26 @@ class OuterOptimizerConfig:
     momentum: float = 0.9  # μ
 
     def __post_init__(self) -> None:
-        if self.name is None:  # typed once the algorithm's rule is known (outer_optimizer_config)
+        if self.name is None:  # typed once the algorithm's rule is known (convert)
             return
         rule = OUTER_OPTIMIZERS.get(self.name, field=f"{FIELD}.name")
         if type(self) is rule.config_cls:  # the rule's own class: complete, so check it
             rule.check(self)
 
     @classmethod
-    def convert(cls, raw: Mapping[str, Any], where: str = FIELD, default: "OuterOptimizerConfig | None" = None):
-        return outer_optimizer_config(raw, default)
-
-
-def outer_optimizer_config(value: "Mapping[str, Any] | OuterOptimizerConfig",
-                           default: OuterOptimizerConfig | None = None) -> OuterOptimizerConfig:
-    """The section typed by its rule's own class. The rule is `default`'s (the algorithm's) unless the
-    section names another; fields not given come from `default` (the algorithm's η and μ) where it has
-    them, else from the rule's class; a field the rule does not have fails."""
-    if isinstance(value, OuterOptimizerConfig):
-        if value.name is not None and type(value) is OUTER_OPTIMIZERS.get(value.name, field=f"{FIELD}.name").config_cls:
-            return value
-        value = asdict(value)
-    raw = {k: v for k, v in dict(value).items() if not (k == "name" and v is None)}  # no name: the algorithm's
-    base = default if default is not None else OuterOptimizerConfig(DEFAULT_RULE)
-    name = raw.get("name", base.name or DEFAULT_RULE)
-    cls = OUTER_OPTIMIZERS.get(name, field=f"{FIELD}.name").config_cls
-    start = {f.name: getattr(base, f.name) for f in fields(cls) if hasattr(base, f.name)}
-    return typed(cls, {**start, **raw, "name": name}, FIELD)
+    def convert(cls, raw: Mapping[str, Any] | OuterOptimizerConfig, where: str = FIELD,
+                default: OuterOptimizerConfig | None = None) -> OuterOptimizerConfig:
+        """The section typed by its rule's own class. The rule is `default`'s (the algorithm's) unless the
+        section names another; fields not given come from `default` (the algorithm's η and μ) where it has
+        them; a field the rule does not have fails (core/registry.Registry.config)."""
+        fill = default if default is not None else OuterOptimizerConfig(DEFAULT_RULE)
+        return OUTER_OPTIMIZERS.config(raw, where, default_name=fill.name or DEFAULT_RULE, fill=fill)
 
 
 class OuterRule:
     """One registry entry: its config class and checks, and the optimizer it builds over the slow weights."""
 
-    config_cls: type[OuterOptimizerConfig] = OuterOptimizerConfig  # a subclass where the rule has fields of its own
+    config_cls: type[OuterOptimizerConfig] = OuterOptimizerConfig  # OUTER_OPTIMIZERS.register(name, config=...)
 
     # True when `build` returns an optimizer with NoLoCo's momentum buffer m (φ ← φ + m), which
     # NoLoCo's general form (γ ≠ β) updates itself
@@ -90,7 +77,8 @@ class OuterRule:
         raise NotImplementedError
 
 
-OUTER_OPTIMIZERS: Registry[type[OuterRule]] = Registry(FIELD)
+# each rule registers itself, with its own config class where it has fields of its own
+OUTER_OPTIMIZERS: Registry[type[OuterRule]] = Registry(FIELD, config=OuterOptimizerConfig)
 
 
 @dataclass
@@ -104,14 +92,12 @@ class SGDConfig(OuterOptimizerConfig):
         super().__post_init__()
 
 
-@OUTER_OPTIMIZERS.register("sgd")
+@OUTER_OPTIMIZERS.register("sgd", config=SGDConfig)
 class SGDRule(OuterRule):
     """torch.optim.SGD: Nesterov (DiLoCo's) or, with nesterov=false, heavy-ball momentum (the
     NoLoCo paper's DiLoCo baseline, the official code's pipeline_diloco_optimizer):
         b ← μ·b + g ;  φ ← φ − η·(g + μ·b)  (Nesterov)  or  φ ← φ − η·b  (heavy ball)
     """
-
-    config_cls = SGDConfig
 
     @classmethod
     def check(cls, cfg: OuterOptimizerConfig) -> None:
@@ -172,12 +158,10 @@ class AdamConfig(OuterOptimizerConfig):
     beta2: float = 0.999  # momentum is beta1
 
 
-@OUTER_OPTIMIZERS.register("adam")
+@OUTER_OPTIMIZERS.register("adam", config=AdamConfig)
 class AdamRule(OuterRule):
     """torch.optim.Adam on the pseudo-gradient, betas (momentum, beta2): the adaptive outer step some
     DiLoCo follow-ups use. Its step is ~lr per coordinate whatever Δ's scale, so lr is far below SGD's."""
-
-    config_cls = AdamConfig
 
     @classmethod
     def check(cls, cfg: OuterOptimizerConfig) -> None:

@@ -19,7 +19,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from decentrain.algorithms.outer.optimizers import OUTER_OPTIMIZERS, OuterOptimizerConfig, outer_optimizer_config
+from decentrain.algorithms.outer.optimizers import OUTER_OPTIMIZERS, OuterOptimizerConfig
 
 Tensors = Sequence[Tensor]
 QuantKind = Literal["none", "fp16", "int4"]
@@ -45,7 +45,7 @@ class OuterOptimizer:
     """
 
     def __init__(self, params: Tensors, cfg: OuterOptimizerConfig | None = None):
-        self.cfg = outer_optimizer_config(cfg or OuterOptimizerConfig())  # the rule's own config class
+        self.cfg = OuterOptimizerConfig.convert(cfg or OuterOptimizerConfig())  # the rule's own config class
         self.slow = [p.detach().clone().float() for p in params]
         self.opt = OUTER_OPTIMIZERS.get(self.cfg.name).build(self.slow, self.cfg)
 

@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 import torch
 
 from decentrain.algorithms.base import Algorithm, AlgorithmConfig
-from decentrain.algorithms.outer.optimizers import OuterOptimizerConfig, outer_optimizer_config
+from decentrain.algorithms.outer.optimizers import OuterOptimizerConfig
 from decentrain.algorithms.pretraining.precision import DeviceTimer
 from decentrain.algorithms.pretraining.replicas import broadcast_parameters, check_replicas_match
 from decentrain.algorithms.pretraining.transports import DEFAULT_TRANSPORT, TRANSPORTS, TransportConfig
@@ -45,7 +45,7 @@ class InnerOuterConfig(AlgorithmConfig):
             raise ValueError(f"algorithm.inner_steps={self.inner_steps} (H) must be >= 1")
         # the rule's own config class (from a dict, or a default naming the rule), η and μ defaulting to ours
         default = type(self).__dataclass_fields__["outer_optimizer"].default_factory()
-        self.outer_optimizer = outer_optimizer_config(self.outer_optimizer, default)
+        self.outer_optimizer = OuterOptimizerConfig.convert(self.outer_optimizer, default=default)
         if not 1 <= self.min_inner_steps <= self.inner_steps:
             raise ValueError(
                 f"algorithm.min_inner_steps={self.min_inner_steps} must be in [1, algorithm.inner_steps={self.inner_steps}]"

@@ -22,7 +22,7 @@ import torch
 
 from decentrain.algorithms.base import Algorithm
 from decentrain.algorithms.pretraining.config import LoopConfig
-from decentrain.algorithms.pretraining.engines import ENGINES, EngineConfig, OptimConfig, build_optimizer, engine_config  # noqa: F401 (re-exported)
+from decentrain.algorithms.pretraining.engines import ENGINES, EngineConfig, OptimConfig, build_optimizer  # noqa: F401 (re-exported)
 from decentrain.algorithms.pretraining.precision import (apply_compile, autocast, resolve_precision, set_tf32,
                                                          weight_dtype)
 from decentrain.core.checkpoint import Checkpointer
@@ -135,7 +135,7 @@ class Trainer:
                  run_dir: Path, layout: ReplicaLayout | None = None, *, engine: EngineConfig | None = None,
                  optim: OptimConfig | None = None, logger: LoggerConfig | None = None, resume: bool = True,
                  sampler: Callable[[int], ShardedSampler] | None = None):
-        engine, optim, self.logger_cfg = engine_config(engine or EngineConfig()), optim or OptimConfig(), logger or LoggerConfig()
+        engine, optim, self.logger_cfg = ENGINES.config(engine or EngineConfig()), optim or OptimConfig(), logger or LoggerConfig()
         self.loop, self.world, self.algorithm, self.resume = loop, world, algorithm, resume
         self.run_dir = run_dir
         self.precision = resolve_precision(loop.precision, world.device)

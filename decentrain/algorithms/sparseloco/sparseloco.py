@@ -51,7 +51,7 @@ from typing import Any
 import torch
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
-from decentrain.algorithms.base import register_algorithm
+from decentrain.algorithms.base import ALGORITHMS
 from decentrain.algorithms.outer.compression import (AGGREGATIONS, BITS, MAX_CHUNK, CompressionSpec, ErrorFeedback,
                                                       SparseChunks, decompress, sent_mask)
 from decentrain.algorithms.outer.optimizers import OuterOptimizerConfig
@@ -171,7 +171,7 @@ class SparsePayloads:
         self.algo.ef.error.add_(decompress(msg.chunks, self.algo.spec).to(self.algo.ef.error))  # e ← e + D(c)
 
 
-@register_algorithm("sparseloco", SparseLoCoConfig)
+@ALGORITHMS.register("sparseloco", config=SparseLoCoConfig)
 class SparseLoCo(InnerOuterAlgorithm):
     cfg: SparseLoCoConfig
 

@@ -13,7 +13,6 @@ from decentrain.algorithms.pretraining.engines.base import (  # noqa: F401  (the
     EngineConfig,
     OptimConfig,
     build_optimizer,
-    engine_config,
     lr_factor,
 )
 from decentrain.core.registry import discover

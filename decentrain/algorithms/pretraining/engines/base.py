@@ -10,7 +10,7 @@ this module names no engine.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -21,7 +21,6 @@ from decentrain.algorithms.base import Algorithm
 from decentrain.core.config_checks import check_range
 from decentrain.core.mesh import ReplicaLayout
 from decentrain.core.registry import Registry
-from decentrain.core.typed import typed
 
 SCHEDULES = ("cosine", "constant")
 
@@ -68,18 +67,9 @@ class EngineConfig:
             engine.check_config(self)
 
     @classmethod
-    def convert(cls, raw: Mapping[str, Any], where: str = "engine", default: "EngineConfig | None" = None) -> "EngineConfig":
-        return engine_config(raw, where)
-
-
-def engine_config(value: "Mapping[str, Any] | EngineConfig", where: str = "engine") -> EngineConfig:
-    """The `engine` section typed by the named engine's own config class; a field it lacks fails."""
-    if isinstance(value, EngineConfig):
-        if type(value) is ENGINES.get(value.name, field=f"{where}.name").config_cls:
-            return value
-        value = asdict(value)
-    raw = dict(value)
-    return typed(ENGINES.get(raw.get("name", "torch"), field=f"{where}.name").config_cls, raw, where)
+    def convert(cls, raw: Mapping[str, Any], where: str = "engine", default: "EngineConfig | None" = None):
+        """The section typed by its engine's own class (core/typed.py calls this for a registry-picked section)."""
+        return ENGINES.config(raw, where)
 
 
 def lr_factor(cfg: OptimConfig, total_steps: int) -> Callable[[int], float]:
@@ -125,7 +115,7 @@ class Engine:
     # True: the engine shards state inside a replica and does not apply the algorithm's model wrapper,
     # so an algorithm that syncs every step (Algorithm.syncs_every_step, e.g. DDP) cannot run on it
     shards_replica: bool = True
-    config_cls: type[EngineConfig] = EngineConfig  # a subclass where the engine has fields of its own
+    config_cls: type[EngineConfig] = EngineConfig  # ENGINES.register(name, config=...): the engine's own
 
     @classmethod
     def check_config(cls, cfg: EngineConfig) -> None:
@@ -188,4 +178,6 @@ class Engine:
         raise NotImplementedError
 
 
-ENGINES: Registry[type[Engine]] = Registry("engine.name")
+# each engine registers itself, with its own config class where it has fields of its own:
+# @ENGINES.register("<name>", config=<Name>Config)
+ENGINES: Registry[type[Engine]] = Registry("engine", config=EngineConfig)

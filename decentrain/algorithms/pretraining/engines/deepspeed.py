@@ -59,11 +59,9 @@ class DeepSpeedConfig(EngineConfig):
     zero_stage: int = 2  # 1: optimizer state sharded, 2: gradients too (3 shards the weights: refused)
 
 
-@ENGINES.register("deepspeed")
+@ENGINES.register("deepspeed", config=DeepSpeedConfig)
 class DeepSpeedEngine(Engine):
     """ZeRO-1/2 inside a replica. On CPU it runs over gloo with DeepSpeed's cpu accelerator."""
-
-    config_cls = DeepSpeedConfig
 
     @classmethod
     def check_config(cls, cfg: DeepSpeedConfig) -> None:
