@@ -172,7 +172,7 @@ def test_fresh_keys_do_not_evict_a_standing_peers_replay_mark():
 
 def _exchange_without_dht(dht, **hivemind):
     """A HivemindExchange whose DHT is `dht` (a fake): no p2p daemon, no network."""
-    from decentrain.algorithms.sapo import exchange as ex
+    from decentrain.algorithms.sapo.exchange import hivemind as ex
 
     x = object.__new__(ex.HivemindExchange)
     x.cfg = ex.ExchangeConfig(name="hivemind", hivemind=ex.HivemindConfig(**hivemind))

@@ -158,7 +158,8 @@ SECTION_CHECKS = {"model": check_model, "task": check_task, "reward": check_rewa
 
 
 def check_sapo_values(cfg: SAPOConfig) -> None:
-    """Every section's numbers, then the key file (the exchange checks its own: exchange.check_hivemind_config)."""
+    """Every section's numbers, then the key file (the exchange section checks its own:
+    exchange/hivemind_config.check_hivemind_config)."""
     for section, check in SECTION_CHECKS.items():
         check(getattr(cfg, section))
     count = cfg.num_nodes if cfg.node_index is None else 1

@@ -108,7 +108,7 @@ class RolloutGroup:
     question: str
     completions: tuple[str, ...]
     # The sender's sampling log-probs of each completion's tokens (None: not sent or dropped);
-    # only trusted after the receiver's own checks (node.py, `loss.external_is`).
+    # only trusted after the receiver's own checks (inbox.py, `loss.external_is`).
     logprobs: tuple[tuple[float, ...] | None, ...] | None = None
 
 

@@ -68,7 +68,7 @@ def run_sapo(cfg: SAPOConfig, world: World, run_dir: Path, on_round=None) -> dic
     log = MetricsLogger(dataclasses.replace(cfg.logger, all_ranks=True, progress=False), node_dir, rank=0,
                         config=dataclasses.asdict(cfg))
     last = cfg.train.stop_at or cfg.train.rounds
-    collective = world.is_distributed and exchange.joins_process_group
+    collective = world.is_distributed and EXCHANGES.get(cfg.exchange.name).joins_process_group
     metrics: dict[str, Any] = {}
     every = cfg.eval.every
     heldout = heldout_items(cfg.task, cfg.eval.prompts_per_task, cfg.eval.seed_offset) if every else {}

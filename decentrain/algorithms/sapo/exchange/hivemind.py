@@ -1,13 +1,9 @@
-"""Rollout exchange: publish this node's encoded payload, fetch the peers' raw bytes.
+"""`exchange.name: hivemind`: per-node DHT keys, no barrier between nodes (needs the `swarm` extra).
 
-Backends, keyed by `exchange.name`:
-  silo        no peers (J must be 0)
-  collective  all_gather of bytes inside one torchrun job: synchronous, like the paper's runs
-  hivemind    a DHT of independent processes that join and leave; each peer's latest record
-              lives under that peer's own signed key and expires after a capped TTL; no
-              barrier: a node takes whatever new records have arrived (rules: `dht_guard`)
-
-Backends move bytes only; decoding and validation (`PayloadDecoder`) is the caller's job.
+Each peer's latest record lives under that peer's own signed key and expires after a capped TTL; a
+node takes whatever new records have arrived. What a node lets into, and takes out of, a DHT shared
+with strangers (key layout, record shapes, size and TTL caps, slow replicas): `dht_guard`. Which
+peers' keys it reads each round: `peer_selection`.
 """
 
 from __future__ import annotations
@@ -17,162 +13,39 @@ import logging
 import os
 import time
 from collections import Counter, OrderedDict
-from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import Callable
 
+import hivemind
+from hivemind.dht.crypto import RSASignatureValidator
+from hivemind.utils import get_dht_time
+from hivemind.utils.crypto import RSAPrivateKey
+
+from decentrain.algorithms.sapo.dht_guard import (
+    CHUNK_BYTES,
+    SwarmRecordValidator,
+    chunk_subkey,
+    compress,
+    guard_slow_peers,
+    inflate,
+    max_chunks,
+    owner_digest,
+    owner_of,
+    registry_key,
+    rollouts_key,
+    slow_charges,
+)
+from decentrain.algorithms.sapo.exchange.base import PeerRecord
+from decentrain.algorithms.sapo.exchange.config import ExchangeConfig, HivemindConfig
 from decentrain.algorithms.sapo.peer_selection import PeerSelector
-from decentrain.core.comm.bytes_comm import all_gather_bytes
-from decentrain.core.config_checks import check_range
-from decentrain.core.registry import Registry
 from decentrain.core.world import World
+
+__all__ = ["ExchangeConfig", "HivemindConfig", "HivemindExchange"]
 
 logger = logging.getLogger(__name__)
 _FAILED = object()  # a DHT call that raised or timed out (None is a real answer: nothing stored)
 REGISTRY_FULL_READ = 8  # every 8th registry read waits for all replicas (see _refresh_peers)
-
-
-# Upper bounds of the time fields: a day is far beyond any sane swarm setting, and it keeps
-# every sum of them (deadlines, expirations) finite.
-_DAY_S = 86400.0
-
-
-def check_hivemind_config(h: "HivemindConfig") -> None:
-    """Every field finite and in range; the error names the field (`config error:` in the recipe)."""
-    for name in ("ttl_s", "poll_s", "max_ttl_s", "rpc_timeout_s", "rpc_wait_s", "slow_rpc_s", "slow_ban_s"):
-        check_range(f"exchange.hivemind.{name}", getattr(h, name), low=0.0, high=_DAY_S, low_open=True)
-    check_range("exchange.hivemind.wait_s", h.wait_s, low=0.0, high=_DAY_S)
-    check_range("exchange.hivemind.min_peers", h.min_peers, low=0, high=1 << 20)
-    if h.ttl_s > h.max_ttl_s:
-        raise ValueError(f"exchange.hivemind.ttl_s={h.ttl_s} must be <= max_ttl_s={h.max_ttl_s}")
-    if h.slow_rpc_s > h.rpc_wait_s:
-        raise ValueError(f"exchange.hivemind.slow_rpc_s={h.slow_rpc_s} must be <= rpc_wait_s={h.rpc_wait_s}")
-    check_range("exchange.hivemind.max_record_bytes", h.max_record_bytes, low=0, high=2 << 20,
-                low_open=True, high_open=True)
-    for name in ("max_fetch_bytes", "max_peers_per_round", "max_known_peers", "starved_warn_rounds"):
-        check_range(f"exchange.hivemind.{name}", getattr(h, name), low=1, high=1 << 40)
-
-
-@dataclass
-class HivemindConfig:
-    initial_peers: list[str] = field(default_factory=list)  # multiaddrs of any live swarm members
-    # A file of peers' multiaddrs, shared by the nodes of one machine (launch/sapo_swarm.sh):
-    # a node reads it to join (an empty or missing file: it starts the swarm) and then appends
-    # its own addresses, so later nodes can join through any live one.
-    peers_file: str | None = None
-    host_maddrs: list[str] = field(default_factory=lambda: ["/ip4/127.0.0.1/tcp/0"])
-    announce_maddrs: list[str] = field(default_factory=list)
-    # Off by default: otherwise the p2p daemon probes the default gateway for NAT and relays.
-    # Internet swarms behind NAT turn these on.
-    nat_port_map: bool = False
-    use_relay: bool = False
-    use_auto_relay: bool = False
-    auto_nat: bool = False
-    prefix: str = "decentrain_sapo"  # DHT key namespace: swarms with different prefixes do not mix
-    ttl_s: float = 120.0  # a record expires from the DHT this long after it was stored
-    wait_s: float = 2.0  # wait at most this long for `min_peers` new records
-    min_peers: int = 1
-    poll_s: float = 0.2
-    # One DHT call (a get or a store) waits at most this long. hivemind's own futures carry no
-    # deadline, so a call that never returns would stall the node; here it costs that peer's
-    # record (a lookup) or this round's publication (a store), never the run.
-    rpc_timeout_s: float = 30.0
-    # One RPC to one peer (hivemind's DHTNode `wait_timeout`): a peer silent this long is
-    # blacklisted by hivemind for `slow_ban_s`, doubled at each repeat.
-    rpc_wait_s: float = 3.0
-    # A peer whose find or store answer takes longer than this is cut off and blacklisted the
-    # same way (dht_guard.guard_slow_peers), so a member answering just under `rpc_wait_s`
-    # cannot make every lookup and store wait for it.
-    slow_rpc_s: float = 1.0
-    slow_ban_s: float = 30.0
-    # Receive-side limits: what strangers can make this node store, fetch and hold.
-    max_ttl_s: float = 300.0  # records expiring later than now + this are refused (stored or fetched)
-    max_record_bytes: int = 1 << 20  # one node's compressed record; below p2pd's 2 MiB unary limit
-    max_fetch_bytes: int = 16 << 20  # compressed bytes fetched per round, over all peers
-    max_peers_per_round: int = 32  # peers' keys read per round (half by recent valid payloads, half oldest-read)
-    max_known_peers: int = 1024  # registry entries remembered; the stalest are forgotten first
-    starved_warn_rounds: int = 5  # WARNING once per this many rounds without records while peers are known
-
-    def __post_init__(self) -> None:
-        check_hivemind_config(self)
-
-
-@dataclass
-class ExchangeConfig:
-    name: str = "collective"  # silo | collective | hivemind
-    max_bytes: int = 4 << 20  # per payload on the wire (the decoder applies payload.max_bytes too)
-    hivemind: HivemindConfig = field(default_factory=HivemindConfig)
-
-    def __post_init__(self) -> None:
-        EXCHANGES.get(self.name, field="exchange.name")
-        check_range("exchange.max_bytes", self.max_bytes, low=1, high=1 << 31)
-
-
-@dataclass(frozen=True)
-class PeerRecord:
-    source: str  # where it came from, for drop logs
-    data: bytes  # raw, unvalidated
-    # The round the record was published under. Independent nodes count rounds on their own, so
-    # the decoder checks a payload against this (freshness is the DHT's TTL); None: our round.
-    round: int | None = None
-
-
-class RolloutExchange(Protocol):
-    has_peers: bool  # False: the node trains alone (no external rollouts to take)
-    joins_process_group: bool  # True: every node is a rank of one torch.distributed job (launched together)
-
-    def exchange(self, round_: int, payload: bytes, is_valid: Callable[[PeerRecord], bool] | None = None,
-                 ends_wait: Callable[[PeerRecord], bool] | None = None) -> list[PeerRecord]:
-        """Publish `payload` for `round_`; return peers' records not returned before.
-
-        `is_valid` (the caller's decoder, without side effects): backends that wait for peers
-        return and count only records that pass it, so a rejected record cannot stand in for a peer.
-        `ends_wait` (default: every valid record): which of those count towards the wait and earn
-        their peer read priority, so valid payloads of useless groups can neither close the round
-        before a useful peer's record lands nor crowd that peer out of the reads.
-        """
-        ...
-
-    def close(self) -> None: ...
-
-
-EXCHANGES: Registry[type] = Registry("exchange")
-
-
-@EXCHANGES.register("silo")
-class SiloExchange:
-    has_peers, joins_process_group = False, False
-
-    def __init__(self, cfg: ExchangeConfig, world: World, node_id: str):
-        pass
-
-    def exchange(self, round_: int, payload: bytes, is_valid=None, ends_wait=None) -> list[PeerRecord]:
-        return []
-
-    def close(self) -> None:
-        pass
-
-
-@EXCHANGES.register("collective")
-class CollectiveExchange:
-    """One all_gather of bytes per round; every rank of the job is a node."""
-
-    has_peers, joins_process_group = True, True
-
-    def __init__(self, cfg: ExchangeConfig, world: World, node_id: str):
-        self.cfg, self.world = cfg, world
-
-    def exchange(self, round_: int, payload: bytes, is_valid=None, ends_wait=None) -> list[PeerRecord]:
-        if len(payload) > self.cfg.max_bytes:  # publish nothing this round, keep training
-            logger.warning("round %d: own payload of %d bytes exceeds exchange.max_bytes=%d; not published",
-                        round_, len(payload), self.cfg.max_bytes)
-            payload = b""
-        gathered = all_gather_bytes(self.world, payload, max_bytes=self.cfg.max_bytes)
-        return [PeerRecord(f"rank{r}", data) for r, data in enumerate(gathered) if r != self.world.rank]
-
-    def close(self) -> None:
-        pass
 
 
 def _read_peers(path: Path) -> list[str]:
@@ -190,9 +63,9 @@ def _append_peers(path: Path, maddrs: list[str]) -> None:
         os.close(fd)
 
 
-@EXCHANGES.register("hivemind")
 class HivemindExchange:
-    """Per-node DHT keys (layout and record rules: `dht_guard`); no barrier between nodes.
+    """Per-node DHT keys (layout and record rules: `dht_guard`); no barrier between nodes. Built by its
+    registry entry, `exchange.HivemindEntry` (has peers, joins no process group).
 
     Each round a node signs and stores its compressed record under its own key and refreshes
     its registry entry, reads the registry, then polls up to `max_peers_per_round` peers' keys
@@ -203,18 +76,9 @@ class HivemindExchange:
     dropped too. Drops are counted in `self.drops` and logged once per round.
     """
 
-    has_peers, joins_process_group = True, False
-
     _DIGESTS = 4096  # payload digests remembered for replay detection
 
     def __init__(self, cfg: ExchangeConfig, world: World, node_id: str):
-        import hivemind  # optional dependency: `pip install decentrain[swarm]`
-        from hivemind.dht.crypto import RSASignatureValidator
-        from hivemind.utils.crypto import RSAPrivateKey
-
-        from decentrain.algorithms.sapo.dht_guard import (SwarmRecordValidator, guard_slow_peers, registry_key,
-                                                          rollouts_key)
-
         self.cfg, self.hcfg, self.node_id = cfg, cfg.hivemind, node_id
         # A fresh key per exchange (not hivemind's process-wide one): two nodes in one process stay two owners.
         signer = RSASignatureValidator(RSAPrivateKey())
@@ -256,8 +120,6 @@ class HivemindExchange:
     # -- peers -----------------------------------------------------------------------------------
 
     def _refresh_peers(self) -> None:
-        from decentrain.algorithms.sapo.dht_guard import owner_of
-
         # Any unexpired registry copy ends the search (the first replica's, often our own), so it
         # waits on no slower replica; peers accumulate in `self.peers` over rounds, and every
         # REGISTRY_FULL_READ-th read asks every replica (latest=True) for newcomers the others lack.
@@ -288,8 +150,6 @@ class HivemindExchange:
 
     def _assemble(self, marker: bytes, found) -> tuple[int, bytes] | None | str:
         """(round, compressed bytes) of a peer's newest complete payload; None: nothing (yet); str: a drop reason."""
-        from decentrain.algorithms.sapo.dht_guard import chunk_subkey, max_chunks
-
         if found is None or not isinstance(found.value, dict):
             return None  # nothing published yet, or expired
         first = getattr(found.value.get(chunk_subkey(marker, 0)), "value", None)
@@ -313,8 +173,6 @@ class HivemindExchange:
     def _take(self, marker: bytes, found, budget: list[int], is_valid: Callable[[PeerRecord], bool] | None
               ) -> PeerRecord | None:
         """One peer's record if it passes every receive-side rule; else counts why and returns None."""
-        from decentrain.algorithms.sapo.dht_guard import inflate, owner_digest
-
         got = self._assemble(marker, found)
         if got is None or isinstance(got, str):
             if got:
@@ -364,8 +222,6 @@ class HivemindExchange:
                  is_valid: Callable[[PeerRecord], bool] | None,
                  ends_wait: Callable[[PeerRecord], bool]) -> tuple[list[PeerRecord], int]:
         """This poll's new records, and how many of them end the wait (each also earns its peer read priority)."""
-        from decentrain.algorithms.sapo.dht_guard import rollouts_key
-
         trusted, explore = self.peers.choose(round_, taken)
         if (left := len(self.known) - len(taken) - len(trusted) - len(explore)) > 0:
             self.drops["peer_budget"] += left
@@ -402,8 +258,6 @@ class HivemindExchange:
                  ends_wait: Callable[[PeerRecord], bool] | None = None) -> list[PeerRecord]:
         """Publish, then poll for records until `min_peers` of them pass `is_valid` and `ends_wait`
         (or `wait_s` ends)."""
-        from decentrain.algorithms.sapo.dht_guard import compress
-
         before = sum(self.drops.values()), dict(self.drops)
         data = compress(payload)
         self._remember(payload)  # our own payload coming back under another key is a replay
@@ -432,10 +286,6 @@ class HivemindExchange:
         return out
 
     def _publish(self, round_: int, data: bytes) -> None:
-        from hivemind.utils import get_dht_time
-
-        from decentrain.algorithms.sapo.dht_guard import CHUNK_BYTES, chunk_subkey
-
         chunks = [data[i:i + CHUNK_BYTES] for i in range(0, len(data), CHUNK_BYTES)] or [b""]
         expiration = get_dht_time() + self.hcfg.ttl_s
         # One after another, chunk 0 last: a reader that sees this round's chunk 0 finds the rest.
@@ -453,8 +303,6 @@ class HivemindExchange:
 
     def _count_slow_peers(self) -> None:
         """Peers charged as slow in the DHT process since the last round: counted as drops."""
-        from decentrain.algorithms.sapo.dht_guard import slow_charges
-
         charges = self._result(self.dht.run_coroutine(slow_charges, return_future=True), "dht_call_failed")
         if isinstance(charges, dict) and sum(charges.values()) > self.drops["slow_peer"]:
             self.drops["slow_peer"] = sum(charges.values())  # the DHT process keeps the running total
@@ -487,7 +335,3 @@ class HivemindExchange:
 
     def close(self) -> None:
         self.dht.shutdown()
-
-
-def build_exchange(cfg: ExchangeConfig, world: World, node_id: str) -> RolloutExchange:
-    return EXCHANGES.get(cfg.name, field="exchange.name")(cfg, world, node_id)
