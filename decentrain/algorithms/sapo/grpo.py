@@ -65,7 +65,8 @@ class SAPOLossConfig:
         if self.num_iterations < 1:
             raise ValueError(f"num_iterations={self.num_iterations} must be >= 1")
         if self.max_completion_length is not None and self.max_completion_length < 1:
-            raise ValueError(f"max_completion_length={self.max_completion_length} must be >= 1 (or null: sampling.max_new_tokens)")
+            raise ValueError(f"max_completion_length={self.max_completion_length} must be >= 1 "
+                             "(or null: sampling.max_new_tokens)")
         if not 0.0 < self.spo_rho <= 1.0:
             raise ValueError(f"spo_rho={self.spo_rho} must be in (0, 1]")
         if self.spo_discount not in SPO_DISCOUNTS:
@@ -302,7 +303,8 @@ def policy_loss(
         loss = ((per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1)).sum() / norm.num_sequences
     else:  # dr_grpo
         if cfg.max_completion_length is None:
-            raise ValueError("loss_type='dr_grpo' needs max_completion_length (SAPOConfig sets it to sampling.max_new_tokens)")
+            raise ValueError("loss_type='dr_grpo' needs max_completion_length "
+                             "(SAPOConfig sets it to sampling.max_new_tokens)")
         loss = masked_sum / (norm.num_sequences * cfg.max_completion_length)
 
     is_clipped = ((ratio < 1 - cfg.epsilon) & (adv < 0)) | ((ratio > 1 + cfg.epsilon_high) & (adv > 0))

@@ -511,7 +511,8 @@ class PayloadDecoder:
         result = self._decode(data, current_round, now)
         return result if isinstance(result, RolloutPayload) and self._replayed(result) is None else None
 
-    def __call__(self, data: Any, current_round: int, source: str = "?", now: float | None = None) -> RolloutPayload | None:
+    def __call__(self, data: Any, current_round: int, source: str = "?",
+                 now: float | None = None) -> RolloutPayload | None:
         return self.accept(self._decode(data, current_round, now), source)
 
     def accept(self, result: RolloutPayload | Rejection, source: str = "?") -> RolloutPayload | None:

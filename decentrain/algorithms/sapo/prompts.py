@@ -58,7 +58,8 @@ class ChatTemplate(PromptTemplate):
 
     def __init__(self, cfg: TemplateConfig, tokenizer: Any):
         if getattr(tokenizer, "chat_template", None) is None:
-            raise ValueError(f"template.chat=true needs a tokenizer with a chat template; {type(tokenizer).__name__} has none")
+            raise ValueError(f"template.chat=true needs a tokenizer with a chat template; "
+                             f"{type(tokenizer).__name__} has none")
         super().__init__(cfg)
         self.tokenizer = tokenizer
         self.eos = tokenizer.eos_token

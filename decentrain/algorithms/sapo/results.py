@@ -41,12 +41,18 @@ def heldout_mean(metrics: dict[str, Any]) -> float | None:
 
 
 def round_line(node_id: str, round_: int, metrics: dict[str, Any], swarm_reward: float | None) -> str:
-    """`round 12 node0 | own reward 0.312 (swarm mean 0.280) | batch 0.500 | external groups 4 used of 6 received | held-out 0.250`
-    (the swarm's mean only in a collective job, held-out only in rounds that evaluated it)."""
+    """One console line per round (the swarm's mean only in a collective job, held-out only in rounds that
+    evaluated it), for example
+
+        round 12 node0 | own reward 0.312 (swarm mean 0.280) | batch 0.500 | external groups 4 used of 6 received
+        | held-out 0.250
+
+    on one line."""
     parts = [f"round {round_} {node_id}", f"own reward {metrics.get('reward', float('nan')):.3f}"
              + (f" (swarm mean {swarm_reward:.3f})" if swarm_reward is not None else ""),
              f"batch {metrics.get('batch_reward', float('nan')):.3f}",
-             f"external groups {int(metrics.get('external_groups', 0))} used of {int(metrics.get('external_received', 0))} received"]
+             f"external groups {int(metrics.get('external_groups', 0))} used of "
+             f"{int(metrics.get('external_received', 0))} received"]
     held = heldout_mean(metrics)
     if held is not None:
         parts.append(f"held-out {held:.3f}")
@@ -88,7 +94,8 @@ def summary_line(s: dict[str, Any]) -> str:
 
     return (f"{s['node']}: {s['rounds']} rounds | own reward {f(s['own_reward_first'])} -> {f(s['own_reward_last'])} "
             f"(mean of first/last {s['window_rounds']}) | batch reward mean {f(s['batch_reward_mean'])} | "
-            f"held-out {f(s['heldout_first'])} -> {f(s['heldout_last'])} | external groups used {s['external_groups_used']}")
+            f"held-out {f(s['heldout_first'])} -> {f(s['heldout_last'])} | "
+            f"external groups used {s['external_groups_used']}")
 
 
 def plot_rewards(rows: list[dict], held: list[tuple[int, float]], out_png: Path, title: str) -> Path:

@@ -10,10 +10,10 @@ Keys are free, so a per-sender limit alone lets N fresh identities cost N times 
 also has a cap over all senders (`payload.round_budget_s`), split before any work among the
 senders of the round (`split_round_budget`): half by merit, each sender's decayed count of groups
 drawn into this node's batches (usable groups, at most a fair share of J per round, so offering
-many groups earns no more), and half equally over every sender, so a newcomer can earn merit. Merited senders are served first: the cap is checked
-before each rebuild or scoring, so N fresh identities cost at most the cap plus one operation,
-and they cannot spend what the merited senders were given. Hand-written: no library budgets
-work per untrusted sender.
+many groups earns no more), and half equally over every sender, so a newcomer can earn merit.
+Merited senders are served first: the cap is checked before each rebuild or scoring, so N fresh
+identities cost at most the cap plus one operation, and they cannot spend what the merited
+senders were given. Hand-written: no library budgets work per untrusted sender.
 """
 
 from __future__ import annotations
@@ -74,7 +74,8 @@ class SenderBudget:
 
     def plan(self, senders: Iterable[str]) -> list[str]:
         """Split the round cap over `senders`; return them in serving order: most merit first."""
-        order = sorted(dict.fromkeys(senders), key=lambda s: -self.merit.get(s, 0.0))  # stable: arrival order among ties
+        # stable: arrival order among ties
+        order = sorted(dict.fromkeys(senders), key=lambda s: -self.merit.get(s, 0.0))
         self.allowance = split_round_budget(self.round_limit_s, order, self.merit, self.limit_s)
         return order
 

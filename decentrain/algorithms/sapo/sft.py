@@ -49,14 +49,16 @@ def collate(examples: list[tuple[list[int], list[int]]], pad_id: int) -> dict[st
 
 
 def answer_loss(model: Any, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False).logits[:, :-1].float()
-    labels = batch["labels"][:, 1:]
-    return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), labels.reshape(-1), ignore_index=IGNORE_INDEX)
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False).logits
+    logits, labels = logits[:, :-1].float(), batch["labels"][:, 1:]
+    return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), labels.reshape(-1),
+                                             ignore_index=IGNORE_INDEX)
 
 
 @torch.no_grad()
 def evaluate_accuracy(model: Any, tokenizer: Any, task_cfg: TaskMixConfig, template: PromptTemplate,
-                      sampling: SamplingConfig, prompts_per_task: int, num_generations: int, seed: int) -> dict[str, Any]:
+                      sampling: SamplingConfig, prompts_per_task: int, num_generations: int,
+                      seed: int) -> dict[str, Any]:
     """Per-task sampled accuracy (G completions per prompt, as RL sees it), mixed-reward prompts, greedy accuracy."""
     verifier = Verifier(template)
     out: dict[str, Any] = {}
@@ -70,7 +72,8 @@ def evaluate_accuracy(model: Any, tokenizer: Any, task_cfg: TaskMixConfig, templ
         greedy_cfg = SamplingConfig(**{**sampling.__dict__, "temperature": 0.0})
         greedy = HFGenerationBackend(model, tokenizer, greedy_cfg).generate(prompts, 1, seed=seed)
         # Accuracy counts exact answers; reasoning-gym gives partial credit (e.g. 0.01) to some wrong ones.
-        scores = np.array([[verifier.correctness(it, c) >= 1.0 for c in comps] for it, comps in zip(items, sampled)], dtype=float)
+        scores = np.array([[verifier.correctness(it, c) >= 1.0 for c in comps] for it, comps in zip(items, sampled)],
+                          dtype=float)
         out[task] = {
             "sampled_accuracy": float(scores.mean()),
             "mixed_groups": int(((scores.max(1) != scores.min(1))).sum()),
@@ -101,12 +104,14 @@ def run_sft(cfg: SFTConfig, run_dir: Path) -> dict[str, Any]:
     optimizer = torch.optim.AdamW(trainable_parameters(model), lr=cfg.sft.lr, weight_decay=cfg.sft.weight_decay)
     rng = np.random.default_rng(cfg.sft.seed)
     log = MetricsLogger(cfg.logger, run_dir, rank=0, total_steps=cfg.sft.steps)
-    sampling = template.sampling(cfg.sampling)  # a line answer stops at the stop string, a chat turn at its end-of-turn token
+    # a line answer stops at the stop string, a chat turn at its end-of-turn token
+    sampling = template.sampling(cfg.sampling)
     start = time.perf_counter()
     model.train()
     try:
         for step in range(cfg.sft.steps):
-            batch = collate([encode_example(it, template, tokenizer) for it in mixture.sample(cfg.sft.batch_size, rng)], pad_id)
+            examples = [encode_example(it, template, tokenizer) for it in mixture.sample(cfg.sft.batch_size, rng)]
+            batch = collate(examples, pad_id)
             batch = {k: v.to(device) for k, v in batch.items()}
             for group in optimizer.param_groups:
                 group["lr"] = _lr_at(step, cfg.sft)

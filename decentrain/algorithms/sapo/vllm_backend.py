@@ -38,7 +38,8 @@ def vllm_sampling_params(cfg: SamplingConfig, n: int, max_new_tokens: int, tempe
 class VLLMGenerationBackend:
     """`GenerationBackend` on a colocated `vllm.LLM`."""
 
-    def __init__(self, model: Any, tokenizer: Any, cfg: SamplingConfig | None = None, gpu_memory_utilization: float = 0.3):
+    def __init__(self, model: Any, tokenizer: Any, cfg: SamplingConfig | None = None,
+                 gpu_memory_utilization: float = 0.3):
         import vllm  # raises ImportError with the package's own message when missing
 
         self.vllm, self.model, self.tokenizer = vllm, model, tokenizer
