@@ -40,7 +40,7 @@ from omegaconf import OmegaConf
 from benchmarks.harness import RESULTS, Harness, config_parser, fmt, header, mean_std, parse, reanalyse, save_figure
 from decentrain.algorithms.hdee.compute_budget import plan_costs
 from decentrain.algorithms.hdee.config import check_plan, eval_domains, hdee_config_from_dict, plan_domains
-from decentrain.config import register_hdee_configs
+from decentrain.config import register_configs
 from decentrain.algorithms.hdee.evaluate import EnsembleScorer
 from decentrain.algorithms.hdee.train import run_stage
 from decentrain.core.world import World
@@ -128,7 +128,7 @@ def main() -> None:
     nseeds, allow_dirty, fresh, parallel = args.pop("seeds"), args.pop("allow_dirty"), args.pop("fresh"), args.pop("parallel")
     probe, regen = args.pop("probe_steps"), args.pop("regenerate")
     bench = BenchConfig(**args)
-    register_hdee_configs()
+    register_configs("hdee")
     if regen:
         return regenerate(RESULTS / "hdee_ensemble.json", allow_dirty)
     if probe:

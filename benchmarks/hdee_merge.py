@@ -74,9 +74,9 @@ def merge_config(sched: dict, budget: int, seed: int, b: BenchConfig, lam: float
     from benchmarks import hdee_schedule as H
     from decentrain.algorithms.hdee.merge import ExpertSource, MergeConfig
     from decentrain.algorithms.hdee.train import model_dir
-    from decentrain.config import register_hdee_configs
+    from decentrain.config import register_configs
 
-    register_hdee_configs()
+    register_configs("hdee")
 
     sb = H.BenchConfig(**sched["config"]["bench"])
     lanes = [lane["domains"] for lane in sched["figures"]["lanes"]]

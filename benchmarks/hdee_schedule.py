@@ -85,7 +85,7 @@ from decentrain.algorithms.hdee.config import eval_domains
 from decentrain.algorithms.hdee.plan import LaneConfig, run_name
 from decentrain.algorithms.hdee.train import model_dir, run_stage
 from decentrain.algorithms.pretraining.trainer import evaluate
-from decentrain.config import register_hdee_configs
+from decentrain.config import register_configs
 from decentrain.core.comm.ensemble import token_logprobs
 from decentrain.core.world import World
 from decentrain.data.blocks import build_corpus
@@ -379,7 +379,7 @@ def main() -> None:
     if again:
         print(reanalyse(RESULTS / "hdee_schedule.json", figures_of, text, plot, allow_dirty=allow_dirty)["txt"].read_text())
         return
-    register_hdee_configs()
+    register_configs("hdee")
     budgets = [int(x) for x in b.budgets.split(",")]
     hz = Harness("hdee_schedule", __file__, {"bench": asdict(b), "seeds": list(range(nseeds))}, allow_dirty=allow_dirty, fresh=fresh, smoke=smoke)
     sizes = [z for z in WIDTHS if any(z in x for x in LANE_SIZES.values())]  # S, M, L

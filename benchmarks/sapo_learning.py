@@ -78,9 +78,9 @@ def run_trl(b: BenchConfig, lr: float, seed: int, model_dir: Path, run_dir: Path
     from omegaconf import OmegaConf
     from hydra import compose, initialize_config_dir
 
-    from decentrain.algorithms.sapo.config import register_sapo_configs
+    from decentrain.config import register_configs
 
-    register_sapo_configs()
+    register_configs("sapo")
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         raw = OmegaConf.to_container(compose("rl", overrides=[o for o in node_overrides(b, lr, seed, model_dir, run_dir)
                                                                if not o.startswith("run_dir")] + ["run_dir=unused"]), resolve=True)

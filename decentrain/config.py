@@ -4,8 +4,9 @@ Schemas live next to what they build (ModelConfig in models/, DataConfig in data
 TrainConfig/LoopConfig in algorithms/pretraining/config.py, OptimConfig and EngineConfig in
 algorithms/pretraining/engines/, LauncherConfig in core/launch/, each algorithm's config in its
 package). This module imports every loop algorithm (found by its registration, which it runs), converts
-Hydra's resolved dict into those dataclasses once, and registers the schemas with
-Hydra's ConfigStore. Nothing in decentrain/ imports it; recipes, tests and benchmarks do.
+Hydra's resolved dict into those dataclasses once, and registers every recipe's schemas with Hydra's
+ConfigStore (register_configs: the one place; SAPO's, HDEE's and DEI's only for the recipes that ask).
+Nothing in decentrain/ imports it; recipes, tests and benchmarks do.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import difflib
 from dataclasses import fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from omegaconf import OmegaConf
 
@@ -25,18 +26,19 @@ from decentrain.algorithms.pretraining.engines import ENGINES, SCHEDULES, OptimC
 from decentrain.algorithms.pretraining.transports import TRANSPORTS
 from decentrain.core.launch.config import LAUNCHERS, LauncherConfig
 from decentrain.core.metrics import LoggerConfig
-from decentrain.core.registry import discover_marked
+from decentrain.core.registry import Registry, discover_marked
 from decentrain.core.typed import renamed_key, typed
 from decentrain.data.blocks import DataConfig
 from decentrain.models.factory import ModelConfig
 
 # every loop algorithm registers itself: the modules under algorithms/ that use the decorator are imported
 # (ddp, diloco, streaming_diloco, noloco, sparseloco); adding one is a module plus conf/algorithm/<name>.yaml
-LOOP_ALGORITHM_MODULES = discover_marked(algorithms.__name__, Path(algorithms.__file__).parent, ("@ALGORITHMS.register(",))
+LOOP_ALGORITHM_MODULES = discover_marked(algorithms.__name__, Path(algorithms.__file__).parent,
+                                        ("@ALGORITHMS.register(",))
 
 # callers above the library (recipes, tests, benchmarks) import the run's schemas from here
 __all__ = ["LAUNCHERS", "SCHEDULES", "LauncherConfig", "LoopConfig", "OptimConfig", "TrainConfig", "check_data_fits",
-           "check_overrides", "check_run_dir", "config_from_dict", "register_configs", "register_hdee_configs", "validate"]
+           "check_overrides", "check_run_dir", "config_from_dict", "register_configs", "schemas", "validate"]
 
 
 def config_from_dict(raw: dict[str, Any]) -> TrainConfig:
@@ -50,32 +52,62 @@ def config_from_dict(raw: dict[str, Any]) -> TrainConfig:
     return typed(TrainConfig, raw)
 
 
-def register_configs() -> None:
-    """Store the schemas in Hydra's ConfigStore; conf/ YAML files extend them (`<name>_schema`)."""
+# conf/<group>/*.yaml extend `<group>_schema`
+GROUP_SCHEMAS: dict[str, type] = {"model": ModelConfig, "data": DataConfig, "logger": LoggerConfig,
+                                  "launcher": LauncherConfig}
+# conf/<group>/<name>.yaml extends `<name>_schema`, the config class of entry <name> of the group's registry
+REGISTRY_GROUPS: dict[str, Registry] = {"algorithm": ALGORITHMS, "algorithm/outer_optimizer": OUTER_OPTIMIZERS,
+                                        "engine": ENGINES, "transport": TRANSPORTS}
+
+# the top-level schemas of the other recipes, by family: each imported only by the recipes that ask for it
+# (SAPO's config pulls in reasoning-gym, ~1.8 s that `decentrain train` should not pay)
+FAMILY_SCHEMAS: Registry[Callable[[], dict[str, type]]] = Registry("schema family")
+
+
+@FAMILY_SCHEMAS.register("hdee")
+def _hdee_schemas() -> dict[str, type]:
+    from decentrain.algorithms.hdee.config import HdeeConfig
+
+    return {"hdee_schema": HdeeConfig}
+
+
+@FAMILY_SCHEMAS.register("sapo")
+def _sapo_schemas() -> dict[str, type]:
+    from decentrain.algorithms.sapo.config import SAPOConfig, SFTConfig
+    from decentrain.tasks import TaskMixConfig
+
+    return {"rl_schema": SAPOConfig, "sft_schema": SFTConfig, "task/task_schema": TaskMixConfig}
+
+
+@FAMILY_SCHEMAS.register("dei")
+def _dei_schemas() -> dict[str, type]:
+    from decentrain.algorithms.dei.config import DEIConfig
+
+    return {"dei_schema": DEIConfig}
+
+
+def schemas(*families: str) -> dict[str, type]:
+    """Every schema conf/ extends, by its ConfigStore path (`[<group>/]<name>_schema`): `train_schema`, the
+    shared groups', each registry entry's, and the top-level schemas of `families` (FAMILY_SCHEMAS)."""
+    out: dict[str, type] = {"train_schema": TrainConfig}
+    out |= {f"{group}/{group}_schema": cls for group, cls in GROUP_SCHEMAS.items()}
+    for group, registry in REGISTRY_GROUPS.items():
+        out |= {f"{group}/{name}_schema": cls for name, cls in registry.configs().items()}
+    for family in families:
+        out |= FAMILY_SCHEMAS.get(family, field="register_configs family")()
+    return out
+
+
+def register_configs(*families: str) -> None:
+    """Store the schemas in Hydra's ConfigStore, the one place they are registered; conf/ YAML files extend
+    them (`defaults: [<name>_schema]`). A recipe calls it once at import, naming the families whose top-level
+    schemas it composes beyond `train_schema` (`register_configs("sapo")` for rl_schema and sft_schema)."""
     from hydra.core.config_store import ConfigStore
 
     cs = ConfigStore.instance()
-    cs.store(name="train_schema", node=TrainConfig)
-    for name in ALGORITHMS.names():
-        cs.store(group="algorithm", name=f"{name}_schema", node=ALGORITHMS.get(name).config_cls)
-    for name in OUTER_OPTIMIZERS.names():  # conf/algorithm/outer_optimizer/*.yaml extend a rule's own config class
-        cs.store(group="algorithm/outer_optimizer", name=f"{name}_schema", node=OUTER_OPTIMIZERS.get(name).config_cls)
-    for name in TRANSPORTS.names():  # conf/transport/<name>.yaml extends its entry's own config class
-        cs.store(group="transport", name=f"{name}_schema", node=TRANSPORTS.get(name).config_cls)
-    for group, cls in (("model", ModelConfig), ("data", DataConfig), ("logger", LoggerConfig), ("launcher", LauncherConfig)):
-        cs.store(group=group, name=f"{group}_schema", node=cls)
-    for name in ENGINES.names():  # conf/engine/*.yaml extend the engine's own config class
-        cs.store(group="engine", name=f"{name}_schema", node=ENGINES.get(name).config_cls)
-
-
-def register_hdee_configs() -> None:
-    """Store `hdee_schema` (and the shared group schemas it composes) in Hydra's ConfigStore."""
-    from hydra.core.config_store import ConfigStore
-
-    from decentrain.algorithms.hdee.config import HdeeConfig  # only the HDEE recipes pay for importing HDEE
-
-    register_configs()  # model_schema, data_schema, logger_schema, launcher_schema
-    ConfigStore.instance().store(name="hdee_schema", node=HdeeConfig)
+    for path, node in schemas(*families).items():
+        group, _, name = path.rpartition("/")
+        cs.store(group=group or None, name=name, node=node)
 
 
 def _group_options(conf_dir: Path, group: str) -> list[str]:

@@ -18,14 +18,15 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from decentrain.algorithms.dei.config import DEIConfig, register_dei_configs
+from decentrain.algorithms.dei.config import DEIConfig
 from decentrain.algorithms.dei.pmars import PMarsUnavailable
 from decentrain.algorithms.dei.run import preflight, run_node, summarize
+from decentrain.config import register_configs
 from decentrain.core.launch.launcher import launch_survivors
 from decentrain.core.world import read_launch_env
 from recipes import conf_dir, run, typed_config
 
-register_dei_configs()
+register_configs("dei")
 log = logging.getLogger(__name__)
 
 

@@ -19,12 +19,12 @@ from omegaconf import DictConfig, OmegaConf
 
 from decentrain.algorithms.hdee.config import hdee_config_from_dict, load_saved_config
 from decentrain.algorithms.hdee.evaluate import EnsembleScorer, check_saved_plan, expert_refs, format_table
-from decentrain.config import register_hdee_configs
+from decentrain.config import register_configs
 from decentrain.core.world import init_world
 from recipes import conf_dir
 
 CONF_DIR = conf_dir()
-register_hdee_configs()
+register_configs("hdee")
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="hdee")

@@ -27,14 +27,14 @@ from decentrain.algorithms.base import ALGORITHMS
 from decentrain.algorithms.hdee.config import check_plan, hdee_config_from_dict, save_config
 from decentrain.algorithms.hdee.jobs import child_jobs, run_jobs
 from decentrain.algorithms.hdee.train import run_stage
-from decentrain.config import register_hdee_configs
+from decentrain.config import register_configs
 from decentrain.core.launch.launcher import check_placement, exit_survivor, launch_job
 from decentrain.core.world import init_world, read_launch_env
 from recipes import conf_dir
 
 CONF_DIR = conf_dir()
 MODULE = "recipes.hdee_train"
-register_hdee_configs()
+register_configs("hdee")
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="hdee")

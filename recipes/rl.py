@@ -16,9 +16,10 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from decentrain.algorithms.sapo.config import SAPOConfig, register_sapo_configs, sapo_config_from_dict
+from decentrain.algorithms.sapo.config import SAPOConfig, sapo_config_from_dict
 from decentrain.algorithms.sapo.exchange import EXCHANGES
 from decentrain.algorithms.sapo.rounds import run_sapo
+from decentrain.config import register_configs
 from decentrain.core.comm.bytes_comm import agree_run_dir
 from decentrain.core.launch.launcher import check_placement, launch_workers
 from decentrain.core.world import init_world, local_world, read_launch_env
@@ -26,7 +27,7 @@ from decentrain.models.factory import check_model_paths
 from recipes import conf_dir, run
 
 CONF_DIR = conf_dir()
-register_sapo_configs()
+register_configs("sapo")
 
 
 def to_config(dcfg: DictConfig) -> SAPOConfig:

@@ -13,13 +13,14 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from decentrain.algorithms.sapo.config import SFTConfig, register_sapo_configs
+from decentrain.algorithms.sapo.config import SFTConfig
 from decentrain.algorithms.sapo.sft import run_sft
+from decentrain.config import register_configs
 from decentrain.models.factory import check_model_paths
 from recipes import conf_dir, run, typed_config
 
 CONF_DIR = conf_dir()
-register_sapo_configs()
+register_configs("sapo")
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="sft")

@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import pkgutil
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Callable, Generic, Iterable, Sequence, TypeVar
 

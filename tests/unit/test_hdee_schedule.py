@@ -153,9 +153,9 @@ def test_bench_het_sizes_plan_matches_the_homogeneous_compute_and_shares_its_m_l
     at the homogeneous steps: the same non-embedding FLOPs as homogeneous, and the M lane is homogeneous's own."""
     from benchmarks import hdee_schedule as H
     from decentrain.algorithms.hdee.config import check_plan
-    from decentrain.config import register_hdee_configs
+    from decentrain.config import register_configs
 
-    register_hdee_configs()
+    register_configs("hdee")
     b = H.BenchConfig(seed_steps=8, work_dir=str(tmp_path))
     lanes = [["python_stdlib", "python_docs"], ["c_headers", "arithmetic"], ["changelogs", "licenses"]]
     cfgs = {v: H.plan_config(b, v, 16, lanes, 0) for v in H.PLANS}
@@ -174,9 +174,9 @@ def test_ensemble_bench_drops_the_lane_both_plans_share():
     and het_sizes alike: the same run, so its domains are ties, never wins (main counted changelogs'
     +0.02 % +- 0.01 as a het_steps win)."""
     from benchmarks import hdee_ensemble as E
-    from decentrain.config import register_hdee_configs
+    from decentrain.config import register_configs
 
-    register_hdee_configs()
+    register_configs("hdee")
     bench = E.BenchConfig()
     cfgs = {v: E.compose_variant(bench, v, 0)[1] for v in E.VARIANTS}
     assert E.structural_ties(cfgs["homogeneous"], cfgs["het_steps"]) == ["c_headers", "changelogs"]

@@ -7,9 +7,10 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from decentrain.algorithms.sapo.config import NodeOverride, SAPOConfig, register_sapo_configs
+from decentrain.algorithms.sapo.config import NodeOverride, SAPOConfig
 from decentrain.algorithms.sapo.generation import SamplingConfig
 from decentrain.algorithms.sapo.grpo import LossNorm, SAPOLossConfig, policy_loss
+from decentrain.config import register_configs
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 
@@ -46,7 +47,7 @@ def test_a_node_with_its_own_generation_cap_normalises_by_it():
 
 
 def test_the_rl_recipe_config_has_one_completion_length():
-    register_sapo_configs()
+    register_configs("sapo")
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         dcfg = compose("rl", overrides=["run_dir=/tmp/x", "loss.loss_type=dr_grpo"])
     cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(SAPOConfig), OmegaConf.to_container(dcfg, resolve=True)))

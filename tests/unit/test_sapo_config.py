@@ -7,10 +7,11 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from decentrain.algorithms.sapo.batching import SwarmBatchConfig
-from decentrain.algorithms.sapo.config import NodeOverride, RLLoopConfig, SAPOConfig, register_sapo_configs
+from decentrain.algorithms.sapo.config import NodeOverride, RLLoopConfig, SAPOConfig
 from decentrain.algorithms.sapo.exchange import ExchangeConfig
 from decentrain.algorithms.sapo.grpo import SAPOLossConfig
 from decentrain.algorithms.sapo.payload import PayloadLimits
+from decentrain.config import register_configs
 from decentrain.tasks import TaskMixConfig
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
@@ -57,7 +58,7 @@ def test_node_overrides_resolve_and_fail_naming_the_field():
 
 @pytest.mark.parametrize("preset", ["swarm_8_0", "swarm_6_2", "swarm_4_4", "swarm_2_6", "silo", "hivemind", "heterogeneous", "learn_cpu"])
 def test_rl_presets_compose_to_typed_config(preset):
-    register_sapo_configs()
+    register_configs("sapo")
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         dcfg = compose("rl", overrides=[f"sapo={preset}", "run_dir=/tmp/x"])
     cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(SAPOConfig), OmegaConf.to_container(dcfg, resolve=True)))
@@ -73,7 +74,7 @@ def test_rl_presets_compose_to_typed_config(preset):
 
 
 def test_sft_config_composes():
-    register_sapo_configs()
+    register_configs("sapo")
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         dcfg = compose("sft", overrides=["run_dir=/tmp/x", "sft.steps=3"])
     assert dcfg.sft.steps == 3 and dcfg.model.hidden_size == 192

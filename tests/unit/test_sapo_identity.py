@@ -7,7 +7,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from decentrain.algorithms.sapo.config import SAPOConfig, register_sapo_configs
+from decentrain.algorithms.sapo.config import SAPOConfig
+from decentrain.config import register_configs
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 
@@ -38,7 +39,7 @@ def test_unvetted_task_in_a_node_override_fails_naming_it():
 
 
 def test_recipe_config_refuses_empty_key_and_unvetted_task():
-    register_sapo_configs()
+    register_configs("sapo")
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         for override, match in (("swarm_key=''", "swarm_key"), ("task.tasks=[composite]", "not a vetted task")):
             cfg = compose(config_name="rl", overrides=[override, "run_dir=/tmp/x"])

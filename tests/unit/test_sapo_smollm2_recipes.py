@@ -8,14 +8,15 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from decentrain.algorithms.sapo.config import SAPOConfig, SFTConfig, register_sapo_configs
+from decentrain.algorithms.sapo.config import SAPOConfig, SFTConfig
+from decentrain.config import register_configs
 from decentrain.core.metrics import read_jsonl
 from decentrain.testing.recipes import run_recipe
 from recipes import conf_dir, typed_config
 
 
 def _compose(name, *overrides):
-    register_sapo_configs()
+    register_configs("sapo")
     with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
         dcfg = compose(name, overrides=[*overrides, "run_dir=/tmp/x"])
     return typed_config(OmegaConf.to_container(dcfg, resolve=True), SAPOConfig if name == "rl" else SFTConfig)

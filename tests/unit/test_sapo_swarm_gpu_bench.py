@@ -14,7 +14,8 @@ from omegaconf import OmegaConf
 
 from benchmarks import sapo_swarm_gpu as bench
 from benchmarks.common import ROOT
-from decentrain.algorithms.sapo.config import SAPOConfig, register_sapo_configs
+from decentrain.algorithms.sapo.config import SAPOConfig
+from decentrain.config import register_configs
 from recipes import conf_dir, typed_config
 
 
@@ -23,7 +24,7 @@ def test_each_arm_composes_to_the_swarm_it_names(arm):
     b = bench.BenchConfig()
     models = [Path(f"/ckpt/warm{k}") for k in range(3)]
     overrides = bench.rl_overrides(b, arm, 5, models, "cuda", Path("/tmp/run"))
-    register_sapo_configs()
+    register_configs("sapo")
     with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
         dcfg = compose("rl", overrides=overrides)
     cfg = typed_config(OmegaConf.to_container(dcfg, resolve=True), SAPOConfig)

@@ -138,10 +138,3 @@ def check_run_dir(run_dir: str) -> None:
         if not stat.S_ISDIR(mode):
             raise ValueError(f"run_dir={run_dir}: {p} is not a directory")
         return
-
-
-def register_dei_configs() -> None:
-    """Store the schema in Hydra's ConfigStore (`dei_schema`)."""
-    from hydra.core.config_store import ConfigStore
-
-    ConfigStore.instance().store(name="dei_schema", node=DEIConfig)

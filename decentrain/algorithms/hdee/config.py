@@ -1,7 +1,7 @@
 """The typed configuration of an HDEE run (train and evaluate) and its one-time conversion from Hydra.
 
 `HdeeConfig` holds the plan plus the shared model/data/optimizer/loop settings that
-every seed and expert job uses. Recipes call `register_hdee_configs()` (in
+every seed and expert job uses. Recipes call `register_configs("hdee")` (in
 decentrain/config.py, the composition root) once, compose `conf/hdee.yaml`, and convert
 the resolved dict with `hdee_config_from_dict`; library code below only ever sees these
 dataclasses. `job.algorithm` is typed by the algorithm registry from its `name` (the

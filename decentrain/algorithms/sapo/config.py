@@ -284,14 +284,3 @@ def sapo_config_from_dict(raw: dict[str, Any]) -> SAPOConfig:
         return typed(SAPOConfig, raw)  # the one conversion every recipe ends in (core/typed.py)
     except OmegaConfBaseException as e:
         raise ValueError(f"{getattr(e, 'full_key', '') or 'config'}: {' '.join(str(e).split()[:12])}") from None
-
-
-def register_sapo_configs() -> None:
-    """Store the schemas in Hydra's ConfigStore (`rl_schema`, `sft_schema`, group schemas)."""
-    from hydra.core.config_store import ConfigStore
-
-    cs = ConfigStore.instance()
-    cs.store(name="rl_schema", node=SAPOConfig)
-    cs.store(name="sft_schema", node=SFTConfig)
-    for group, cls in (("model", ModelConfig), ("task", TaskMixConfig), ("logger", LoggerConfig)):
-        cs.store(group=group, name=f"{group}_schema", node=cls)
