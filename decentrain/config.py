@@ -53,11 +53,10 @@ def config_from_dict(raw: dict[str, Any]) -> TrainConfig:
 
 
 # conf/<group>/*.yaml extend `<group>_schema`
-GROUP_SCHEMAS: dict[str, type] = {"model": ModelConfig, "data": DataConfig, "logger": LoggerConfig,
-                                  "launcher": LauncherConfig}
+GROUP_SCHEMAS: dict[str, type] = {"model": ModelConfig, "data": DataConfig, "logger": LoggerConfig}
 # conf/<group>/<name>.yaml extends `<name>_schema`, the config class of entry <name> of the group's registry
 REGISTRY_GROUPS: dict[str, Registry] = {"algorithm": ALGORITHMS, "algorithm/outer_optimizer": OUTER_OPTIMIZERS,
-                                        "engine": ENGINES, "transport": TRANSPORTS}
+                                        "engine": ENGINES, "transport": TRANSPORTS, "launcher": LAUNCHERS}
 
 # the top-level schemas of the other recipes, by family: each imported only by the recipes that ask for it
 # (SAPO's config pulls in reasoning-gym, ~1.8 s that `decentrain train` should not pay)
@@ -184,9 +183,11 @@ def check_overrides(conf_dir: Path, config_name: str, args: list[str]) -> str | 
 
 
 def _removed_key(tree: Any, key: str) -> str | None:
-    """`algorithm.<old>` for a key the composed algorithm's config renamed: the one line naming the new key."""
+    """`<section>.<old>` for a key the composed section's config class renamed or moved (`algorithm.outer_lr`,
+    `launcher.replicas`): the one line naming the new key."""
     section, _, rest = key.partition(".")
-    algo = tree.get("algorithm") if isinstance(tree, dict) else None
-    if section != "algorithm" or not isinstance(algo, dict) or algo.get("name") not in ALGORITHMS:
+    node = tree.get(section) if isinstance(tree, dict) else None
+    registry = REGISTRY_GROUPS.get(section)
+    if registry is None or not isinstance(node, dict) or node.get("name") not in registry:
         return None
-    return renamed_key(ALGORITHMS.get(algo["name"]).config_cls, [rest.split(".")[0]], "algorithm")
+    return renamed_key(registry.config_cls(node["name"]), [rest.split(".")[0]], section)

@@ -28,7 +28,8 @@ from decentrain.algorithms.hdee.config import check_plan, hdee_config_from_dict,
 from decentrain.algorithms.hdee.jobs import child_jobs, run_jobs
 from decentrain.algorithms.hdee.train import run_stage
 from decentrain.config import register_configs
-from decentrain.core.launch.launcher import check_placement, exit_survivor, launch_job
+from decentrain.core.launch.config import LAUNCHERS
+from decentrain.core.launch.launcher import check_placement, exit_survivor
 from decentrain.core.world import init_world, read_launch_env
 from recipes import conf_dir
 
@@ -65,8 +66,9 @@ def main(dcfg: DictConfig) -> None:
         if (cfg.launcher.world_size or 1) > 1:
             job = f"{cfg.job.stage}{'' if cfg.job.index is None else cfg.job.index}"
             try:  # a gossip job.algorithm gets the survivor launcher: a dead worker costs its partner a round
-                launch_job([*overrides, f"ensemble_dir={root}", f"hydra.run.dir={root}"], cfg.launcher, module=MODULE,
-                           run_dir=root / "jobs" / job, survivors=algorithm.survives_peer_loss)
+                LAUNCHERS.get(cfg.launcher.name).launch([*overrides, f"ensemble_dir={root}", f"hydra.run.dir={root}"],
+                                                        cfg.launcher, module=MODULE, run_dir=root / "jobs" / job,
+                                                        survivors=algorithm.survives_peer_loss)
             except RuntimeError as e:
                 sys.exit(f"[hdee] {e}")
             return

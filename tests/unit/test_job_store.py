@@ -12,7 +12,7 @@ import pytest
 
 from decentrain.core.comm.incarnation import INCARNATION_KEY, SECRET_ENV, IncarnationCheck, LauncherKey
 from decentrain.core.comm.job_store import connect, parse_endpoint
-from decentrain.core.launch.config import LauncherConfig
+from decentrain.core.launch.config import LAUNCHERS, HostsConfig
 from decentrain.core.launch.launcher import HostSlot, launch_survivors
 from decentrain.testing import rerun_unprivileged, start_store
 
@@ -27,16 +27,16 @@ signal.pause()
 @pytest.mark.parametrize("bad", ["", "host", "host:", ":29400", "host:0", "host:70000", "host:29a"])
 def test_a_bad_store_address_fails_in_one_line_naming_the_field(bad):
     with pytest.raises(ValueError, match=r"^launcher\.store="):
-        LauncherConfig(name="hosts", nnodes=2, store=bad, job_id="j")
+        HostsConfig(nnodes=2, store=bad, job_id="j")
 
 
 def test_hosts_launcher_config_checks_node_rank_and_job_id():
     with pytest.raises(ValueError, match=r"^launcher\.node_rank=2"):
-        LauncherConfig(name="hosts", nnodes=2, store="h:1", node_rank=2, job_id="j")
+        HostsConfig(nnodes=2, store="h:1", node_rank=2, job_id="j")
     with pytest.raises(ValueError, match=r"^launcher\.job_id="):
-        LauncherConfig(name="hosts", nnodes=2, store="h:1", job_id="a b")
-    with pytest.raises(ValueError, match=r"^launcher\.store="):
-        LauncherConfig(name="local", store="h:1")
+        HostsConfig(nnodes=2, store="h:1", job_id="a b")
+    with pytest.raises(ValueError, match=r"^launcher: unknown field\(s\) \['store'\]"):  # the job store is hosts' own
+        LAUNCHERS.config({"name": "local", "store": "h:1"})
     assert parse_endpoint("[::1]:29400") == ("::1", 29400)
 
 

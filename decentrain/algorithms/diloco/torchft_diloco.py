@@ -183,9 +183,11 @@ class TorchFTStreamingDiLoCo(TorchFTDiLoCo):
         check_one_rank(cfg, world_size)
         h, p, tau = cfg.inner_steps, cfg.num_fragments, cfg.overlap_steps
         if h % p:
-            raise ValueError(f"algorithm.inner_steps={h} must be a multiple of algorithm.num_fragments={p} with torchft")
+            raise ValueError(f"algorithm.inner_steps={h} must be a multiple of algorithm.num_fragments={p} "
+                             "with transport=torchft")
         if tau >= h // p:
-            raise ValueError(f"algorithm.overlap_steps={tau} must be < inner_steps/num_fragments={h // p} with torchft")
+            raise ValueError(f"algorithm.overlap_steps={tau} must be < inner_steps/num_fragments={h // p} "
+                             "with transport=torchft")
         if cfg.quantization != "none":
             raise ValueError(f"algorithm.quantization={cfg.quantization!r} with transport=torchft; allowed: none")
 

@@ -150,7 +150,8 @@ class Trainer:
         # the batch order over the training blocks: each rank its slice of one seeded order, unless the transport
         # gives its own (torchft's replica groups each read their own slice: TransportSpec.sampler)
         n = len(self.train_blocks)
-        self.sampler = sampler(n) if sampler else ShardedSampler(n, loop.global_batch_size, world.rank, world.world_size, loop.seed)
+        self.sampler = (sampler(n) if sampler else
+                        ShardedSampler(n, loop.global_batch_size, world.rank, world.world_size, loop.seed))
         self.accum = loop.global_batch_size // (world.world_size * loop.micro_batch_size)
         layout = layout or replica_layout(world, 1)
         self.engine = ENGINES.get(engine.name)(engine, optim, loop, layout, self.model, self.accum)

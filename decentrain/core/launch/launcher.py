@@ -30,7 +30,6 @@ from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from decentrain.core.comm.incarnation import SECRET_ENV, LauncherKey
 from decentrain.core.comm.job_store import connect, parse_endpoint
-from decentrain.core.launch.config import LauncherConfig
 from decentrain.core.world import Placement, plan_placement, read_launch_env, shared_store_prefix, visible_gpus
 
 log = logging.getLogger(__name__)
@@ -63,23 +62,6 @@ def launch_workers(argv: list[str], nproc_per_node: int, nnodes: int = 1, rdzv_e
         monitor_interval=0.2,
     )
     elastic_launch(config, entrypoint=sys.executable)("-u", "-m", module, *argv)
-
-
-def launch_job(argv: list[str], cfg: LauncherConfig, *, module: str, run_dir: str | os.PathLike,
-               survivors: bool) -> None:
-    """Start one job's `launcher.nproc_per_node` workers (`python -m <module> <argv>`) and wait for them.
-
-    `survivors` (the algorithm's `survives_peer_loss`) on one node, or on several with a job store
-    (`launcher.store`): `launch_survivors`, so a dead worker (or host) costs its partners a round,
-    not the job; RuntimeError when no worker finished here. Otherwise torch elastic
-    (`launch_workers`, as torchrun runs it): one failure stops all, `max_restarts` restarts the group.
-    """
-    if survivors and (cfg.nnodes == 1 or cfg.store):
-        launch_survivors(argv, cfg.nproc_per_node, run_dir, module=module, max_restarts=cfg.max_restarts,
-                         slot=HostSlot.of(cfg))
-    else:
-        launch_workers(argv, cfg.nproc_per_node, cfg.nnodes, cfg.rdzv_endpoint, cfg.max_restarts, module=module,
-                       run_id=cfg.job_id or None)
 
 
 def stop_all(procs: Iterable[subprocess.Popen], grace_s: float = 10.0) -> None:
@@ -125,10 +107,6 @@ class HostSlot:
     node_rank: int  # this host runs ranks node_rank * nproc ... node_rank * nproc + nproc - 1
     nnodes: int
     job_id: str  # the same on every host of the job
-
-    @classmethod
-    def of(cls, cfg: LauncherConfig) -> "HostSlot | None":
-        return cls(cfg.store, cfg.node_rank, cfg.nnodes, cfg.job_id) if cfg.store else None
 
 
 def launch_survivors(argv: list[str], nproc: int, run_dir: str | os.PathLike | None = None, *, module: str,

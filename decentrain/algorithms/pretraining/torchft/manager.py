@@ -99,7 +99,8 @@ def build_manager(world: World, group: ReplicaGroup, state_dict: Callable[[], An
         connect_timeout=timeout,
         checkpoint_transport=SafeHealHTTP(timeout),  # torchft's name for its heal channel
     )
-    log.info("torchft manager: replica group %d of %d, lighthouse %s", group.replica_id, group.replicas, group.lighthouse)
+    log.info("torchft manager: replica group %d of %d, lighthouse %s", group.replica_id, group.replicas,
+             group.lighthouse)
     return manager
 
 

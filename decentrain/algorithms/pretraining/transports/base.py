@@ -71,7 +71,7 @@ class TransportSpec:
         return False
 
 
-# each entry module registers its class, with its own config class where it has fields: TRANSPORTS.register(name, config=...)
+# each entry module registers its class, with its config class if it has fields: TRANSPORTS.register(name, config=...)
 TRANSPORTS: Registry[type[TransportSpec]] = Registry(FIELD, config=TransportConfig)
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from decentrain.algorithms.base import ALGORITHMS
 from decentrain.algorithms.pretraining.transports.base import TRANSPORTS, TransportSpec, TransportConfig
 from decentrain.core.comm.dist_transport import TorchTransport
-from decentrain.core.launch.launcher import launch_job
+from decentrain.core.launch.config import LAUNCHERS
 from decentrain.core.world import World
 
 
@@ -27,6 +27,6 @@ class TorchSpec(TransportSpec):
         if (cfg.launcher.world_size or 1) <= 1:
             return False
         argv = [*overrides, f"run_dir={run_dir}", f"hydra.run.dir={run_dir}"]
-        launch_job(argv, cfg.launcher, module=module, run_dir=str(run_dir),
-                   survivors=ALGORITHMS.get(cfg.algorithm.name).survives_peer_loss)
+        LAUNCHERS.get(cfg.launcher.name).launch(argv, cfg.launcher, module=module, run_dir=str(run_dir),
+                                                survivors=ALGORITHMS.get(cfg.algorithm.name).survives_peer_loss)
         return True
