@@ -9,24 +9,19 @@ each node's figures, and every elite re-evaluated against the initial opponents)
 
 from __future__ import annotations
 
-import json
 import logging
-import sys
 from pathlib import Path
 
-import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from decentrain.algorithms.dei.config import DEIConfig
 from decentrain.algorithms.dei.pmars import PMarsUnavailable
 from decentrain.algorithms.dei.run import preflight, run_node, summarize
-from decentrain.config import register_configs
 from decentrain.core.launch.launcher import launch_survivors
 from decentrain.core.world import read_launch_env
-from recipes import conf_dir, run, typed_config
+from recipes import config_errors, recipe, run, typed_config
 
-register_configs("dei")
 log = logging.getLogger(__name__)
 
 
@@ -35,14 +30,13 @@ def to_config(dcfg: DictConfig) -> DEIConfig:
     return typed_config(dcfg, DEIConfig)
 
 
-@hydra.main(version_base="1.3", config_path=str(conf_dir()), config_name="dei")
+@recipe("dei", "dei")
 def main(dcfg: DictConfig) -> None:
-    try:  # bad config, a missing simulator or limits no battle fits: one clear line, before any node starts
+    # bad config, a missing simulator or limits no battle fits: one clear line, before any node starts
+    with config_errors(PMarsUnavailable):
         cfg = to_config(dcfg)
         run_dir = Path(cfg.run_dir).resolve()
         preflight(cfg, run_dir)
-    except (ValueError, PMarsUnavailable) as e:
-        sys.exit(f"config error: {e}")
     if read_launch_env().under_torchrun or cfg.num_nodes == 1:
         run_node(cfg, run_dir)
         if cfg.num_nodes > 1:
@@ -59,4 +53,4 @@ def main(dcfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    run(main, "dei")
+    run(main)

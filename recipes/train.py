@@ -9,34 +9,29 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from decentrain.algorithms.base import ALGORITHMS
 from decentrain.algorithms.pretraining.run import run_pretraining
 from decentrain.algorithms.pretraining.transports import transport_spec
-from decentrain.config import config_from_dict, register_configs, validate
+from decentrain.config import config_from_dict, validate
 from decentrain.core.comm.bytes_comm import agree_run_dir
 from decentrain.core.launch.launcher import check_placement, exit_survivor
 from decentrain.core.world import init_world, read_launch_env
-from recipes import conf_dir, run
+from recipes import config_errors, recipe, run
 
-CONF_DIR = conf_dir()
 MODULE = "recipes.train"
-register_configs()
 
 
-@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
+@recipe("config")
 def main(dcfg: DictConfig) -> None:
     raw = OmegaConf.to_container(dcfg, resolve=True)
     env = read_launch_env()
-    try:  # bad config: one clear line, before any process group or worker starts
+    with config_errors():  # bad config: one clear line, before any process group or worker starts
         cfg = config_from_dict(raw)  # the one conversion: library code sees dataclasses only
         validate(cfg, env.world_size if env.under_torchrun else (cfg.launcher.world_size or 1))
         check_placement(cfg.train.device, cfg.launcher.nproc_per_node)
-    except ValueError as e:
-        sys.exit(f"config error: {e}")
     if cfg.launcher.check_only:
         return
     if not env.under_torchrun:
@@ -62,4 +57,4 @@ def main(dcfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    run(main, "config")
+    run(main)

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from recipes.rl import CONF_DIR, config_or_exit
+from recipes import conf_dir
+from recipes.rl import config_or_exit
 from decentrain.testing import rerun_unprivileged
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -89,7 +90,7 @@ def key_dir(tmp_path):
 
 def _config_error(overrides: list[str]) -> str:
     """The recipe's check on the composed config: its exit line (the test fails if the config passes)."""
-    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+    with initialize_config_dir(str(conf_dir()), version_base="1.3"):
         dcfg = compose("rl", overrides=[*overrides, "run_dir=/nonexistent/never_created"])
     with pytest.raises(SystemExit) as e:
         config_or_exit(dcfg)
@@ -114,7 +115,7 @@ def test_unreadable_key_file_fails_before_start(key_dir):
     key.write_bytes(bytes(32))
     key.chmod(0)
     if os.access(key, os.R_OK):  # root: readable, a valid key
-        with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        with initialize_config_dir(str(conf_dir()), version_base="1.3"):
             dcfg = compose("rl", overrides=["sapo=hivemind", f"key_file={key}", "run_dir=/tmp/unused"])
         assert config_or_exit(dcfg).key_file == str(key)
     else:
@@ -127,7 +128,7 @@ def test_as_an_ordinary_user():
 
 
 def test_a_good_config_passes_and_a_new_key_file_may_be_created(tmp_path):
-    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+    with initialize_config_dir(str(conf_dir()), version_base="1.3"):
         dcfg = compose("rl", overrides=[f"key_file='{tmp_path}/keys/{{node}}.key'", "run_dir=/tmp/unused"])
     cfg = config_or_exit(dcfg)
     assert cfg.optim.lr > 0 and not (tmp_path / "keys").exists()  # checking creates nothing
