@@ -17,14 +17,14 @@ import sys
 import time
 from pathlib import Path
 
-import hydra
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig
 
 from decentrain.algorithms.pretraining.run import RESULT_FILE
-from recipes import conf_dir, run, typed_config
+from recipes import config_errors, recipe, run, typed_config
 from recipes.comparison import CompareConfig, arm_overrides, read_arm, read_result, settings, write_summary
 
+# the recipe's own schema: CompareConfig lives beside this recipe, so decentrain.config.register_configs cannot store it
 ConfigStore.instance().store(name="compare_schema", node=CompareConfig)
 
 
@@ -94,12 +94,10 @@ def to_config(dcfg: DictConfig) -> CompareConfig:
     return typed_config(dcfg, CompareConfig)
 
 
-@hydra.main(version_base="1.3", config_path=str(conf_dir()), config_name="compare")
+@recipe("compare")
 def main(dcfg: DictConfig) -> None:
-    try:  # bad config: one clear line, before any arm starts
+    with config_errors():  # bad config: one clear line, before any arm starts
         cfg = to_config(dcfg)
-    except ValueError as e:
-        sys.exit(f"config error: {e}")
     run_dir = Path(cfg.run_dir).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
     for name in cfg.algorithms:
@@ -110,4 +108,4 @@ def main(dcfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    run(main, "compare")
+    run(main)
