@@ -16,7 +16,7 @@ import json
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -147,16 +147,25 @@ class Corpus:
         return self.blocks[domain][split]
 
 
-@dataclass(frozen=True)
 class CorpusSource:
-    """One `data.source`: its config check, whether it is built from this machine, and its builder."""
+    """One `data.source`, registered in CORPUS_SOURCES: its config check, whether it is built from this
+    machine, and its builder. Static methods only: an entry is a kind of corpus, not a corpus."""
 
-    check: Callable[[DataConfig], None]
-    local: Callable[[DataConfig], bool]
-    build: Callable[[DataConfig, Any], Corpus]
+    @staticmethod
+    def check(cfg: DataConfig) -> None:
+        """ValueError naming the field for a `data` section this source cannot build; called when it is typed."""
+
+    @staticmethod
+    def local(cfg: DataConfig) -> bool:
+        """The corpus comes from this machine's files: cheap to check before start."""
+        return True
+
+    @staticmethod
+    def build(cfg: DataConfig, tokenizer) -> Corpus:
+        raise NotImplementedError
 
 
-CORPUS_SOURCES: Registry[CorpusSource] = Registry("data.source")
+CORPUS_SOURCES: Registry[type[CorpusSource]] = Registry("data.source")
 
 
 def token_byte_lengths(tokenizer) -> torch.Tensor:
@@ -180,33 +189,44 @@ def packed_corpus(docs: dict[str, list[str]], cfg: DataConfig, tokenizer, name: 
                                    cfg.test_fraction) for d, texts in docs.items()}, name, None, token_byte_lengths(tokenizer))
 
 
-def _check_offline(cfg: DataConfig) -> None:
-    for d in cfg.domains:
-        DOMAINS.get(d, field="data.domains")
+@CORPUS_SOURCES.register("offline")
+class OfflineSource(CorpusSource):
+    """The built-in domains (data/corpus.py's DOMAINS), from files every install has."""
+
+    @staticmethod
+    def check(cfg: DataConfig) -> None:
+        for d in cfg.domains:
+            DOMAINS.get(d, field="data.domains")
+
+    @staticmethod
+    def build(cfg: DataConfig, tokenizer) -> Corpus:
+        docs = {d: load_domain(d, cfg.max_bytes_per_domain or DataConfig.max_bytes_per_domain, cfg.seed)
+                for d in cfg.domains}
+        return packed_corpus(docs, cfg, tokenizer, "offline")
 
 
-def _check_hf(cfg: DataConfig) -> None:
-    if not cfg.hf_path:
-        raise ValueError("data.hf_path must be set when data.source=hf")
+@CORPUS_SOURCES.register("hf")
+class HFSource(CorpusSource):
+    """A `datasets` dataset (`data.hf_path`): the text column of one split, as the one domain."""
 
+    @staticmethod
+    def check(cfg: DataConfig) -> None:
+        if not cfg.hf_path:
+            raise ValueError("data.hf_path must be set when data.source=hf")
 
-def _hf_corpus(cfg: DataConfig, tokenizer) -> Corpus:
-    import datasets
+    @staticmethod
+    def local(cfg: DataConfig) -> bool:
+        return bool(cfg.hf_data_files and all("://" not in f for f in cfg.hf_data_files))
 
-    ds = datasets.load_dataset(cfg.hf_path, data_files=cfg.hf_data_files, split=cfg.hf_split)
-    if cfg.hf_text_field not in ds.column_names:
-        raise ValueError(f"data.hf_text_field={cfg.hf_text_field!r} is not a column; columns: {ds.column_names}")
-    return packed_corpus({cfg.domains[0]: [t for t in ds[cfg.hf_text_field] if t]}, cfg, tokenizer, f"hf:{cfg.hf_path}")
+    @staticmethod
+    def build(cfg: DataConfig, tokenizer) -> Corpus:
+        import datasets
 
-
-def _offline_corpus(cfg: DataConfig, tokenizer) -> Corpus:
-    docs = {d: load_domain(d, cfg.max_bytes_per_domain or DataConfig.max_bytes_per_domain, cfg.seed) for d in cfg.domains}
-    return packed_corpus(docs, cfg, tokenizer, "offline")
-
-
-CORPUS_SOURCES.register("offline")(CorpusSource(_check_offline, lambda cfg: True, _offline_corpus))
-CORPUS_SOURCES.register("hf")(CorpusSource(
-    _check_hf, lambda cfg: bool(cfg.hf_data_files and all("://" not in f for f in cfg.hf_data_files)), _hf_corpus))
+        ds = datasets.load_dataset(cfg.hf_path, data_files=cfg.hf_data_files, split=cfg.hf_split)
+        if cfg.hf_text_field not in ds.column_names:
+            raise ValueError(f"data.hf_text_field={cfg.hf_text_field!r} is not a column; columns: {ds.column_names}")
+        return packed_corpus({cfg.domains[0]: [t for t in ds[cfg.hf_text_field] if t]}, cfg, tokenizer,
+                             f"hf:{cfg.hf_path}")
 
 
 _BUILT: dict[str, Corpus] = {}

@@ -68,6 +68,9 @@ def _html_docs(tree, under: str, skip: tuple[str, ...], group_depth: int) -> Doc
 
 
 def _register(domain: Domain) -> Domain:
+    # registered by a call below, not by a decorator on the extraction function: prepare.extraction_key hashes
+    # that function's source (inspect.getsource, decorator lines included), so a decorator would re-extract
+    # every domain of every prepared corpus
     PINNED_DOMAINS.register(domain.name)(domain)
     return domain
 

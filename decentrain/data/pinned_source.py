@@ -45,9 +45,6 @@ def verified(root: Path) -> dict:
     return manifest
 
 
-def _check(cfg: DataConfig) -> None:
-    if cfg.corpus_hash is not None and len(cfg.corpus_hash) < 8:
-        raise ValueError(f"data.corpus_hash={cfg.corpus_hash!r}: give at least its first 8 hex digits, or null")
 
 
 def _blocks(streams: list, cfg: DataConfig, tokenizer, max_bytes: int | None):
@@ -59,25 +56,36 @@ def _blocks(streams: list, cfg: DataConfig, tokenizer, max_bytes: int | None):
     return pack(docs, tokenizer, cfg.seq_len)
 
 
-def build(cfg: DataConfig, tokenizer) -> Corpus:
-    try:
-        root = resolve_dir(cfg.pinned_dir)
-        manifest = verified(root)
-    except CorpusError as e:
-        raise ValueError(f"data.pinned_dir: {e}") from None
-    if cfg.corpus_hash and not manifest["corpus_hash"].startswith(cfg.corpus_hash):
-        raise ValueError(f"data.corpus_hash={cfg.corpus_hash}: the corpus at {root} is {manifest['corpus_hash'][:16]}")
-    unknown = [d for d in cfg.domains if d not in manifest["domains"]]
-    if unknown:
-        raise ValueError(f"data.domains: {unknown} not in the pinned corpus at {root}; it has {sorted(manifest['domains'])}")
-    blocks = {}
-    for d in cfg.domains:
-        blocks[d] = {split: _blocks(shard_streams(root, manifest, d, split), cfg, tokenizer,
-                                    cfg.max_bytes_per_domain if split == "train" else None)
-                     for split in ("train", "val", "test")}
-        if min(len(b) for b in blocks[d].values()) == 0:
-            raise ValueError(f"data.seq_len={cfg.seq_len}: the pinned corpus's {d} has a split shorter than one block")
-    return Corpus(blocks, "pinned", manifest["corpus_hash"], token_byte_lengths(tokenizer))
+@CORPUS_SOURCES.register("pinned")
+class PinnedSource(CorpusSource):
+    """The corpus `decentrain data prepare` built, read in place (`data.pinned_dir`), checked by its hash."""
 
+    @staticmethod
+    def check(cfg: DataConfig) -> None:
+        if cfg.corpus_hash is not None and len(cfg.corpus_hash) < 8:
+            raise ValueError(f"data.corpus_hash={cfg.corpus_hash!r}: give at least its first 8 hex digits, or null")
 
-CORPUS_SOURCES.register("pinned")(CorpusSource(_check, lambda cfg: True, build))
+    @staticmethod
+    def build(cfg: DataConfig, tokenizer) -> Corpus:
+        """Every domain's train, val and test blocks, read from the shards in place."""
+        try:
+            root = resolve_dir(cfg.pinned_dir)
+            manifest = verified(root)
+        except CorpusError as e:
+            raise ValueError(f"data.pinned_dir: {e}") from None
+        if cfg.corpus_hash and not manifest["corpus_hash"].startswith(cfg.corpus_hash):
+            raise ValueError(f"data.corpus_hash={cfg.corpus_hash}: the corpus at {root} is "
+                             f"{manifest['corpus_hash'][:16]}")
+        unknown = [d for d in cfg.domains if d not in manifest["domains"]]
+        if unknown:
+            raise ValueError(f"data.domains: {unknown} not in the pinned corpus at {root}; "
+                             f"it has {sorted(manifest['domains'])}")
+        blocks = {}
+        for d in cfg.domains:
+            blocks[d] = {split: _blocks(shard_streams(root, manifest, d, split), cfg, tokenizer,
+                                        cfg.max_bytes_per_domain if split == "train" else None)
+                         for split in ("train", "val", "test")}
+            if min(len(b) for b in blocks[d].values()) == 0:
+                raise ValueError(f"data.seq_len={cfg.seq_len}: the pinned corpus's {d} has a split shorter than "
+                                 "one block")
+        return Corpus(blocks, "pinned", manifest["corpus_hash"], token_byte_lengths(tokenizer))

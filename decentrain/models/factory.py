@@ -9,9 +9,11 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, ByT5Tokenizer, LlamaConfig, PreTrainedModel, Qwen2Config
+from transformers import (AutoModelForCausalLM, AutoTokenizer, ByT5Tokenizer, LlamaConfig, PretrainedConfig,
+                          PreTrainedModel, Qwen2Config)
 
 from decentrain.core.registry import Registry
 from decentrain.models import gguf as gguf_cache
@@ -21,9 +23,18 @@ from decentrain.models.saving import save_weights
 BYTE_TOKENIZER = "byt5"  # transformers.ByT5Tokenizer(): byte-level, needs no download
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
-FAMILIES: Registry[type] = Registry("model.family")
-FAMILIES.register("llama")(LlamaConfig)
-FAMILIES.register("qwen2")(Qwen2Config)
+# model.family -> the transformers config of a from-scratch model of that architecture, from its fields
+FAMILIES: Registry[Callable[..., PretrainedConfig]] = Registry("model.family")
+
+
+@FAMILIES.register("llama")
+def llama_config(**fields) -> PretrainedConfig:
+    return LlamaConfig(**fields)
+
+
+@FAMILIES.register("qwen2")
+def qwen2_config(**fields) -> PretrainedConfig:
+    return Qwen2Config(**fields)
 
 
 @dataclass

@@ -88,10 +88,19 @@ class PromptTemplate:
 
 # How a verifier score in [0, 1] becomes the correctness reward.
 REWARD_KINDS: Registry[Callable[[float], float]] = Registry("reward.kind")
-# No partial credit: reasoning-gym gives some wrong answers 0.01-0.75 (basic_arithmetic scores "56"
-# for "6" 0.5), and group scaling turns a 0/0.5 group into full +-1 advantages for a wrong answer.
-REWARD_KINDS.register("exact")(lambda score: float(score >= 1.0))
-REWARD_KINDS.register("verifier")(lambda score: score)  # the task's own score_answer, partial credit kept
+
+
+@REWARD_KINDS.register("exact")
+def exact_reward(score: float) -> float:
+    """No partial credit: reasoning-gym gives some wrong answers 0.01-0.75 (basic_arithmetic scores "56"
+    for "6" 0.5), and group scaling turns a 0/0.5 group into full +-1 advantages for a wrong answer."""
+    return float(score >= 1.0)
+
+
+@REWARD_KINDS.register("verifier")
+def verifier_reward(score: float) -> float:
+    """The task's own score_answer, partial credit kept."""
+    return score
 
 
 @dataclass
