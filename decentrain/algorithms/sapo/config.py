@@ -192,7 +192,8 @@ class SAPOConfig:
         if "batch" in changes:
             self._check_batch(changes["batch"], f"nodes[{index}].batch")
         if "template" in changes or "model" in changes:
-            check_template_model(changes.get("template", self.template), changes.get("model", self.model), f"nodes[{index}].")
+            check_template_model(changes.get("template", self.template), changes.get("model", self.model),
+                                 f"nodes[{index}].")
         if "sampling" in changes:  # the loss normaliser follows this node's own generation cap
             changes["loss"] = dataclasses.replace(self.loss, max_completion_length=None)
         return dataclasses.replace(self, nodes=[], **changes) if changes else dataclasses.replace(self, nodes=[])
