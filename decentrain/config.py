@@ -14,7 +14,7 @@ from __future__ import annotations
 import difflib
 from dataclasses import fields
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from omegaconf import OmegaConf
 
@@ -85,26 +85,27 @@ def _dei_schemas() -> dict[str, type]:
     return {"dei_schema": DEIConfig}
 
 
-def schemas(*families: str) -> dict[str, type]:
+def schemas(*families: str, own: Mapping[str, type] | None = None) -> dict[str, type]:
     """Every schema conf/ extends, by its ConfigStore path (`[<group>/]<name>_schema`): `train_schema`, the
-    shared groups', each registry entry's, and the top-level schemas of `families` (FAMILY_SCHEMAS)."""
+    shared groups', each registry entry's, the top-level schemas of `families` (FAMILY_SCHEMAS), and `own`,
+    a recipe's own schemas whose classes live beside it (recipes/compare.py's compare_schema)."""
     out: dict[str, type] = {"train_schema": TrainConfig}
     out |= {f"{group}/{group}_schema": cls for group, cls in GROUP_SCHEMAS.items()}
     for group, registry in REGISTRY_GROUPS.items():
         out |= {f"{group}/{name}_schema": cls for name, cls in registry.configs().items()}
     for family in families:
         out |= FAMILY_SCHEMAS.get(family, field="register_configs family")()
-    return out
+    return {**out, **(own or {})}
 
 
-def register_configs(*families: str) -> None:
+def register_configs(*families: str, own: Mapping[str, type] | None = None) -> None:
     """Store the schemas in Hydra's ConfigStore, the one place they are registered; conf/ YAML files extend
     them (`defaults: [<name>_schema]`). A recipe calls it once at import, naming the families whose top-level
     schemas it composes beyond `train_schema` (`register_configs("sapo")` for rl_schema and sft_schema)."""
     from hydra.core.config_store import ConfigStore
 
     cs = ConfigStore.instance()
-    for path, node in schemas(*families).items():
+    for path, node in schemas(*families, own=own).items():
         group, _, name = path.rpartition("/")
         cs.store(group=group or None, name=name, node=node)
 

@@ -42,15 +42,16 @@ def typed_config(dcfg, schema: type[T]) -> T:
     return typed(schema, OmegaConf.to_container(dcfg, resolve=True) if isinstance(dcfg, DictConfig) else dict(dcfg))
 
 
-def recipe(config_name: str, *families: str) -> Callable[[Callable], Callable[[], None]]:
+def recipe(config_name: str, *families: str,
+           own: dict[str, type] | None = None) -> Callable[[Callable], Callable[[], None]]:
     """The recipes' shared opening, a decorator of `main(dcfg)`: the schemas conf/ extends registered in
     Hydra's ConfigStore (decentrain.config.register_configs, with the `families` whose top-level schemas the
-    recipe composes), and `main` made the Hydra app of conf_dir()'s `config_name`."""
+    recipe composes and the recipe's `own`), and `main` made the Hydra app of conf_dir()'s `config_name`."""
     import hydra
 
     from decentrain.config import register_configs
 
-    register_configs(*families)
+    register_configs(*families, own=own)
 
     def deco(main: Callable) -> Callable[[], None]:
         app = hydra.main(version_base="1.3", config_path=str(conf_dir()), config_name=config_name)(main)

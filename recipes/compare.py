@@ -17,15 +17,11 @@ import sys
 import time
 from pathlib import Path
 
-from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig
 
 from decentrain.algorithms.pretraining.run import RESULT_FILE
 from recipes import config_errors, recipe, run, typed_config
 from recipes.comparison import CompareConfig, arm_overrides, read_arm, read_result, settings, write_summary
-
-# the recipe's own schema: CompareConfig lives beside this recipe, so decentrain.config.register_configs cannot store it
-ConfigStore.instance().store(name="compare_schema", node=CompareConfig)
 
 
 class MetricsTail:
@@ -94,7 +90,7 @@ def to_config(dcfg: DictConfig) -> CompareConfig:
     return typed_config(dcfg, CompareConfig)
 
 
-@recipe("compare")
+@recipe("compare", own={"compare_schema": CompareConfig})  # CompareConfig lives beside this recipe
 def main(dcfg: DictConfig) -> None:
     with config_errors():  # bad config: one clear line, before any arm starts
         cfg = to_config(dcfg)
