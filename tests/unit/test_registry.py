@@ -81,3 +81,43 @@ def test_errors_are_one_line_naming_the_field(raw, where, message):
 def test_a_registry_without_config_class_types_nothing():
     with pytest.raises(TypeError, match="no config class"):
         Registry("reward").config({})
+
+
+# -- the registries of a run, through the helper ------------------------------------------------------------
+
+
+def test_an_engine_check_names_the_field_where_the_section_sits():
+    from decentrain.algorithms.pretraining.engines import ENGINES
+
+    with pytest.raises(ValueError, match=r"^engine.shards_per_replica=2 must be \[1, 1\]"):
+        ENGINES.config({"name": "torch", "shards_per_replica": 2})
+    with pytest.raises(ValueError, match=r"^job.engine.shards_per_replica=2 must be \[1, 1\]"):  # HDEE's job section
+        ENGINES.config({"name": "torch", "shards_per_replica": 2}, where="job.engine")
+
+
+def test_a_mistyped_value_is_one_line_naming_its_section():
+    from decentrain.config import config_from_dict
+
+    with pytest.raises(ValueError) as info:
+        config_from_dict({"engine": {"name": "torch", "shards_per_replica": "two"}})
+    assert str(info.value).startswith("engine: ") and "shards_per_replica" in str(info.value)
+
+
+def test_a_recipe_refuses_a_bad_config_in_one_line():
+    from recipes import config_errors
+
+    with pytest.raises(SystemExit) as info:
+        with config_errors():
+            raise ValueError("engine: Value 'two' of type 'str' could not be converted to Integer\n"
+                             "    full_key: shards_per_replica")
+    assert info.value.code == ("config error: engine: Value 'two' of type 'str' could not be converted to Integer "
+                               "full_key: shards_per_replica")
+
+
+def test_every_schema_is_stored_in_one_place():
+    from decentrain.config import schemas
+
+    paths = schemas("hdee", "sapo", "dei", own={"compare_schema": PartConfig})
+    assert {"train_schema", "hdee_schema", "rl_schema", "sft_schema", "dei_schema", "compare_schema",
+            "task/task_schema", "engine/deepspeed_schema", "algorithm/outer_optimizer/adam_schema"} <= set(paths)
+    assert "rl_schema" not in schemas()  # SAPO's config (reasoning-gym) only for the recipes that ask
