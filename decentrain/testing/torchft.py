@@ -29,7 +29,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from decentrain.algorithms.pretraining.torchft import FT_ALGORITHMS, ReplicaGroup
+from decentrain.algorithms.pretraining.torchft import FT_ALGORITHMS
+from decentrain.algorithms.pretraining.transports.torchft_groups import TorchFTConfig
 from decentrain.core.world import World
 
 INIT_LOCK = threading.Lock()
@@ -192,8 +193,9 @@ class Replica:
 
     def _group(self, attempt: int) -> list[dict[str, Any]]:
         store = dist.TCPStore("localhost", 0, is_master=True, wait_for_workers=False)
-        group = ReplicaGroup(self.replica_id, 3, self.lighthouse, timeout_s=self.timeout_s, quorum_timeout_s=self.timeout_s,
-                             store_addr="localhost", store_port=store.port)
+        ft = TorchFTConfig(replicas=3, replica_id=self.replica_id, lighthouse=self.lighthouse, timeout_s=self.timeout_s,
+                           quorum_timeout_s=self.timeout_s)
+        group = ft.replica_group(store_addr="localhost", store_port=store.port)
 
         def rank_main(rank: int) -> dict[str, Any]:
             intra = None

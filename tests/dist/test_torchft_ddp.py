@@ -90,12 +90,14 @@ def test_quorum_timeout_raises_at_the_calls_timeout():
     second: a loaded box may stall the raising thread for seconds, never for 10."""
     import torch.distributed as dist
 
-    from decentrain.algorithms.pretraining.torchft import ReplicaGroup, build_manager
+    from decentrain.algorithms.pretraining.torchft import build_manager
+    from decentrain.algorithms.pretraining.transports.torchft_groups import TorchFTConfig
     from decentrain.core.world import World
 
     with lighthouse(min_replicas=2) as lh:
         store = dist.TCPStore("localhost", 0, is_master=True, wait_for_workers=False)
-        group = ReplicaGroup(0, 2, lh, min_replicas=2, quorum_timeout_s=60.0, store_addr="localhost", store_port=store.port)
+        ft = TorchFTConfig(replicas=2, replica_id=0, lighthouse=lh, min_replicas=2, quorum_timeout_s=60.0)
+        group = ft.replica_group(store_addr="localhost", store_port=store.port)
         manager = build_manager(World(), group, lambda: {}, lambda s: None)
         try:
             start = time.monotonic()

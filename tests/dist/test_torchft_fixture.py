@@ -30,7 +30,8 @@ pytest.importorskip("torchft")
 
 from decentrain.algorithms.diloco.streaming import StreamingDiLoCoConfig  # noqa: E402
 from decentrain.algorithms.outer.optimizers import SGDConfig  # noqa: E402
-from decentrain.algorithms.pretraining.torchft import FT_ALGORITHMS, ReplicaGroup  # noqa: E402
+from decentrain.algorithms.pretraining.torchft import FT_ALGORITHMS  # noqa: E402
+from decentrain.algorithms.pretraining.transports.torchft_groups import TorchFTConfig  # noqa: E402
 from decentrain.core.world import World  # noqa: E402
 from decentrain.testing import InjectedFailure, lighthouse  # noqa: E402
 
@@ -64,8 +65,9 @@ def config() -> StreamingDiLoCoConfig:
 def attempt(replica_id: int, lighthouse: str, fail_at: int | None) -> dict[str, Any]:
     """One run of a replica group's loop as torchft's MockDiLoCoTrainer.train_loop, on TorchFTDiLoCo."""
     store = dist.TCPStore("localhost", 0, is_master=True, wait_for_workers=False)
-    group = ReplicaGroup(replica_id, 2, lighthouse, min_replicas=2, timeout_s=20, quorum_timeout_s=20,
-                         store_addr="localhost", store_port=store.port)
+    ft = TorchFTConfig(replicas=2, replica_id=replica_id, lighthouse=lighthouse, min_replicas=2, timeout_s=20,
+                       quorum_timeout_s=20)
+    group = ft.replica_group(store_addr="localhost", store_port=store.port)
     algo = FT_ALGORITHMS.get("streaming_diloco")(config(), World(), group, 10**6)
     model = Layers()
     optimizer = torch.optim.SGD(model.parameters(), lr=1.0)

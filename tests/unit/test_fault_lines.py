@@ -27,19 +27,20 @@ def test_a_healed_torchft_group_says_from_which_group_at_which_step(monkeypatch,
     pytest.importorskip("torchft")
     import torchft
 
-    from decentrain.algorithms.pretraining.torchft.manager import ReplicaGroup, build_manager
+    from decentrain.algorithms.pretraining.torchft.manager import build_manager
+    from decentrain.algorithms.pretraining.transports.torchft_groups import TorchFTConfig
 
     made = {}
     monkeypatch.setattr(torchft, "Manager", lambda **kw: made.update(kw) or "manager")
     monkeypatch.setattr(torchft, "ProcessGroupGloo", lambda **kw: None)
     loaded = []
-    donor = build_manager(World(), ReplicaGroup(0, 2, "http://x:1"), lambda: {"step": 7, "w": 1},
-                          loaded.append)
+    donor = build_manager(World(), TorchFTConfig(replica_id=0, lighthouse="http://x:1").replica_group(),
+                          lambda: {"step": 7, "w": 1}, loaded.append)
     assert donor == "manager"
     sent = made["state_dict"]()
     assert sent == {"step": 7, "w": 1, "healed_from_group": 0}
     made.clear()
-    build_manager(World(), ReplicaGroup(1, 2, "http://x:1"), lambda: {}, loaded.append)
+    build_manager(World(), TorchFTConfig(replica_id=1, lighthouse="http://x:1").replica_group(), lambda: {}, loaded.append)
     with caplog.at_level(logging.WARNING):
         made["load_state_dict"](dict(sent))
     assert loaded == [{"step": 7, "w": 1}]  # the tag never reaches the trainer

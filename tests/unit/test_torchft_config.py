@@ -76,12 +76,13 @@ def test_runs_torchft_cannot_carry_are_refused_by_the_variants_own_checks():
 
 
 def test_each_group_reads_its_own_slice_and_positions_agree():
-    from decentrain.algorithms.pretraining.torchft import ReplicaGroup, replica_sampler
+    from decentrain.algorithms.pretraining.torchft import replica_sampler
 
     slices, positions = [], []
     for replica in range(2):
         for rank in range(2):
-            s = replica_sampler(64, 8, World(rank=rank, world_size=2), ReplicaGroup(replica, 2, "http://h:1"), seed=0)
+            group = TorchFTConfig(replicas=2, replica_id=replica, lighthouse="http://h:1").replica_group()
+            s = replica_sampler(64, 8, World(rank=rank, world_size=2), group, seed=0)
             slices.append(set(s.next_indices().tolist()))
             positions.append(s.state_dict())
     assert all(len(x) == 4 for x in slices)

@@ -81,7 +81,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from decentrain.algorithms.pretraining.transports import TRANSPORTS, TransportSpec, TransportConfig
+from decentrain.algorithms.pretraining.transports import TRANSPORTS, TransportConfig, TransportSpec
 from decentrain.core.comm.inprocess_transport import InProcessHub
 
 

@@ -33,15 +33,15 @@ def torchft_available() -> bool:
 
 @dataclass(frozen=True)
 class ReplicaGroup:
-    """Which replica group this torchrun job is, of how many, and how its Manager reaches the others
-    (built from the `transport` section by TorchFTConfig.replica_group, transports/torchft_groups.py)."""
+    """Which replica group this torchrun job is, of how many, and how its Manager reaches the others: built
+    from the `transport` section, where every torchft setting lives (TorchFTConfig.replica_group)."""
 
     replica_id: int
     replicas: int
     lighthouse: str  # http://host:port of torchft's Lighthouse
-    min_replicas: int = 1
-    timeout_s: float = 60.0
-    quorum_timeout_s: float = 60.0
+    min_replicas: int
+    timeout_s: float
+    quorum_timeout_s: float
     # the group's own key-value store; None: torchrun's (MASTER_ADDR/MASTER_PORT, read by torchft)
     store_addr: str | None = None
     store_port: int | None = None

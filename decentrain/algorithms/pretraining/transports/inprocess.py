@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from decentrain.algorithms.base import ALGORITHMS
-from decentrain.algorithms.pretraining.transports.base import TRANSPORTS, TransportSpec, TransportConfig
+from decentrain.algorithms.pretraining.transports.base import TRANSPORTS, TransportConfig, TransportSpec
 from decentrain.core.comm.inprocess_transport import InProcessTransport
 from decentrain.core.config_checks import check_range
 from decentrain.core.world import World

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from decentrain.algorithms.base import ALGORITHMS
-from decentrain.algorithms.pretraining.transports.base import TRANSPORTS, TransportSpec, TransportConfig
+from decentrain.algorithms.pretraining.transports.base import TRANSPORTS, TransportConfig, TransportSpec
 from decentrain.core.comm.dist_transport import TorchTransport
 from decentrain.core.launch.config import LAUNCHERS
 from decentrain.core.world import World

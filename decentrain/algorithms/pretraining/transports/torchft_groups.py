@@ -24,12 +24,10 @@ from decentrain.algorithms.base import Algorithm
 from decentrain.algorithms.pretraining.torchft.launch import launch_replica_groups
 from decentrain.algorithms.pretraining.torchft.manager import (FT_ALGORITHMS, ReplicaGroup, replica_sampler,
                                                                torchft_available)
-from decentrain.algorithms.pretraining.transports.base import TRANSPORTS, TransportSpec, TransportConfig
+from decentrain.algorithms.pretraining.transports.base import FIELD, TRANSPORTS, TransportConfig, TransportSpec
 from decentrain.core.config_checks import check_range
 from decentrain.core.world import World
 from decentrain.data.blocks import ShardedSampler
-
-FIELD = "transport"
 
 
 @dataclass
@@ -58,13 +56,14 @@ class TorchFTConfig(TransportConfig):
         for name in ("timeout_s", "quorum_timeout_s"):
             check_range(f"{FIELD}.{name}", getattr(self, name), 0, low_open=True)
 
-    def replica_group(self) -> ReplicaGroup:
-        """Which group this torchrun job is; the local launcher sets `replica_id` and `lighthouse` for it."""
+    def replica_group(self, store_addr: str | None = None, store_port: int | None = None) -> ReplicaGroup:
+        """Which group this torchrun job is; the local launcher sets `replica_id` and `lighthouse` for it.
+        `store_addr`/`store_port`: the group's own key-value store (None: torchrun's)."""
         if self.replica_id is None or self.lighthouse is None:
             raise ValueError(f"{FIELD}=torchft under torchrun needs {FIELD}.replica_id and {FIELD}.lighthouse "
                              "(the local launcher sets both; see docs/fault_tolerance.md)")
         return ReplicaGroup(self.replica_id, self.replicas, self.lighthouse, self.min_replicas, self.timeout_s,
-                            self.quorum_timeout_s)
+                            self.quorum_timeout_s, store_addr, store_port)
 
     def lighthouse_options(self) -> dict[str, int]:
         """torchft's LighthouseServer arguments, for a lighthouse the local launcher starts."""
