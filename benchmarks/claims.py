@@ -41,7 +41,11 @@ def _short(r: dict, digits: int = 3) -> str:
         return s
     if "bound" in r:  # equivalence: what the TOST would need at the observed difference
         need = r.get("seeds_needed_tost")
-        return s + (f", TOST ±{r['bound']:.{digits}f} would need ~{need} seeds" if need else f", its mean beyond the TOST bound ±{r['bound']:.{digits}f}")
+        return s + (
+            f", TOST ±{r['bound']:.{digits}f} would need ~{need} seeds"
+            if need
+            else f", its mean beyond the TOST bound ±{r['bound']:.{digits}f}"
+        )
     return s + (f", ~{r['seeds_needed']} seeds to detect" if r.get("seeds_needed") else "")
 
 
@@ -52,11 +56,16 @@ def legacy_noloco(rec: dict) -> dict[str, Any]:
     out = {}
     for key, c in f["cells"].items():
         loss = {a: r["final_test_loss"]["values"] for a, r in c["arms"].items()}
-        out[key] = {"vs_diloco_2H": decide(loss["noloco_H"], loss["diloco_2H"], BETTER),
-                    "vs_diloco_H": decide(loss["noloco_H"], loss["diloco_H"], BETTER),
-                    "tokens_per_param": c["tokens"] / c["params"], "params": c["params"]}
-    unmet = check_seeds([cfg["tuning"].get("seed", 0)], cfg["seeds"]) + ["outer lr x momentum only (no Nesterov axis)",
-                                                                      "the built-in offline corpus"]
+        out[key] = {
+            "vs_diloco_2H": decide(loss["noloco_H"], loss["diloco_2H"], BETTER),
+            "vs_diloco_H": decide(loss["noloco_H"], loss["diloco_H"], BETTER),
+            "tokens_per_param": c["tokens"] / c["params"],
+            "params": c["params"],
+        }
+    unmet = check_seeds([cfg["tuning"].get("seed", 0)], cfg["seeds"]) + [
+        "outer lr x momentum only (no Nesterov axis)",
+        "the built-in offline corpus",
+    ]
     tpp = min(x["tokens_per_param"] for x in out.values())
     return {"cells": out, "unmet": unmet + ([f"{tpp:.0f} tokens per parameter < 20"] if tpp < 20 else [])}
 
@@ -67,14 +76,25 @@ def legacy_compressed(rec: dict) -> dict[str, Any]:
     cfg = rec["config"]
     cell = next(iter(rec["figures"].values()))
     base = cell["variants"][cell["diloco_best"]]["final"]["values"]
-    out = {v: {"result": decide(r["final"]["values"], base, REACHES), "to_target": r["to_target"]}
-           for v, r in cell["variants"].items() if not v.startswith("diloco")}
+    out = {
+        v: {"result": decide(r["final"]["values"], base, REACHES), "to_target": r["to_target"]}
+        for v, r in cell["variants"].items()
+        if not v.startswith("diloco")
+    }
     tpp = cfg["steps"] * cfg["batch"] * cfg["seq_len"] / cell["numel"]
     unmet = check_seeds([cfg["tune_seed"]], cfg["eval_seeds"]) + [
-        "only the outer lr tuned (DiLoCo's Nesterov 0.9, SparseLoCo's EF decay fixed)", "the built-in offline corpus"]
-    return {"ranks": cell["ranks"], "variants": out, "best_ratio": cell["best_ratio"], "diloco": cell["diloco_best"],
-            "tokens_per_param": tpp, "params": cell["numel"],
-            "unmet": unmet + ([f"{tpp:.1f} tokens per parameter < 20"] if tpp < 20 else [])}
+        "only the outer lr tuned (DiLoCo's Nesterov 0.9, SparseLoCo's EF decay fixed)",
+        "the built-in offline corpus",
+    ]
+    return {
+        "ranks": cell["ranks"],
+        "variants": out,
+        "best_ratio": cell["best_ratio"],
+        "diloco": cell["diloco_best"],
+        "tokens_per_param": tpp,
+        "params": cell["numel"],
+        "unmet": unmet + ([f"{tpp:.1f} tokens per parameter < 20"] if tpp < 20 else []),
+    }
 
 
 # -- the claims ----------------------------------------------------------------------------------------
@@ -82,24 +102,42 @@ def noloco_claim() -> dict[str, Any] | None:
     rec = _load("noloco_convergence")
     if rec is None:
         return None
-    claim = {"paper": "NoLoCo", "claim": "NoLoCo at H converges faster than DiLoCo at 2H (up to 4 %)", "benchmark": "noloco_convergence"}
+    claim = {
+        "paper": "NoLoCo",
+        "claim": "NoLoCo at H converges faster than DiLoCo at 2H (up to 4 %)",
+        "benchmark": "noloco_convergence",
+    }
     if "decisions" in next(iter(rec["figures"]["cells"].values())):
         cells = rec["figures"]["cells"]
         key, c = next(iter(cells.items()))
         r = recompute(c["decisions"]["noloco_H_vs_diloco_2H"])
-        return {**claim, "status": _status(r, rec["figures"]["unmet"]), "scale": f"{c['params'] / 1e3:.0f}k params, {key}",
-                "evidence": f"final test loss NoLoCo H − DiLoCo 2H {_short(r)}"}
+        return {
+            **claim,
+            "status": _status(r, rec["figures"]["unmet"]),
+            "scale": f"{c['params'] / 1e3:.0f}k params, {key}",
+            "evidence": f"final test loss NoLoCo H − DiLoCo 2H {_short(r)}",
+        }
     old = legacy_noloco(rec)
     key, c = next(iter(old["cells"].items()))
-    return {**claim, "status": "pending", "scale": f"{c['params'] / 1e3:.0f}k params, {key}",
-            "evidence": f"the committed run reads {_short(c['vs_diloco_2H'])} against DiLoCo 2H but {_short(c['vs_diloco_H'])} "
-                        f"against DiLoCo at equal H, and predates the protocol (one tuning seed, {len(rec['config']['seeds'])} "
-                        f"eval seeds, {c['tokens_per_param']:.0f} tokens/param, the built-in corpus; its DiLoCo 2H winner was "
-                        "bimodal across seeds)"}
+    return {
+        **claim,
+        "status": "pending",
+        "scale": f"{c['params'] / 1e3:.0f}k params, {key}",
+        "evidence": (
+            f"the committed run reads {_short(c['vs_diloco_2H'])} against DiLoCo 2H but "
+            f"{_short(c['vs_diloco_H'])} against DiLoCo at equal H, and predates the protocol (one tuning seed, "
+            f"{len(rec['config']['seeds'])} eval seeds, {c['tokens_per_param']:.0f} tokens/param, the built-in corpus; "
+            "its DiLoCo 2H winner was bimodal across seeds)"
+        ),
+    }
 
 
 def sparseloco_claims() -> list[dict[str, Any]]:
-    claim = {"paper": "SparseLoCo", "claim": "SparseLoCo reaches DiLoCo's loss at 50x or more fewer bytes", "benchmark": "compressed_sync"}
+    claim = {
+        "paper": "SparseLoCo",
+        "claim": "SparseLoCo reaches DiLoCo's loss at 50x or more fewer bytes",
+        "benchmark": "compressed_sync",
+    }
     rec = _load("compressed_sync")
     if rec is None:
         return []
@@ -113,23 +151,48 @@ def sparseloco_claims() -> list[dict[str, Any]]:
             status = _status(r, rec["figures"]["unmet"])
             if status == "reproduced" and (a["payload_ratio_run"] or 0) < 50:
                 status = "refuted at this scale"  # reaches the loss, but not at the bytes claimed
-            out.append({**claim, "status": status, "scale": f"{c['numel'] / 1e3:.0f}k params, {key}",
-                        "evidence": f"final loss vs DiLoCo {_short(r)} (TOST ±1 %), {a['payload_ratio_run']:.0f}x fewer payload bytes"})
+            out.append(
+                {
+                    **claim,
+                    "status": status,
+                    "scale": f"{c['numel'] / 1e3:.0f}k params, {key}",
+                    "evidence": (
+                        f"final loss vs DiLoCo {_short(r)} (TOST ±1 %), {a['payload_ratio_run']:.0f}x "
+                        "fewer payload bytes"
+                    ),
+                }
+            )
         return out
-    olds = [legacy_compressed(r) for r in map(_load, ("compressed_sync", "compressed_sync_n4")) if r and "cells" not in r["figures"]]
+    olds = [
+        legacy_compressed(r)
+        for r in map(_load, ("compressed_sync", "compressed_sync_n4"))
+        if r and "cells" not in r["figures"]
+    ]
     if not olds:
         return []
     parts = []
     for old in olds:
-        v, x = max(((v, x) for v, x in old["variants"].items() if v.startswith("sparseloco") and x["to_target"]),
-                   key=lambda vx: vx[1]["to_target"]["payload_ratio"], default=(None, None))
+        v, x = max(
+            ((v, x) for v, x in old["variants"].items() if v.startswith("sparseloco") and x["to_target"]),
+            key=lambda vx: vx[1]["to_target"]["payload_ratio"],
+            default=(None, None),
+        )
         if v:
-            parts.append(f"at N={old['ranks']} its headline variant ({v}, {x['to_target']['payload_ratio']:.0f}x fewer bytes) "
-                         f"against DiLoCo (TOST ±1 %): {_short(x['result'])}")
-    return [{**claim, "status": "pending", "scale": f"{olds[0]['params'] / 1e3:.0f}k params, N="
-             + "/".join(str(o["ranks"]) for o in olds),
-             "evidence": "the committed runs predate the protocol (only the outer lr tuned, one tuning seed, 3 eval seeds, "
-                         f"{olds[0]['tokens_per_param']:.1f} tokens/param): " + "; ".join(parts)}]
+            parts.append(
+                f"at N={old['ranks']} its headline variant ({v}, {x['to_target']['payload_ratio']:.0f}x fewer bytes) "
+                f"against DiLoCo (TOST ±1 %): {_short(x['result'])}"
+            )
+    return [
+        {
+            **claim,
+            "status": "pending",
+            "scale": f"{olds[0]['params'] / 1e3:.0f}k params, N=" + "/".join(str(o["ranks"]) for o in olds),
+            "evidence": (
+                "the committed runs predate the protocol (only the outer lr tuned, one tuning seed, 3 eval "
+                f"seeds, {olds[0]['tokens_per_param']:.1f} tokens/param): " + "; ".join(parts)
+            ),
+        }
+    ]
 
 
 def hdee_claims() -> list[dict[str, Any]]:
@@ -139,33 +202,64 @@ def hdee_claims() -> list[dict[str, Any]]:
         f, w = rec["figures"], rec["figures"]["primary"]
         plans, better, worse, met = [], False, True, True
         for plan in list(f["trend"])[1:]:
-            rs = {s: recompute(x["stats"][plan][w]["decision"]) for s, x in f["per_budget"].items() if "decision" in x["stats"][plan][w]}
+            rs = {
+                s: recompute(x["stats"][plan][w]["decision"])
+                for s, x in f["per_budget"].items()
+                if "decision" in x["stats"][plan][w]
+            }
             if not rs:
                 continue
             wins = [x["stats"][plan][w]["wins_per_seed"] for x in f["per_budget"].values()]
             n = len(next(iter(f["per_budget"].values()))["stats"][plan][w]["counted_domains"])
             decided = [f"{s} steps/domain {_short(r, 3)}" for s, r in rs.items() if r["verdict"] != "undecided"]
-            plans.append(f"{plan} " + (", ".join(decided) if decided else "undecided at every budget")
-                         + f", winning {min(map(min, wins))}-{max(map(max, wins))} of {n} domains per seed")
+            plans.append(
+                f"{plan} "
+                + (", ".join(decided) if decided else "undecided at every budget")
+                + f", winning {min(map(min, wins))}-{max(map(max, wins))} of {n} domains per seed"
+            )
             better |= any(r["verdict"] == "better" for r in rs.values())
             worse &= all(r["verdict"] == "worse" for r in rs.values())
             met &= all(x["target_met"][plan] for x in f["per_budget"].values())
         if plans:
-            status = ("reproduced" if met else "partly reproduced" if better else "refuted at this scale" if worse else "undecided")
-            out.append({"paper": "HDEE", "claim": "heterogeneous experts beat homogeneous ones in 20 of 21 domains",
-                        "benchmark": "hdee_schedule", "status": status,
-                        "scale": f"~0.9M params, {len(rec['config']['seeds'])} seeds",
-                        "evidence": "mean Δ log-ppl against homogeneous: " + "; ".join(plans)
-                                    + (" (better on the mean, not at the paper's rate)" if status == "partly reproduced" else "")})
+            status = (
+                "reproduced"
+                if met
+                else "partly reproduced"
+                if better
+                else "refuted at this scale"
+                if worse
+                else "undecided"
+            )
+            out.append(
+                {
+                    "paper": "HDEE",
+                    "claim": "heterogeneous experts beat homogeneous ones in 20 of 21 domains",
+                    "benchmark": "hdee_schedule",
+                    "status": status,
+                    "scale": f"~0.9M params, {len(rec['config']['seeds'])} seeds",
+                    "evidence": "mean Δ log-ppl against homogeneous: "
+                    + "; ".join(plans)
+                    + (" (better on the mean, not at the paper's rate)" if status == "partly reproduced" else ""),
+                }
+            )
     rec = _load("hdee_merge")
     if rec and "decisions" in rec["figures"]:
         f = rec["figures"]
         r = recompute(f["decisions"]["routed_running_mean_reaches_ensemble"])
-        out.append({"paper": "DUME", "claim": "a routed merge keeps up to 97.6 % of the experts' quality", "benchmark": "hdee_merge",
-                    "status": _status(r, []), "scale": f"~0.9M-param experts, {len(rec['config']['seeds'])} seeds",
-                    "evidence": f"the routed model keeps {f['quality_retained_summed']['running_mean']:.0%} of the experts' summed "
-                                f"gain ({f['quality_retained']['running_mean']:.0%} as a mean of per-domain ratios) and is "
-                                f"{_short(r, 3)} log-ppl against the ensemble (TOST ±1 %)"})
+        out.append(
+            {
+                "paper": "DUME",
+                "claim": "a routed merge keeps up to 97.6 % of the experts' quality",
+                "benchmark": "hdee_merge",
+                "status": _status(r, []),
+                "scale": f"~0.9M-param experts, {len(rec['config']['seeds'])} seeds",
+                "evidence": (
+                    f"the routed model keeps {f['quality_retained_summed']['running_mean']:.0%} of the "
+                    f"experts' summed gain ({f['quality_retained']['running_mean']:.0%} as a mean of per-domain "
+                    f"ratios) and is {_short(r, 3)} log-ppl against the ensemble (TOST ±1 %)"
+                ),
+            }
+        )
     return out
 
 
@@ -174,12 +268,22 @@ def dei_claim() -> dict[str, Any] | None:
     if rec is None or "decisions" not in rec["figures"]:
         return None
     ds = {k: recompute(d) for k, d in rec["figures"]["decisions"].items()}
-    status = ("reproduced" if all(r["supported"] for r in ds.values()) else
-              "refuted at this scale" if any(r["verdict"] == "worse" for r in ds.values()) else "undecided")
+    status = (
+        "reproduced"
+        if all(r["supported"] for r in ds.values())
+        else "refuted at this scale"
+        if any(r["verdict"] == "worse" for r in ds.values())
+        else "undecided"
+    )
     n = next(iter(ds.values()))["n"]
-    return {"paper": "DEI", "claim": "heterogeneous > homogeneous > single node (QD-score)", "benchmark": "dei_search",
-            "status": status, "scale": f"tiny byte-level LMs, {n} seeds",
-            "evidence": "; ".join(f"{k.replace('_above_', ' > ')} {_short(r, 2)}" for k, r in ds.items())}
+    return {
+        "paper": "DEI",
+        "claim": "heterogeneous > homogeneous > single node (QD-score)",
+        "benchmark": "dei_search",
+        "status": status,
+        "scale": f"tiny byte-level LMs, {n} seeds",
+        "evidence": "; ".join(f"{k.replace('_above_', ' > ')} {_short(r, 2)}" for k, r in ds.items()),
+    }
 
 
 def sapo_claim() -> dict[str, Any] | None:
@@ -188,10 +292,15 @@ def sapo_claim() -> dict[str, Any] | None:
         return None
     sp = rec["figures"]["splits"]
     ratio = sp.get("4/4", {}).get("heldout_gain_ratio_to_8_0")
-    return {"paper": "SAPO", "claim": "sharing rollouts (4/4) gains 1.5x or more over training alone (8/0)", "benchmark":
-            "sapo_swarm_specialists", "status": "undecided", "scale": f"~1.9M params, {len(rec['config']['seeds'])} seeds",
-            "evidence": (f"4/4's held-out gain is {ratio:.2f}x 8/0's" if ratio is not None else "see its TXT")
-                        + ", a point estimate not yet read under the rule"}
+    return {
+        "paper": "SAPO",
+        "claim": "sharing rollouts (4/4) gains 1.5x or more over training alone (8/0)",
+        "benchmark": "sapo_swarm_specialists",
+        "status": "undecided",
+        "scale": f"~1.9M params, {len(rec['config']['seeds'])} seeds",
+        "evidence": (f"4/4's held-out gain is {ratio:.2f}x 8/0's" if ratio is not None else "see its TXT")
+        + ", a point estimate not yet read under the rule",
+    }
 
 
 def claims() -> list[dict[str, Any]]:
@@ -202,10 +311,14 @@ def claims() -> list[dict[str, Any]]:
 def paragraph() -> str:
     """The README paragraph: each claim's status, scale and evidence, from the records."""
     cs = claims()
-    counts = {s: sum(c["status"] == s for c in cs)
-              for s in ("reproduced", "partly reproduced", "refuted at this scale", "undecided", "pending")}
-    head = ("Where the papers' claims stand, under one rule (benchmarks/protocol.py: 'better' when the paired 95 % interval "
-            "excludes 0, 'reaches' by TOST within ±1 %, otherwise undecided; computed from the records by "
-            "`python -m benchmarks.repro_table`): " + ", ".join(f"{n} {s}" for s, n in counts.items() if n) + ". ")
+    counts = {
+        s: sum(c["status"] == s for c in cs)
+        for s in ("reproduced", "partly reproduced", "refuted at this scale", "undecided", "pending")
+    }
+    head = (
+        "Where the papers' claims stand, under one rule (benchmarks/protocol.py: 'better' when the paired 95 % "
+        "interval excludes 0, 'reaches' by TOST within ±1 %, otherwise undecided; computed from the records by "
+        "`python -m benchmarks.repro_table`): " + ", ".join(f"{n} {s}" for s, n in counts.items() if n) + ". "
+    )
     body = " ".join(f"**{c['paper']}** ({c['claim']}): **{c['status']}** ({c['scale']}): {c['evidence']}." for c in cs)
     return head + body

@@ -18,7 +18,8 @@ ring. A model t = α·messages + bytes/β is fit per method and extrapolated to 
 
     sudo python -m benchmarks.comm_sync                      # both link kinds, N = 2 4 8
     python -m benchmarks.comm_sync --links loopback --ns 2 4 # no root needed
-    sudo python -m benchmarks.comm_sync --wan-prefix nb --delay-python /opt/nfq/bin/python  # own netns names; delay line's env
+    # own netns names; delay line's env:
+    sudo python -m benchmarks.comm_sync --wan-prefix nb --delay-python /opt/nfq/bin/python
 
 Writes results/<name>.json, then the TXT and PNG generated from that JSON.
 """
@@ -114,9 +115,13 @@ def worker(args: argparse.Namespace) -> None:
             for r in range(args.repeats):
                 fn(r)
             times = [timed(lambda r=r: fn(r)) for r in range(args.repeats)]
-            out.append({"method": name, "n": n, "numel": numel, "bytes": sent.numel() * sent.element_size(), "times": times})
+            out.append(
+                {"method": name, "n": n, "numel": numel, "bytes": sent.numel() * sent.element_size(), "times": times}
+            )
             if rank == 0:
-                print(f"  N={n} {name:9s} {numel * 4 / 1e6:7.1f} MB  median {statistics.median(times):.3f}s", flush=True)
+                print(
+                    f"  N={n} {name:9s} {numel * 4 / 1e6:7.1f} MB  median {statistics.median(times):.3f}s", flush=True
+                )
     if rank == 0:
         Path(args.out).write_text(json.dumps(out))
     world.shutdown()
@@ -136,23 +141,58 @@ def run_world(link: str, n: int, args: argparse.Namespace) -> list[dict]:
     port = 29600 + n if link == "emulated" else _free_port()  # loopback is shared with other jobs on this host
     addr = "10.77.0.1" if link == "emulated" else "127.0.0.1"
     if link == "emulated":
-        subprocess.run([str(WAN), "up", str(n), args.rate, str(args.delay_ms)], check=True,
-                       env={**os.environ, "WAN_PREFIX": args.wan_prefix, "PYTHON": args.delay_python or sys.executable})
+        subprocess.run(
+            [str(WAN), "up", str(n), args.rate, str(args.delay_ms)],
+            check=True,
+            env={**os.environ, "WAN_PREFIX": args.wan_prefix, "PYTHON": args.delay_python or sys.executable},
+        )
         if not args.slow_start_after_idle:
             # Linux restarts TCP slow start on a connection idle for one RTO. Syncs come after
             # idle compute, so on a 100 ms RTT link every sync re-ramps the window (~0.6 s);
             # long-lived training links turn this off. The setting is per namespace.
             for r in range(n):
-                subprocess.run(["ip", "netns", "exec", f"{args.wan_prefix}{r}", "sysctl", "-qw", "net.ipv4.tcp_slow_start_after_idle=0"], check=True)
+                subprocess.run(
+                    [
+                        "ip",
+                        "netns",
+                        "exec",
+                        f"{args.wan_prefix}{r}",
+                        "sysctl",
+                        "-qw",
+                        "net.ipv4.tcp_slow_start_after_idle=0",
+                    ],
+                    check=True,
+                )
     procs = []
     try:
         for r in range(n):
-            env = {**os.environ, "RANK": str(r), "WORLD_SIZE": str(n), "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
-                   "MASTER_ADDR": addr, "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1",
-                   "GLOO_SOCKET_IFNAME": "eth0" if link == "emulated" else "lo"}
-            cmd = [sys.executable, "-m", "benchmarks.comm_sync", "--worker", "--out", str(out), "--repeats", str(args.repeats),
-                   "--fragments", str(args.fragments), "--fragment-share", repr(args.fragment_share),
-                   "--sizes", *map(str, args.sizes)]
+            env = {
+                **os.environ,
+                "RANK": str(r),
+                "WORLD_SIZE": str(n),
+                "LOCAL_RANK": "0",
+                "LOCAL_WORLD_SIZE": "1",
+                "MASTER_ADDR": addr,
+                "MASTER_PORT": str(port),
+                "OMP_NUM_THREADS": "1",
+                "GLOO_SOCKET_IFNAME": "eth0" if link == "emulated" else "lo",
+            }
+            cmd = [
+                sys.executable,
+                "-m",
+                "benchmarks.comm_sync",
+                "--worker",
+                "--out",
+                str(out),
+                "--repeats",
+                str(args.repeats),
+                "--fragments",
+                str(args.fragments),
+                "--fragment-share",
+                repr(args.fragment_share),
+                "--sizes",
+                *map(str, args.sizes),
+            ]
             if link == "emulated":
                 cmd = ["ip", "netns", "exec", f"{args.wan_prefix}{r}", *cmd]
             procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env))
@@ -188,7 +228,11 @@ def summarise(rows: list[dict], args: argparse.Namespace) -> dict:
     fits, extrap = {}, {}
     for link in sorted({r["link"] for r in rows}):
         for method in ("pair", "ring", "fragment"):
-            pts = [(*wire(method, r["n"], r["bytes"]), r["median_s"]) for r in rows if r["link"] == link and r["method"] == method]
+            pts = [
+                (*wire(method, r["n"], r["bytes"]), r["median_s"])
+                for r in rows
+                if r["link"] == link and r["method"] == method
+            ]
             if len(pts) < 2:
                 continue
             alpha, beta = fit_alpha_beta(pts)
@@ -204,23 +248,35 @@ def table(record: dict) -> str:
     """The TXT, generated from the JSON record alone."""
     cfg, summary, env = record["config"], record["figures"], record["hardware"]
     big = max(cfg["sizes"])
-    lines = [f"{record['name']} @ {record['git_sha'][:12]}: {env['cpu']}, {env['cpu_count']} cores (shared; loopback times are CPU-bound)",
-             f"payload {big * 4 / 1e6:.1f} MB ({big / 1e6:.1f}M fp32 params); fragment = {cfg['fragment_share']:.3f} of it; link {cfg['rate']}, "
-             f"+{cfg['delay_ms']} ms each way (emulated); TCP slow start after idle: {'on' if cfg['slow_start_after_idle'] else 'off'}; "
-             f"{cfg['repeats']} timed repeats per row",
-             f"{'link':9s} {'N':>2s} {'method':9s} {'MB sent':>8s} {'median s':>9s} {'floor s':>8s} {'x floor':>8s}   all runs"]
+    lines = [
+        f"{record['name']} @ {record['git_sha'][:12]}: {env['cpu']}, {env['cpu_count']} cores (shared; loopback "
+        "times are CPU-bound)",
+        f"payload {big * 4 / 1e6:.1f} MB ({big / 1e6:.1f}M fp32 params); fragment = {cfg['fragment_share']:.3f} of "
+        f"it; link {cfg['rate']}, +{cfg['delay_ms']} ms each way (emulated); TCP slow start after idle: "
+        f"{'on' if cfg['slow_start_after_idle'] else 'off'}; {cfg['repeats']} timed repeats per row",
+        f"{'link':9s} {'N':>2s} {'method':9s} {'MB sent':>8s} {'median s':>9s} {'floor s':>8s} {'x floor':>8s}   "
+        "all runs",
+    ]
     for r in sorted(summary["rows"], key=lambda r: (r["link"], r["n"], r["method"])):
         if r["numel"] != big:
             continue
         floor = f"{r['floor_s']:8.2f} {r['vs_floor']:8.2f}" if "floor_s" in r else f"{'-':>8s} {'-':>8s}"
-        lines.append(f"{r['link']:9s} {r['n']:2d} {r['method']:9s} {r['bytes'] / 1e6:8.2f} {r['median_s']:9.3f} {floor}   {', '.join(f'{t:.2f}' for t in r['times'])}")
+        lines.append(
+            f"{r['link']:9s} {r['n']:2d} {r['method']:9s} {r['bytes'] / 1e6:8.2f} {r['median_s']:9.3f} {floor}   "
+            f"{', '.join(f'{t:.2f}' for t in r['times'])}"
+        )
     lines.append("fit t = α·messages + bytes/β, extrapolated to the full payload:")
     for key, f in summary["fits"].items():
         e100, e1000 = summary["extrapolated_s"][f"{key}/N=100"], summary["extrapolated_s"][f"{key}/N=1000"]
-        lines.append(f"  {key:18s} α={f['alpha_s'] * 1e3:8.2f} ms  β={f['beta_bytes_per_s'] / 1e6:8.1f} MB/s  N=100: {e100:8.2f}s  N=1000: {e1000:8.2f}s")
+        lines.append(
+            f"  {key:18s} α={f['alpha_s'] * 1e3:8.2f} ms  β={f['beta_bytes_per_s'] / 1e6:8.1f} MB/s  N=100: "
+            f"{e100:8.2f}s  N=1000: {e1000:8.2f}s"
+        )
     load = summary.get("load", {})
-    lines.append(f"wall {summary['wall_s']:.0f} s; nice {load.get('nice', '?')}, 1-min load avg "
-                 f"{load.get('loadavg_start', ['?'])[0]} at start, {load.get('loadavg_end', ['?'])[0]} at end")
+    lines.append(
+        f"wall {summary['wall_s']:.0f} s; nice {load.get('nice', '?')}, 1-min load avg "
+        f"{load.get('loadavg_start', ['?'])[0]} at start, {load.get('loadavg_end', ['?'])[0]} at end"
+    )
     return "\n".join(lines)
 
 
@@ -236,13 +292,22 @@ def plot(record: dict, path: Path) -> None:
     fig, axes = plt.subplots(1, len(links), figsize=(6 * len(links), 4), squeeze=False)
     for ax, link in zip(axes[0], links):
         for method in ("pair", "ring", "fragment", "pair_1pg"):
-            pts = sorted((r["n"], r["median_s"], r.get("floor_s")) for r in summary["rows"] if r["link"] == link and r["method"] == method and r["numel"] == big)
+            pts = sorted(
+                (r["n"], r["median_s"], r.get("floor_s"))
+                for r in summary["rows"]
+                if r["link"] == link and r["method"] == method and r["numel"] == big
+            )
             if not pts:
                 continue
-            line, = ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=method)
+            (line,) = ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=method)
             if pts[0][2] is not None:
                 ax.plot([p[0] for p in pts], [p[2] for p in pts], ":", color=line.get_color(), label=f"{method} floor")
-        ax.set(title=f"{link}: {big * 4 / 1e6:.0f} MB sync", xlabel="workers N", ylabel="seconds", xticks=sorted({r["n"] for r in summary["rows"]}))
+        ax.set(
+            title=f"{link}: {big * 4 / 1e6:.0f} MB sync",
+            xlabel="workers N",
+            ylabel="seconds",
+            xticks=sorted({r["n"] for r in summary["rows"]}),
+        )
         ax.legend(fontsize=7)
     fig.tight_layout()
     save_figure(fig, path, dpi=120)
@@ -254,21 +319,41 @@ def main() -> None:
     ap.add_argument("--out", default="")
     ap.add_argument("--links", nargs="+", default=["loopback", "emulated"], choices=["loopback", "emulated"])
     ap.add_argument("--ns", nargs="+", type=int, default=[2, 4, 8])
-    ap.add_argument("--sizes", nargs="+", type=int, default=[1_000_000, 25_000_000], help="payload sizes in fp32 elements")
+    ap.add_argument(
+        "--sizes", nargs="+", type=int, default=[1_000_000, 25_000_000], help="payload sizes in fp32 elements"
+    )
     ap.add_argument("--fragments", type=int, default=4)
-    ap.add_argument("--fragment-model", default=None, help="size the fragment as this conf/model config's largest "
-                    "Streaming DiLoCo fragment (default: 1/fragments of the payload)")
+    ap.add_argument(
+        "--fragment-model",
+        default=None,
+        help=(
+            "size the fragment as this conf/model config's largest "
+            "Streaming DiLoCo fragment (default: 1/fragments of the payload)"
+        ),
+    )
     ap.add_argument("--fragment-share", type=float, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--rate", default="100mbit")
     ap.add_argument("--delay-ms", type=float, default=50.0)
     ap.add_argument("--timeout", type=float, default=600.0)
-    ap.add_argument("--slow-start-after-idle", action=argparse.BooleanOptionalAction, default=False,
-                    help="keep Linux's TCP slow-start restart after idle in the emulated namespaces (default: off)")
+    ap.add_argument(
+        "--slow-start-after-idle",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="keep Linux's TCP slow-start restart after idle in the emulated namespaces (default: off)",
+    )
     ap.add_argument("--name", default="comm_sync", help="results file name under benchmarks/results/")
-    ap.add_argument("--wan-prefix", default="dtc", help="network namespace prefix for the emulated links (WAN_PREFIX); "
-                    "pick your own so another setup's namespaces are left alone")
-    ap.add_argument("--delay-python", default=None, help="python with NetfilterQueue for the delay line (default: this one)")
+    ap.add_argument(
+        "--wan-prefix",
+        default="dtc",
+        help=(
+            "network namespace prefix for the emulated links (WAN_PREFIX); "
+            "pick your own so another setup's namespaces are left alone"
+        ),
+    )
+    ap.add_argument(
+        "--delay-python", default=None, help="python with NetfilterQueue for the delay line (default: this one)"
+    )
     args = parse(ap)
     if args.worker:
         return worker(args)

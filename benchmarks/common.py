@@ -65,8 +65,12 @@ def elastic_pid(token: str, rank: int) -> int | None:
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-            if f"DECENTRAIN_BENCH={token}".encode() in env and f"RANK={rank}".encode() in env and \
-                    b"TORCHELASTIC_RUN_ID" in b"\0".join(env) and " Z " not in Path(f"/proc/{pid}/stat").read_text():
+            if (
+                f"DECENTRAIN_BENCH={token}".encode() in env
+                and f"RANK={rank}".encode() in env
+                and b"TORCHELASTIC_RUN_ID" in b"\0".join(env)
+                and " Z " not in Path(f"/proc/{pid}/stat").read_text()
+            ):
                 return int(pid)
         except OSError:
             continue

@@ -42,7 +42,8 @@ eval loss is rank 0's replica (NoLoCo's replicas differ); NoLoCo runs without th
     # the committed protocol (the lead runs it on the pinned corpus):
     nohup python -m benchmarks.compressed_sync --data pinned --ranks 2 4 --parallel 2 > runs/compressed_sync.log 2>&1 &
     python -m benchmarks.compressed_sync --smoke                                    # the whole path (75 s at load 9)
-    python -m benchmarks.compressed_sync --preset-from benchmarks/results/compressed_sync.json --preset-ranks 4   # compare preset
+    # compare preset:
+    python -m benchmarks.compressed_sync --preset-from benchmarks/results/compressed_sync.json --preset-ranks 4
 """
 
 from __future__ import annotations
@@ -53,11 +54,41 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness import (CACHE_DIR, MODEL_SIZES as SIZES, Harness, add_corpus_flags, bench_parser, corpus_facts,
-                                corpus_of, divergence, fmt, header, mean_std, model_params, model_section, parse,
-                                recipe_sections, save_figure, seed_list, steps_for)
-from benchmarks.protocol import (Axis, DecisionRule, consistency, decision, describe, describe_consistency, describe_rules,
-                                 describe_tuning, grid_search, preregister, unmet)
+from benchmarks.harness import (
+    CACHE_DIR,
+    Harness,
+    add_corpus_flags,
+    bench_parser,
+    corpus_facts,
+    corpus_of,
+    divergence,
+    fmt,
+    header,
+    mean_std,
+    model_params,
+    model_section,
+    parse,
+    recipe_sections,
+    save_figure,
+    seed_list,
+    steps_for,
+)
+from benchmarks.harness import (
+    MODEL_SIZES as SIZES,
+)
+from benchmarks.protocol import (
+    Axis,
+    DecisionRule,
+    consistency,
+    decision,
+    describe,
+    describe_consistency,
+    describe_rules,
+    describe_tuning,
+    grid_search,
+    preregister,
+    unmet,
+)
 
 METHODS = ("diloco", "sparseloco", "noloco_c")
 MIN_RANKS = {"diloco": 2, "sparseloco": 2, "noloco_c": 4}
@@ -68,10 +99,21 @@ H = (5, 10, 20, 40)
 INNER_LR = (2.5e-4, 5e-4, 1e-3, 2e-3, 4e-3, 8e-3)
 # coarse start values (every other rung): the walk refines around the winner
 SPACES = {
-    "diloco": {"lr": Axis(LR, (0.35, 0.7, 1.4)), "momentum": Axis(MOMENTUM, (0.1, 0.5, 0.9)),
-               "nesterov": Axis((False, True), (False, True), ordered=False)},
-    "sparseloco": {"lr": Axis(LR, (0.5, 1.0, 2.0)), "ef_decay": Axis(EF_DECAY, (0.8, 0.95, 0.99)), "h": Axis(H, (5, 20))},
-    "noloco_c": {"lr": Axis(LR, (0.35, 0.7, 1.4)), "ef_decay": Axis(EF_DECAY, (0.8, 0.95, 0.99)), "h": Axis(H, (5, 20))},
+    "diloco": {
+        "lr": Axis(LR, (0.35, 0.7, 1.4)),
+        "momentum": Axis(MOMENTUM, (0.1, 0.5, 0.9)),
+        "nesterov": Axis((False, True), (False, True), ordered=False),
+    },
+    "sparseloco": {
+        "lr": Axis(LR, (0.5, 1.0, 2.0)),
+        "ef_decay": Axis(EF_DECAY, (0.8, 0.95, 0.99)),
+        "h": Axis(H, (5, 20)),
+    },
+    "noloco_c": {
+        "lr": Axis(LR, (0.35, 0.7, 1.4)),
+        "ef_decay": Axis(EF_DECAY, (0.8, 0.95, 0.99)),
+        "h": Axis(H, (5, 20)),
+    },
 }
 INNER_SPACE = {"inner_lr": Axis(INNER_LR, (5e-4, 1e-3, 2e-3))}
 INNER_AT = {"lr": 0.7, "momentum": 0.9, "nesterov": True}  # DiLoCo's paper point, where the inner lr is checked
@@ -86,15 +128,35 @@ def valid(s: dict[str, Any]) -> bool:
 def _algorithm(job: dict[str, Any]) -> dict[str, Any]:
     m, s, fx = job["method"], job["setting"], job["fixed"]
     if m == "diloco":
-        return {"name": "diloco", "inner_steps": job["h"],
-                "outer_optimizer": {"name": "sgd", "lr": s["lr"], "momentum": s["momentum"], "nesterov": s["nesterov"]}}
+        return {
+            "name": "diloco",
+            "inner_steps": job["h"],
+            "outer_optimizer": {"name": "sgd", "lr": s["lr"], "momentum": s["momentum"], "nesterov": s["nesterov"]},
+        }
     if m == "noloco_c":
-        return {"name": "noloco", "inner_steps": job["h"], "stall_s": None,
-                "outer_optimizer": {"name": "noloco", "lr": s["lr"], "momentum": fx["noloco_momentum"]},
-                "compression": {"enabled": True, "ef_decay": s["ef_decay"], "topk": fx["topk"], "bits": fx["bits"],
-                                "state_topk": fx["state_topk"], "state_bits": fx["state_bits"], "anchor_every": fx["anchor_every"]}}
-    return {"name": "sparseloco", "inner_steps": job["h"], "ef_decay": s["ef_decay"], "topk": fx["topk"], "bits": fx["bits"],
-            "outer_optimizer": {"name": "sgd", "lr": s["lr"], "momentum": 0.0, "nesterov": False}}
+        return {
+            "name": "noloco",
+            "inner_steps": job["h"],
+            "stall_s": None,
+            "outer_optimizer": {"name": "noloco", "lr": s["lr"], "momentum": fx["noloco_momentum"]},
+            "compression": {
+                "enabled": True,
+                "ef_decay": s["ef_decay"],
+                "topk": fx["topk"],
+                "bits": fx["bits"],
+                "state_topk": fx["state_topk"],
+                "state_bits": fx["state_bits"],
+                "anchor_every": fx["anchor_every"],
+            },
+        }
+    return {
+        "name": "sparseloco",
+        "inner_steps": job["h"],
+        "ef_decay": s["ef_decay"],
+        "topk": fx["topk"],
+        "bits": fx["bits"],
+        "outer_optimizer": {"name": "sgd", "lr": s["lr"], "momentum": 0.0, "nesterov": False},
+    }
 
 
 def _config(job: dict[str, Any]) -> dict[str, Any]:
@@ -105,14 +167,24 @@ def _config(job: dict[str, Any]) -> dict[str, Any]:
         "data": {**job["data"], "seq_len": job["seq_len"]},
         "optim": {"lr": job["inner_lr"], "warmup_steps": job["warmup"]},
         # the same held-out sequences at every N: eval_batches × micro_batch_size per domain
-        "train": {"steps": job["steps"], "global_batch_size": job["batch"], "micro_batch_size": micro,
-                  "eval_every": math.lcm(job["h"], job["eval_every"]), "eval_batches": max(1, job["eval_seqs"] // micro),
-                  "checkpoint_every": 10**6, "threads": 1, "seed": job["seed"], "device": "cpu"},
+        "train": {
+            "steps": job["steps"],
+            "global_batch_size": job["batch"],
+            "micro_batch_size": micro,
+            "eval_every": math.lcm(job["h"], job["eval_every"]),
+            "eval_batches": max(1, job["eval_seqs"] // micro),
+            "checkpoint_every": 10**6,
+            "threads": 1,
+            "seed": job["seed"],
+            "device": "cpu",
+        },
         "logger": {"progress": False, "console": False, "log_every": job["h"]},
     }
 
 
-def sync_bytes(method: str, rows: list[dict[str, Any]], numel: int, n: int) -> tuple[list[int], list[float], list[float]]:
+def sync_bytes(
+    method: str, rows: list[dict[str, Any]], numel: int, n: int
+) -> tuple[list[int], list[float], list[float]]:
     """(sync steps, payload bytes, wire bytes) of one replica's metrics rows."""
     if method == "diloco":
         steps = [r["step"] for r in rows if "outer/pseudo_grad_norm" in r]
@@ -150,8 +222,15 @@ def train_run(job: dict[str, Any]) -> dict[str, Any]:
             done = [i for i, s in enumerate(steps) if s <= r["step"]]
             curve.append([r["step"], r["eval/loss"], sum(payload[i] for i in done), sum(wire[i] for i in done)])
             bpb = r.get("eval/bpb", bpb)
-    return {"numel": numel, "curve": curve, "syncs": len(steps), "final": math.inf if diverged or not curve else curve[-1][1],
-            "final_bpb": bpb, "corpus": corpus_of(rows), "diverged": diverged}
+    return {
+        "numel": numel,
+        "curve": curve,
+        "syncs": len(steps),
+        "final": math.inf if diverged or not curve else curve[-1][1],
+        "final_bpb": bpb,
+        "corpus": corpus_of(rows),
+        "diverged": diverged,
+    }
 
 
 def plan_steps(params: int, tokens_per_step: int, tokens_per_param: float) -> int:
@@ -161,24 +240,45 @@ def plan_steps(params: int, tokens_per_step: int, tokens_per_param: float) -> in
 # -- tuning (stages 0 and 1) ---------------------------------------------------------------------
 def tune(harness: Harness, shared: dict[str, Any], n: int, plan: dict[str, Any]) -> dict[str, Any]:
     """The inner lr once for all arms, then every arm's outer settings, at N replicas."""
+
     def evaluator(method: str, inner_lr: float | None = None):
         def evaluate(cells: list[tuple[dict, int]]) -> list[float]:
-            jobs = [_job(shared, n, method, {k: v for k, v in s.items() if k != "inner_lr"}, seed,
-                         s.get("inner_lr", inner_lr)) for s, seed in cells]
-            return [r["final"] for r in harness.run_jobs(jobs, train_run, desc=f"tune {method} N={n}", parallel=plan["parallel"])]
+            jobs = [
+                _job(
+                    shared,
+                    n,
+                    method,
+                    {k: v for k, v in s.items() if k != "inner_lr"},
+                    seed,
+                    s.get("inner_lr", inner_lr),
+                )
+                for s, seed in cells
+            ]
+            return [
+                r["final"]
+                for r in harness.run_jobs(jobs, train_run, desc=f"tune {method} N={n}", parallel=plan["parallel"])
+            ]
+
         return evaluate
 
     seeds, kw = plan["tuning_seeds"], {"finalists": plan["finalists"], "max_rounds": plan["max_rounds"]}
     inner_space = plan["spaces"].get("inner", INNER_SPACE)
     inner_eval = evaluator("diloco")
-    inner = grid_search(lambda cells: inner_eval([({**INNER_AT, **s}, seed) for s, seed in cells]), inner_space, seeds, **kw)
+    inner = grid_search(
+        lambda cells: inner_eval([({**INNER_AT, **s}, seed) for s, seed in cells]), inner_space, seeds, **kw
+    )
     lr = inner["winner"]["inner_lr"]
-    arms = {m: grid_search(evaluator(m, lr), plan["spaces"][m], seeds, valid=valid, **kw)
-            for m in plan["methods"] if n >= MIN_RANKS[m]}
+    arms = {
+        m: grid_search(evaluator(m, lr), plan["spaces"][m], seeds, valid=valid, **kw)
+        for m in plan["methods"]
+        if n >= MIN_RANKS[m]
+    }
     return {"inner": inner, "inner_lr": lr, "arms": arms}
 
 
-def _job(shared: dict[str, Any], n: int, method: str, setting: dict[str, Any], seed: int, inner_lr: float) -> dict[str, Any]:
+def _job(
+    shared: dict[str, Any], n: int, method: str, setting: dict[str, Any], seed: int, inner_lr: float
+) -> dict[str, Any]:
     h = shared["diloco_h"] if method == "diloco" else setting["h"]
     return {**shared, "ranks": n, "method": method, "setting": setting, "h": h, "seed": seed, "inner_lr": inner_lr}
 
@@ -197,34 +297,59 @@ def bytes_to(curve: list[list[float]], target: float) -> tuple[float, float, flo
     return None
 
 
-def figures_for(n: int, tuning: dict[str, Any], runs: dict[str, list[dict[str, Any]]], rules: dict[str, dict]) -> dict[str, Any]:
+def figures_for(
+    n: int, tuning: dict[str, Any], runs: dict[str, list[dict[str, Any]]], rules: dict[str, dict]
+) -> dict[str, Any]:
     """One N's figures from its eval runs (`runs`: arm -> its seeds' results, seed order) under the fixed rules."""
     finals = {m: [r["final"] for r in rs] for m, rs in runs.items()}
-    runs = {m: [r for r in rs if not r.get("diverged")] or rs for m, rs in runs.items()}  # curves: the runs that finished
+    # curves: the runs that finished
+    runs = {m: [r for r in rs if not r.get("diverged")] or rs for m, rs in runs.items()}
     base_curve = seed_mean_curve(runs["diloco"])
     target = 1.01 * mean_std(finals["diloco"])["mean"]
     base_hit = bytes_to(base_curve, target)
-    out: dict[str, Any] = {"ranks": n, "numel": runs["diloco"][0]["numel"], "target_loss": target, "arms": {}, "decisions": {}}
+    out: dict[str, Any] = {
+        "ranks": n,
+        "numel": runs["diloco"][0]["numel"],
+        "target_loss": target,
+        "arms": {},
+        "decisions": {},
+    }
     for m, rs in runs.items():
         curve = seed_mean_curve(rs)
         hit, syncs = bytes_to(curve, target), rs[0]["syncs"]
         t = tuning["arms"][m]
         out["arms"][m] = {
-            "setting": t["winner"], "h": rs[0].get("h"), "final": mean_std(finals[m]), "curve": curve, "syncs": syncs,
-            "final_bpb": mean_std([r["final_bpb"] for r in rs]) if all(r.get("final_bpb") is not None for r in rs) else None,
-            "payload_per_sync": curve[-1][2] / max(syncs, 1), "wire_per_sync": curve[-1][3] / max(syncs, 1),
-            "payload_total": curve[-1][2], "wire_total": curve[-1][3],
+            "setting": t["winner"],
+            "h": rs[0].get("h"),
+            "final": mean_std(finals[m]),
+            "curve": curve,
+            "syncs": syncs,
+            "final_bpb": mean_std([r["final_bpb"] for r in rs])
+            if all(r.get("final_bpb") is not None for r in rs)
+            else None,
+            "payload_per_sync": curve[-1][2] / max(syncs, 1),
+            "wire_per_sync": curve[-1][3] / max(syncs, 1),
+            "payload_total": curve[-1][2],
+            "wire_total": curve[-1][3],
             "payload_ratio_run": base_curve[-1][2] / curve[-1][2] if curve[-1][2] else None,
             "wire_ratio_run": base_curve[-1][3] / curve[-1][3] if curve[-1][3] else None,
-            "to_target": None if hit is None or base_hit is None else {
-                "step": hit[0], "payload": hit[1], "wire": hit[2],
-                "payload_ratio": base_hit[1] / hit[1] if hit[1] else None, "wire_ratio": base_hit[2] / hit[2] if hit[2] else None},
+            "to_target": None
+            if hit is None or base_hit is None
+            else {
+                "step": hit[0],
+                "payload": hit[1],
+                "wire": hit[2],
+                "payload_ratio": base_hit[1] / hit[1] if hit[1] else None,
+                "wire_ratio": base_hit[2] / hit[2] if hit[2] else None,
+            },
             "tuning_vs_eval": consistency(t["winner_values"], finals[m]),
         }
     for name, rule in rules.items():
         m = name.split("_reaches_")[0]
         if m in runs:
-            out["decisions"][name] = decision(name, m, "diloco", rule, finals[m], finals["diloco"], "final eval loss (rank 0)")
+            out["decisions"][name] = decision(
+                name, m, "diloco", rule, finals[m], finals["diloco"], "final eval loss (rank 0)"
+            )
     return out
 
 
@@ -233,34 +358,52 @@ def headline(cell: dict[str, Any]) -> list[str]:
     out = []
     for name, d in cell["decisions"].items():
         a = cell["arms"][d["contender"]]
-        out.append(f"{d['contender']} vs DiLoCo: {describe(d['result'])}; {a['payload_ratio_run']:.1f}x fewer payload bytes "
-                   f"({a['wire_ratio_run']:.1f}x wire) over the run")
+        out.append(
+            f"{d['contender']} vs DiLoCo: {describe(d['result'])}; {a['payload_ratio_run']:.1f}x fewer payload bytes "
+            f"({a['wire_ratio_run']:.1f}x wire) over the run"
+        )
     return out
 
 
 def text(record: dict) -> str:
     c, f = record["config"], record["figures"]
-    lines = [header(record), "",
-             f"model {c['model_size']} {c['model']}, {c['steps']} steps x {c['batch']} x {c['seq_len']} tokens "
-             f"({f.get('tokens_per_param', 0):.1f} tokens/param, {f.get('epochs', 0):.1f} epochs of the training text), "
-             f"data={c['data_name']} (corpus {f.get('corpus', {}).get('name')} {f.get('corpus', {}).get('hash') or f.get('corpus', {}).get('note')}), "
-             f"tuning seeds {c['tuning_seeds']}, eval seeds {c['eval_seeds']}; SparseLoCo top-{c['fixed']['topk']} per 64x64 tile, "
-             f"{c['fixed']['bits']}-bit; DiLoCo at H={c['diloco_h']}",
-             "decision rules (fixed before the run): " + describe_rules(c["decision_rules"]),
-             "protocol: " + ("met" if not f.get("unmet") else "NOT MET: " + "; ".join(f["unmet"]))]
+    lines = [
+        header(record),
+        "",
+        f"model {c['model_size']} {c['model']}, {c['steps']} steps x {c['batch']} x {c['seq_len']} tokens "
+        f"({f.get('tokens_per_param', 0):.1f} tokens/param, {f.get('epochs', 0):.1f} epochs of the training text), "
+        f"data={c['data_name']} (corpus {f.get('corpus', {}).get('name')} "
+        f"{f.get('corpus', {}).get('hash') or f.get('corpus', {}).get('note')}), "
+        f"tuning seeds {c['tuning_seeds']}, eval seeds {c['eval_seeds']}; SparseLoCo top-{c['fixed']['topk']} per "
+        f"64x64 tile, {c['fixed']['bits']}-bit; DiLoCo at H={c['diloco_h']}",
+        "decision rules (fixed before the run): " + describe_rules(c["decision_rules"]),
+        "protocol: " + ("met" if not f.get("unmet") else "NOT MET: " + "; ".join(f["unmet"])),
+    ]
     for key, cell in f["cells"].items():
-        lines += ["", f"== N={cell['ranks']} ({cell['numel']:,} parameters); inner lr {cell['tuning']['inner_lr']:g} "
-                      f"({describe_tuning(cell['tuning']['inner'])})"]
+        lines += [
+            "",
+            f"== N={cell['ranks']} ({cell['numel']:,} parameters); inner lr {cell['tuning']['inner_lr']:g} "
+            f"({describe_tuning(cell['tuning']['inner'])})",
+        ]
         lines += [f"  {x}" for x in headline(cell)]
         for m, a in cell["arms"].items():
             t = a["to_target"]
-            reach = ("never reaches DiLoCo's final + 1 %" if t is None else
-                     f"DiLoCo's final + 1 % ({cell['target_loss']:.4f}) at step {t['step']:.0f}: {t['payload_ratio']:.1f}x fewer payload bytes")
-            lines.append(f"  {m}: final {fmt(a['final'])}"
-                         + (f", bpb {fmt(a['final_bpb'])}" if a.get("final_bpb") else "")
-                         + f"; {a['payload_per_sync']:.0f} B payload / {a['wire_per_sync']:.0f} B wire per sync, {a['syncs']} syncs; {reach}")
-            lines.append(f"    tuned: {describe_tuning(cell['tuning']['arms'][m], _setting)}; tuning-seed mean vs eval seeds: "
-                         + describe_consistency(a["tuning_vs_eval"]))
+            reach = (
+                "never reaches DiLoCo's final + 1 %"
+                if t is None
+                else f"DiLoCo's final + 1 % ({cell['target_loss']:.4f}) at step {t['step']:.0f}: "
+                f"{t['payload_ratio']:.1f}x fewer payload bytes"
+            )
+            lines.append(
+                f"  {m}: final {fmt(a['final'])}"
+                + (f", bpb {fmt(a['final_bpb'])}" if a.get("final_bpb") else "")
+                + f"; {a['payload_per_sync']:.0f} B payload / {a['wire_per_sync']:.0f} B wire per sync, "
+                f"{a['syncs']} syncs; {reach}"
+            )
+            lines.append(
+                f"    tuned: {describe_tuning(cell['tuning']['arms'][m], _setting)}; tuning-seed mean vs eval seeds: "
+                + describe_consistency(a["tuning_vs_eval"])
+            )
     return "\n".join(lines)
 
 
@@ -278,7 +421,12 @@ def plot(record: dict, png: Path) -> None:
             pts = [(p[2], p[1]) for p in r["curve"] if p[2] > 0]
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=".", label=f"{m} {_setting(r['setting'])}")
         ax.axhline(f["target_loss"], ls="--", c="gray", label="DiLoCo final + 1 %")
-        ax.set(xscale="log", xlabel="cumulative payload bytes per replica", ylabel="eval loss (seed mean)", title=f"N={f['ranks']}")
+        ax.set(
+            xscale="log",
+            xlabel="cumulative payload bytes per replica",
+            ylabel="eval loss (seed mean)",
+            title=f"N={f['ranks']}",
+        )
         ax.legend(fontsize=7)
     fig.tight_layout()
     save_figure(fig, png, dpi=120)
@@ -289,32 +437,66 @@ def compare_preset(record: dict, ranks: int) -> dict[str, Any]:
     """The `decentrain compare` preset of this record's N: its layout and each arm's tuned settings, with what
     stands behind them (conf/compare/<name>.yaml)."""
     c, cell = record["config"], record["figures"]["cells"][f"N={ranks}"]
-    behind = (f"benchmarks/results/{record['name']}.json @ {record['git_sha'][:10]}: {len(c['tuning_seeds'])} tuning seeds, "
-              f"{len(c['eval_seeds'])} eval seeds")
+    behind = (
+        f"benchmarks/results/{record['name']}.json @ {record['git_sha'][:10]}: {len(c['tuning_seeds'])} tuning seeds, "
+        f"{len(c['eval_seeds'])} eval seeds"
+    )
     arms = {}
     for m, a in cell["arms"].items():
         s = a["setting"]
         if m == "diloco":
-            ov = [f"algorithm.inner_steps={c['diloco_h']}", f"algorithm.outer_optimizer.lr={s['lr']}",
-                  f"algorithm.outer_optimizer.momentum={s['momentum']}", f"algorithm.outer_optimizer.nesterov={str(s['nesterov']).lower()}"]
+            ov = [
+                f"algorithm.inner_steps={c['diloco_h']}",
+                f"algorithm.outer_optimizer.lr={s['lr']}",
+                f"algorithm.outer_optimizer.momentum={s['momentum']}",
+                f"algorithm.outer_optimizer.nesterov={str(s['nesterov']).lower()}",
+            ]
         elif m == "sparseloco":
-            ov = [f"algorithm.inner_steps={s['h']}", f"algorithm.outer_optimizer.lr={s['lr']}", f"algorithm.ef_decay={s['ef_decay']}"]
+            ov = [
+                f"algorithm.inner_steps={s['h']}",
+                f"algorithm.outer_optimizer.lr={s['lr']}",
+                f"algorithm.ef_decay={s['ef_decay']}",
+            ]
         else:
             continue  # compressed NoLoCo is not one of compare's arms
         arms[m] = {"overrides": ov, "behind": behind}
     mdl = c["model"]
-    return {"preset": f"bench_n{ranks}", "workers": ranks, "steps": c["steps"], "global_batch_size": c["batch"],
-            "micro_batch_size": c["batch"] // ranks, "inner_steps": c["diloco_h"], "eval_every": STEP_MULTIPLE,
-            "scale_overrides": [f"data={c['data_name']}", f"data.seq_len={c['seq_len']}", f"model.hidden_size={mdl['hidden']}",
-                          f"model.num_layers={mdl['layers']}", f"model.num_heads={mdl['heads']}",
-                          f"model.intermediate_size={mdl['intermediate']}", f"model.max_seq_len={c['seq_len']}",
-                          f"optim.lr={cell['tuning']['inner_lr']}"],
-            "arms": arms}
+    return {
+        "preset": f"bench_n{ranks}",
+        "workers": ranks,
+        "steps": c["steps"],
+        "global_batch_size": c["batch"],
+        "micro_batch_size": c["batch"] // ranks,
+        "inner_steps": c["diloco_h"],
+        "eval_every": STEP_MULTIPLE,
+        "scale_overrides": [
+            f"data={c['data_name']}",
+            f"data.seq_len={c['seq_len']}",
+            f"model.hidden_size={mdl['hidden']}",
+            f"model.num_layers={mdl['layers']}",
+            f"model.num_heads={mdl['heads']}",
+            f"model.intermediate_size={mdl['intermediate']}",
+            f"model.max_seq_len={c['seq_len']}",
+            f"optim.lr={cell['tuning']['inner_lr']}",
+        ],
+        "arms": arms,
+    }
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = bench_parser(__doc__.splitlines()[0], seeds=8,
-                      smoke={"steps": 40, "ranks": [2], "seeds": 2, "model": "xs", "finalists": 1, "max_rounds": 1, "small_grid": True})
+    ap = bench_parser(
+        __doc__.splitlines()[0],
+        seeds=8,
+        smoke={
+            "steps": 40,
+            "ranks": [2],
+            "seeds": 2,
+            "model": "xs",
+            "finalists": 1,
+            "max_rounds": 1,
+            "small_grid": True,
+        },
+    )
     ap.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
     ap.add_argument("--model", choices=SIZES, default="s")
     ap.add_argument("--tokens-per-param", type=float, default=20.0)
@@ -335,44 +517,107 @@ def main(argv: list[str] | None = None) -> None:
         import yaml
 
         preset = compare_preset(json.loads(Path(args.preset_from).read_text()), args.preset_ranks)
-        print("# @package _global_\n# written by python -m benchmarks.compressed_sync --preset-from " + args.preset_from + "\n"
-              + yaml.safe_dump(preset, sort_keys=False, width=120))
+        print(
+            "# @package _global_\n# written by python -m benchmarks.compressed_sync --preset-from "
+            + args.preset_from
+            + "\n"
+            + yaml.safe_dump(preset, sort_keys=False, width=120)
+        )
         return
     model, seq_len, batch = SIZES[args.model], 64, 32
     params = model_params(model, seq_len)
     steps = args.steps or plan_steps(params, batch * seq_len, args.tokens_per_param)
-    spaces = {m: ({k: Axis(a.ladder, (a.start[len(a.start) // 2],), a.ordered) for k, a in sp.items()} if args.small_grid else sp)
-              for m, sp in {**SPACES, "inner": INNER_SPACE}.items()}
+    spaces = {
+        m: (
+            {k: Axis(a.ladder, (a.start[len(a.start) // 2],), a.ordered) for k, a in sp.items()}
+            if args.small_grid
+            else sp
+        )
+        for m, sp in {**SPACES, "inner": INNER_SPACE}.items()
+    }
     data = recipe_sections([f"data={args.data}", *args.override])["data"]
     corpus = corpus_facts(data, model, seq_len)
     fixed = {"topk": 64, "bits": 2, "state_topk": 32, "state_bits": 4, "anchor_every": 10, "noloco_momentum": 0.5}
-    config = {"steps": steps, "ranks": args.ranks, "model_size": args.model, "model": model, "params": params, "seq_len": seq_len,
-              "batch": batch, "data_name": args.data, "overrides": args.override, "data": data, "corpus": corpus,
-              "tuning_seeds": args.tuning_seeds,
-              "eval_seeds": seed_list(args.seeds), "finalists": args.finalists or None, "max_rounds": args.max_rounds,
-              "diloco_h": args.diloco_h, "fixed": fixed, "methods": args.methods,
-              "spaces": {m: {k: [list(a.ladder), list(a.start), a.ordered] for k, a in sp.items()} for m, sp in spaces.items()},
-              "decision_rules": preregister(CACHE_DIR, args.name, RULES, args.fresh)}  # fixed before any run
+    config = {
+        "steps": steps,
+        "ranks": args.ranks,
+        "model_size": args.model,
+        "model": model,
+        "params": params,
+        "seq_len": seq_len,
+        "batch": batch,
+        "data_name": args.data,
+        "overrides": args.override,
+        "data": data,
+        "corpus": corpus,
+        "tuning_seeds": args.tuning_seeds,
+        "eval_seeds": seed_list(args.seeds),
+        "finalists": args.finalists or None,
+        "max_rounds": args.max_rounds,
+        "diloco_h": args.diloco_h,
+        "fixed": fixed,
+        "methods": args.methods,
+        "spaces": {
+            m: {k: [list(a.ladder), list(a.start), a.ordered] for k, a in sp.items()} for m, sp in spaces.items()
+        },
+        "decision_rules": preregister(CACHE_DIR, args.name, RULES, args.fresh),
+    }  # fixed before any run
     harness = Harness(args.name, __file__, config, allow_dirty=args.allow_dirty, fresh=args.fresh, smoke=args.smoke)
     # the corpus hash rides in every job: a run cached on other text is never reused
-    shared = {"steps": steps, "model": model, "seq_len": seq_len, "batch": batch, "data": data, "corpus_hash": corpus["hash"],
-              "warmup": 20, "eval_every": STEP_MULTIPLE, "eval_seqs": 32, "fixed": fixed, "diloco_h": args.diloco_h}
-    plan = {"methods": args.methods, "spaces": spaces, "tuning_seeds": args.tuning_seeds, "finalists": args.finalists or None,
-            "max_rounds": args.max_rounds, "parallel": args.parallel}
+    shared = {
+        "steps": steps,
+        "model": model,
+        "seq_len": seq_len,
+        "batch": batch,
+        "data": data,
+        "corpus_hash": corpus["hash"],
+        "warmup": 20,
+        "eval_every": STEP_MULTIPLE,
+        "eval_seqs": 32,
+        "fixed": fixed,
+        "diloco_h": args.diloco_h,
+    }
+    plan = {
+        "methods": args.methods,
+        "spaces": spaces,
+        "tuning_seeds": args.tuning_seeds,
+        "finalists": args.finalists or None,
+        "max_rounds": args.max_rounds,
+        "parallel": args.parallel,
+    }
     cells: dict[str, Any] = {}
     for n in args.ranks:  # one N after the other: a run cut short still has a whole N
         tuned = tune(harness, shared, n, plan)
-        jobs = [_job(shared, n, m, t["winner"], s, tuned["inner_lr"]) for m, t in tuned["arms"].items() for s in config["eval_seeds"]]
+        jobs = [
+            _job(shared, n, m, t["winner"], s, tuned["inner_lr"])
+            for m, t in tuned["arms"].items()
+            for s in config["eval_seeds"]
+        ]
         results = harness.run_jobs(jobs, train_run, desc=f"eval seeds N={n}", parallel=args.parallel)
         runs: dict[str, list[dict[str, Any]]] = {}
         for j, r in zip(jobs, results):
             runs.setdefault(j["method"], []).append({**r, "h": j["h"]})
         cells[f"N={n}"] = {**figures_for(n, tuned, runs, config["decision_rules"]), "tuning": tuned}
         logged = {json.dumps(r["corpus"], sort_keys=True) for rs in runs.values() for r in rs if r.get("corpus")}
-        figures = {"cells": cells, "tokens_per_param": steps * batch * seq_len / params, "epochs": steps * batch * seq_len / corpus["train_tokens"],
-                   "corpus": corpus if len(logged) <= 1 else {"name": "mixed", "hash": None}}
-        figures["unmet"] = sorted(set(x for c in cells.values() for x in unmet(
-            c["tuning"]["arms"], args.tuning_seeds, config["eval_seeds"], figures["tokens_per_param"], figures["corpus"])))
+        figures = {
+            "cells": cells,
+            "tokens_per_param": steps * batch * seq_len / params,
+            "epochs": steps * batch * seq_len / corpus["train_tokens"],
+            "corpus": corpus if len(logged) <= 1 else {"name": "mixed", "hash": None},
+        }
+        figures["unmet"] = sorted(
+            set(
+                x
+                for c in cells.values()
+                for x in unmet(
+                    c["tuning"]["arms"],
+                    args.tuning_seeds,
+                    config["eval_seeds"],
+                    figures["tokens_per_param"],
+                    figures["corpus"],
+                )
+            )
+        )
         paths = harness.write(figures, text, plot)
     print(paths["txt"].read_text())
 

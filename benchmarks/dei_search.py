@@ -33,7 +33,17 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from benchmarks.harness import CACHE_DIR, Harness, config_parser, fmt, header, mean_std, parse_config, reanalyse, save_figure
+from benchmarks.harness import (
+    CACHE_DIR,
+    Harness,
+    config_parser,
+    fmt,
+    header,
+    mean_std,
+    parse_config,
+    reanalyse,
+    save_figure,
+)
 from benchmarks.protocol import DecisionRule, decision, describe
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -57,8 +67,14 @@ class BenchConfig:
 
 def _model(spec) -> dict:
     family, hidden, layers, heads, ffn = spec
-    return {"family": family, "hidden_size": hidden, "num_layers": layers, "num_heads": heads,
-            "intermediate_size": ffn, "max_seq_len": 512}
+    return {
+        "family": family,
+        "hidden_size": hidden,
+        "num_layers": layers,
+        "num_heads": heads,
+        "intermediate_size": ffn,
+        "max_seq_len": 512,
+    }
 
 
 def train_operators(cfg: BenchConfig) -> list[str]:
@@ -83,18 +99,33 @@ def _run(job: dict) -> dict:
     paths = [operators[0]] * n if arm != "heterogeneous" else operators[:n]
     nodes = ",".join(f"{{model: {{pretrained: '{p}'}}}}" for p in paths)
     run_dir = ROOT / "runs" / "bench" / "dei_search" / f"{arm}_s{seed}"
-    cmd = [sys.executable, "-m", "recipes.dei", f"num_nodes={n}", f"seed={seed}", f"nodes=[{nodes}]",
-           f"search.rounds={cfg.rounds}", f"search.n_init={cfg.n_init * (cfg.nodes if arm == 'single' else 1)}",
-           f"search.iters={per_round - cfg.n_init * (cfg.nodes if arm == 'single' else 1)}",
-           f"pmars.rounds={cfg.battle_rounds}", f"run_dir={run_dir}", "share.deadline_s=600"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "recipes.dei",
+        f"num_nodes={n}",
+        f"seed={seed}",
+        f"nodes=[{nodes}]",
+        f"search.rounds={cfg.rounds}",
+        f"search.n_init={cfg.n_init * (cfg.nodes if arm == 'single' else 1)}",
+        f"search.iters={per_round - cfg.n_init * (cfg.nodes if arm == 'single' else 1)}",
+        f"pmars.rounds={cfg.battle_rounds}",
+        f"run_dir={run_dir}",
+        "share.deadline_s=600",
+    ]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     if proc.returncode != 0:
         raise RuntimeError(f"{arm} seed {seed} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
     summary = json.loads((run_dir / "summary.json").read_text())
     calls = sum(row["calls_used"] for row in summary["nodes"].values())
-    return {"qd_score": summary["merged"]["qd_score"], "coverage": summary["merged"]["coverage"],
-            "cells": summary["merged"]["cells"], "calls": calls, "heldout_win_rate": heldout(run_dir, cfg, seed),
-            "nodes_finished": summary["nodes_finished"]}
+    return {
+        "qd_score": summary["merged"]["qd_score"],
+        "coverage": summary["merged"]["coverage"],
+        "cells": summary["merged"]["cells"],
+        "calls": calls,
+        "heldout_win_rate": heldout(run_dir, cfg, seed),
+        "nodes_finished": summary["nodes_finished"],
+    }
 
 
 def heldout(run_dir: Path, cfg: BenchConfig, seed: int) -> float:
@@ -132,15 +163,35 @@ def figures_from(runs: dict[str, dict]) -> dict:
     seeds = sorted({int(k.rsplit("_s", 1)[1]) for k in runs})
     by = {arm: [runs[f"{arm}_s{s}"] for s in seeds] for arm in ARMS}
     pairs = (("heterogeneous", "homogeneous"), ("homogeneous", "single"))
-    figures = {"per_arm": {arm: {k: mean_std([r[k] for r in rs]) for k in ("qd_score", "coverage", "heldout_win_rate",
-                                                                            "calls")} for arm, rs in by.items()},
-               "paired": {f"{a}-{b}": {k: paired([r[k] for r in by[a]], [r[k] for r in by[b]])
-                                       for k in ("qd_score", "coverage", "heldout_win_rate")} for a, b in pairs},
-               "decisions": {f"{a}_above_{b}": decision(f"{a}_above_{b}", a, b, ORDER_RULE, [r["qd_score"] for r in by[a]],
-                                                        [r["qd_score"] for r in by[b]], "merged-archive QD-score") for a, b in pairs},
-               "runs": runs}
-    figures["ordering_met"] = all(figures["paired"][p][k]["mean"] > 0 for p in figures["paired"]
-                                  for k in ("qd_score", "coverage"))
+    figures = {
+        "per_arm": {
+            arm: {k: mean_std([r[k] for r in rs]) for k in ("qd_score", "coverage", "heldout_win_rate", "calls")}
+            for arm, rs in by.items()
+        },
+        "paired": {
+            f"{a}-{b}": {
+                k: paired([r[k] for r in by[a]], [r[k] for r in by[b]])
+                for k in ("qd_score", "coverage", "heldout_win_rate")
+            }
+            for a, b in pairs
+        },
+        "decisions": {
+            f"{a}_above_{b}": decision(
+                f"{a}_above_{b}",
+                a,
+                b,
+                ORDER_RULE,
+                [r["qd_score"] for r in by[a]],
+                [r["qd_score"] for r in by[b]],
+                "merged-archive QD-score",
+            )
+            for a, b in pairs
+        },
+        "runs": runs,
+    }
+    figures["ordering_met"] = all(
+        figures["paired"][p][k]["mean"] > 0 for p in figures["paired"] for k in ("qd_score", "coverage")
+    )
     figures["ordering_decided"] = all(d["result"]["supported"] for d in figures["decisions"].values())
     return figures
 
@@ -151,9 +202,15 @@ def main() -> None:
     cfg, seeds, allow_dirty, fresh, smoke, again = parse_config(ap, BenchConfig, "smoke", "reanalyse")
     if again:
         path = ROOT / "benchmarks" / "results" / "dei_search.json"
-        print(reanalyse(path, lambda rec: figures_from(rec["figures"]["runs"]), text, plot, allow_dirty=allow_dirty)["txt"].read_text())
+        print(
+            reanalyse(path, lambda rec: figures_from(rec["figures"]["runs"]), text, plot, allow_dirty=allow_dirty)[
+                "txt"
+            ].read_text()
+        )
         return
-    h = Harness("dei_search", __file__, {**asdict(cfg), "seeds": seeds}, allow_dirty=allow_dirty, fresh=fresh, smoke=smoke)
+    h = Harness(
+        "dei_search", __file__, {**asdict(cfg), "seeds": seeds}, allow_dirty=allow_dirty, fresh=fresh, smoke=smoke
+    )
     operators = train_operators(cfg)
     jobs = [{"arm": arm, "seed": s, "cfg": asdict(cfg), "operators": operators} for s in range(seeds) for arm in ARMS]
     results = h.run_jobs(jobs, _run)
@@ -164,19 +221,35 @@ def main() -> None:
 
 def text(record: dict) -> str:
     f = record["figures"]
-    lines = [header(record), "",
-             "merged-archive QD-score / coverage / held-out win rate per arm (mean ± std over seeds; equal total calls):"]
+    lines = [
+        header(record),
+        "",
+        "merged-archive QD-score / coverage / held-out win rate per arm (mean ± std over seeds; equal total calls):",
+    ]
     for arm, st in f["per_arm"].items():
-        lines.append(f"  {arm:13s} QD {fmt(st['qd_score'], 2)}   coverage {fmt(st['coverage'], 3)}   "
-                     f"held-out {fmt(st['heldout_win_rate'], 3)}   calls {st['calls']['mean']:.0f}")
+        lines.append(
+            f"  {arm:13s} QD {fmt(st['qd_score'], 2)}   coverage {fmt(st['coverage'], 3)}   "
+            f"held-out {fmt(st['heldout_win_rate'], 3)}   calls {st['calls']['mean']:.0f}"
+        )
     lines.append("paired differences (mean ± std, paired t-test p):")
     for pair, ks in f["paired"].items():
-        lines.append("  " + pair + ": " + "; ".join(
-            f"{k} {fmt(v, 3)} (p={v['p']:.3f})" if v["p"] is not None else f"{k} {fmt(v, 3)}" for k, v in ks.items()))
-    lines.append(f"target (heterogeneous > homogeneous > single on QD-score and coverage): "
-                 f"{'met' if f['ordering_met'] else 'NOT met'} in the means")
+        lines.append(
+            "  "
+            + pair
+            + ": "
+            + "; ".join(
+                f"{k} {fmt(v, 3)} (p={v['p']:.3f})" if v["p"] is not None else f"{k} {fmt(v, 3)}" for k, v in ks.items()
+            )
+        )
+    lines.append(
+        f"target (heterogeneous > homogeneous > single on QD-score and coverage): "
+        f"{'met' if f['ordering_met'] else 'NOT met'} in the means"
+    )
     for name, d in f.get("decisions", {}).items():
-        lines.append(f"decision {name} (QD-score, the paired 95 % interval above 0; benchmarks/protocol.py): {describe(d['result'], 2)}")
+        lines.append(
+            f"decision {name} (QD-score, the paired 95 % interval above 0; benchmarks/protocol.py): "
+            f"{describe(d['result'], 2)}"
+        )
     return "\n".join(lines)
 
 
@@ -185,8 +258,9 @@ def plot(record: dict, png: Path) -> None:
 
     f = record["figures"]
     fig, axes = plt.subplots(1, 3, figsize=(12, 3.6))
-    for ax, key, title in zip(axes, ("qd_score", "coverage", "heldout_win_rate"),
-                              ("merged QD-score", "coverage", "held-out win rate")):
+    for ax, key, title in zip(
+        axes, ("qd_score", "coverage", "heldout_win_rate"), ("merged QD-score", "coverage", "held-out win rate")
+    ):
         for i, arm in enumerate(ARMS):
             vals = f["per_arm"][arm][key]["values"]
             ax.scatter([i] * len(vals), vals, alpha=0.6)

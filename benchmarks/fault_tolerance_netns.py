@@ -65,16 +65,30 @@ def netns_available() -> str | None:
 
 
 class EmulatedHosts:
-    """`hosts` worker hosts plus `spares` idle ones (started later in a dead host's place), and the store's namespace."""
+    """`hosts` worker hosts plus `spares` idle ones (started later in a dead host's place), and the store's
+    namespace."""
 
-    def __init__(self, hosts: int, spares: int = 0, rate: str = "1gbit", delay_ms: float = 0,
-                 delay_python: str = sys.executable, env: dict[str, str] | None = None):
+    def __init__(
+        self,
+        hosts: int,
+        spares: int = 0,
+        rate: str = "1gbit",
+        delay_ms: float = 0,
+        delay_python: str = sys.executable,
+        env: dict[str, str] | None = None,
+    ):
         self.prefix = f"dh{uuid.uuid4().hex[:6]}"  # unique per run: parallel runs and a user's own setup stay apart
         self.n = hosts + spares + 1
         self.store_ns = self.n - 1
         self.rate, self.delay_ms = rate, delay_ms
         # gloo finds its address through the hostname, which in a namespace is 127.0.0.1: name the interface
-        self.env = {**os.environ, "WAN_PREFIX": self.prefix, "PYTHON": delay_python, "GLOO_SOCKET_IFNAME": "eth0", **(env or {})}
+        self.env = {
+            **os.environ,
+            "WAN_PREFIX": self.prefix,
+            "PYTHON": delay_python,
+            "GLOO_SOCKET_IFNAME": "eth0",
+            **(env or {}),
+        }
         self.store_addr = f"{SUBNET}.{self.n}:{STORE_PORT}"
         self.procs: list[subprocess.Popen] = []
 
@@ -90,9 +104,21 @@ class EmulatedHosts:
         try:
             self.wan("up", str(self.n), self.rate, str(self.delay_ms))
             ready = Path(f"/run/decentrain-wan-{self.prefix}/store.addr")
-            self.store = self.spawn(self.store_ns, [sys.executable, "-m", "decentrain.core.comm.job_store", "--host",
-                                                    f"{SUBNET}.{self.n}", "--port", str(STORE_PORT), "--ready-file", str(ready)],
-                                    subprocess.DEVNULL)
+            self.store = self.spawn(
+                self.store_ns,
+                [
+                    sys.executable,
+                    "-m",
+                    "decentrain.core.comm.job_store",
+                    "--host",
+                    f"{SUBNET}.{self.n}",
+                    "--port",
+                    str(STORE_PORT),
+                    "--ready-file",
+                    str(ready),
+                ],
+                subprocess.DEVNULL,
+            )
             while not ready.exists():
                 if self.store.poll() is not None:
                     raise RuntimeError(f"the job store exited with {self.store.returncode}")
@@ -114,17 +140,34 @@ class EmulatedHosts:
 
     # -- processes ----------------------------------------------------------------------
     def spawn(self, i: int, cmd: list[str], out: Any, env: dict[str, str] | None = None) -> subprocess.Popen:
-        p = subprocess.Popen(["ip", "netns", "exec", f"{self.prefix}{i}", *cmd], cwd=ROOT, env={**self.env, **(env or {})},
-                             stdout=out, stderr=subprocess.STDOUT, text=True)
+        p = subprocess.Popen(
+            ["ip", "netns", "exec", f"{self.prefix}{i}", *cmd],
+            cwd=ROOT,
+            env={**self.env, **(env or {})},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         self.procs.append(p)
         return p
 
-    def start_host(self, i: int, node_rank: int, nnodes: int, nproc: int, overrides: list[str], log: Path,
-                   job_id: str = "job") -> subprocess.Popen:
+    def start_host(
+        self, i: int, node_rank: int, nnodes: int, nproc: int, overrides: list[str], log: Path, job_id: str = "job"
+    ) -> subprocess.Popen:
         """Host `i` runs node `node_rank`'s launcher and workers (launch/multinode.sh's command)."""
-        args = [sys.executable, "-u", "-m", "recipes.train", *overrides, "launcher=hosts", f"launcher.nnodes={nnodes}",
-                f"launcher.nproc_per_node={nproc}", f"launcher.node_rank={node_rank}",
-                f"launcher.store={self.store_addr}", f"launcher.job_id={job_id}"]
+        args = [
+            sys.executable,
+            "-u",
+            "-m",
+            "recipes.train",
+            *overrides,
+            "launcher=hosts",
+            f"launcher.nnodes={nnodes}",
+            f"launcher.nproc_per_node={nproc}",
+            f"launcher.node_rank={node_rank}",
+            f"launcher.store={self.store_addr}",
+            f"launcher.job_id={job_id}",
+        ]
         return self.spawn(i, args, open(log, "w"))
 
     def pids(self, i: int) -> list[int]:
@@ -159,14 +202,18 @@ class EmulatedHosts:
         while p.poll() is None:
             if time.monotonic() > deadline or any([q.poll() is not None for q in launchers]):
                 p.kill()
-                raise RuntimeError(f"store wait {args}: a launcher exited ({[q.returncode for q in launchers]}) "
-                                   f"or {timeout_s:.0f}s passed first")
+                raise RuntimeError(
+                    f"store wait {args}: a launcher exited ({[q.returncode for q in launchers]}) "
+                    f"or {timeout_s:.0f}s passed first"
+                )
             time.sleep(0.2)
         out = p.stdout.read() if p.stdout else ""
         if p.returncode != 0 or "seen" not in out:
             raise RuntimeError(f"store wait {args} failed ({p.returncode}): {out[-2000:]}")
 
-    def wait_progress(self, ranks: list[int], rounds: int, launchers: list[subprocess.Popen], timeout_s: float = 600) -> None:
+    def wait_progress(
+        self, ranks: list[int], rounds: int, launchers: list[subprocess.Popen], timeout_s: float = 600
+    ) -> None:
         """Until one of `ranks` has published `rounds` outer rounds done (a round key in the store)."""
         self._wait("progress", str(rounds), *map(str, ranks), launchers=launchers, timeout_s=timeout_s)
 

@@ -75,9 +75,14 @@ def rolled_back(rows: list[dict]) -> int:
 
 def unequal_syncs(a: list[dict], b: list[dict], after: float) -> int:
     """Committed syncs after `after` at which the two groups logged different global-state sums."""
+
     def sums(rows):
-        return {r["ft/committed_steps"]: r["ft/global_sum"] for r in train_rows(rows)
-                if r["time"] >= after and r.get("ft/global_sum") is not None}
+        return {
+            r["ft/committed_steps"]: r["ft/global_sum"]
+            for r in train_rows(rows)
+            if r["time"] >= after and r.get("ft/global_sum") is not None
+        }
+
     sa, sb = sums(a), sums(b)
     return sum(sa[k] != sb[k] for k in set(sa) & set(sb))
 
@@ -106,16 +111,35 @@ def model_digest(run_dir: Path) -> str | None:
 # -- one run --------------------------------------------------------------------------------
 def overrides(job: dict, run_dir: Path) -> list[str]:
     ft = job["mode"].startswith("ft")
-    args = [f"experiment={job['algorithm']}_cpu", f"train.steps={job['steps']}", f"train.micro_batch_size={PER_WORKER_BATCH}",
-            "logger.log_every=1", "train.eval_every=100000", f"train.seed={job['seed']}", f"run_dir={run_dir}",
-            "logger.progress=false", "launcher.max_restarts=1", "train.threads=1"]
+    args = [
+        f"experiment={job['algorithm']}_cpu",
+        f"train.steps={job['steps']}",
+        f"train.micro_batch_size={PER_WORKER_BATCH}",
+        "logger.log_every=1",
+        "train.eval_every=100000",
+        f"train.seed={job['seed']}",
+        f"run_dir={run_dir}",
+        "logger.progress=false",
+        "launcher.max_restarts=1",
+        "train.threads=1",
+    ]
     if job["algorithm"] == "diloco":
         args.append(f"algorithm.inner_steps={job['inner_steps']}")
     if ft:  # train.global_batch_size is per replica group
-        return [*args, "transport=torchft", "transport.replicas=2", "launcher.nproc_per_node=1",
-                f"train.global_batch_size={PER_WORKER_BATCH}", "train.checkpoint_every=100000"]
-    return [*args, "launcher.nproc_per_node=2", f"train.global_batch_size={2 * PER_WORKER_BATCH}",
-            f"train.checkpoint_every={job['checkpoint_every']}"]
+        return [
+            *args,
+            "transport=torchft",
+            "transport.replicas=2",
+            "launcher.nproc_per_node=1",
+            f"train.global_batch_size={PER_WORKER_BATCH}",
+            "train.checkpoint_every=100000",
+        ]
+    return [
+        *args,
+        "launcher.nproc_per_node=2",
+        f"train.global_batch_size={2 * PER_WORKER_BATCH}",
+        f"train.checkpoint_every={job['checkpoint_every']}",
+    ]
 
 
 def children(pid: int) -> list[int]:
@@ -132,8 +156,14 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "RUST_LOG": "warn", "OMP_NUM_THREADS": "1", "DECENTRAIN_BENCH": token}
     survivor_dir, other_dir = (run_dir / "replica_0", run_dir / "replica_1") if ft else (run_dir, run_dir)
     with open(run_dir.parent / f"{run_dir.name}.log", "w") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "recipes.train", *overrides(job, run_dir)], cwd=ROOT, env=env,
-                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "recipes.train", *overrides(job, run_dir)],
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         events: dict[str, float] = {}
         victim, burner = None, None
         deadline = time.time() + job["timeout_s"]
@@ -166,13 +196,19 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
                 return {"error": f"timed out after {job['timeout_s']} s", "events": events}
     survivor = read_live_jsonl(survivor_dir / "metrics.jsonl")
     last = train_rows(survivor)[-1] if train_rows(survivor) else {}
-    out: dict[str, Any] = {"exit_code": proc.returncode, "events": events, "survivor_steps_per_min": steps_per_min(survivor),
-                           "survivor_final_step": last.get("step")}
+    out: dict[str, Any] = {
+        "exit_code": proc.returncode,
+        "events": events,
+        "survivor_steps_per_min": steps_per_min(survivor),
+        "survivor_final_step": last.get("step"),
+    }
     if ft:
         other = read_live_jsonl(other_dir / "metrics.jsonl")
         out["survivor_rolled_back_steps"] = rolled_back(survivor)
         out["survivor_work_lost"] = last.get("ft/dropped_steps", last.get("ft/failed_syncs"))
-        out["bit_equal_final_weights"] = model_digest(survivor_dir) is not None and model_digest(survivor_dir) == model_digest(other_dir)
+        out["bit_equal_final_weights"] = model_digest(survivor_dir) is not None and model_digest(
+            survivor_dir
+        ) == model_digest(other_dir)
         after = events.get("killed_at", 0.0)
         out["unequal_global_syncs"] = unequal_syncs(survivor, other, after) if job["algorithm"] == "diloco" else None
         out["one_group_quorums_after_heal"] = None
@@ -185,14 +221,20 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
             joined = [r for r in back if r["ft/participants"] == 2.0]
             out["first_quorum_had_both"] = bool(back) and back[0]["ft/participants"] == 2.0
             if joined:
-                out["one_group_quorums_after_heal"] = sum(1 for rows in (survivor, other) for r in train_rows(rows)
-                                                          if r["time"] > joined[0]["time"] and r.get("ft/participants") == 1.0)
+                out["one_group_quorums_after_heal"] = sum(
+                    1
+                    for rows in (survivor, other)
+                    for r in train_rows(rows)
+                    if r["time"] > joined[0]["time"] and r.get("ft/participants") == 1.0
+                )
             first = joined[0] if joined else None
         else:
             log = (run_dir / "train.log").read_text() if (run_dir / "train.log").exists() else ""
             resumed = int(log.rsplit("resumed from step ", 1)[1].split(";")[0]) if "resumed from step " in log else 0
             out["resumed_from"] = resumed
-            out["survivor_rolled_back_steps"] = out["survivor_work_lost"] = int(events["survivor_step_at_kill"]) - resumed
+            out["survivor_rolled_back_steps"] = out["survivor_work_lost"] = (
+                int(events["survivor_step_at_kill"]) - resumed
+            )
             first = next((r for r in train_rows(survivor) if r["time"] > killed), None)
         out["kill_to_contributing_s"] = first["time"] - killed if first else None
         out["ready_to_contributing_s"] = first["time"] - ready[0] if first and ready else None
@@ -209,13 +251,19 @@ def _ms(values: list) -> dict[str, Any] | None:
 def summarise(jobs: list[dict], results: list[dict]) -> dict[str, Any]:
     figures: dict[str, Any] = {}
     for algorithm in dict.fromkeys(j["algorithm"] for j in jobs):
-        runs = {m: {j["seed"]: r for j, r in zip(jobs, results) if j["algorithm"] == algorithm and j["mode"] == m} for m in MODES}
+        runs = {
+            m: {j["seed"]: r for j, r in zip(jobs, results) if j["algorithm"] == algorithm and j["mode"] == m}
+            for m in MODES
+        }
         rows: dict[str, Any] = {}
         for fault, base in BASE.items():
             if not runs[fault]:
                 continue
-            ratio = [r["survivor_steps_per_min"] / runs[base][s]["survivor_steps_per_min"] for s, r in runs[fault].items()
-                     if r.get("survivor_steps_per_min") and (runs[base].get(s) or {}).get("survivor_steps_per_min")]
+            ratio = [
+                r["survivor_steps_per_min"] / runs[base][s]["survivor_steps_per_min"]
+                for s, r in runs[fault].items()
+                if r.get("survivor_steps_per_min") and (runs[base].get(s) or {}).get("survivor_steps_per_min")
+            ]
             kills = list(runs[fault].values())
             rows[fault] = {
                 "survivor_rate_vs_no_fault": _ms(ratio),
@@ -226,16 +274,24 @@ def summarise(jobs: list[dict], results: list[dict]) -> dict[str, Any]:
                 "ready_to_contributing_s": _ms([k.get("ready_to_contributing_s") for k in kills]),
             }
             if fault == "ft_kill":
-                rows[fault].update({
-                    "first_quorum_had_both": [k.get("first_quorum_had_both") for k in kills],
-                    "unequal_global_syncs": [k.get("unequal_global_syncs") for k in kills],
-                    "one_group_quorums_after_heal": [k.get("one_group_quorums_after_heal") for k in kills],
-                    "bit_equal_final_weights": [k.get("bit_equal_final_weights") for k in kills],
-                    "targets": {"survivor_rate>=0.9": bool(ratio) and min(ratio) >= 0.9,
-                                "rolled_back==0": all(k.get("survivor_rolled_back_steps") == 0 for k in kills),
-                                "bit_equal_after_heal": bool(kills) and all(k.get("bit_equal_final_weights") for k in kills)},
-                })
-        figures[algorithm] = {"rows": rows, "runs": {m: {str(s): r for s, r in v.items()} for m, v in runs.items() if v}}
+                rows[fault].update(
+                    {
+                        "first_quorum_had_both": [k.get("first_quorum_had_both") for k in kills],
+                        "unequal_global_syncs": [k.get("unequal_global_syncs") for k in kills],
+                        "one_group_quorums_after_heal": [k.get("one_group_quorums_after_heal") for k in kills],
+                        "bit_equal_final_weights": [k.get("bit_equal_final_weights") for k in kills],
+                        "targets": {
+                            "survivor_rate>=0.9": bool(ratio) and min(ratio) >= 0.9,
+                            "rolled_back==0": all(k.get("survivor_rolled_back_steps") == 0 for k in kills),
+                            "bit_equal_after_heal": bool(kills)
+                            and all(k.get("bit_equal_final_weights") for k in kills),
+                        },
+                    }
+                )
+        figures[algorithm] = {
+            "rows": rows,
+            "runs": {m: {str(s): r for s, r in v.items()} for m, v in runs.items() if v},
+        }
     return figures
 
 
@@ -245,22 +301,32 @@ def _f(ms: dict | None, digits: int = 3) -> str:
 
 def text(rec: dict) -> str:
     c = rec["config"]
-    lines = [header(rec), "",
-             f"2 workers x 1 rank, {PER_WORKER_BATCH} seqs each per step, loopback; {c['steps']} steps, SIGKILL worker 1 at worker 0's "
-             f"step {c['fault_step']}; DiLoCo H={c['inner_steps']}; whole group checkpoints every {c['checkpoint_every']} steps; "
-             f"{c['seeds']} seed(s). ft_kill: torchft, group 1 restarts alone and heals; group_restart: both ranks restart from "
-             "the newest checkpoint. rate = survivor's steps/min over its own window vs the no-fault run of the same kind.",
-             "", f"{'algorithm/scenario':24} {'rate vs none':>14} {'rolled back':>12} {'work lost':>10} {'kill->contrib s':>16} "
-             f"{'kill->ready s':>14} {'ready->contrib s':>17}"]
+    lines = [
+        header(rec),
+        "",
+        f"2 workers x 1 rank, {PER_WORKER_BATCH} seqs each per step, loopback; {c['steps']} steps, SIGKILL worker "
+        f"1 at worker 0's step {c['fault_step']}; DiLoCo H={c['inner_steps']}; whole group checkpoints every "
+        f"{c['checkpoint_every']} steps; {c['seeds']} seed(s). ft_kill: torchft, group 1 restarts alone and heals; "
+        "group_restart: both ranks restart from the newest checkpoint. rate = survivor's steps/min over its own "
+        "window vs the no-fault run of the same kind.",
+        "",
+        f"{'algorithm/scenario':24} {'rate vs none':>14} {'rolled back':>12} {'work lost':>10} {'kill->contrib s':>16} "
+        f"{'kill->ready s':>14} {'ready->contrib s':>17}",
+    ]
     for algorithm, f in rec["figures"].items():
         for fault, r in f["rows"].items():
-            lines.append(f"{algorithm + '/' + fault:24} {_f(r['survivor_rate_vs_no_fault']):>14} {str(r['rolled_back_steps']):>12} "
-                         f"{str(r['work_lost']):>10} {_f(r['kill_to_contributing_s'], 1):>16} {_f(r['kill_to_ready_s'], 1):>14} "
-                         f"{_f(r['ready_to_contributing_s'], 1):>17}")
+            lines.append(
+                f"{algorithm + '/' + fault:24} {_f(r['survivor_rate_vs_no_fault']):>14} "
+                f"{str(r['rolled_back_steps']):>12} {str(r['work_lost']):>10} "
+                f"{_f(r['kill_to_contributing_s'], 1):>16} {_f(r['kill_to_ready_s'], 1):>14} "
+                f"{_f(r['ready_to_contributing_s'], 1):>17}"
+            )
             if fault == "ft_kill":
-                lines.append(f"{'':24} first quorum had both groups {r['first_quorum_had_both']}; unequal global syncs "
-                             f"{r['unequal_global_syncs']}; one-group quorums after heal {r['one_group_quorums_after_heal']}; "
-                             f"bit-equal final weights {r['bit_equal_final_weights']}; targets {r['targets']}")
+                lines.append(
+                    f"{'':24} first quorum had both groups {r['first_quorum_had_both']}; unequal global syncs "
+                    f"{r['unequal_global_syncs']}; one-group quorums after heal {r['one_group_quorums_after_heal']}; "
+                    f"bit-equal final weights {r['bit_equal_final_weights']}; targets {r['targets']}"
+                )
     lines.append("")
     for algorithm, f in rec["figures"].items():
         for mode, by_seed in f["runs"].items():
@@ -281,9 +347,22 @@ def main() -> None:
     ap.add_argument("--runs-dir", default=str(ROOT / "runs" / "fault_tolerance_torchft"))
     ap.add_argument("--name", default="fault_tolerance_torchft")
     args = parse(ap)
-    jobs = [{"algorithm": a, "mode": m, "seed": s, "steps": args.steps, "fault_step": args.fault_step, "inner_steps": args.inner_steps,
-             "checkpoint_every": args.checkpoint_every, "timeout_s": args.timeout_s, "runs_dir": args.runs_dir}
-            for a in args.algorithms for s in range(args.seeds) for m in args.modes]
+    jobs = [
+        {
+            "algorithm": a,
+            "mode": m,
+            "seed": s,
+            "steps": args.steps,
+            "fault_step": args.fault_step,
+            "inner_steps": args.inner_steps,
+            "checkpoint_every": args.checkpoint_every,
+            "timeout_s": args.timeout_s,
+            "runs_dir": args.runs_dir,
+        }
+        for a in args.algorithms
+        for s in range(args.seeds)
+        for m in args.modes
+    ]
     config = own_flags(args)
     h = Harness(args.name, __file__, config, allow_dirty=args.allow_dirty, fresh=args.fresh, smoke=args.smoke)
     results = h.run_jobs(jobs, run_job)

@@ -55,8 +55,19 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from benchmarks.harness import (RESULTS, DecisionRule, Harness, bench_parser, decision, describe, header, own_flags, parse,
-                                reanalyse, save_figure)
+from benchmarks.harness import (
+    RESULTS,
+    DecisionRule,
+    Harness,
+    bench_parser,
+    decision,
+    describe,
+    header,
+    own_flags,
+    parse,
+    reanalyse,
+    save_figure,
+)
 from decentrain.algorithms.outer.quorum_board import Board, Outage, SimClock, use_board
 from decentrain.core.comm.deadline import AdaptiveDeadlineConfig, ArrivalWindow
 from decentrain.core.comm.transport import Transport
@@ -85,26 +96,41 @@ def schedule(a: dict[str, Any]) -> tuple[dict[int, list[Outage]], list[Straggle]
     for w in range(math.ceil(a["rounds"] / a["every"])):
         lo, span = w * a["every"] * round_s, a["every"] * round_s
         rank, at = int(rng.integers(a["replicas"])), lo + float(rng.uniform(0.1, 0.8)) * span
-        kills.setdefault(rank, []).append(Outage(at, at + a["down_rounds"] * round_s, at + a["detect_rounds"] * round_s))
-        rank, at, factor = int(rng.integers(a["replicas"])), lo + float(rng.uniform(0.0, 0.7)) * span, float(rng.uniform(2, 5))
+        kills.setdefault(rank, []).append(
+            Outage(at, at + a["down_rounds"] * round_s, at + a["detect_rounds"] * round_s)
+        )
+        rank, at, factor = (
+            int(rng.integers(a["replicas"])),
+            lo + float(rng.uniform(0.0, 0.7)) * span,
+            float(rng.uniform(2, 5)),
+        )
         straggles.append(Straggle(rank, at, at + a["straggle_rounds"] * round_s, factor))
     return kills, straggles
 
 
 def step_cost(a: dict[str, Any], straggles: list[Straggle]):
     """step_seconds(rank, t, i) for the SimClock: base x jitter(seed, rank, i) x the straggle factor at t."""
-    jitter = [np.random.default_rng([a["seed"], rank, 7]).lognormal(0.0, a["jitter"], size=1 << 14)
-              for rank in range(a["replicas"])]
+    jitter = [
+        np.random.default_rng([a["seed"], rank, 7]).lognormal(0.0, a["jitter"], size=1 << 14)
+        for rank in range(a["replicas"])
+    ]
 
     def cost(rank: int, t: float, i: int) -> float:
         slow = max([s.factor for s in straggles if s.rank == rank and s.start <= t < s.end], default=1.0)
         return a["step_s"] * float(jitter[rank][i % len(jitter[rank])]) * slow
+
     return cost
 
 
 def grace(a: dict[str, Any]) -> dict[str, Any]:
-    return {"enabled": True, "cap_s": 20.0 * a["inner_steps"] * a["step_s"], "k": 6.0, "window": 32, "warmup": 4,
-            "margin_s": a["grace_frac"] * a["inner_steps"] * a["step_s"]}
+    return {
+        "enabled": True,
+        "cap_s": 20.0 * a["inner_steps"] * a["step_s"],
+        "k": 6.0,
+        "window": 32,
+        "warmup": 4,
+        "margin_s": a["grace_frac"] * a["inner_steps"] * a["step_s"],
+    }
 
 
 # -- NoLoCo on the SimClock ---------------------------------------------------------------------
@@ -190,24 +216,54 @@ def algorithm(a: dict[str, Any]) -> dict[str, Any]:
     quorum = {"mode": "quorum", "min_quorum": a["min_quorum"], "late": a["late"], "grace": grace(a)}
     lockstep = {"mode": "quorum", "min_quorum": a["replicas"], "grace": {**grace(a), "cap_s": None}}
     outer = {"name": "sgd", "lr": a["outer_lr"], "momentum": a["outer_momentum"], "nesterov": a["nesterov"]}
-    return {"lockstep_diloco": {"name": "diloco", "inner_steps": a["inner_steps"], "rounds": lockstep, "outer_optimizer": outer},
-            "quorum_diloco": {"name": "diloco", "inner_steps": a["inner_steps"], "rounds": quorum, "outer_optimizer": outer},
-            "noloco": {"name": "noloco", "inner_steps": a["inner_steps"]}}[a["arm"]]
+    return {
+        "lockstep_diloco": {
+            "name": "diloco",
+            "inner_steps": a["inner_steps"],
+            "rounds": lockstep,
+            "outer_optimizer": outer,
+        },
+        "quorum_diloco": {
+            "name": "diloco",
+            "inner_steps": a["inner_steps"],
+            "rounds": quorum,
+            "outer_optimizer": outer,
+        },
+        "noloco": {"name": "noloco", "inner_steps": a["inner_steps"]},
+    }[a["arm"]]
 
 
 def train_config(a: dict[str, Any]):
     from decentrain.config import config_from_dict
 
     steps = a["rounds"] * a["inner_steps"]
-    return config_from_dict({
-        "algorithm": algorithm(a),
-        "model": {"hidden_size": a["hidden"], "num_layers": a["layers"], "num_heads": 2, "intermediate_size": 2 * a["hidden"]},
-        "data": {"seq_len": a["seq_len"], "max_bytes_per_domain": a["data_bytes"], "domains": ["python_docs", "licenses"]},
-        "train": {"steps": steps, "global_batch_size": a["batch"] * a["replicas"], "micro_batch_size": a["batch"],
-                  "eval_every": steps, "eval_batches": a["eval_batches"], "checkpoint_every": 10 * steps, "threads": 1,
-                  "seed": a["seed"]},
-        "logger": {"progress": False, "console": False, "log_every": steps},
-    })
+    return config_from_dict(
+        {
+            "algorithm": algorithm(a),
+            "model": {
+                "hidden_size": a["hidden"],
+                "num_layers": a["layers"],
+                "num_heads": 2,
+                "intermediate_size": 2 * a["hidden"],
+            },
+            "data": {
+                "seq_len": a["seq_len"],
+                "max_bytes_per_domain": a["data_bytes"],
+                "domains": ["python_docs", "licenses"],
+            },
+            "train": {
+                "steps": steps,
+                "global_batch_size": a["batch"] * a["replicas"],
+                "micro_batch_size": a["batch"],
+                "eval_every": steps,
+                "eval_batches": a["eval_batches"],
+                "checkpoint_every": 10 * steps,
+                "threads": 1,
+                "seed": a["seed"],
+            },
+            "logger": {"progress": False, "console": False, "log_every": steps},
+        }
+    )
 
 
 def run(job: dict[str, Any]) -> dict[str, Any]:
@@ -246,9 +302,16 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
         recs = records(board, job["rounds"])
         useful = h * sum(len(rec.members) for rec in recs)  # each member covers one round of H steps, fresh or stale
         end, heal = recs[-1].closed_at, heal_times(recs, kills)
-    return {"time_s": end, "useful_tokens": useful * tokens_per_step, "computed_tokens": computed * tokens_per_step,
-            "dropped_tokens": (computed - useful) * tokens_per_step, "eval_loss": statistics.fmean(losses),
-            "loss_spread": max(losses) - min(losses), "heal_s": heal, "kills": sum(len(v) for v in kills.values())}
+    return {
+        "time_s": end,
+        "useful_tokens": useful * tokens_per_step,
+        "computed_tokens": computed * tokens_per_step,
+        "dropped_tokens": (computed - useful) * tokens_per_step,
+        "eval_loss": statistics.fmean(losses),
+        "loss_spread": max(losses) - min(losses),
+        "heal_s": heal,
+        "kills": sum(len(v) for v in kills.values()),
+    }
 
 
 def records(board: Board, rounds: int) -> list:
@@ -263,7 +326,9 @@ def heal_times(recs: list, kills: dict[int, list[Outage]]) -> list[float]:
     out = []
     for rank, outs in kills.items():
         for o in outs:
-            back = next((rec.closed_at for rec in recs if rec.closed_at > o.end and rank in [m.rank for m in rec.fresh]), None)
+            back = next(
+                (rec.closed_at for rec in recs if rec.closed_at > o.end and rank in [m.rank for m in rec.fresh]), None
+            )
             if back is not None:
                 out.append(back - o.end)
     return out
@@ -288,9 +353,16 @@ def ddp(job: dict[str, Any]) -> dict[str, Any]:
         t += dt
         useful += len(live)
     tokens = job["batch"] * job["seq_len"]
-    return {"time_s": t, "useful_tokens": useful * tokens, "computed_tokens": computed * tokens,
-            "dropped_tokens": (computed - useful) * tokens, "eval_loss": None, "loss_spread": None, "heal_s": [],
-            "kills": sum(len(v) for v in kills.values())}
+    return {
+        "time_s": t,
+        "useful_tokens": useful * tokens,
+        "computed_tokens": computed * tokens,
+        "dropped_tokens": (computed - useful) * tokens,
+        "eval_loss": None,
+        "loss_spread": None,
+        "heal_s": [],
+        "kills": sum(len(v) for v in kills.values()),
+    }
 
 
 # -- figures -------------------------------------------------------------------------------------------
@@ -301,23 +373,47 @@ def figures(runs: dict[str, dict[str, list[dict[str, Any]]]], seeds: list[int]) 
     for arm, by in runs.items():
         fault, free = by["faults"], by["free"]
         ratio = [(f["useful_tokens"] / f["time_s"]) / (g["useful_tokens"] / g["time_s"]) for f, g in zip(fault, free)]
-        entry = {"goodput": ratio, "goodput_mean": statistics.fmean(ratio),
-                 "goodput_vs_target": decision(f"{arm} goodput >= {TARGET}", arm, f"target {TARGET}", RULES["goodput"],
-                                               ratio, [TARGET] * len(ratio), "goodput"),
-                 "dropped_fraction": [f["dropped_tokens"] / f["computed_tokens"] for f in fault],
-                 "heal_s": [s for f in fault for s in f["heal_s"]],
-                 "time_ratio": [f["time_s"] / g["time_s"] for f, g in zip(fault, free)]}
+        entry = {
+            "goodput": ratio,
+            "goodput_mean": statistics.fmean(ratio),
+            "goodput_vs_target": decision(
+                f"{arm} goodput >= {TARGET}",
+                arm,
+                f"target {TARGET}",
+                RULES["goodput"],
+                ratio,
+                [TARGET] * len(ratio),
+                "goodput",
+            ),
+            "dropped_fraction": [f["dropped_tokens"] / f["computed_tokens"] for f in fault],
+            "heal_s": [s for f in fault for s in f["heal_s"]],
+            "time_ratio": [f["time_s"] / g["time_s"] for f, g in zip(fault, free)],
+        }
         if fault[0]["eval_loss"] is not None:
             losses = [f["eval_loss"] for f in fault], [g["eval_loss"] for g in free]
             entry["loss_ratio"] = [a / b for a, b in zip(*losses)]
-            entry["loss_vs_free"] = decision(f"{arm} eval loss vs failure-free", f"{arm}/faults", f"{arm}/free", RULES["loss"],
-                                             losses[0], losses[1], "eval/loss")
+            entry["loss_vs_free"] = decision(
+                f"{arm} eval loss vs failure-free",
+                f"{arm}/faults",
+                f"{arm}/free",
+                RULES["loss"],
+                losses[0],
+                losses[1],
+                "eval/loss",
+            )
         out["arms"][arm] = entry
     q = out["arms"].get("quorum_diloco")
     if q is not None:
-        g, loss = q["goodput_vs_target"]["result"]["verdict"], q.get("loss_vs_free", {}).get("result", {}).get("verdict")
-        out["targets"] = {"goodput_at_least_0.88": g == "better", "loss_within_1pct": loss == "reaches",
-                          "goodput_verdict": g, "loss_verdict": loss}
+        g, loss = (
+            q["goodput_vs_target"]["result"]["verdict"],
+            q.get("loss_vs_free", {}).get("result", {}).get("verdict"),
+        )
+        out["targets"] = {
+            "goodput_at_least_0.88": g == "better",
+            "loss_within_1pct": loss == "reaches",
+            "goodput_verdict": g,
+            "loss_verdict": loss,
+        }
     out["seeds"] = seeds
     return out
 
@@ -332,10 +428,14 @@ def _ci(d: dict[str, Any]) -> str:
 
 def text(rec: dict[str, Any]) -> str:
     f, c = rec["figures"], rec["config"]
-    lines = [header(rec), f"{c['replicas']} replicas, {c['rounds']} rounds of H={c['inner_steps']}, seeds {f['seeds']}; "
-             f"per {c['every']} rounds one kill (down {c['down_rounds']} rounds) and one 2-5x straggler "
-             f"({c['straggle_rounds']} rounds); quorum: min_quorum={c['min_quorum']}, late={c['late']}", "",
-             f"{'arm':16s} {'goodput (95% CI)':26s} {'eval loss ratio':18s} {'dropped':>8s} {'heal s (mean)':>14s}"]
+    lines = [
+        header(rec),
+        f"{c['replicas']} replicas, {c['rounds']} rounds of H={c['inner_steps']}, seeds {f['seeds']}; "
+        f"per {c['every']} rounds one kill (down {c['down_rounds']} rounds) and one 2-5x straggler "
+        f"({c['straggle_rounds']} rounds); quorum: min_quorum={c['min_quorum']}, late={c['late']}",
+        "",
+        f"{'arm':16s} {'goodput (95% CI)':26s} {'eval loss ratio':18s} {'dropped':>8s} {'heal s (mean)':>14s}",
+    ]
     for arm, e in f["arms"].items():
         g = _ci(e["goodput_vs_target"]["result"])
         loss = f"{statistics.fmean(e['loss_ratio']):.4f}" if "loss_ratio" in e else "-"
@@ -348,9 +448,12 @@ def text(rec: dict[str, Any]) -> str:
             lines.append(f"{arm}: eval loss vs its failure-free run: {describe(e['loss_vs_free']['result'], 4)}")
     t = f.get("targets")
     if t:
-        lines += ["", f"targets (quorum_diloco): goodput >= 0.88 {'MET' if t['goodput_at_least_0.88'] else 'NOT MET'} "
-                  f"({t['goodput_verdict']}); eval loss within 1 % {'MET' if t['loss_within_1pct'] else 'NOT MET'} "
-                  f"({t['loss_verdict']})"]
+        lines += [
+            "",
+            f"targets (quorum_diloco): goodput >= 0.88 {'MET' if t['goodput_at_least_0.88'] else 'NOT MET'} "
+            f"({t['goodput_verdict']}); eval loss within 1 % {'MET' if t['loss_within_1pct'] else 'NOT MET'} "
+            f"({t['loss_verdict']})",
+        ]
     return "\n".join(lines)
 
 
@@ -370,10 +473,23 @@ def plot(rec: dict[str, Any], png: Path) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    ap = bench_parser(__doc__.split("\n")[0], seeds=3,
-                      smoke={"seeds": 1, "replicas": 4, "rounds": 6, "every": 6, "inner_steps": 2, "down_rounds": 2,
-                             "detect_rounds": 1, "straggle_rounds": 3, "min_quorum": 3, "data_bytes": 20000,
-                             "eval_batches": 1})
+    ap = bench_parser(
+        __doc__.split("\n")[0],
+        seeds=3,
+        smoke={
+            "seeds": 1,
+            "replicas": 4,
+            "rounds": 6,
+            "every": 6,
+            "inner_steps": 2,
+            "down_rounds": 2,
+            "detect_rounds": 1,
+            "straggle_rounds": 3,
+            "min_quorum": 3,
+            "data_bytes": 20000,
+            "eval_batches": 1,
+        },
+    )
     ap.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS)
     ap.add_argument("--replicas", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=100)
@@ -397,17 +513,30 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--data-bytes", type=int, default=200000)
     ap.add_argument("--eval-batches", type=int, default=8)
-    ap.add_argument("--reanalyse", action="store_true", help="recompute the committed result's figures from its runs (no run)")
+    ap.add_argument(
+        "--reanalyse", action="store_true", help="recompute the committed result's figures from its runs (no run)"
+    )
     args = parse(ap, argv)
     if args.reanalyse:
-        reanalyse(RESULTS / "goodput.json", lambda rec: {**figures(rec["figures"]["runs"], rec["figures"]["seeds"]),
-                                                         "runs": rec["figures"]["runs"]}, text, plot, args.allow_dirty)
+        reanalyse(
+            RESULTS / "goodput.json",
+            lambda rec: {**figures(rec["figures"]["runs"], rec["figures"]["seeds"]), "runs": rec["figures"]["runs"]},
+            text,
+            plot,
+            args.allow_dirty,
+        )
         return
     config = own_flags(args)
     config.pop("seeds")
     config.pop("reanalyse")
-    hz = Harness("goodput", __file__, {**config, "decision_rules": {k: asdict(r) for k, r in RULES.items()}},
-                 allow_dirty=args.allow_dirty, fresh=args.fresh, smoke=args.smoke)
+    hz = Harness(
+        "goodput",
+        __file__,
+        {**config, "decision_rules": {k: asdict(r) for k, r in RULES.items()}},
+        allow_dirty=args.allow_dirty,
+        fresh=args.fresh,
+        smoke=args.smoke,
+    )
     seeds = list(range(args.seeds))
     base = {k: v for k, v in config.items() if k != "arms"}
     jobs = [{**base, "arm": arm, "seed": s, "faults": f} for arm in args.arms for s in seeds for f in (False, True)]

@@ -66,10 +66,20 @@ def replica_rate(path: Path) -> float | None:
 def variant_overrides(base: list[str], name: str, batch: Batch) -> list[str]:
     """The recipe overrides of one variant: the arm's run with its execution, compile and batch."""
     how, scope, mult, _ = VARIANTS[name]
-    layout = ([f"transport=inprocess", f"transport.replicas={batch.workers}", "launcher.nproc_per_node=1"] if how == "threads"
-              else [f"launcher.nproc_per_node={batch.workers}"])
-    return merged(base, layout, [f"train.compile={scope}", f"train.global_batch_size={batch.global_batch * mult}",
-                                 f"train.micro_batch_size={batch.micro_batch * mult}"])
+    layout = (
+        ["transport=inprocess", f"transport.replicas={batch.workers}", "launcher.nproc_per_node=1"]
+        if how == "threads"
+        else [f"launcher.nproc_per_node={batch.workers}"]
+    )
+    return merged(
+        base,
+        layout,
+        [
+            f"train.compile={scope}",
+            f"train.global_batch_size={batch.global_batch * mult}",
+            f"train.micro_batch_size={batch.micro_batch * mult}",
+        ],
+    )
 
 
 @contextlib.contextmanager
@@ -80,7 +90,11 @@ def mps_daemon(tmp: Path):
     if ctl is None:
         yield "nvidia-cuda-mps-control is not on this box"
         return
-    env = {**os.environ, "CUDA_MPS_PIPE_DIRECTORY": str(tmp / "mps_pipe"), "CUDA_MPS_LOG_DIRECTORY": str(tmp / "mps_log")}
+    env = {
+        **os.environ,
+        "CUDA_MPS_PIPE_DIRECTORY": str(tmp / "mps_pipe"),
+        "CUDA_MPS_LOG_DIRECTORY": str(tmp / "mps_log"),
+    }
     for d in ("mps_pipe", "mps_log"):
         (tmp / d).mkdir(parents=True, exist_ok=True)
     start = subprocess.run([ctl, "-d"], env=env, capture_output=True, text=True, timeout=30)
@@ -107,8 +121,14 @@ def stop_groups(signum, frame) -> None:
 def run_recipe(overrides: list[str], env: dict[str, str], timeout: float, log: Path) -> int | None:
     """`python -m recipes.train overrides` in its own process group, killed whole at `timeout` (None)."""
     with log.open("w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "recipes.train", *overrides], cwd=ROOT, env=env,
-                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "recipes.train", *overrides],
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         _GROUPS.add(proc.pid)
         try:
             return proc.wait(timeout=max(1.0, timeout))
@@ -120,8 +140,15 @@ def run_recipe(overrides: list[str], env: dict[str, str], timeout: float, log: P
             _GROUPS.discard(proc.pid)
 
 
-def run_variant(name: str, overrides: Callable[[Path], list[str]], batch: Batch, flops_tok: float, peak: float | None,
-                timeout: float, logs: Path) -> dict[str, Any]:
+def run_variant(
+    name: str,
+    overrides: Callable[[Path], list[str]],
+    batch: Batch,
+    flops_tok: float,
+    peak: float | None,
+    timeout: float,
+    logs: Path,
+) -> dict[str, Any]:
     """One variant: the recipe with `overrides(run_dir)` and the variant's layout; the GPU's tokens/s (every
     replica's steady rate, summed) and MFU, or why it has none (not on this box, timed out, failed)."""
     from decentrain.core.metrics import metrics_file
@@ -132,15 +159,23 @@ def run_variant(name: str, overrides: Callable[[Path], list[str]], batch: Batch,
             if isinstance(env, str):
                 return {"variant": name, "status": f"not run: {env}"}
             ovr = variant_overrides(overrides(Path(tmp) / "run"), name, batch)
-            code = run_recipe(ovr, {**env, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}, timeout, logs / f"{name}.log")
+            code = run_recipe(
+                ovr, {**env, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}, timeout, logs / f"{name}.log"
+            )
         rates = [replica_rate(Path(tmp) / "run" / metrics_file(r)) for r in range(batch.workers)]
     wall = time.perf_counter() - t0
     if code != 0 or not all(rates):
         status = "timed out" if code is None else f"exit {code}" if code else "no throughput logged"
         return {"variant": name, "status": f"{status} (log {logs / f'{name}.log'})", "wall_s": wall}
     tps = sum(rates)
-    return {"variant": name, "status": "ok", "tokens_per_s": tps, "mfu": tps * flops_tok / peak if peak else None,
-            "wall_s": wall, "overrides": ovr}
+    return {
+        "variant": name,
+        "status": "ok",
+        "tokens_per_s": tps,
+        "mfu": tps * flops_tok / peak if peak else None,
+        "wall_s": wall,
+        "overrides": ovr,
+    }
 
 
 def variant_line(row: dict[str, Any]) -> str:

@@ -10,11 +10,11 @@ batches: the sampler draws one global batch per step whatever the world). Each a
 it goes, and a run that would overrun `--budget-s` is not started: a seed left incomplete keeps the arms
 it finished, and pairs only where both arms of a comparison ran.
 
-Per arm and seed: test-split bits per byte (the Trainer's rule; per domain and overall, the mean over
-domains as eval/bpb; each replica's model, averaged over replicas, as the NoLoCo paper averages perplexity), bytes sent per
-worker (the transport's count; DDP's is its ring all-reduce per step, the figure 4-rank DDP logs), tokens/s
-of the whole GPU (the replicas' rates summed, warm-up window dropped), MFU (core/metrics.py's FLOPs per token
-against the GPU's dense bf16 peak), and wall seconds with start-up.
+Per arm and seed: test-split bits per byte (the Trainer's rule; per domain and overall, the mean over domains
+as eval/bpb; each replica's model, averaged over replicas, as the NoLoCo paper averages perplexity), bytes
+sent per worker (the transport's count; DDP's is its ring all-reduce per step, the figure 4-rank DDP logs),
+tokens/s of the whole GPU (the replicas' rates summed, warm-up window dropped), MFU (core/metrics.py's FLOPs
+per token against the GPU's dense bf16 peak), and wall seconds with start-up.
 
 The ledger (benchmarks/ledger.py, benchmarks/results/ledger/gpu_evidence.jsonl) keys seeds by
 - numerics: the hash of the arms' golden trajectories (tests/unit/fixtures/golden: a change to any
@@ -53,7 +53,16 @@ from typing import Any
 
 import torch
 
-from benchmarks.gpu_efficiency import DEFAULT_VARIANTS, VARIANTS, Batch, merged, replica_rate, run_variant, stop_groups, variant_line
+from benchmarks.gpu_efficiency import (
+    DEFAULT_VARIANTS,
+    VARIANTS,
+    Batch,
+    merged,
+    replica_rate,
+    run_variant,
+    stop_groups,
+    variant_line,
+)
 from benchmarks.harness import ROOT, SMOKE_DIR, Harness, bench_parser, header, mean_std, parse, save_figure
 from benchmarks.ledger import Comparison, Ledger, key_id, verdict_lines
 
@@ -61,11 +70,28 @@ NAME = "gpu_evidence"
 PRESET = ROOT / "benchmarks" / "presets" / "gpu_25m.yaml"
 GOLDEN = ROOT / "tests" / "unit" / "fixtures" / "golden"
 # settings that change how fast a run goes, not what it computes: left out of the protocol digest
-NOT_PROTOCOL = ("compile", "log_every", "budget_s", "efficiency", "efficiency_steps", "efficiency_budget_s",
-                "seeds", "peak_flops", "preset", "device")
+NOT_PROTOCOL = (
+    "compile",
+    "log_every",
+    "budget_s",
+    "efficiency",
+    "efficiency_steps",
+    "efficiency_budget_s",
+    "seeds",
+    "peak_flops",
+    "preset",
+    "device",
+)
 # --smoke: a tiny model on two quick domains of the box's own text (no reasoning_gym), H=2
-SMOKE = {"hidden": 32, "layers": 2, "heads": 2, "ffn": 64, "max_bytes": 20_000, "domains": "[python_docs,python_stdlib]",
-         "inner_steps": 2}
+SMOKE = {
+    "hidden": 32,
+    "layers": 2,
+    "heads": 2,
+    "ffn": 64,
+    "max_bytes": 20_000,
+    "domains": "[python_docs,python_stdlib]",
+    "inner_steps": 2,
+}
 
 
 @dataclass
@@ -93,15 +119,19 @@ class EvidenceConfig:
 
     @property
     def torch_device(self) -> torch.device:
-        return torch.device(("cpu" if self.smoke or not torch.cuda.is_available() else "cuda") if self.device == "auto" else self.device)
+        return torch.device(
+            ("cpu" if self.smoke or not torch.cuda.is_available() else "cuda") if self.device == "auto" else self.device
+        )
 
     def __post_init__(self) -> None:
         for f in ("steps", "workers", "global_batch", "micro_batch", "seq_len", "eval_blocks", "log_every", "seeds"):
             if getattr(self, f) < 1:
                 raise ValueError(f"--{f.replace('_', '-')}={getattr(self, f)} must be >= 1")
         if self.global_batch % (self.workers * self.micro_batch):
-            raise ValueError(f"--global-batch={self.global_batch} must be a multiple of --workers x --micro-batch "
-                             f"= {self.workers * self.micro_batch}")
+            raise ValueError(
+                f"--global-batch={self.global_batch} must be a multiple of --workers x --micro-batch "
+                f"= {self.workers * self.micro_batch}"
+            )
         if self.compile not in ("none", "blocks", "model"):
             raise ValueError(f"--compile={self.compile!r}: one of none, blocks, model")
         if self.device not in ("auto", "cpu", "cuda"):
@@ -134,22 +164,44 @@ def algorithm_of(preset: dict[str, Any], arm: str) -> str:
     return next(o.split("=", 1)[1] for o in preset["arms"][arm] if o.startswith("algorithm="))
 
 
-def arm_overrides(cfg: EvidenceConfig, preset: dict[str, Any], arm: str, seed: int, run_dir: Path | str,
-                  steps: int | None = None) -> list[str]:
+def arm_overrides(
+    cfg: EvidenceConfig, preset: dict[str, Any], arm: str, seed: int, run_dir: Path | str, steps: int | None = None
+) -> list[str]:
     """The recipe overrides of one arm's run (the same a `python -m recipes.train` command line takes)."""
     steps = steps or cfg.steps
-    run = [f"data={cfg.data}", f"data.seq_len={cfg.seq_len}", f"model.max_seq_len={cfg.seq_len}",
-           f"train.steps={steps}", f"train.global_batch_size={cfg.global_batch}", f"train.micro_batch_size={cfg.micro_batch}",
-           f"train.eval_every={steps}", "train.eval_batches=1", f"train.checkpoint_every={steps}", "train.keep_checkpoints=1",
-           f"train.seed={seed}", f"train.device={cfg.torch_device.type}", f"train.precision={cfg.precision}",
-           f"train.compile={cfg.compile}", "logger.progress=false", "logger.console=false", f"logger.log_every={cfg.log_every}",
-           "logger.all_ranks=true", "resume=false", f"run_dir={run_dir}"]
+    run = [
+        f"data={cfg.data}",
+        f"data.seq_len={cfg.seq_len}",
+        f"model.max_seq_len={cfg.seq_len}",
+        f"train.steps={steps}",
+        f"train.global_batch_size={cfg.global_batch}",
+        f"train.micro_batch_size={cfg.micro_batch}",
+        f"train.eval_every={steps}",
+        "train.eval_batches=1",
+        f"train.checkpoint_every={steps}",
+        "train.keep_checkpoints=1",
+        f"train.seed={seed}",
+        f"train.device={cfg.torch_device.type}",
+        f"train.precision={cfg.precision}",
+        f"train.compile={cfg.compile}",
+        "logger.progress=false",
+        "logger.console=false",
+        f"logger.log_every={cfg.log_every}",
+        "logger.all_ranks=true",
+        "resume=false",
+        f"run_dir={run_dir}",
+    ]
     if cfg.peak_flops:
         run.append(f"logger.peak_flops={cfg.peak_flops}")
     smoke = []
     if cfg.smoke:  # a tiny model, a little text, H=2: the path, not the figures
-        smoke = [f"model.hidden_size={SMOKE['hidden']}", f"model.num_layers={SMOKE['layers']}", f"model.num_heads={SMOKE['heads']}",
-                 f"model.intermediate_size={SMOKE['ffn']}", "train.threads=1"]
+        smoke = [
+            f"model.hidden_size={SMOKE['hidden']}",
+            f"model.num_layers={SMOKE['layers']}",
+            f"model.num_heads={SMOKE['heads']}",
+            f"model.intermediate_size={SMOKE['ffn']}",
+            "train.threads=1",
+        ]
         if cfg.data == "offline":
             smoke += [f"data.max_bytes_per_domain={SMOKE['max_bytes']}", f"data.domains={SMOKE['domains']}"]
         if algorithm_of(preset, arm) != "ddp":
@@ -206,11 +258,17 @@ def gpu_identity(device: torch.device) -> str:
     return f"{torch.cuda.get_device_name(device)} (CUDA {torch.version.cuda})"
 
 
-def ledger_key(cfg: EvidenceConfig, preset: dict[str, Any], corpus_id: dict[str, str], device: torch.device) -> dict[str, Any]:
+def ledger_key(
+    cfg: EvidenceConfig, preset: dict[str, Any], corpus_id: dict[str, str], device: torch.device
+) -> dict[str, Any]:
     protocol = {k: v for k, v in asdict(cfg).items() if k not in NOT_PROTOCOL}
     protocol["preset"] = {k: preset[k] for k in ("model", "common", "arms")}
-    return {"numerics": {"goldens": numerics_digest(preset), "torch": torch.__version__.split("+")[0]},
-            "corpus": corpus_id, "gpu": gpu_identity(device), "protocol": digest(protocol)}
+    return {
+        "numerics": {"goldens": numerics_digest(preset), "torch": torch.__version__.split("+")[0]},
+        "corpus": corpus_id,
+        "gpu": gpu_identity(device),
+        "protocol": digest(protocol),
+    }
 
 
 # -- one arm, one seed ------------------------------------------------------------------
@@ -228,14 +286,28 @@ def test_bpb(tc, runs, corpus, eval_blocks: int, device: torch.device) -> dict[s
     per_replica = []
     for run in runs:
         model.load_state_dict(run.weights)
-        per_replica.append(evaluate_bits(model, blocks, tc.train.micro_batch_size, device,
-                                         resolve_precision(tc.train.precision, device), corpus.token_bytes.to(device))[1])
+        per_replica.append(
+            evaluate_bits(
+                model,
+                blocks,
+                tc.train.micro_batch_size,
+                device,
+                resolve_precision(tc.train.precision, device),
+                corpus.token_bytes.to(device),
+            )[1]
+        )
     overall = [statistics.fmean(r.values()) for r in per_replica]
-    return {"bpb": statistics.fmean(overall), "bpb_by_domain": {d: statistics.fmean(r[d] for r in per_replica) for d in blocks},
-            "bpb_replica_spread": max(overall) - min(overall), "test_blocks_per_domain": {d: len(b) for d, b in blocks.items()}}
+    return {
+        "bpb": statistics.fmean(overall),
+        "bpb_by_domain": {d: statistics.fmean(r[d] for r in per_replica) for d in blocks},
+        "bpb_replica_spread": max(overall) - min(overall),
+        "test_blocks_per_domain": {d: len(b) for d, b in blocks.items()},
+    }
 
 
-def run_arm(cfg: EvidenceConfig, preset: dict[str, Any], arm: str, seed: int, corpus, device: torch.device) -> dict[str, Any]:
+def run_arm(
+    cfg: EvidenceConfig, preset: dict[str, Any], arm: str, seed: int, corpus, device: torch.device
+) -> dict[str, Any]:
     """Train one arm for one seed (replicas as threads), then its figures."""
     from decentrain.algorithms.pretraining.inprocess_replicas import run_replicas_in_process
     from decentrain.algorithms.pretraining.precision import resolve_precision, weight_dtype
@@ -262,11 +334,22 @@ def run_arm(cfg: EvidenceConfig, preset: dict[str, Any], arm: str, seed: int, co
         sent, how = statistics.fmean(float(r.result.bytes_sent or 0) for r in runs), "counted by the transport"
     tokens_s = sum(r for r in rates if r) if all(rates) else None
     peak = peak_flops(torch.cuda.get_device_name(device), cfg.peak_flops) if device.type == "cuda" else None
-    return {**figures, "arm": arm, "algorithm": algo, "seed": seed, "replicas": replicas, "params": params,
-            "bytes_sent_per_worker": sent, "bytes_sent_how": how, "tokens_per_s": tokens_s,
-            "mfu": tokens_s * flops_tok / peak if tokens_s and peak else None, "flops_per_token": flops_tok,
-            "train_s": train_s, "wall_s": time.perf_counter() - t0,
-            "final_train_loss": statistics.fmean(r.result.train_loss for r in runs)}
+    return {
+        **figures,
+        "arm": arm,
+        "algorithm": algo,
+        "seed": seed,
+        "replicas": replicas,
+        "params": params,
+        "bytes_sent_per_worker": sent,
+        "bytes_sent_how": how,
+        "tokens_per_s": tokens_s,
+        "mfu": tokens_s * flops_tok / peak if tokens_s and peak else None,
+        "flops_per_token": flops_tok,
+        "train_s": train_s,
+        "wall_s": time.perf_counter() - t0,
+        "final_train_loss": statistics.fmean(r.result.train_loss for r in runs),
+    }
 
 
 # -- the call ---------------------------------------------------------------------------
@@ -291,8 +374,9 @@ class Budget:
         self.times[arm] = seconds
 
 
-def run_seeds(cfg: EvidenceConfig, preset: dict[str, Any], seeds: list[int], corpus, device: torch.device,
-              budget: Budget) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[str]]:
+def run_seeds(
+    cfg: EvidenceConfig, preset: dict[str, Any], seeds: list[int], corpus, device: torch.device, budget: Budget
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[str]]:
     """Every arm of every seed, seed by seed (a finished seed is a complete paired set); returns
     (the ledger's seed records, every run's figures, the runs skipped for time)."""
     records, runs, skipped = [], [], []
@@ -306,11 +390,17 @@ def run_seeds(cfg: EvidenceConfig, preset: dict[str, Any], seeds: list[int], cor
             fig = run_arm(cfg, preset, arm, seed, corpus, device)
             budget.spent(arm, fig["wall_s"])
             runs.append(fig)
-            arms[arm] = {k: fig[k] for k in ("bpb", "bpb_by_domain", "bytes_sent_per_worker", "tokens_per_s", "mfu", "wall_s")}
-            print(f"[{NAME}] seed {seed} {arm:<10} {fig['wall_s']:5.0f}s (train {fig['train_s']:.0f}s)  bpb {fig['bpb']:.4f}  "
-                  f"sent {fig['bytes_sent_per_worker'] / 1e6:8.2f} MB/worker  "
-                  + (f"{fig['tokens_per_s'] / 1e3:7.0f}k tok/s" if fig["tokens_per_s"] else "tok/s n/a")
-                  + (f"  MFU {fig['mfu']:.1%}" if fig["mfu"] else "") + f"  [{budget.left():.0f}s left]", flush=True)
+            arms[arm] = {
+                k: fig[k] for k in ("bpb", "bpb_by_domain", "bytes_sent_per_worker", "tokens_per_s", "mfu", "wall_s")
+            }
+            print(
+                f"[{NAME}] seed {seed} {arm:<10} {fig['wall_s']:5.0f}s (train {fig['train_s']:.0f}s)  bpb "
+                f"{fig['bpb']:.4f}  sent {fig['bytes_sent_per_worker'] / 1e6:8.2f} MB/worker  "
+                + (f"{fig['tokens_per_s'] / 1e3:7.0f}k tok/s" if fig["tokens_per_s"] else "tok/s n/a")
+                + (f"  MFU {fig['mfu']:.1%}" if fig["mfu"] else "")
+                + f"  [{budget.left():.0f}s left]",
+                flush=True,
+            )
         if arms:
             records.append({"seed": seed, "arms": arms})
     return records, runs, skipped
@@ -357,22 +447,44 @@ def measure(cfg: EvidenceConfig, hz: Harness, ledger: Ledger) -> dict[str, Any]:
     corpus = build_corpus(tc.data, build_tokenizer(tc.model))
     key = ledger_key(cfg, preset, corpus_identity(cfg.data, corpus), device)
     seeds = ledger.next_seeds(NAME, key, cfg.seeds)
-    print(f"[{NAME}] key {key_id(key)} {json.dumps(key)}; seeds {seeds}; {len(preset['arms'])} arms; "
-          f"budget {cfg.budget_s:.0f}s ({budget.left():.0f}s left after start-up)", flush=True)
+    print(
+        f"[{NAME}] key {key_id(key)} {json.dumps(key)}; seeds {seeds}; {len(preset['arms'])} arms; "
+        f"budget {cfg.budget_s:.0f}s ({budget.left():.0f}s left after start-up)",
+        flush=True,
+    )
     records, runs, skipped = run_seeds(cfg, preset, seeds, corpus, device, budget)
-    provenance = {"git_sha": hz.sha, "dirty": hz.dirty, "smoke": cfg.smoke, "code_version": hz.code,
-                  "command": " ".join(sys.argv), "compile": cfg.compile}
+    provenance = {
+        "git_sha": hz.sha,
+        "dirty": hz.dirty,
+        "smoke": cfg.smoke,
+        "code_version": hz.code,
+        "command": " ".join(sys.argv),
+        "compile": cfg.compile,
+    }
     ledger.append(NAME, key, records, provenance)
     pool = ledger.pool(NAME, key, include_dirty=cfg.smoke)  # a smoke ledger is all smoke: pool it to check the path
     pooled = ledger.pooled(NAME, key, preset["comparisons"], preset["rule"], include_dirty=cfg.smoke)
     for line in verdict_lines(pooled):
         print(f"[{NAME}] {line}", flush=True)
-    fig = {"key": key, "key_id": key_id(key), "preset": {"path": cfg.preset, "status": preset["status"], "source": preset["source"],
-                                                         "arms": preset["arms"], "model": preset["model"], "common": preset["common"]},
-           "rule": preset["rule"], "this_call": {"seeds": seeds, "runs": runs, "skipped": skipped, "appended": len(records)},
-           "pooled": pooled, "pooled_arms": pooled_arms(pool.seeds),
-           "other_keys_in_ledger": len(set(ledger.keys(NAME)) - {key_id(key)}),
-           "departures": departures(cfg, preset, runs, len(corpus.train_blocks())), "efficiency": None}
+    fig = {
+        "key": key,
+        "key_id": key_id(key),
+        "preset": {
+            "path": cfg.preset,
+            "status": preset["status"],
+            "source": preset["source"],
+            "arms": preset["arms"],
+            "model": preset["model"],
+            "common": preset["common"],
+        },
+        "rule": preset["rule"],
+        "this_call": {"seeds": seeds, "runs": runs, "skipped": skipped, "appended": len(records)},
+        "pooled": pooled,
+        "pooled_arms": pooled_arms(pool.seeds),
+        "other_keys_in_ledger": len(set(ledger.keys(NAME)) - {key_id(key)}),
+        "departures": departures(cfg, preset, runs, len(corpus.train_blocks())),
+        "efficiency": None,
+    }
     if cfg.efficiency:
         names = list(DEFAULT_VARIANTS) if cfg.efficiency == "default" else [v for v in cfg.efficiency.split(",") if v]
         fig["efficiency"] = run_efficiency(cfg, preset, names, device, hz_dir(hz))
@@ -387,7 +499,9 @@ def hz_dir(hz: Harness) -> Path:
 
 
 # -- shared-GPU efficiency (the variants: benchmarks/gpu_efficiency.py) ------------------
-def run_efficiency(cfg: EvidenceConfig, preset: dict[str, Any], names: list[str], device: torch.device, keep: Path) -> dict[str, Any]:
+def run_efficiency(
+    cfg: EvidenceConfig, preset: dict[str, Any], names: list[str], device: torch.device, keep: Path
+) -> dict[str, Any]:
     """Each variant in turn while the budget lasts: tokens/s of the whole GPU and MFU (on a CPU: the path only)."""
     from decentrain.algorithms.pretraining.trainer import model_flops_per_token
     from decentrain.core.metrics import peak_flops
@@ -405,37 +519,70 @@ def run_efficiency(cfg: EvidenceConfig, preset: dict[str, Any], names: list[str]
         if budget.left() < 10:
             rows.append({"variant": name, "status": "not run: efficiency budget spent"})
             continue
-        row = run_variant(name, lambda d: arm_overrides(cfg, preset, arm, 0, d, cfg.efficiency_steps),
-                          Batch(cfg.workers, cfg.global_batch, cfg.micro_batch), flops_tok, peak, budget.left(), keep)
+        row = run_variant(
+            name,
+            lambda d: arm_overrides(cfg, preset, arm, 0, d, cfg.efficiency_steps),
+            Batch(cfg.workers, cfg.global_batch, cfg.micro_batch),
+            flops_tok,
+            peak,
+            budget.left(),
+            keep,
+        )
         rows.append(row)
         print(f"[{NAME}] efficiency {variant_line(row)}", flush=True)
-    return {"arm": arm, "steps": cfg.efficiency_steps, "device": gpu_identity(device), "variants": rows,
-            "measured": device.type == "cuda", "note": None if device.type == "cuda" else
-            "CPU: the variants ran to check the path; their speeds say nothing about a shared GPU"}
+    return {
+        "arm": arm,
+        "steps": cfg.efficiency_steps,
+        "device": gpu_identity(device),
+        "variants": rows,
+        "measured": device.type == "cuda",
+        "note": None
+        if device.type == "cuda"
+        else "CPU: the variants ran to check the path; their speeds say nothing about a shared GPU",
+    }
 
 
 # -- report -----------------------------------------------------------------------------
 def text_table(record: dict[str, Any]) -> str:
     f = record["figures"]
-    lines = [header(record), f"ledger key {f['key_id']}: {json.dumps(f['key'])}",
-             f"preset {f['preset']['path']} ({f['preset']['status']}); decision rule {json.dumps(f['rule'])}", "",
-             f"this call: seeds {f['this_call']['seeds']}, {f['this_call']['appended']} appended",
-             f"{'seed':>4} {'arm':<11} {'bpb':>7} {'MB sent/worker':>15} {'tokens/s':>10} {'MFU':>6} {'wall s':>7}"]
+    lines = [
+        header(record),
+        f"ledger key {f['key_id']}: {json.dumps(f['key'])}",
+        f"preset {f['preset']['path']} ({f['preset']['status']}); decision rule {json.dumps(f['rule'])}",
+        "",
+        f"this call: seeds {f['this_call']['seeds']}, {f['this_call']['appended']} appended",
+        f"{'seed':>4} {'arm':<11} {'bpb':>7} {'MB sent/worker':>15} {'tokens/s':>10} {'MFU':>6} {'wall s':>7}",
+    ]
     for r in f["this_call"]["runs"]:
         mfu = f"{r['mfu']:.1%}" if r["mfu"] else "n/a"
-        lines.append(f"{r['seed']:>4} {r['arm']:<11} {r['bpb']:>7.4f} {r['bytes_sent_per_worker'] / 1e6:>15.2f} "
-                     f"{(r['tokens_per_s'] or math.nan):>10.0f} {mfu:>6} {r['wall_s']:>7.0f}")
+        lines.append(
+            f"{r['seed']:>4} {r['arm']:<11} {r['bpb']:>7.4f} {r['bytes_sent_per_worker'] / 1e6:>15.2f} "
+            f"{(r['tokens_per_s'] or math.nan):>10.0f} {mfu:>6} {r['wall_s']:>7.0f}"
+        )
     lines += [f"skipped for time: {s}" for s in f["this_call"]["skipped"]]
     p = f["pooled"]
-    lines += ["", f"pooled: {len(p['seeds'])} seed(s) {p['seeds']} under this key"
-              + (f" ({p['duplicates']} duplicate, {p['excluded_dirty']} dirty/smoke lines left out)" if p["duplicates"] or p["excluded_dirty"] else "")]
+    lines += [
+        "",
+        f"pooled: {len(p['seeds'])} seed(s) {p['seeds']} under this key"
+        + (
+            f" ({p['duplicates']} duplicate, {p['excluded_dirty']} dirty/smoke lines left out)"
+            if p["duplicates"] or p["excluded_dirty"]
+            else ""
+        ),
+    ]
     for arm, s in f["pooled_arms"].items():
-        lines.append(f"  {arm:<11} bpb {s['bpb']['mean']:.4f} ± {s['bpb']['std']:.4f} (n={s['bpb']['n']}), "
-                     f"{s['bytes_sent_per_worker']['mean'] / 1e6:.2f} MB sent/worker")
+        lines.append(
+            f"  {arm:<11} bpb {s['bpb']['mean']:.4f} ± {s['bpb']['std']:.4f} (n={s['bpb']['n']}), "
+            f"{s['bytes_sent_per_worker']['mean'] / 1e6:.2f} MB sent/worker"
+        )
     lines += [f"  {line}" for line in verdict_lines(p)]
     if f["efficiency"]:
         e = f["efficiency"]
-        lines += ["", f"shared-GPU efficiency: {e['arm']}, {e['steps']} steps, {e['device']}" + (f" ({e['note']})" if e["note"] else "")]
+        lines += [
+            "",
+            f"shared-GPU efficiency: {e['arm']}, {e['steps']} steps, {e['device']}"
+            + (f" ({e['note']})" if e["note"] else ""),
+        ]
         lines += [f"  {variant_line(row)}" for row in e["variants"]]
     lines += ["", "departures from the protocol a claim needs:"] + [f"  - {d}" for d in f["departures"]]
     return "\n".join(lines)
@@ -472,8 +619,13 @@ def parser():
     for f in fields(EvidenceConfig):
         if f.name not in ("seeds", "smoke", "peak_flops", "overrides"):
             p.add_argument(f"--{f.name.replace('_', '-')}", type=type(f.default), default=f.default)
-    p.add_argument("--override", dest="overrides", action="append", default=[],
-                   help="a Hydra override for every run, e.g. data.pinned_dir=/path (repeat for more)")
+    p.add_argument(
+        "--override",
+        dest="overrides",
+        action="append",
+        default=[],
+        help="a Hydra override for every run, e.g. data.pinned_dir=/path (repeat for more)",
+    )
     p.add_argument("--peak-flops", type=float, default=None, help="FLOP/s of the GPU (default: looked up by name)")
     return p
 
@@ -491,7 +643,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"config error: {e}")
         return 2
     if not cfg.smoke and cfg.torch_device.type != "cuda" and cfg.device == "auto":
-        print(f"{NAME}: no CUDA device here; nothing measured (run it on a GPU machine, or --smoke to check the code path)")
+        print(
+            f"{NAME}: no CUDA device here; nothing measured (run it on a GPU machine, or --smoke to check "
+            "the code path)"
+        )
         return 0
     hz = Harness(NAME, __file__, asdict(cfg), allow_dirty=args.allow_dirty, fresh=args.fresh, smoke=cfg.smoke)
     ledger = Ledger(SMOKE_DIR / "ledger") if cfg.smoke else Ledger()

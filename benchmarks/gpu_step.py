@@ -48,8 +48,13 @@ import torch
 from benchmarks.harness import Harness, bench_parser, own_flags, parse, save_figure
 from decentrain.algorithms.base import ALGORITHMS
 from decentrain.algorithms.pretraining.engines import build_optimizer
-from decentrain.algorithms.pretraining.precision import (apply_compile, autocast, resolve_precision, set_tf32,
-                                                         weight_dtype)
+from decentrain.algorithms.pretraining.precision import (
+    apply_compile,
+    autocast,
+    resolve_precision,
+    set_tf32,
+    weight_dtype,
+)
 from decentrain.algorithms.pretraining.trainer import Trainer, model_flops_per_token, seed_everything
 from decentrain.config import TrainConfig, config_from_dict
 from decentrain.core.metrics import MetricsLogger, mfu, peak_flops
@@ -87,18 +92,40 @@ class BenchConfig:
 
 
 def train_config(b: BenchConfig) -> TrainConfig:
-    return config_from_dict({
-        "algorithm": {"name": "ddp"},
-        "model": {"name": "llama_125m", "hidden_size": b.hidden_size, "num_layers": b.num_layers, "num_heads": b.num_heads,
-                  "intermediate_size": b.intermediate_size, "max_seq_len": b.seq_len},
-        "data": {"seq_len": b.seq_len, "max_bytes_per_domain": 400_000, "domains": DOMAINS},
-        "train": {"steps": b.steps, "global_batch_size": b.micro_batch * b.accum, "micro_batch_size": b.micro_batch,
-                  "eval_every": 10**6, "checkpoint_every": 10**6, "eval_batches": 1, "precision": b.precision,
-                  "compile": b.compile, "device": "auto"},
-        "optim": {"warmup_steps": 1},
-        "logger": {"console": False, "jsonl": True, "progress": False, "log_every": b.window, "peak_flops": b.peak_flops},
-        "launcher": {"name": "torchrun", "nproc_per_node": None},
-    })
+    return config_from_dict(
+        {
+            "algorithm": {"name": "ddp"},
+            "model": {
+                "name": "llama_125m",
+                "hidden_size": b.hidden_size,
+                "num_layers": b.num_layers,
+                "num_heads": b.num_heads,
+                "intermediate_size": b.intermediate_size,
+                "max_seq_len": b.seq_len,
+            },
+            "data": {"seq_len": b.seq_len, "max_bytes_per_domain": 400_000, "domains": DOMAINS},
+            "train": {
+                "steps": b.steps,
+                "global_batch_size": b.micro_batch * b.accum,
+                "micro_batch_size": b.micro_batch,
+                "eval_every": 10**6,
+                "checkpoint_every": 10**6,
+                "eval_batches": 1,
+                "precision": b.precision,
+                "compile": b.compile,
+                "device": "auto",
+            },
+            "optim": {"warmup_steps": 1},
+            "logger": {
+                "console": False,
+                "jsonl": True,
+                "progress": False,
+                "log_every": b.window,
+                "peak_flops": b.peak_flops,
+            },
+            "launcher": {"name": "torchrun", "nproc_per_node": None},
+        }
+    )
 
 
 # -- the interval and when to stop --------------------------------------------------------
@@ -113,12 +140,18 @@ def ratio_interval(pairs: list[tuple[float, float]], level: float = 0.95) -> dic
     if n < 2:
         return {"n": n, "ratio": math.exp(centre), "ci95": None, "half_width": math.inf, "level": level}
     h = float(student.ppf(0.5 + level / 2, n - 1)) * statistics.stdev(logs) / math.sqrt(n)
-    return {"n": n, "ratio": math.exp(centre), "ci95": [math.exp(centre - h), math.exp(centre + h)],
-            "half_width": math.expm1(h), "level": level}
+    return {
+        "n": n,
+        "ratio": math.exp(centre),
+        "ci95": [math.exp(centre - h), math.exp(centre + h)],
+        "half_width": math.expm1(h),
+        "level": level,
+    }
 
 
 def stop_reason(measured: list[tuple[float, float]], b: BenchConfig, elapsed_s: float) -> str | None:
-    """Why to stop adding windows now (None: go on): the interval is narrow enough, the windows or the budget ran out."""
+    """Why to stop adding windows now (None: go on): the interval is narrow enough, the windows or the budget
+    ran out."""
     if len(measured) >= b.min_windows and ratio_interval(measured)["half_width"] <= b.target:
         return f"decided: 95 % interval within ±{b.target:.0%} after {len(measured)} windows"
     if len(measured) >= b.max_windows:
@@ -193,19 +226,34 @@ def measure_seed(cfg: TrainConfig, b: BenchConfig, world, corpus, run_dir: Path,
     seed_everything(seed)
     model = build_model(cfg.model)
     per_seed = BenchConfig(**{**asdict(b), "budget_s": budget_s})
-    logger = Interleaved(cfg, run_dir, bare, lambda pairs: stop_reason(pairs[b.warmup_windows:], per_seed, time.perf_counter() - t0))
+    logger = Interleaved(
+        cfg, run_dir, bare, lambda pairs: stop_reason(pairs[b.warmup_windows :], per_seed, time.perf_counter() - t0)
+    )
 
     class UntilDecided(ALGORITHMS.get("ddp")):
         def should_stop(self, step: int, total_steps: int) -> bool:
             return logger.reason is not None
 
-    trainer = Trainer(cfg.train, world, UntilDecided(cfg.algorithm, world), model, corpus, run_dir,
-                      engine=cfg.engine, optim=cfg.optim, logger=cfg.logger)
+    trainer = Trainer(
+        cfg.train,
+        world,
+        UntilDecided(cfg.algorithm, world),
+        model,
+        corpus,
+        run_dir,
+        engine=cfg.engine,
+        optim=cfg.optim,
+        logger=cfg.logger,
+    )
     trainer.fit(logger)
     logger.close()
-    measured = logger.pairs[b.warmup_windows:]
-    return {"seed": seed, "pairs": measured, "reason": logger.reason or "the Trainer reached its step ceiling",
-            "seconds": time.perf_counter() - t0}
+    measured = logger.pairs[b.warmup_windows :]
+    return {
+        "seed": seed,
+        "pairs": measured,
+        "reason": logger.reason or "the Trainer reached its step ceiling",
+        "seconds": time.perf_counter() - t0,
+    }
 
 
 def summarize(xs: list[float]) -> dict[str, float]:
@@ -235,14 +283,25 @@ def measure(b: BenchConfig) -> dict:
             row["mem_gib"] = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
             row["ratio"] = ratio_interval(row["pairs"])["ratio"] if row["pairs"] else None
             seeds.append(row)
-            print(f"seed {seed}: {len(row['pairs'])} window pairs, ratio {row['ratio'] or math.nan:.3f}; {row['reason']} "
-                  f"({row['seconds']:.0f}s)", flush=True)
+            print(
+                f"seed {seed}: {len(row['pairs'])} window pairs, ratio {row['ratio'] or math.nan:.3f}; {row['reason']} "
+                f"({row['seconds']:.0f}s)",
+                flush=True,
+            )
     world.shutdown()
     pairs = [p for s in seeds for p in s["pairs"]]
     if not pairs:
-        raise RuntimeError(f"gpu_step: no window was measured in {b.budget_s:.0f}s (warm-up alone took longer): raise --budget-s")
-    out = {"gpu": name, "peak_flops": peak, "flops_per_token": flops_tok, "tokens_per_step": tokens, "seeds": seeds,
-           "ratio": {**summarize([d / bb for d, bb in pairs]), **ratio_interval(pairs), "target": b.target}}
+        raise RuntimeError(
+            f"gpu_step: no window was measured in {b.budget_s:.0f}s (warm-up alone took longer): raise --budget-s"
+        )
+    out = {
+        "gpu": name,
+        "peak_flops": peak,
+        "flops_per_token": flops_tok,
+        "tokens_per_step": tokens,
+        "seeds": seeds,
+        "ratio": {**summarize([d / bb for d, bb in pairs]), **ratio_interval(pairs), "target": b.target},
+    }
     out["ratio"]["mean"] = out["ratio"]["ratio"]  # the headline: the geometric mean of the window ratios
     out["ratio"]["decided"] = out["ratio"]["half_width"] <= b.target and len(pairs) >= b.min_windows
     for i, loop in enumerate(("decentrain", "bare")):
@@ -254,21 +313,27 @@ def measure(b: BenchConfig) -> dict:
 
 
 def text_table(fig: dict) -> str:
-    lines = [f"gpu_step on {fig['gpu']} (peak {fig['peak_flops'] or float('nan'):.3g} FLOP/s, "
-             f"{fig['tokens_per_step']} tokens/step), loops interleaved window by window",
-             f"{'loop':>11} | {'ms/step':>15} | {'MFU':>15}"]
+    lines = [
+        f"gpu_step on {fig['gpu']} (peak {fig['peak_flops'] or float('nan'):.3g} FLOP/s, "
+        f"{fig['tokens_per_step']} tokens/step), loops interleaved window by window",
+        f"{'loop':>11} | {'ms/step':>15} | {'MFU':>15}",
+    ]
     for loop in ("bare", "decentrain"):
         ms, m = fig[f"{loop}_ms"], fig.get(f"{loop}_mfu")
         mfu_txt = f"{m['mean']:.1%} ± {m['std']:.1%}" if m else "n/a"
         lines.append(f"{loop:>11} | {ms['mean']:7.2f} ± {ms['std']:5.2f} | {mfu_txt:>15}")
     r = fig["ratio"]
     ci = f"[{r['ci95'][0]:.3f}, {r['ci95'][1]:.3f}] (±{r['half_width']:.1%})" if r.get("ci95") else "n/a (one window)"
-    lines.append(f"decentrain / bare = {r['mean']:.3f}, 95 % interval {ci} over {r['n']} window pairs; "
-                 f"interval target ±{r['target']:.0%}: {'met' if r['decided'] else 'NOT met'}; ratio target <= 1.05; "
-                 "MFU target >= 40% (125M, seq 1024, H100/H200)")
+    lines.append(
+        f"decentrain / bare = {r['mean']:.3f}, 95 % interval {ci} over {r['n']} window pairs; "
+        f"interval target ±{r['target']:.0%}: {'met' if r['decided'] else 'NOT met'}; ratio target <= 1.05; "
+        "MFU target >= 40% (125M, seq 1024, H100/H200)"
+    )
     for s in fig["seeds"]:
-        lines.append(f"seed {s['seed']}: {len(s['pairs'])} pairs, ratio {s['ratio'] or float('nan'):.3f}, {s['reason']}; "
-                     f"compiled graphs {s.get('graphs')}" + (f", peak {s['mem_gib']:.1f} GiB" if s.get("mem_gib") else ""))
+        lines.append(
+            f"seed {s['seed']}: {len(s['pairs'])} pairs, ratio {s['ratio'] or float('nan'):.3f}, {s['reason']}; "
+            f"compiled graphs {s.get('graphs')}" + (f", peak {s['mem_gib']:.1f} GiB" if s.get("mem_gib") else "")
+        )
     return "\n".join(lines)
 
 
@@ -312,7 +377,10 @@ def main(argv: list[str] | None = None) -> int:
         b.seq_len, b.micro_batch, b.window, b.compile = min(b.seq_len, 64), 2, 2, "none"
         b.warmup_windows, b.min_windows, b.max_windows, b.seeds = 1, 3, 4, 1
     elif not torch.cuda.is_available():
-        print("gpu_step: no CUDA device here; nothing measured (run it on a GPU machine, or --smoke to check the code path)")
+        print(
+            "gpu_step: no CUDA device here; nothing measured (run it on a GPU machine, "
+            "or --smoke to check the code path)"
+        )
         return 0
     hz = None if b.smoke else Harness("gpu_step", __file__, asdict(b), allow_dirty=args.allow_dirty, fresh=args.fresh)
     fig = measure(b)

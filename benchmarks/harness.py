@@ -40,15 +40,54 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-# the record's pieces are re-exported: a script imports everything it needs from the harness
-from benchmarks.record import (RESULTS, ROOT, SCHEMA, SCHEMA_ID, _git, command_line, git_state, hardware,  # noqa: F401
-                               provenance, upgrade_record, validate_record, versions)
-# the scale of a pre-training comparison: model sizes, steps for tokens per parameter, the corpus (benchmarks/scale.py)
-from benchmarks.scale import (MODEL_SIZES, add_corpus_flags, corpus_facts, corpus_of, divergence, model_params,  # noqa: F401
-                              model_section, recipe_sections, steps_for)
-# and the one tuning and decision protocol (benchmarks/protocol.py, docs/benchmarks.md)
-from benchmarks.protocol import (Axis, DecisionRule, check_seeds, consistency, decide, decision, decisions_in,  # noqa: F401
-                                 describe, describe_tuning, detectable, grid_search, preregister, recompute, seeds_needed)
+# a script imports everything it needs from the harness, so these are re-exported:
+# the one tuning and decision protocol (benchmarks/protocol.py, docs/benchmarks.md),
+from benchmarks.protocol import (  # noqa: F401
+    Axis,
+    DecisionRule,
+    check_seeds,
+    consistency,
+    decide,
+    decision,
+    decisions_in,
+    describe,
+    describe_tuning,
+    detectable,
+    grid_search,
+    preregister,
+    recompute,
+    seeds_needed,
+)
+
+# the record's pieces,
+from benchmarks.record import (  # noqa: F401
+    RESULTS,
+    ROOT,
+    SCHEMA,
+    SCHEMA_ID,
+    _git,
+    command_line,
+    git_state,
+    hardware,
+    provenance,
+    upgrade_record,
+    validate_record,
+    versions,
+)
+
+# and the scale of a pre-training comparison: model sizes, steps for tokens per parameter, the corpus
+# (benchmarks/scale.py)
+from benchmarks.scale import (  # noqa: F401
+    MODEL_SIZES,
+    add_corpus_flags,
+    corpus_facts,
+    corpus_of,
+    divergence,
+    model_params,
+    model_section,
+    recipe_sections,
+    steps_for,
+)
 
 SMOKE_DIR = ROOT / "runs" / "bench_smoke"  # a --smoke run writes here, never over a committed result
 CACHE_DIR = ROOT / "runs" / "bench_cache"  # runs/ is git-ignored: caches are never committed
@@ -78,9 +117,11 @@ def clean_sha(allow_dirty: bool = False, root: Path = ROOT) -> tuple[str, bool]:
     """(sha, not_for_commit). Refuses a dirty tree unless allow_dirty, which marks the result."""
     sha, dirty = git_state(root)
     if dirty and not allow_dirty:
-        raise DirtyTreeError(f"the working tree {'has uncommitted changes' if sha != 'unknown' else 'is not a readable git checkout'}"
-                             ": commit them first (or pass --allow-dirty: "
-                             "the result is then marked not_for_commit)")
+        raise DirtyTreeError(
+            f"the working tree {'has uncommitted changes' if sha != 'unknown' else 'is not a readable git checkout'}"
+            ": commit them first (or pass --allow-dirty: "
+            "the result is then marked not_for_commit)"
+        )
     return sha, dirty
 
 
@@ -169,8 +210,18 @@ class RunCache:
 class Harness:
     """One benchmark's run: jobs through the cache, then JSON -> TXT + PNG."""
 
-    def __init__(self, name: str, script: str | Path, config: dict[str, Any], *, allow_dirty: bool = False,
-                 cache_dir: Path = CACHE_DIR, root: Path = ROOT, fresh: bool = False, smoke: bool = False):
+    def __init__(
+        self,
+        name: str,
+        script: str | Path,
+        config: dict[str, Any],
+        *,
+        allow_dirty: bool = False,
+        cache_dir: Path = CACHE_DIR,
+        root: Path = ROOT,
+        fresh: bool = False,
+        smoke: bool = False,
+    ):
         self.name, self.root = name, root
         self.smoke = smoke
         self.config = relativize(config, root)
@@ -189,8 +240,13 @@ class Harness:
     def key(self, job: dict[str, Any]) -> str:
         return config_key({"job": relativize(job, self.root), "code": self.code})
 
-    def run_jobs(self, jobs: Iterable[dict[str, Any]], fn: Callable[[dict[str, Any]], Any], desc: str | None = None,
-                 parallel: int = 1) -> list[Any]:
+    def run_jobs(
+        self,
+        jobs: Iterable[dict[str, Any]],
+        fn: Callable[[dict[str, Any]], Any],
+        desc: str | None = None,
+        parallel: int = 1,
+    ) -> list[Any]:
         """fn(job) for each job not cached yet; returns every job's result, in job order.
 
         parallel > 1 runs that many jobs at once in worker processes (fn must be a module-level
@@ -205,12 +261,16 @@ class Harness:
         todo = [i for i, k in enumerate(keys) if self.cache.get(k) is None]
         todo = [i for n, i in enumerate(todo) if keys[i] not in {keys[j] for j in todo[:n]}]  # duplicates run once
         self.reused += len(jobs) - len(todo)
-        with tqdm(total=len(jobs), initial=len(jobs) - len(todo), desc=desc or self.name, unit="run", dynamic_ncols=True) as bar:
+        with tqdm(
+            total=len(jobs), initial=len(jobs) - len(todo), desc=desc or self.name, unit="run", dynamic_ncols=True
+        ) as bar:
             if parallel <= 1:
                 for i in todo:
                     t0 = time.perf_counter()
                     res = fn(jobs[i])
-                    self.cache.put(keys[i], relativize(jobs[i], self.root), relativize(res, self.root), time.perf_counter() - t0)
+                    self.cache.put(
+                        keys[i], relativize(jobs[i], self.root), relativize(res, self.root), time.perf_counter() - t0
+                    )
                     bar.update(1)
             else:
                 with ProcessPoolExecutor(parallel) as pool:
@@ -240,14 +300,21 @@ class Harness:
             "runs_reused_from_cache": self.reused,
             # seconds of all runs behind the figures (resumed ones included), measured on `hardware`;
             # a benchmark that runs no harness jobs computed for the whole invocation
-            "compute_s": sum(self.job_seconds) if ran_jobs else wall, "runs_untimed": self.untimed,
+            "compute_s": sum(self.job_seconds) if ran_jobs else wall,
+            "runs_untimed": self.untimed,
             "wall_s_this_invocation": wall,
             "figures": relativize(figures, self.root),
         }
         return rec
 
-    def write(self, figures: dict[str, Any], text_fn: Callable[[dict], str], plot_fn: Callable[[dict, Path], None] | None = None,
-              results_dir: Path | None = None, config: dict[str, Any] | None = None) -> dict[str, Path]:
+    def write(
+        self,
+        figures: dict[str, Any],
+        text_fn: Callable[[dict], str],
+        plot_fn: Callable[[dict, Path], None] | None = None,
+        results_dir: Path | None = None,
+        config: dict[str, Any] | None = None,
+    ) -> dict[str, Path]:
         """Write <name>.json (under runs/bench_smoke for a smoke run), then <name>.txt and <name>.png generated
         from the JSON just written. `config` replaces the config given at the start (one resolved while running)."""
         results_dir = results_dir or (SMOKE_DIR if self.smoke else RESULTS)
@@ -272,7 +339,9 @@ def _timed(fn: Callable[[dict[str, Any]], Any], job: dict[str, Any]) -> tuple[An
     return fn(job), time.perf_counter() - t0
 
 
-def render(json_path: Path, text_fn: Callable[[dict], str], plot_fn: Callable[[dict, Path], None] | None = None) -> dict[str, Path]:
+def render(
+    json_path: Path, text_fn: Callable[[dict], str], plot_fn: Callable[[dict, Path], None] | None = None
+) -> dict[str, Path]:
     """(Re)generate the TXT and PNG beside a result JSON from its content alone."""
     record = json.loads(Path(json_path).read_text())
     paths = {"json": Path(json_path)}
@@ -289,8 +358,13 @@ def render(json_path: Path, text_fn: Callable[[dict], str], plot_fn: Callable[[d
     return paths
 
 
-def reanalyse(json_path: Path, figures_fn: Callable[[dict], dict[str, Any]], text_fn: Callable[[dict], str],
-              plot_fn: Callable[[dict, Path], None] | None = None, allow_dirty: bool = False) -> dict[str, Path]:
+def reanalyse(
+    json_path: Path,
+    figures_fn: Callable[[dict], dict[str, Any]],
+    text_fn: Callable[[dict], str],
+    plot_fn: Callable[[dict, Path], None] | None = None,
+    allow_dirty: bool = False,
+) -> dict[str, Path]:
     """Recompute a result's figures from its own per-run data (`figures_fn(record)`), running nothing: the runs'
     provenance (git_sha, hardware, compute) stays, `analysis_git_sha` names the code that computed the figures."""
     rec = load_record(json_path)  # an older layout comes back in the one schema
@@ -308,11 +382,18 @@ def header(record: dict) -> str:
     """The provenance lines every TXT starts with."""
     hw = record.get("hardware", {})
     load = hw.get("load_avg_at_start")
-    lines = [f"{record['name']} @ {record['git_sha'][:12]}" + ("  (NOT FOR COMMIT: dirty tree)" if record.get("not_for_commit") else ""),
-             f"hardware: {hw.get('cpu')}, {hw.get('cpu_count')} cores" + (f", load avg at start {load[0]:.1f}" if load else "")
-             + ("  (runtimes measured on a shared, loaded machine)" if load and load[0] > (hw.get("cpu_count") or 1) else ""),
-             f"runs reused from cache: {record.get('runs_reused_from_cache', 0)}; compute {(record.get('compute_s') or 0) / 60:.1f} min"
-             + (f" ({record['runs_untimed']} runs untimed)" if record.get("runs_untimed") else "")]
+    lines = [
+        f"{record['name']} @ {record['git_sha'][:12]}"
+        + ("  (NOT FOR COMMIT: dirty tree)" if record.get("not_for_commit") else ""),
+        f"hardware: {hw.get('cpu')}, {hw.get('cpu_count')} cores"
+        + (f", load avg at start {load[0]:.1f}" if load else "")
+        + (
+            "  (runtimes measured on a shared, loaded machine)" if load and load[0] > (hw.get("cpu_count") or 1) else ""
+        ),
+        f"runs reused from cache: {record.get('runs_reused_from_cache', 0)}; compute "
+        f"{(record.get('compute_s') or 0) / 60:.1f} min"
+        + (f" ({record['runs_untimed']} runs untimed)" if record.get("runs_untimed") else ""),
+    ]
     return "\n".join(lines)
 
 
@@ -325,8 +406,14 @@ def _json_default(o: Any) -> Any:
 
 
 # -- the one command line ---------------------------------------------------------------
-def bench_parser(doc: str | None, *, seeds: int | None = 3, smoke: dict[str, Any] | None = None, config_cls=None,
-                 seed_lists: bool = False) -> argparse.ArgumentParser:
+def bench_parser(
+    doc: str | None,
+    *,
+    seeds: int | None = 3,
+    smoke: dict[str, Any] | None = None,
+    config_cls=None,
+    seed_lists: bool = False,
+) -> argparse.ArgumentParser:
     """The one command line of every benchmark: `--seeds N` (seeds 0..N-1; omitted where a benchmark has no
     seeds), `--smoke`, `--fresh`, `--allow-dirty`, one `--flag` per field of `config_cls` if given; each script
     adds its own flags on top. `smoke` holds the flag defaults a smoke run uses (flags given still win);
@@ -338,12 +425,21 @@ def bench_parser(doc: str | None, *, seeds: int | None = 3, smoke: dict[str, Any
         for f, v in asdict(config_cls()).items():
             ap.add_argument(f"--{f.replace('_', '-')}", type=type(v), default=v)
     if seeds is not None:
-        ap.add_argument("--seeds", type=_seeds_value if seed_lists else _seed_count, default=seeds,
-                        help="number of seeds (0..S-1) per reported setting" + (", or a list 0,2,5" if seed_lists else ""))
-    ap.add_argument("--smoke", action="store_true",
-                    help="a quick check of the whole path; writes under runs/bench_smoke, never benchmarks/results"
-                    + ("" if smoke else " (this benchmark has no reduced config: it runs the full protocol)"))
-    ap.add_argument("--allow-dirty", action="store_true", help="run on a dirty tree; the result is marked not_for_commit")
+        ap.add_argument(
+            "--seeds",
+            type=_seeds_value if seed_lists else _seed_count,
+            default=seeds,
+            help="number of seeds (0..S-1) per reported setting" + (", or a list 0,2,5" if seed_lists else ""),
+        )
+    ap.add_argument(
+        "--smoke",
+        action="store_true",
+        help="a quick check of the whole path; writes under runs/bench_smoke, never benchmarks/results"
+        + ("" if smoke else " (this benchmark has no reduced config: it runs the full protocol)"),
+    )
+    ap.add_argument(
+        "--allow-dirty", action="store_true", help="run on a dirty tree; the result is marked not_for_commit"
+    )
     ap.add_argument("--fresh", action="store_true", help="ignore this benchmark's run cache")
     ap.set_defaults(_smoke_defaults=smoke or {})
     return ap

@@ -109,8 +109,9 @@ class Ledger:
             raise ValueError(f"ledger name {name!r}: a plain file stem, e.g. 'gpu_evidence'")
         return self.root / f"{name}.jsonl"
 
-    def append(self, name: str, key: dict[str, Any], seeds: Sequence[dict[str, Any]],
-               provenance: dict[str, Any] | None = None) -> int:
+    def append(
+        self, name: str, key: dict[str, Any], seeds: Sequence[dict[str, Any]], provenance: dict[str, Any] | None = None
+    ) -> int:
         """Add one line per seed record under `key`; returns how many were written. Each line is flushed
         and fsynced, so a session killed mid-run keeps the seeds it finished."""
         for rec in seeds:
@@ -123,8 +124,14 @@ class Ledger:
         stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         with path.open("a") as f:
             for rec in seeds:
-                line = {"key_id": key_id(key), "key": key, "seed": rec["seed"], "record": rec,
-                        "provenance": provenance or {}, "appended": stamp}
+                line = {
+                    "key_id": key_id(key),
+                    "key": key,
+                    "seed": rec["seed"],
+                    "record": rec,
+                    "provenance": provenance or {},
+                    "appended": stamp,
+                }
                 f.write(json.dumps(line, sort_keys=True, allow_nan=False) + "\n")
                 f.flush()
                 os.fsync(f.fileno())
@@ -179,8 +186,15 @@ class Ledger:
         """key_id -> key, for every key in the ledger (a report can show what else has seeds)."""
         return {line["key_id"]: line.get("key", {}) for line in self.lines(name)[0]}
 
-    def pooled(self, name: str, key: dict[str, Any], comparisons: Sequence[Comparison], rule: dict[str, Any] | None = None,
-               include_dirty: bool = False, decide_fn: Callable[..., dict[str, Any]] | None = None) -> dict[str, Any]:
+    def pooled(
+        self,
+        name: str,
+        key: dict[str, Any],
+        comparisons: Sequence[Comparison],
+        rule: dict[str, Any] | None = None,
+        include_dirty: bool = False,
+        decide_fn: Callable[..., dict[str, Any]] | None = None,
+    ) -> dict[str, Any]:
         """Every seed under `key` pooled, and each comparison decided by the rule (paired by seed).
 
         `rule` holds the DecisionRule's settings other than the claim (margin, alpha, power), which each
@@ -188,13 +202,23 @@ class Ledger:
         """
         pool = self.pool(name, key, include_dirty)
         decide, make_rule = _protocol(decide_fn)
-        out = {"key_id": key_id(key), "key": key, "seeds": sorted(pool.seeds), "duplicates": pool.duplicates,
-               "excluded_dirty": pool.excluded_dirty, "torn_lines": pool.torn, "rule": dict(rule or {}), "comparisons": []}
+        out = {
+            "key_id": key_id(key),
+            "key": key,
+            "seeds": sorted(pool.seeds),
+            "duplicates": pool.duplicates,
+            "excluded_dirty": pool.excluded_dirty,
+            "torn_lines": pool.torn,
+            "rule": dict(rule or {}),
+            "comparisons": [],
+        }
         for c in comparisons:
             ids, con, base = pool.paired(c)
             row: dict[str, Any] = {**asdict(c), "label": c.label, "seeds": ids}
             try:  # the rule says "undecided" itself when the pairs are too few for an interval
-                row |= decide(con, base, make_rule(claim=c.claim, lower_is_better=not c.higher_is_better, **(rule or {})))
+                row |= decide(
+                    con, base, make_rule(claim=c.claim, lower_is_better=not c.higher_is_better, **(rule or {}))
+                )
             except ValueError as e:  # the rule refusing these seeds is an undecided verdict, said why
                 row |= {"verdict": "undecided", "why": str(e)}
             row.setdefault("n", len(ids))
@@ -202,7 +226,9 @@ class Ledger:
         return out
 
 
-def _protocol(decide_fn: Callable[..., dict[str, Any]] | None) -> tuple[Callable[..., dict[str, Any]], Callable[..., Any]]:
+def _protocol(
+    decide_fn: Callable[..., dict[str, Any]] | None,
+) -> tuple[Callable[..., dict[str, Any]], Callable[..., Any]]:
     """(decide, DecisionRule) from benchmarks.protocol; a given `decide_fn` (tests, another rule) takes the
     rule as a plain dict of the same fields."""
     if decide_fn is not None:
@@ -219,6 +245,10 @@ def verdict_lines(pooled: dict[str, Any]) -> list[str]:
 
     lines = []
     for c in pooled["comparisons"]:
-        text = describe(c) if c.get("ci") is not None or "verdict" not in c else f"{c['verdict']} ({c.get('why', 'no interval')})"
+        text = (
+            describe(c)
+            if c.get("ci") is not None or "verdict" not in c
+            else f"{c['verdict']} ({c.get('why', 'no interval')})"
+        )
         lines.append(f"{c['label']}, {c['n']} paired seed(s): {text}")
     return lines

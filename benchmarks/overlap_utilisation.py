@@ -42,7 +42,18 @@ from typing import Any, Sequence
 
 import torch
 
-from benchmarks.harness import RESULTS, Harness, bench_parser, clean_sha, fmt, mean_std, own_flags, parse, reanalyse, save_figure
+from benchmarks.harness import (
+    RESULTS,
+    Harness,
+    bench_parser,
+    clean_sha,
+    fmt,
+    mean_std,
+    own_flags,
+    parse,
+    reanalyse,
+    save_figure,
+)
 from decentrain.core.comm.transport import Transport, Work
 
 PAYLOAD_125M = 124_439_808 * 4  # llama_125m's parameters (conf/model/llama_125m.yaml) in fp32
@@ -114,8 +125,9 @@ class LinkClock:
     """The time compression all links of a run share: `scale` fixed, or set at the first sync so
     that it lasts `ratio` × (median inner step so far × H), the round's compute."""
 
-    def __init__(self, scale: float | None = None, ratio: float | None = None, h: int = 1,
-                 compute: "ComputeClock | None" = None):
+    def __init__(
+        self, scale: float | None = None, ratio: float | None = None, h: int = 1, compute: "ComputeClock | None" = None
+    ):
         if (scale is None) == (ratio is None):
             raise ValueError("LinkClock needs exactly one of scale and ratio")
         self.scale, self.ratio, self.h, self.compute = scale, ratio, h, compute
@@ -157,17 +169,32 @@ def _config(job: dict[str, Any]):
     algo = {"name": job["method"], "inner_steps": job["h"], "overlap": job["overlap"]}
     if job["method"] == "noloco":
         algo.update(stall_s=None, deadline_s=600.0)
-    return config_from_dict({
-        "algorithm": algo,
-        "model": {"hidden_size": job["hidden"], "num_layers": job["layers"], "num_heads": 2,
-                  "intermediate_size": 2 * job["hidden"], "max_seq_len": job["seq_len"]},
-        "data": {"seq_len": job["seq_len"], "max_bytes_per_domain": 60_000},
-        "optim": {"lr": 2e-3, "warmup_steps": 10},
-        "train": {"steps": job["steps"], "global_batch_size": 2 * job["micro_batch"], "micro_batch_size": job["micro_batch"],
-                  "eval_every": job["h"], "eval_batches": 2, "checkpoint_every": 10**6, "threads": 1,
-                  "seed": job["seed"], "device": "cpu"},
-        "logger": {"progress": False, "console": False, "log_every": job["h"]},
-    })
+    return config_from_dict(
+        {
+            "algorithm": algo,
+            "model": {
+                "hidden_size": job["hidden"],
+                "num_layers": job["layers"],
+                "num_heads": 2,
+                "intermediate_size": 2 * job["hidden"],
+                "max_seq_len": job["seq_len"],
+            },
+            "data": {"seq_len": job["seq_len"], "max_bytes_per_domain": 60_000},
+            "optim": {"lr": 2e-3, "warmup_steps": 10},
+            "train": {
+                "steps": job["steps"],
+                "global_batch_size": 2 * job["micro_batch"],
+                "micro_batch_size": job["micro_batch"],
+                "eval_every": job["h"],
+                "eval_batches": 2,
+                "checkpoint_every": 10**6,
+                "threads": 1,
+                "seed": job["seed"],
+                "device": "cpu",
+            },
+            "logger": {"progress": False, "console": False, "log_every": job["h"]},
+        }
+    )
 
 
 def run(job: dict[str, Any]) -> dict[str, Any]:
@@ -200,15 +227,23 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
     for rank, r in enumerate(runs):
         compute = clock.seconds[f"replica-{rank}"]
         wall = sum(r.step_times)
-        replicas.append({"compute_s": sum(compute), "wall_s": wall, "utilisation": sum(compute) / wall,
-                         "step_wall_s": r.step_times})
+        replicas.append(
+            {"compute_s": sum(compute), "wall_s": wall, "utilisation": sum(compute) / wall, "step_wall_s": r.step_times}
+        )
     round_compute = statistics.median(clock.seconds["replica-0"]) * job["h"]
     syncs = job["steps"] // job["h"]
     sync = links[0].played_seconds / syncs
-    return {"time_compression": link_clock.scale, "link_s_per_sync_unscaled": links[0].link_seconds / syncs,
-            "replicas": replicas, "evals": evals, "final_eval": evals[-1][1],
-            "utilisation": statistics.fmean(x["utilisation"] for x in replicas),
-            "sync_s": sync, "round_compute_s": round_compute, "sync_over_round": sync / round_compute}
+    return {
+        "time_compression": link_clock.scale,
+        "link_s_per_sync_unscaled": links[0].link_seconds / syncs,
+        "replicas": replicas,
+        "evals": evals,
+        "final_eval": evals[-1][1],
+        "utilisation": statistics.fmean(x["utilisation"] for x in replicas),
+        "sync_s": sync,
+        "round_compute_s": round_compute,
+        "sync_over_round": sync / round_compute,
+    }
 
 
 def time_to(result: dict[str, Any], target: float) -> float | None:
@@ -235,39 +270,52 @@ def summarise(results: dict[str, list[dict[str, Any]]], methods: Sequence[str], 
         times = {name: [time_to(r, t) for r, t in zip(rs, targets)] for name, rs in (("off", off), ("on", on))}
         row: dict[str, Any] = {}
         for name, rs in (("off", off), ("on", on)):
-            row[name] = {"utilisation": mean_std([r["utilisation"] for r in rs]),
-                         "wall_to_target_s": _mean_std_or_none(times[name]),
-                         "reached_target": sum(t is not None for t in times[name]),
-                         "final_eval": mean_std([r["final_eval"] for r in rs]),
-                         "sync_over_round": mean_std([r["sync_over_round"] for r in rs])}
-        row["speedup_to_target"] = _mean_std_or_none([a / b if a is not None and b is not None else None
-                                                      for a, b in zip(times["off"], times["on"])])
+            row[name] = {
+                "utilisation": mean_std([r["utilisation"] for r in rs]),
+                "wall_to_target_s": _mean_std_or_none(times[name]),
+                "reached_target": sum(t is not None for t in times[name]),
+                "final_eval": mean_std([r["final_eval"] for r in rs]),
+                "sync_over_round": mean_std([r["sync_over_round"] for r in rs]),
+            }
+        row["speedup_to_target"] = _mean_std_or_none(
+            [a / b if a is not None and b is not None else None for a, b in zip(times["off"], times["on"])]
+        )
         row["utilisation_gain"] = mean_std([b["utilisation"] - a["utilisation"] for a, b in zip(off, on)])
         row["loss_cost_of_delay"] = mean_std([b["final_eval"] - a["final_eval"] for a, b in zip(off, on)])
-        row["loss_cost_of_delay_pct"] = mean_std([100 * (b["final_eval"] / a["final_eval"] - 1) for a, b in zip(off, on)])
+        row["loss_cost_of_delay_pct"] = mean_std(
+            [100 * (b["final_eval"] / a["final_eval"] - 1) for a, b in zip(off, on)]
+        )
         row["target_eval"] = targets
         out[m] = row
     return out
 
 
 def text_report(figures: dict[str, Any], config: dict[str, Any]) -> str:
-    lines = [f"overlap_utilisation ({config['seeds']} seeds; link {config['rate_mbit']} Mbit/s + {config['one_way_ms']} ms each way, "
-             f"{PAYLOAD_125M / 1e6:.0f} MB payload (llama_125m fp32), played so one sync = {config['sync_over_round']} x a round's compute; H={config['h']}, "
-             f"{config['steps']} steps, 2 replicas in-process)",
-             f"{'method':8s} {'overlap':7s} {'utilisation':>17s} {'wall to target (s)':>20s} {'final eval':>17s} {'sync/round':>14s}"]
+    lines = [
+        f"overlap_utilisation ({config['seeds']} seeds; link {config['rate_mbit']} Mbit/s + {config['one_way_ms']} "
+        f"ms each way, {PAYLOAD_125M / 1e6:.0f} MB payload (llama_125m fp32), played so one sync = "
+        f"{config['sync_over_round']} x a round's compute; H={config['h']}, "
+        f"{config['steps']} steps, 2 replicas in-process)",
+        f"{'method':8s} {'overlap':7s} {'utilisation':>17s} {'wall to target (s)':>20s} {'final eval':>17s} "
+        f"{'sync/round':>14s}",
+    ]
     n = len(figures["seeds"])
     for m, row in figures["summary"].items():
         for name in ("off", "on"):
             r = row[name]
             wall = "never" if r["wall_to_target_s"] is None else fmt(r["wall_to_target_s"], 1)
-            lines.append(f"{m:8s} {name:7s} {fmt(r['utilisation'], 3):>17s} {wall:>20s} "
-                         f"{fmt(r['final_eval'], 3):>17s} {fmt(r['sync_over_round'], 2):>14s}")
+            lines.append(
+                f"{m:8s} {name:7s} {fmt(r['utilisation'], 3):>17s} {wall:>20s} "
+                f"{fmt(r['final_eval'], 3):>17s} {fmt(r['sync_over_round'], 2):>14s}"
+            )
         if "utilisation_gain" in row:  # records from before the per-arm target have no cost figures
             speed = row["speedup_to_target"]
-            lines.append(f"{m:8s} overlap: utilisation {fmt(row['utilisation_gain'], 3)} higher; loss cost of the delay "
-                         f"{fmt(row['loss_cost_of_delay'], 4)} final eval ({fmt(row['loss_cost_of_delay_pct'], 2)} %); "
-                         f"reaches the no-overlap run's final loss in {row['on']['reached_target']}/{n} seeds"
-                         + ("" if speed is None else f", wall-time speed-up there {fmt(speed, 2)}x"))
+            lines.append(
+                f"{m:8s} overlap: utilisation {fmt(row['utilisation_gain'], 3)} higher; loss cost of the delay "
+                f"{fmt(row['loss_cost_of_delay'], 4)} final eval ({fmt(row['loss_cost_of_delay_pct'], 2)} %); "
+                f"reaches the no-overlap run's final loss in {row['on']['reached_target']}/{n} seeds"
+                + ("" if speed is None else f", wall-time speed-up there {fmt(speed, 2)}x")
+            )
         else:
             lines.append(f"{m:8s} wall-time speed-up to target with overlap: {fmt(row['speedup_to_target'], 2)}x")
     return "\n".join(lines)
@@ -285,8 +333,13 @@ def plot(figures: dict[str, Any], path: Path) -> None:
     xs = range(len(methods))
     for i, name in enumerate(("off", "on")):
         vals = [figures["summary"][m][name]["utilisation"] for m in methods]
-        ax.bar([x + 0.4 * i for x in xs], [v["mean"] for v in vals], 0.4, yerr=[v["std"] for v in vals],
-               label=f"overlap {name}")
+        ax.bar(
+            [x + 0.4 * i for x in xs],
+            [v["mean"] for v in vals],
+            0.4,
+            yerr=[v["std"] for v in vals],
+            label=f"overlap {name}",
+        )
     ax.axhline(0.9, color="k", ls=":", lw=1)
     ax.set_xticks([x + 0.2 for x in xs], methods)
     ax.set_ylabel("compute utilisation")
@@ -296,8 +349,13 @@ def plot(figures: dict[str, Any], path: Path) -> None:
         for name in ("off", "on"):
             r = figures["runs"][f"{m}/{name}"][0]
             steps = r["replicas"][0]["step_wall_s"]
-            ax.plot([sum(steps[:s]) for s, _ in r["evals"]], [loss for _, loss in r["evals"]], marker="o", ms=3,
-                    label=f"overlap {name}")
+            ax.plot(
+                [sum(steps[:s]) for s, _ in r["evals"]],
+                [loss for _, loss in r["evals"]],
+                marker="o",
+                ms=3,
+                label=f"overlap {name}",
+            )
         ax.set_xlabel("wall seconds (steps only)")
         ax.set_ylabel("eval loss")
         ax.set_title(f"{m} (seed {figures['seeds'][0]})")
@@ -310,7 +368,10 @@ def text(record: dict[str, Any]) -> str:
     figures = record["figures"]
     out = text_report(figures, record["config"])
     if "summary_recomputed" in figures:
-        out += f"\n(runs at {figures['git']['sha'][:12]}; summary recomputed at {figures['summary_recomputed']['sha'][:12]})"
+        out += (
+            f"\n(runs at {figures['git']['sha'][:12]}; summary recomputed at "
+            f"{figures['summary_recomputed']['sha'][:12]})"
+        )
     return out
 
 
@@ -343,13 +404,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--rate_mbit", type=float, default=100.0)
     ap.add_argument("--one_way_ms", type=float, default=50.0)
     ap.add_argument("--sync_over_round", type=float, default=0.6)
-    ap.add_argument("--resummarise", action="store_true",
-                    help="recompute the summary of the committed result's runs (no training) with this code")
+    ap.add_argument(
+        "--resummarise",
+        action="store_true",
+        help="recompute the summary of the committed result's runs (no training) with this code",
+    )
     args = parse(ap, argv)
     if args.resummarise:
         return resummarise(args.allow_dirty)
     config = {k: v for k, v in own_flags(args).items() if k != "resummarise"}
-    hz = Harness("overlap_utilisation", __file__, config, allow_dirty=args.allow_dirty, fresh=args.fresh, smoke=args.smoke)
+    hz = Harness(
+        "overlap_utilisation", __file__, config, allow_dirty=args.allow_dirty, fresh=args.fresh, smoke=args.smoke
+    )
     sha, dirty = hz.sha, hz.dirty
     seeds = list(range(args.seeds))
     results: dict[str, list[dict[str, Any]]] = {}
@@ -361,11 +427,18 @@ def main(argv: Sequence[str] | None = None) -> None:
                 r = run(job)
                 compression = r["time_compression"]
                 results.setdefault(f"{m}/{'on' if overlap else 'off'}", []).append(r)
-                print(f"seed {seed} {m:7s} overlap={overlap!s:5s} utilisation {r['utilisation']:.3f} "
-                      f"final eval {r['final_eval']:.4f} sync/round {r['sync_over_round']:.2f} "
-                      f"(time x1/{r['time_compression']:.0f})", flush=True)
-    figures = {"summary": summarise(results, args.methods, seeds), "runs": results, "seeds": seeds,
-               "git": {"sha": sha, "dirty": dirty}}
+                print(
+                    f"seed {seed} {m:7s} overlap={overlap!s:5s} utilisation {r['utilisation']:.3f} "
+                    f"final eval {r['final_eval']:.4f} sync/round {r['sync_over_round']:.2f} "
+                    f"(time x1/{r['time_compression']:.0f})",
+                    flush=True,
+                )
+    figures = {
+        "summary": summarise(results, args.methods, seeds),
+        "runs": results,
+        "seeds": seeds,
+        "git": {"sha": sha, "dirty": dirty},
+    }
     print(hz.write(figures, text, plot_record)["txt"].read_text())
 
 

@@ -78,7 +78,8 @@ def _p_greater(t: float, df: int) -> float:
 def power_of(n: int, effect: float, sd: float, alpha: float = 0.05) -> float:
     """Power of a two-sided paired t-test at level alpha with n pairs, for a true mean difference `effect`
     and a std of the differences `sd` (non-central t, exact)."""
-    from scipy.stats import nct, t as student
+    from scipy.stats import nct
+    from scipy.stats import t as student
 
     if n < 2 or sd <= 0:
         return math.nan
@@ -101,7 +102,8 @@ def detectable(n: int, sd: float, alpha: float = 0.05, power: float = 0.8) -> fl
 
 
 def seeds_needed(effect: float, sd: float, alpha: float = 0.05, power: float = 0.8, limit: int = 10_000) -> int | None:
-    """Pairs a two-sided paired t-test needs to find a true difference `effect` with `power` (None: none up to limit)."""
+    """Pairs a two-sided paired t-test needs to find a true difference `effect` with `power` (None: none up to
+    limit)."""
     if sd <= 0 or not math.isfinite(sd):
         return 2
     if effect == 0:
@@ -121,14 +123,30 @@ def decide(contender: Sequence[float], baseline: Sequence[float], rule: Decision
     from scipy.stats import t as student
 
     if len(contender) != len(baseline):
-        raise ValueError(f"decide: {len(contender)} contender values against {len(baseline)} baseline values (paired by seed)")
+        raise ValueError(
+            f"decide: {len(contender)} contender values against {len(baseline)} baseline values (paired by seed)"
+        )
     d = [float(a) - float(b) for a, b in zip(contender, baseline)]
-    out: dict[str, Any] = {"rule": asdict(rule), "n": len(d), "mean_diff": None, "std_diff": None, "ci": None,
-                           "ci_level": 1 - rule.alpha, "p": None, "detectable": None, "seeds_needed": None}
+    out: dict[str, Any] = {
+        "rule": asdict(rule),
+        "n": len(d),
+        "mean_diff": None,
+        "std_diff": None,
+        "ci": None,
+        "ci_level": 1 - rule.alpha,
+        "p": None,
+        "detectable": None,
+        "seeds_needed": None,
+    }
     if not d or any(not math.isfinite(x) for x in d):
         return {**out, "verdict": "undecided", "supported": False, "why": "a missing or non-finite result"}
     n, mean, sd, se = _t_stats(d)
-    out.update(mean_diff=mean, std_diff=sd, baseline_mean=statistics.fmean(baseline), contender_mean=statistics.fmean(contender))
+    out.update(
+        mean_diff=mean,
+        std_diff=sd,
+        baseline_mean=statistics.fmean(baseline),
+        contender_mean=statistics.fmean(contender),
+    )
     if n < 2:
         return {**out, "verdict": "undecided", "supported": False, "why": "one seed: no interval"}
     df = n - 1
@@ -150,7 +168,9 @@ def decide(contender: Sequence[float], baseline: Sequence[float], rule: Decision
         eq_half = float(student.ppf(1 - rule.alpha, df)) * se
         out.update(bound=bound, p_tost=p_tost, ci_tost=[mean - eq_half, mean + eq_half])
         # seeds for the TOST to pass at the observed mean (approximate: one-sided power against the nearer bound)
-        out["seeds_needed_tost"] = seeds_needed(bound - abs(mean), sd, 2 * rule.alpha, rule.power) if abs(mean) < bound else None
+        out["seeds_needed_tost"] = (
+            seeds_needed(bound - abs(mean), sd, 2 * rule.alpha, rule.power) if abs(mean) < bound else None
+        )
         if p_tost < rule.alpha:
             verdict = "reaches"
     out["verdict"] = verdict
@@ -163,15 +183,17 @@ def describe(result: Mapping[str, Any], digits: int = 3) -> str:
     if result.get("ci") is None:
         return f"{result['verdict']} ({result.get('why', 'no interval')})"
     lo, hi = result["ci"]
-    s = (f"{result['verdict']}: {result['mean_diff']:+.{digits}f} [{lo:+.{digits}f}, {hi:+.{digits}f}] "
-         f"(n={result['n']}, p={result['p']:.3f}")
+    s = (
+        f"{result['verdict']}: {result['mean_diff']:+.{digits}f} [{lo:+.{digits}f}, {hi:+.{digits}f}] "
+        f"(n={result['n']}, p={result['p']:.3f}"
+    )
     if "bound" in result:
         s += f", TOST ±{result['bound']:.{digits}f} p={result['p_tost']:.3f}"
     s += ")"
     if result["verdict"] == "undecided":
         det = result.get("detectable")
         need = result.get("seeds_needed")
-        s += (f"; detectable at {result['rule']['power']:.0%} power ±{det:.{digits}f}" if det is not None else "")
+        s += f"; detectable at {result['rule']['power']:.0%} power ±{det:.{digits}f}" if det is not None else ""
         s += f"; the observed effect would need {need} seeds" if need else "; no effect observed"
     return s
 
@@ -181,7 +203,10 @@ def describe_rule(rule: Mapping[str, Any]) -> str:
     side = "below" if rule.get("lower_is_better", True) else "above"
     level = f"{1 - rule['alpha']:.0%}"
     if rule["claim"] == "reaches":
-        return f"reaches: TOST within ±{rule['margin']:.0%} of the baseline's mean (else better/worse/undecided on the {level} CI)"
+        return (
+            f"reaches: TOST within ±{rule['margin']:.0%} of the baseline's mean (else better/worse/undecided "
+            f"on the {level} CI)"
+        )
     return f"better: the {level} CI of the paired difference {side} 0"
 
 
@@ -205,8 +230,14 @@ def check_seeds(tuning: Sequence[int], evaluation: Sequence[int]) -> list[str]:
     return out
 
 
-def unmet(tuning: Mapping[str, Mapping[str, Any]], tuning_seeds: Sequence[int], eval_seeds: Sequence[int],
-          tokens_per_param: float | None, corpus: Mapping[str, Any] | None, pinned: str = "pinned") -> list[str]:
+def unmet(
+    tuning: Mapping[str, Mapping[str, Any]],
+    tuning_seeds: Sequence[int],
+    eval_seeds: Sequence[int],
+    tokens_per_param: float | None,
+    corpus: Mapping[str, Any] | None,
+    pinned: str = "pinned",
+) -> list[str]:
     """Every way a comparison's run falls short of the protocol (empty: the verdicts stand as decided)."""
     out = check_seeds(tuning_seeds, eval_seeds)
     if tokens_per_param is None or tokens_per_param < 20:
@@ -230,21 +261,36 @@ def preregister(cache_dir: Path, name: str, rules: Mapping[str, DecisionRule], f
     if path.exists() and not fresh:
         old = json.loads(path.read_text())
         if old != stored:
-            raise SystemExit(f"{name}: the decision rules differ from those fixed when this run began ({path}); "
-                             "a rule is fixed before the run: pass --fresh to start a new one")
+            raise SystemExit(
+                f"{name}: the decision rules differ from those fixed when this run began ({path}); "
+                "a rule is fixed before the run: pass --fresh to start a new one"
+            )
     else:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(stored, indent=1, sort_keys=True))
     return stored
 
 
-def decision(name: str, contender: str, baseline: str, rule: DecisionRule | Mapping[str, Any],
-             contender_values: Sequence[float], baseline_values: Sequence[float], metric: str) -> dict[str, Any]:
+def decision(
+    name: str,
+    contender: str,
+    baseline: str,
+    rule: DecisionRule | Mapping[str, Any],
+    contender_values: Sequence[float],
+    baseline_values: Sequence[float],
+    metric: str,
+) -> dict[str, Any]:
     """A decision as a record stores it: names, the per-seed values and the result `decide` gives."""
     rule = rule if isinstance(rule, DecisionRule) else DecisionRule(**rule)
-    return {"name": name, "contender": contender, "baseline": baseline, "metric": metric,
-            "contender_values": [float(x) for x in contender_values], "baseline_values": [float(x) for x in baseline_values],
-            "result": decide(contender_values, baseline_values, rule)}
+    return {
+        "name": name,
+        "contender": contender,
+        "baseline": baseline,
+        "metric": metric,
+        "contender_values": [float(x) for x in contender_values],
+        "baseline_values": [float(x) for x in baseline_values],
+        "result": decide(contender_values, baseline_values, rule),
+    }
 
 
 def recompute(entry: Mapping[str, Any]) -> dict[str, Any]:
@@ -267,6 +313,7 @@ def decisions_in(obj: Any) -> list[dict[str, Any]]:
 @dataclass(frozen=True)
 class Axis:
     """One outer setting: its ladder (ordered values, or choices), and the values the grid starts from."""
+
     ladder: tuple
     start: tuple
     ordered: bool = True  # False: a choice (Nesterov or heavy ball) with no edge
@@ -306,26 +353,44 @@ class _Grid:
             j = axis.ladder.index(p[i])
             for k in (j - 1, j + 1):
                 if 0 <= k < len(axis.ladder):
-                    out.append(p[:i] + (axis.ladder[k],) + p[i + 1:])
+                    out.append(p[:i] + (axis.ladder[k],) + p[i + 1 :])
         return out
 
     def open_axes(self, p: Point) -> list[str]:
         """Axes on which `p` is not bracketed: a valid ladder neighbour that was not evaluated."""
         names = list(self.space)
-        return sorted({names[i] for q in self.neighbours(p) if q not in self.values and self.ok(q)
-                       for i in range(len(p)) if q[i] != p[i]})
+        return sorted(
+            {
+                names[i]
+                for q in self.neighbours(p)
+                if q not in self.values and self.ok(q)
+                for i in range(len(p))
+                if q[i] != p[i]
+            }
+        )
 
     def ladder_ends(self, p: Point) -> list[str]:
-        return [n for (n, a), v in zip(self.space.items(), p) if a.ordered and len(a.ladder) > 1 and v in (a.ladder[0], a.ladder[-1])]
+        return [
+            n
+            for (n, a), v in zip(self.space.items(), p)
+            if a.ordered and len(a.ladder) > 1 and v in (a.ladder[0], a.ladder[-1])
+        ]
 
 
 def _finite(x: float) -> float:
-    return float(x) if x is not None and math.isfinite(x) else math.inf  # a diverged run loses, never crashes the search
+    # a diverged run loses, never crashes the search
+    return float(x) if x is not None and math.isfinite(x) else math.inf
 
 
-def grid_search(evaluate: Callable[[list[tuple[dict[str, Any], int]]], list[float]], space: Mapping[str, Axis],
-                seeds: Sequence[int], *, finalists: int | None = 4, max_rounds: int = 8,
-                valid: Callable[[dict[str, Any]], bool] | None = None) -> dict[str, Any]:
+def grid_search(
+    evaluate: Callable[[list[tuple[dict[str, Any], int]]], list[float]],
+    space: Mapping[str, Axis],
+    seeds: Sequence[int],
+    *,
+    finalists: int | None = 4,
+    max_rounds: int = 8,
+    valid: Callable[[dict[str, Any]], bool] | None = None,
+) -> dict[str, Any]:
     """Tune one arm over every axis of `space` (lower is better). `evaluate([(setting, seed), ...])` returns the
     loss of each (a harness batch, so runs go in parallel). `finalists=None` runs every point on every seed."""
     if len(set(seeds)) < 1:
@@ -359,14 +424,25 @@ def grid_search(evaluate: Callable[[list[tuple[dict[str, Any], int]]], list[floa
     edge = g.open_axes(winner)
     return {
         "axes": {n: {"ladder": list(a.ladder), "start": list(a.start), "ordered": a.ordered} for n, a in space.items()},
-        "seeds": g.seeds, "finalists": finalists, "rounds": rounds,
-        "points": [{"setting": dict(zip(names, p)), "values": {str(s): v for s, v in vals.items()},
-                    "mean": g.mean(p) if math.isfinite(g.mean(p)) else None} for p, vals in g.values.items()],
-        "winner": dict(zip(names, winner)), "winner_mean": g.mean(winner),
+        "seeds": g.seeds,
+        "finalists": finalists,
+        "rounds": rounds,
+        "points": [
+            {
+                "setting": dict(zip(names, p)),
+                "values": {str(s): v for s, v in vals.items()},
+                "mean": g.mean(p) if math.isfinite(g.mean(p)) else None,
+            }
+            for p, vals in g.values.items()
+        ],
+        "winner": dict(zip(names, winner)),
+        "winner_mean": g.mean(winner),
         "winner_values": [g.values[winner][s] for s in g.seeds],
         "runner_up": None if runner is None else dict(zip(names, runner)),
         "runner_up_mean": None if runner is None else g.mean(runner),
-        "bracketed": not edge, "open_axes": edge, "at_ladder_end": g.ladder_ends(winner),
+        "bracketed": not edge,
+        "open_axes": edge,
+        "at_ladder_end": g.ladder_ends(winner),
         "disagreement": disagreement(g, winner, runner),
         "runs": sum(len(v) for v in g.values.values()),
     }
@@ -377,9 +453,19 @@ def disagreement(g: _Grid, winner: Point, runner: Point | None) -> dict[str, Any
     their spread (max − min over tuning seeds); the winner or runner-up above DISAGREE_FACTOR x noise, or the
     seeds' own winners differing by more than the noise, is flagged."""
     done = g.complete()
-    spread = {p: max(g.values[p].values()) - min(g.values[p].values()) for p in done if all(map(math.isfinite, g.values[p].values()))}
-    out: dict[str, Any] = {"noise": None, "winner_spread": spread.get(winner), "runner_up_spread": spread.get(runner),
-                           "per_seed_winner": {}, "flagged": False, "why": []}
+    spread = {
+        p: max(g.values[p].values()) - min(g.values[p].values())
+        for p in done
+        if all(map(math.isfinite, g.values[p].values()))
+    }
+    out: dict[str, Any] = {
+        "noise": None,
+        "winner_spread": spread.get(winner),
+        "runner_up_spread": spread.get(runner),
+        "per_seed_winner": {},
+        "flagged": False,
+        "why": [],
+    }
     if len(g.seeds) < 2:
         out["why"].append("one tuning seed: agreement unknown")
         return out
@@ -393,12 +479,16 @@ def disagreement(g: _Grid, winner: Point, runner: Point | None) -> dict[str, Any
     out["noise"] = noise
     for label, p in (("winner", winner), ("runner-up", runner)):
         if p is not None and spread.get(p, 0.0) > DISAGREE_FACTOR * max(noise, 1e-12):
-            out["why"].append(f"the {label}'s tuning seeds differ by {spread[p]:.4f}, {spread[p] / max(noise, 1e-12):.1f}x the noise")
+            out["why"].append(
+                f"the {label}'s tuning seeds differ by {spread[p]:.4f}, {spread[p] / max(noise, 1e-12):.1f}x the noise"
+            )
     picks = list(dict.fromkeys(tuple(w.values()) for w in out["per_seed_winner"].values()))
     for a, b in itertools.combinations(picks, 2):  # a rank reversal larger than the noise on both seeds
         d = [g.values[a][s] - g.values[b][s] for s in g.seeds]
         if min(d) < -noise and max(d) > noise:
-            out["why"].append(f"the tuning seeds pick different winners, reversed by {min(-min(d), max(d)):.4f} or more")
+            out["why"].append(
+                f"the tuning seeds pick different winners, reversed by {min(-min(d), max(d)):.4f} or more"
+            )
             break
     out["flagged"] = bool(out["why"])
     return out
@@ -411,8 +501,14 @@ def consistency(tuning_values: Sequence[float], eval_values: Sequence[float]) ->
     sd = statistics.stdev(ev) if len(ev) > 1 else math.nan
     gap = statistics.fmean(tuning_values) - statistics.fmean(ev)
     z = abs(gap) / sd if sd and math.isfinite(sd) and sd > 0 else None
-    return {"tuning_mean": statistics.fmean(tuning_values), "eval_mean": statistics.fmean(ev), "eval_std": sd,
-            "gap": gap, "eval_stds_apart": z, "flagged": z is not None and z > DISAGREE_FACTOR}
+    return {
+        "tuning_mean": statistics.fmean(tuning_values),
+        "eval_mean": statistics.fmean(ev),
+        "eval_std": sd,
+        "gap": gap,
+        "eval_stds_apart": z,
+        "flagged": z is not None and z > DISAGREE_FACTOR,
+    }
 
 
 def describe_consistency(c: Mapping[str, Any] | None) -> str:
@@ -420,16 +516,22 @@ def describe_consistency(c: Mapping[str, Any] | None) -> str:
     if not c:
         return ""
     apart = c.get("eval_stds_apart")
-    return f"{c['gap']:+.4f}" + ("" if apart is None else f" ({apart:.1f} eval stds{', FLAGGED' if c['flagged'] else ''})")
+    return f"{c['gap']:+.4f}" + (
+        "" if apart is None else f" ({apart:.1f} eval stds{', FLAGGED' if c['flagged'] else ''})"
+    )
 
 
-def describe_tuning(t: Mapping[str, Any], fmt_setting: Callable[[Mapping[str, Any]], str] = lambda s: json.dumps(s)) -> str:
+def describe_tuning(
+    t: Mapping[str, Any], fmt_setting: Callable[[Mapping[str, Any]], str] = lambda s: json.dumps(s)
+) -> str:
     """One line per arm's search: winner, runner-up, bracketing, agreement."""
-    s = (f"{fmt_setting(t['winner'])} ({t['winner_mean']:.4f}, {len(t['seeds'])} tuning seeds)"
-         + (f"; runner-up {fmt_setting(t['runner_up'])} ({t['runner_up_mean']:.4f})" if t.get("runner_up") else "")
-         + f"; {t['runs']} runs, {t['rounds']} rounds; "
-         + ("bracketed" if t["bracketed"] else "ON THE EDGE: " + ", ".join(t["open_axes"]))
-         + (f" (at the ladder's end: {', '.join(t['at_ladder_end'])})" if t.get("at_ladder_end") else ""))
+    s = (
+        f"{fmt_setting(t['winner'])} ({t['winner_mean']:.4f}, {len(t['seeds'])} tuning seeds)"
+        + (f"; runner-up {fmt_setting(t['runner_up'])} ({t['runner_up_mean']:.4f})" if t.get("runner_up") else "")
+        + f"; {t['runs']} runs, {t['rounds']} rounds; "
+        + ("bracketed" if t["bracketed"] else "ON THE EDGE: " + ", ".join(t["open_axes"]))
+        + (f" (at the ladder's end: {', '.join(t['at_ladder_end'])})" if t.get("at_ladder_end") else "")
+    )
     d = t["disagreement"]
     if d["flagged"]:
         s += "; TUNING SEEDS DISAGREE: " + "; ".join(d["why"])

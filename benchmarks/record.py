@@ -45,15 +45,31 @@ _OPT_NUM = (int, float, type(None))
 _OPT_STR = (str, type(None))
 # key -> allowed types; every key is required unless listed in OPTIONAL
 SCHEMA: dict[str, tuple[type, ...]] = {
-    "schema": (str,), "name": (str,), "config": (dict,), "figures": (dict,),
-    "git_sha": (str,), "dirty": (bool,), "not_for_commit": (bool,), "command": _OPT_STR,
-    "versions": (dict,), "hardware": (dict,), "code_version": _OPT_STR,
-    "runs_reused_from_cache": (int,), "runs_untimed": (int,), "compute_s": _OPT_NUM, "wall_s_this_invocation": _OPT_NUM,
+    "schema": (str,),
+    "name": (str,),
+    "config": (dict,),
+    "figures": (dict,),
+    "git_sha": (str,),
+    "dirty": (bool,),
+    "not_for_commit": (bool,),
+    "command": _OPT_STR,
+    "versions": (dict,),
+    "hardware": (dict,),
+    "code_version": _OPT_STR,
+    "runs_reused_from_cache": (int,),
+    "runs_untimed": (int,),
+    "compute_s": _OPT_NUM,
+    "wall_s_this_invocation": _OPT_NUM,
     "analysis_git_sha": (str,),
 }
 OPTIONAL = {"analysis_git_sha"}
-HARDWARE: dict[str, tuple[type, ...]] = {"cpu": (str,), "cpu_count": (int, type(None)), "platform": (str,),
-                                         "cuda": _OPT_STR, "load_avg_at_start": (list, type(None))}
+HARDWARE: dict[str, tuple[type, ...]] = {
+    "cpu": (str,),
+    "cpu_count": (int, type(None)),
+    "platform": (str,),
+    "cuda": _OPT_STR,
+    "load_avg_at_start": (list, type(None)),
+}
 
 
 def _type_error(where: str, value: Any, types: tuple[type, ...]) -> str | None:
@@ -152,8 +168,14 @@ def command_line(argv: list[str] | None = None) -> str:
 
 def provenance(sha: str, dirty: bool, *, smoke: bool = False) -> dict[str, Any]:
     """The provenance keys of a record, for a run at `sha` on a tree that was `dirty` or not."""
-    return {"git_sha": sha, "dirty": dirty, "not_for_commit": dirty or smoke, "command": command_line(),
-            "versions": versions(), "hardware": hardware()}
+    return {
+        "git_sha": sha,
+        "dirty": dirty,
+        "not_for_commit": dirty or smoke,
+        "command": command_line(),
+        "versions": versions(),
+        "hardware": hardware(),
+    }
 
 
 # -- older layouts ----------------------------------------------------------------------
@@ -164,18 +186,37 @@ def upgrade_record(old: dict[str, Any]) -> dict[str, Any]:
     contents take its place, and other missing keys go just before `figures`. Idempotent."""
     env = old.get("environment")
     from_env: dict[str, Any] = {}
-    if isinstance(env, dict):  # results_io: {git_sha[-dirty], python, torch, transformers, platform, cpu, cpu_count, cuda}
+    # results_io: {git_sha[-dirty], python, torch, transformers, platform, cpu, cpu_count, cuda}
+    if isinstance(env, dict):
         sha = str(env.get("git_sha", "unknown"))
         dirty = sha.endswith("-dirty")
-        from_env = {"git_sha": sha.removesuffix("-dirty"), "dirty": dirty, "not_for_commit": dirty,
-                    "versions": {k: env[k] for k in ("python", "torch", "transformers", "numpy") if k in env},
-                    "hardware": {"cpu": env.get("cpu", "unknown"), "cpu_count": env.get("cpu_count"),
-                                 "platform": env.get("platform", "unknown"), "cuda": env.get("cuda"),
-                                 "load_avg_at_start": None}}
+        from_env = {
+            "git_sha": sha.removesuffix("-dirty"),
+            "dirty": dirty,
+            "not_for_commit": dirty,
+            "versions": {k: env[k] for k in ("python", "torch", "transformers", "numpy") if k in env},
+            "hardware": {
+                "cpu": env.get("cpu", "unknown"),
+                "cpu_count": env.get("cpu_count"),
+                "platform": env.get("platform", "unknown"),
+                "cuda": env.get("cuda"),
+                "load_avg_at_start": None,
+            },
+        }
     dirty = bool(old.get("dirty", from_env.get("dirty", old.get("not_for_commit", False))))
-    missing = {"git_sha": "unknown", "dirty": dirty, "not_for_commit": dirty, "command": None, "versions": {},
-               "hardware": {}, "code_version": None, "runs_reused_from_cache": 0, "runs_untimed": 0, "compute_s": None,
-               "wall_s_this_invocation": None}
+    missing = {
+        "git_sha": "unknown",
+        "dirty": dirty,
+        "not_for_commit": dirty,
+        "command": None,
+        "versions": {},
+        "hardware": {},
+        "code_version": None,
+        "runs_reused_from_cache": 0,
+        "runs_untimed": 0,
+        "compute_s": None,
+        "wall_s_this_invocation": None,
+    }
     rec: dict[str, Any] = {"schema": SCHEMA_ID}
 
     def fill() -> None:
@@ -230,7 +271,9 @@ def check_baseline(rec: dict[str, Any], baseline: dict[str, Any]) -> list[str]:
         low = float(want) - tol if better in ("higher", "either") else float("-inf")
         high = float(want) + tol if better in ("lower", "either") else float("inf")
         if not low <= float(got) <= high:
-            problems.append(f"{where}: {got!r} outside baseline {want!r} ± {tol:g} ({better} is better): {fig.get('why', '')}")
+            problems.append(
+                f"{where}: {got!r} outside baseline {want!r} ± {tol:g} ({better} is better): {fig.get('why', '')}"
+            )
     return problems
 
 
@@ -242,8 +285,11 @@ def validate_baseline(baseline: Any) -> list[str]:
     for i, fig in enumerate(baseline["figures"]):
         if not isinstance(fig.get("path"), list) or not fig["path"] or fig["path"][0] != "figures":
             errors.append(f"figures[{i}].path: a list starting with 'figures'")
-        if not isinstance(fig.get("value"), (int, float)) or not isinstance(fig.get("tolerance"), (int, float)) \
-                or fig["tolerance"] < 0:
+        if (
+            not isinstance(fig.get("value"), (int, float))
+            or not isinstance(fig.get("tolerance"), (int, float))
+            or fig["tolerance"] < 0
+        ):
             errors.append(f"figures[{i}]: numeric value and tolerance >= 0")
         if fig.get("better") not in _BETTER:
             errors.append(f"figures[{i}].better: one of {_BETTER}")

@@ -71,9 +71,16 @@ class WideByteTokenizer(ByT5Tokenizer):
 
 
 def build(b: GenBenchConfig, device: torch.device):
-    mc = ModelConfig(family="qwen2", hidden_size=b.hidden_size, num_layers=b.num_layers, num_heads=b.num_heads,
-                     num_kv_heads=b.num_kv_heads, intermediate_size=b.intermediate_size, max_seq_len=4096,
-                     tie_embeddings=True)
+    mc = ModelConfig(
+        family="qwen2",
+        hidden_size=b.hidden_size,
+        num_layers=b.num_layers,
+        num_heads=b.num_heads,
+        num_kv_heads=b.num_kv_heads,
+        intermediate_size=b.intermediate_size,
+        max_seq_len=4096,
+        tie_embeddings=True,
+    )
     model = AutoModelForCausalLM.from_config(hf_config(mc, b.vocab_size), dtype=torch.float32).to(device)
     model.generation_config.eos_token_id = None  # every row runs to max_new_tokens
     return model
@@ -95,8 +102,15 @@ def bare_generate(model, tok, prompts: list[str], b: GenBenchConfig, device: tor
     enc = tok(flat, add_special_tokens=False, padding=True, padding_side="left", return_tensors="pt").to(device)
     torch.manual_seed(seed)
     with torch.no_grad():
-        model.generate(**enc, max_new_tokens=b.max_new_tokens, do_sample=True, temperature=1.0, top_p=1.0,
-                       use_cache=True, pad_token_id=tok.pad_token_id)
+        model.generate(
+            **enc,
+            max_new_tokens=b.max_new_tokens,
+            do_sample=True,
+            temperature=1.0,
+            top_p=1.0,
+            use_cache=True,
+            pad_token_id=tok.pad_token_id,
+        )
 
 
 def time_loop(loop: str, model, tok, b: GenBenchConfig, device: torch.device, seed: int) -> list[float]:
@@ -108,8 +122,14 @@ def time_loop(loop: str, model, tok, b: GenBenchConfig, device: torch.device, se
         bf16.load_state_dict(model.state_dict())
         call = lambda p, s: bare_generate(bf16, tok, p, b, device, s)  # noqa: E731
     else:
-        cfg = SamplingConfig(max_new_tokens=b.max_new_tokens, temperature=1.0, top_p=1.0, stop=None, batch_size=b.rows,
-                             backend="vllm" if loop == "decentrain_vllm" else "hf")
+        cfg = SamplingConfig(
+            max_new_tokens=b.max_new_tokens,
+            temperature=1.0,
+            top_p=1.0,
+            stop=None,
+            batch_size=b.rows,
+            backend="vllm" if loop == "decentrain_vllm" else "hf",
+        )
         backend = build_generation_backend(model, tok, cfg)
         call = lambda p, s: backend.generate(p, b.generations, seed=s)  # noqa: E731
     call(make_prompts(b, 10_000 + seed), seed)
@@ -127,7 +147,9 @@ def time_loop(loop: str, model, tok, b: GenBenchConfig, device: torch.device, se
 def measure(b: GenBenchConfig) -> dict:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     tok = WideByteTokenizer()
-    loops = [x for x in b.loops if x != "decentrain_vllm" or (importlib.util.find_spec("vllm") and device.type == "cuda")]
+    loops = [
+        x for x in b.loops if x != "decentrain_vllm" or (importlib.util.find_spec("vllm") and device.type == "cuda")
+    ]
     tokens = b.rows * b.max_new_tokens
     rows = []
     for seed in range(b.seeds):
@@ -139,24 +161,38 @@ def measure(b: GenBenchConfig) -> dict:
             row[f"{loop}_s"] = secs
             row[f"{loop}_tokens_per_s"] = tokens / secs
             print(f"seed {seed} {loop}: {tokens / secs:,.0f} new tokens/s ({secs:.2f} s)", flush=True)
-        row["speedup_vs_bare_fp32"] = row["decentrain_tokens_per_s"] / row["bare_fp32_tokens_per_s"] if "bare_fp32" in loops else None
-        row["speedup_vs_bare_bf16"] = row["decentrain_tokens_per_s"] / row["bare_bf16_tokens_per_s"] if "bare_bf16" in loops else None
+        row["speedup_vs_bare_fp32"] = (
+            row["decentrain_tokens_per_s"] / row["bare_fp32_tokens_per_s"] if "bare_fp32" in loops else None
+        )
+        row["speedup_vs_bare_bf16"] = (
+            row["decentrain_tokens_per_s"] / row["bare_bf16_tokens_per_s"] if "bare_bf16" in loops else None
+        )
         rows.append(row)
         del model
         if device.type == "cuda":
             torch.cuda.empty_cache()
-    out = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu", "new_tokens_per_call": tokens,
-           "loops": loops, "seeds": rows}
+    out = {
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "new_tokens_per_call": tokens,
+        "loops": loops,
+        "seeds": rows,
+    }
     for key in [f"{x}_tokens_per_s" for x in loops] + ["speedup_vs_bare_fp32", "speedup_vs_bare_bf16"]:
         vals = [r[key] for r in rows if r.get(key) is not None]
         if vals:
-            out[key] = {"mean": statistics.fmean(vals), "std": statistics.stdev(vals) if len(vals) > 1 else 0.0, "n": len(vals)}
+            out[key] = {
+                "mean": statistics.fmean(vals),
+                "std": statistics.stdev(vals) if len(vals) > 1 else 0.0,
+                "n": len(vals),
+            }
     return out
 
 
 def text_table(fig: dict) -> str:
-    lines = [f"sapo_generation on {fig['device']}: {fig['new_tokens_per_call']} new tokens per call",
-             f"{'loop':>16} | {'new tokens/s (mean ± std over seeds)':>38}"]
+    lines = [
+        f"sapo_generation on {fig['device']}: {fig['new_tokens_per_call']} new tokens per call",
+        f"{'loop':>16} | {'new tokens/s (mean ± std over seeds)':>38}",
+    ]
     for loop in fig["loops"]:
         m = fig[f"{loop}_tokens_per_s"]
         lines.append(f"{loop:>16} | {m['mean']:>18,.0f} ± {m['std']:<,.0f}")
@@ -174,8 +210,12 @@ def plot(fig: dict, out) -> None:
 
     f, ax = plt.subplots(figsize=(6.5, 3.5))
     loops = fig["loops"]
-    ax.bar(loops, [fig[f"{x}_tokens_per_s"]["mean"] for x in loops], yerr=[fig[f"{x}_tokens_per_s"]["std"] for x in loops],
-           capsize=4)
+    ax.bar(
+        loops,
+        [fig[f"{x}_tokens_per_s"]["mean"] for x in loops],
+        yerr=[fig[f"{x}_tokens_per_s"]["std"] for x in loops],
+        capsize=4,
+    )
     ax.set_ylabel("new tokens/s (mean ± std over seeds)")
     ax.set_title(f"SAPO generation, {fig['device']}")
     f.tight_layout()
@@ -192,12 +232,23 @@ def main(argv: list[str] | None = None) -> int:
     if "decentrain" not in b.loops:
         b.loops.append("decentrain")
     if b.smoke:
-        b.hidden_size, b.num_layers, b.num_heads, b.num_kv_heads, b.intermediate_size, b.vocab_size = 32, 2, 2, 1, 64, 1000
+        b.hidden_size, b.num_layers, b.num_heads, b.num_kv_heads, b.intermediate_size, b.vocab_size = (
+            32,
+            2,
+            2,
+            1,
+            64,
+            1000,
+        )
         b.prompts, b.generations, b.prompt_bytes, b.max_new_tokens, b.repeats, b.seeds = 2, 2, 16, 8, 1, 1
     elif not torch.cuda.is_available():
         print("sapo_generation: no CUDA device here; nothing measured (run it on a GPU machine, or --smoke)")
         return 0
-    hz = None if b.smoke else Harness("sapo_generation", __file__, asdict(b), allow_dirty=args.allow_dirty, fresh=args.fresh)
+    hz = (
+        None
+        if b.smoke
+        else Harness("sapo_generation", __file__, asdict(b), allow_dirty=args.allow_dirty, fresh=args.fresh)
+    )
     fig = measure(b)
     print(text_table(fig))
     if hz is None:

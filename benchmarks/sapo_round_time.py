@@ -51,6 +51,7 @@ def sapo_round_times(model_dir: Path, args: argparse.Namespace, run_dir: Path, s
     from decentrain.algorithms.sapo.payload import PayloadLimits
     from decentrain.core.world import World
     from decentrain.models.factory import ModelConfig
+
     cfg = SAPOConfig(
         model=ModelConfig(pretrained=str(model_dir), tokenizer=str(model_dir)),
         task=task_mix(),
@@ -65,7 +66,7 @@ def sapo_round_times(model_dir: Path, args: argparse.Namespace, run_dir: Path, s
     exchange = build_exchange(cfg.exchange, World(), "node0")
     node = SAPONode(cfg, 0, "node0", exchange)
     try:
-        return [node.run_round() for _ in range(args.warmup + args.steps)][args.warmup:]
+        return [node.run_round() for _ in range(args.warmup + args.steps)][args.warmup :]
     finally:
         exchange.close()
 
@@ -82,8 +83,12 @@ def trl_step_times(model_dir: Path, args: argparse.Namespace, run_dir: Path, see
     verifier = Verifier(template)
     n = QUESTIONS * (args.warmup + args.steps)
     items = [mixture[i] for i in range(n)]
-    data = Dataset.from_list([{"prompt": template(it.question), "task": it.task, "question": it.question,
-                               "answer": it.answer, "idx": i} for i, it in enumerate(items)])
+    data = Dataset.from_list(
+        [
+            {"prompt": template(it.question), "task": it.task, "question": it.question, "answer": it.answer, "idx": i}
+            for i, it in enumerate(items)
+        ]
+    )
 
     def reward(prompts, completions, idx, **_):
         return [verifier(items[i], c) for i, c in zip(idx, completions)]
@@ -93,10 +98,23 @@ def trl_step_times(model_dir: Path, args: argparse.Namespace, run_dir: Path, see
     newline = tokenizer("\n", add_special_tokens=False)["input_ids"][0]
     model.generation_config.eos_token_id = [tokenizer.eos_token_id, newline]  # stop at "\n", as the node does
     config = GRPOConfig(
-        output_dir=str(run_dir), per_device_train_batch_size=QUESTIONS * args.g, num_generations=args.g,
-        max_completion_length=args.max_new_tokens, temperature=1.0, beta=0.0, loss_type="dapo", learning_rate=args.lr,
-        max_steps=args.warmup + args.steps, logging_steps=1, report_to="none", use_cpu=True, save_strategy="no",
-        shuffle_dataset=False, seed=seed, dataloader_num_workers=0, disable_tqdm=True,
+        output_dir=str(run_dir),
+        per_device_train_batch_size=QUESTIONS * args.g,
+        num_generations=args.g,
+        max_completion_length=args.max_new_tokens,
+        temperature=1.0,
+        beta=0.0,
+        loss_type="dapo",
+        learning_rate=args.lr,
+        max_steps=args.warmup + args.steps,
+        logging_steps=1,
+        report_to="none",
+        use_cpu=True,
+        save_strategy="no",
+        shuffle_dataset=False,
+        seed=seed,
+        dataloader_num_workers=0,
+        disable_tqdm=True,
     )
     times: list[float] = []
 
@@ -107,10 +125,16 @@ def trl_step_times(model_dir: Path, args: argparse.Namespace, run_dir: Path, see
         def on_step_end(self, *a, **k):
             times.append(time.perf_counter() - self.t)
 
-    trainer = GRPOTrainer(model=model, reward_funcs=reward, args=config, train_dataset=data,
-                          processing_class=tokenizer, callbacks=[Timer()])
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=reward,
+        args=config,
+        train_dataset=data,
+        processing_class=tokenizer,
+        callbacks=[Timer()],
+    )
     trainer.train()
-    return times[args.warmup:]
+    return times[args.warmup :]
 
 
 def run_seed(job: dict) -> dict:
@@ -122,10 +146,12 @@ def run_seed(job: dict) -> dict:
     run_dir = ROOT / "runs" / "bench" / "sapo_round_time" / f"seed{job['seed']}"
     rounds = sapo_round_times(model_dir, args, run_dir, job["seed"])
     trl = trl_step_times(model_dir, args, run_dir / "trl", job["seed"])
-    return {"decentrain_round_s": [r["time_round"] for r in rounds],
-            "decentrain_split_s": {k: [r[f"time_{k}"] for r in rounds] for k in ("generate", "exchange", "train")},
-            "decentrain_trained_completions": [r.get("trained_completions", 0.0) for r in rounds],
-            "trl_step_s": trl}
+    return {
+        "decentrain_round_s": [r["time_round"] for r in rounds],
+        "decentrain_split_s": {k: [r[f"time_{k}"] for r in rounds] for k in ("generate", "exchange", "train")},
+        "decentrain_trained_completions": [r.get("trained_completions", 0.0) for r in rounds],
+        "trl_step_s": trl,
+    }
 
 
 def main() -> None:
@@ -138,17 +164,35 @@ def main() -> None:
     args = parse(ap)
     nseeds, allow_dirty, fresh = args.seeds, args.allow_dirty, args.fresh
     bench = BenchConfig()  # the sapo_swarm warm start, task mix and completion length
-    cfg = {"g": args.g, "steps": args.steps, "warmup": args.warmup, "lr": args.lr, "threads": args.threads,
-           "max_new_tokens": bench.max_new_tokens, "task": bench.task, "questions": QUESTIONS}
-    hz = Harness("sapo_round_time", __file__, {**cfg, "seeds": list(range(nseeds)), "sft_overrides": sft_overrides(bench)},
-                 allow_dirty=allow_dirty, fresh=fresh, smoke=args.smoke)
+    cfg = {
+        "g": args.g,
+        "steps": args.steps,
+        "warmup": args.warmup,
+        "lr": args.lr,
+        "threads": args.threads,
+        "max_new_tokens": bench.max_new_tokens,
+        "task": bench.task,
+        "questions": QUESTIONS,
+    }
+    hz = Harness(
+        "sapo_round_time",
+        __file__,
+        {**cfg, "seeds": list(range(nseeds)), "sft_overrides": sft_overrides(bench)},
+        allow_dirty=allow_dirty,
+        fresh=fresh,
+        smoke=args.smoke,
+    )
     model_dir, _ = warm_start(bench)
     model_rel = model_dir.relative_to(ROOT).as_posix()
-    runs = hz.run_jobs([{"args": cfg, "seed": s, "model_dir": model_rel} for s in range(nseeds)], run_seed, desc="sapo round time")
+    runs = hz.run_jobs(
+        [{"args": cfg, "seed": s, "model_dir": model_rel} for s in range(nseeds)], run_seed, desc="sapo round time"
+    )
     med = statistics.median
     figures = {
         "decentrain_median_round_s": mean_std([med(r["decentrain_round_s"]) for r in runs]),
-        "decentrain_median_split_s": {k: mean_std([med(r["decentrain_split_s"][k]) for r in runs]) for k in ("generate", "exchange", "train")},
+        "decentrain_median_split_s": {
+            k: mean_std([med(r["decentrain_split_s"][k]) for r in runs]) for k in ("generate", "exchange", "train")
+        },
         "trl_median_step_s": mean_std([med(r["trl_step_s"]) for r in runs]),
         "ratio": mean_std([med(r["decentrain_round_s"]) / med(r["trl_step_s"]) for r in runs]),
         "per_seed": runs,
@@ -160,16 +204,24 @@ def main() -> None:
 def text(rec: dict) -> str:
     f, c = rec["figures"], rec["config"]
     sp = f["decentrain_median_split_s"]
-    return "\n".join([
-        header(rec), "",
-        f"{c['questions']} questions x G={c['g']}, max {c['max_new_tokens']} new tokens, {c['threads']} threads, "
-        f"{c['steps']} timed steps after {c['warmup']} warm-up, per seed the median; mean ± std over {len(c['seeds'])} seeds", "",
-        "| | median s per round / step | generate | exchange | train (+score) |",
-        "|---|---|---|---|---|",
-        f"| decentrain node | {fmt(f['decentrain_median_round_s'], 3)} | {fmt(sp['generate'], 3)} | {fmt(sp['exchange'], 3)} | {fmt(sp['train'], 3)} |",
-        f"| TRL GRPOTrainer | {fmt(f['trl_median_step_s'], 3)} | | | |", "",
-        f"ratio decentrain / TRL = {fmt(f['ratio'], 2)}x (per seed {', '.join(f'{v:.2f}' for v in f['ratio']['values'])})",
-    ])
+    return "\n".join(
+        [
+            header(rec),
+            "",
+            f"{c['questions']} questions x G={c['g']}, max {c['max_new_tokens']} new tokens, {c['threads']} threads, "
+            f"{c['steps']} timed steps after {c['warmup']} warm-up, per seed the median; mean ± std over "
+            f"{len(c['seeds'])} seeds",
+            "",
+            "| | median s per round / step | generate | exchange | train (+score) |",
+            "|---|---|---|---|---|",
+            f"| decentrain node | {fmt(f['decentrain_median_round_s'], 3)} | {fmt(sp['generate'], 3)} | "
+            f"{fmt(sp['exchange'], 3)} | {fmt(sp['train'], 3)} |",
+            f"| TRL GRPOTrainer | {fmt(f['trl_median_step_s'], 3)} | | | |",
+            "",
+            f"ratio decentrain / TRL = {fmt(f['ratio'], 2)}x (per seed "
+            f"{', '.join(f'{v:.2f}' for v in f['ratio']['values'])})",
+        ]
+    )
 
 
 def plot(rec: dict, png: Path) -> None:
@@ -182,10 +234,24 @@ def plot(rec: dict, png: Path) -> None:
     for k, label in (("generate", "generate"), ("exchange", "exchange"), ("train", "train (+score)")):
         ax.bar(["decentrain"], [sp[k]["mean"]], bottom=[bottom], label=label)
         bottom += sp[k]["mean"]
-    ax.errorbar(["decentrain"], [f["decentrain_median_round_s"]["mean"]], yerr=[f["decentrain_median_round_s"]["std"]], color="k", capsize=4)
-    ax.bar(["TRL GRPOTrainer"], [f["trl_median_step_s"]["mean"]], yerr=[f["trl_median_step_s"]["std"]], capsize=4, label="TRL step")
-    ax.set(ylabel="median seconds per round / step (mean ± std over seeds)",
-           title=f"{c['questions']} questions x G={c['g']}, CPU: ratio {fmt(f['ratio'], 2)}x")
+    ax.errorbar(
+        ["decentrain"],
+        [f["decentrain_median_round_s"]["mean"]],
+        yerr=[f["decentrain_median_round_s"]["std"]],
+        color="k",
+        capsize=4,
+    )
+    ax.bar(
+        ["TRL GRPOTrainer"],
+        [f["trl_median_step_s"]["mean"]],
+        yerr=[f["trl_median_step_s"]["std"]],
+        capsize=4,
+        label="TRL step",
+    )
+    ax.set(
+        ylabel="median seconds per round / step (mean ± std over seeds)",
+        title=f"{c['questions']} questions x G={c['g']}, CPU: ratio {fmt(f['ratio'], 2)}x",
+    )
     ax.legend(fontsize=8)
     fig.tight_layout()
     save_figure(fig, png, dpi=120)

@@ -12,12 +12,18 @@ from typing import Any
 
 from benchmarks.record import ROOT
 
+
 def add_corpus_flags(ap: argparse.ArgumentParser, data: str = "offline") -> None:
     """`--data NAME` (a Hydra data option: offline, pinned, ...) and `--override KEY=VALUE ...`: Hydra overrides
     passed through to the training recipe's config (`conf/config.yaml`), from which the run takes its data."""
     ap.add_argument("--data", default=data, help="the Hydra data option every run trains on (data=<this>)")
-    ap.add_argument("--override", nargs="+", default=[], metavar="KEY=VALUE",
-                    help="more Hydra overrides of the training config, e.g. data.max_bytes_per_domain=100000")
+    ap.add_argument(
+        "--override",
+        nargs="+",
+        default=[],
+        metavar="KEY=VALUE",
+        help="more Hydra overrides of the training config, e.g. data.max_bytes_per_domain=100000",
+    )
 
 
 def recipe_sections(overrides: Sequence[str], sections: Sequence[str] = ("data",)) -> dict[str, Any]:
@@ -35,15 +41,22 @@ def recipe_sections(overrides: Sequence[str], sections: Sequence[str] = ("data",
 
 
 # Llama sizes (byte vocabulary) the pre-training comparisons train; `--model` picks one
-MODEL_SIZES = {"xs": {"hidden": 32, "layers": 2, "heads": 2, "intermediate": 88},
-               "s": {"hidden": 48, "layers": 2, "heads": 2, "intermediate": 128},
-               "m": {"hidden": 64, "layers": 2, "heads": 2, "intermediate": 176}}
+MODEL_SIZES = {
+    "xs": {"hidden": 32, "layers": 2, "heads": 2, "intermediate": 88},
+    "s": {"hidden": 48, "layers": 2, "heads": 2, "intermediate": 128},
+    "m": {"hidden": 64, "layers": 2, "heads": 2, "intermediate": 176},
+}
 
 
 def model_section(model: dict[str, Any], seq_len: int) -> dict[str, Any]:
     """A MODEL_SIZES entry as the training config's `model` section."""
-    return {"hidden_size": model["hidden"], "num_layers": model["layers"], "num_heads": model["heads"],
-            "intermediate_size": model["intermediate"], "max_seq_len": seq_len}
+    return {
+        "hidden_size": model["hidden"],
+        "num_layers": model["layers"],
+        "num_heads": model["heads"],
+        "intermediate_size": model["intermediate"],
+        "max_seq_len": seq_len,
+    }
 
 
 def model_params(model: dict[str, Any], seq_len: int) -> int:

@@ -43,15 +43,24 @@ class BenchConfig:
 
 
 def train_config(b: BenchConfig, world_size: int) -> TrainConfig:
-    return config_from_dict({
-        "algorithm": {"name": "ddp"},
-        "model": {"hidden_size": b.hidden_size, "num_layers": b.num_layers},
-        "data": {"seq_len": b.seq_len, "max_bytes_per_domain": 100_000},
-        "train": {"steps": b.steps, "global_batch_size": b.micro_batch_size * world_size, "micro_batch_size": b.micro_batch_size,
-                  "eval_every": 10**6, "checkpoint_every": 10**6, "eval_batches": 1, "threads": b.threads},
-        "logger": {"console": False, "jsonl": False, "progress": False},
-        "launcher": {"name": "torchrun", "nproc_per_node": None},
-    })
+    return config_from_dict(
+        {
+            "algorithm": {"name": "ddp"},
+            "model": {"hidden_size": b.hidden_size, "num_layers": b.num_layers},
+            "data": {"seq_len": b.seq_len, "max_bytes_per_domain": 100_000},
+            "train": {
+                "steps": b.steps,
+                "global_batch_size": b.micro_batch_size * world_size,
+                "micro_batch_size": b.micro_batch_size,
+                "eval_every": 10**6,
+                "checkpoint_every": 10**6,
+                "eval_batches": 1,
+                "threads": b.threads,
+            },
+            "logger": {"console": False, "jsonl": False, "progress": False},
+            "launcher": {"name": "torchrun", "nproc_per_node": None},
+        }
+    )
 
 
 def bare_steps(cfg: TrainConfig, world, blocks: torch.Tensor) -> list[float]:
@@ -60,7 +69,13 @@ def bare_steps(cfg: TrainConfig, world, blocks: torch.Tensor) -> list[float]:
     model = build_model(cfg.model)
     # the same DDP settings as decentrain's, so the ratio is the loop's overhead alone
     ddp = cfg.algorithm
-    wrapped = DistributedDataParallel(model, bucket_cap_mb=ddp.bucket_cap_mb, gradient_as_bucket_view=ddp.gradient_as_bucket_view) if world.is_distributed else model
+    wrapped = (
+        DistributedDataParallel(
+            model, bucket_cap_mb=ddp.bucket_cap_mb, gradient_as_bucket_view=ddp.gradient_as_bucket_view
+        )
+        if world.is_distributed
+        else model
+    )
     opt, sched = build_optimizer(model, cfg.optim, cfg.train.steps)
     gen = torch.Generator().manual_seed(world.rank)
     times = []
@@ -81,8 +96,17 @@ def bare_steps(cfg: TrainConfig, world, blocks: torch.Tensor) -> list[float]:
 def decentrain_steps(cfg: TrainConfig, world, corpus, run_dir: Path) -> list[float]:
     seed_everything(cfg.train.seed)
     model = build_model(cfg.model)
-    trainer = Trainer(cfg.train, world, ALGORITHMS.get("ddp")(cfg.algorithm, world), model, corpus, run_dir,
-                      engine=cfg.engine, optim=cfg.optim, logger=cfg.logger)
+    trainer = Trainer(
+        cfg.train,
+        world,
+        ALGORITHMS.get("ddp")(cfg.algorithm, world),
+        model,
+        corpus,
+        run_dir,
+        engine=cfg.engine,
+        optim=cfg.optim,
+        logger=cfg.logger,
+    )
     logger = MetricsLogger(cfg.logger, run_dir, world.rank)
     trainer.fit(logger)
     logger.close()
@@ -97,12 +121,17 @@ def measure(b: BenchConfig, world_size: int) -> dict:
     rounds = []
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(b.rounds):
-            bare = statistics.median(bare_steps(cfg, world, blocks)[b.warmup:])
-            ours = statistics.median(decentrain_steps(cfg, world, corpus, Path(tmp) / f"r{r}")[b.warmup:])
+            bare = statistics.median(bare_steps(cfg, world, blocks)[b.warmup :])
+            ours = statistics.median(decentrain_steps(cfg, world, corpus, Path(tmp) / f"r{r}")[b.warmup :])
             rounds.append({"bare_s": bare, "decentrain_s": ours, "ratio": ours / bare})
     world.shutdown()
-    return {"world_size": world_size, "rounds": rounds, "ratio": statistics.median(x["ratio"] for x in rounds),
-            "bare_step_s": statistics.median(x["bare_s"] for x in rounds), "decentrain_step_s": statistics.median(x["decentrain_s"] for x in rounds)}
+    return {
+        "world_size": world_size,
+        "rounds": rounds,
+        "ratio": statistics.median(x["ratio"] for x in rounds),
+        "bare_step_s": statistics.median(x["bare_s"] for x in rounds),
+        "decentrain_step_s": statistics.median(x["decentrain_s"] for x in rounds),
+    }
 
 
 def plot(results: list[dict], out: Path) -> None:
@@ -132,13 +161,18 @@ def main() -> None:
     results = []
     for n in b.ranks:
         results.append(measure(b, 1) if n == 1 else run_on_ranks(measure, n, b, n)[0])
-    print(hz.write({"results": results}, text, lambda rec, png: plot(rec["figures"]["results"], png))["txt"].read_text())
+    print(
+        hz.write({"results": results}, text, lambda rec, png: plot(rec["figures"]["results"], png))["txt"].read_text()
+    )
 
 
 def text(record: dict) -> str:
     lines = [f"{'ranks':>5} | {'bare ms':>8} | {'decentrain ms':>13} | ratio (target <= 1.05)"]
     for r in record["figures"]["results"]:
-        lines.append(f"{r['world_size']:>5} | {r['bare_step_s'] * 1e3:8.2f} | {r['decentrain_step_s'] * 1e3:13.2f} | {r['ratio']:.3f}")
+        lines.append(
+            f"{r['world_size']:>5} | {r['bare_step_s'] * 1e3:8.2f} | {r['decentrain_step_s'] * 1e3:13.2f} | "
+            f"{r['ratio']:.3f}"
+        )
     return "\n".join(lines)
 
 

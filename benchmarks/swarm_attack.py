@@ -8,8 +8,8 @@ ratio is over the no-attack run of the same seed (`--seeds`: every row once per 
 gives mean ± std and the minimum over seeds); `none_again`, a second no-attack run at the end,
 shows the drift between identical runs on this machine. The no-attack runs have a benign third
 member in the attacker's place (an empty valid payload every 0.5 s), so that on one shared box a
-ratio does not count the CPU any third member's DHT process takes as the attack's doing. Target: mean >= 0.9 of the no-attack rounds/s and
-external rate, 0 crashes, 0 files.
+ratio does not count the CPU any third member's DHT process takes as the attack's doing. Target:
+mean >= 0.9 of the no-attack rounds/s and external rate, 0 crashes, 0 files.
 
 Attackers (one per scenario):
   payload level, published by a member with a valid DHT identity through a HivemindExchange:
@@ -54,22 +54,56 @@ import threading
 import time
 from pathlib import Path
 
-from decentrain.testing import dht_attacks as shapes
 from benchmarks.harness import RESULTS, Harness, bench_parser, own_flags, parse, read_live_jsonl, save_figure, seed_list
+from decentrain.testing import dht_attacks as shapes
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = ["model.hidden_size=32", "model.num_layers=2", "model.intermediate_size=64", "model.num_heads=4",
-        "sampling.max_new_tokens=4", "loss.num_generations=4", "train.micro_batch_size=16", "train.threads=1",
-        "task.size=100", "logger.progress=false", "logger.console=false", "batch.num_local=2", "batch.num_external=2",
-        "train.rounds=100000", "train.checkpoint_every=0", "exchange.hivemind.wait_s=0.5", "resume=false"]
+TINY = [
+    "model.hidden_size=32",
+    "model.num_layers=2",
+    "model.intermediate_size=64",
+    "model.num_heads=4",
+    "sampling.max_new_tokens=4",
+    "loss.num_generations=4",
+    "train.micro_batch_size=16",
+    "train.threads=1",
+    "task.size=100",
+    "logger.progress=false",
+    "logger.console=false",
+    "batch.num_local=2",
+    "batch.num_external=2",
+    "train.rounds=100000",
+    "train.checkpoint_every=0",
+    "exchange.hivemind.wait_s=0.5",
+    "resume=false",
+]
 G = 4  # loss.num_generations above
 EVAL_TASKS = ["string_insertion", "number_sorting", "polynomial_multiplication", "spiral_matrix", "binary_matrix"]
-PAYLOAD_ATTACKS = ["rce", "timestamp", "spoofing", "metadata_bomb", "id_spoofing", "sandbox_forgery",
-                   "rebuild_amplification", "tail_injection", "group_hijack"]
+PAYLOAD_ATTACKS = [
+    "rce",
+    "timestamp",
+    "spoofing",
+    "metadata_bomb",
+    "id_spoofing",
+    "sandbox_forgery",
+    "rebuild_amplification",
+    "tail_injection",
+    "group_hijack",
+]
 HONEST_TASK_MIX = "arith_legs"  # conf/rl.yaml's default task group: what the honest nodes rebuild
 DEFAULT_TASK = "chain_sum"  # in that mix: its questions are real to honest nodes
-DHT_ATTACKS = ["big_records", "far_future_ttl", "whole_key", "flood_1000", "stale_replay", "registry_eclipse",
-               "sybil_crowding", "registry_poison", "slow_responder", "sybils_64"]
+DHT_ATTACKS = [
+    "big_records",
+    "far_future_ttl",
+    "whole_key",
+    "flood_1000",
+    "stale_replay",
+    "registry_eclipse",
+    "sybil_crowding",
+    "registry_poison",
+    "slow_responder",
+    "sybils_64",
+]
 # Control rows: the no-attack run first (every ratio's denominator) and again last, whose ratio
 # shows how far two identical runs drift apart on this machine (the noise floor of every row).
 # Their third member is benign (it joins the DHT and publishes a valid payload of no groups every
@@ -82,13 +116,17 @@ SYBIL_GROUPS = 4  # groups per Sybil payload
 HIJACK_JUNK = 9  # group_hijack: wrong-question groups added to the copied ones, to go over the sender budget
 # The escapes of the old verifier sandbox (issue 16): reach `sys`, switch the audit hook off, score 1.0 for anything.
 _FORGE = ".modules['__main__'].__dict__.update({'_DENIED': (), '_DENIED_PREFIXES': ('~',), 'float': id})"
-FORGERIES = ["[c for c in ().__class__.__base__.__subclasses__() if c.__name__=='catch_warnings'][0]"
-             ".__init__.__globals__['sys']" + _FORGE, "ilcm.__globals__['sys']" + _FORGE]
+FORGERIES = [
+    "[c for c in ().__class__.__base__.__subclasses__() if c.__name__=='catch_warnings'][0]"
+    ".__init__.__globals__['sys']" + _FORGE,
+    "ilcm.__globals__['sys']" + _FORGE,
+]
 
 
 # -- hostile payloads --------------------------------------------------------------------------
 # Bodies are built by hand (a hostile peer does not use our encoder), then framed the way the
 # current wire format expects, signed with the attacker's own valid key where there is one.
+
 
 class Framer:
     def __init__(self) -> None:
@@ -111,21 +149,44 @@ class Framer:
 
     def group(self, task: str, question: str, answer: str, completions: list[str], metadata=None) -> dict:
         if self.new:
-            return {"task": task, "config": "0" * 16, "seed": 0, "size": 100, "index": 0, "question": question,
-                    "completions": completions}
-        return {"question": question, "answer": answer, "task": task, "metadata": metadata or {},
-                "completions": completions}
+            return {
+                "task": task,
+                "config": "0" * 16,
+                "seed": 0,
+                "size": 100,
+                "index": 0,
+                "question": question,
+                "completions": completions,
+            }
+        return {
+            "question": question,
+            "answer": answer,
+            "task": task,
+            "metadata": metadata or {},
+            "completions": completions,
+        }
 
     def real_group(self, item, completions: list[str], question: str | None = None, index: int | None = None) -> dict:
         """A group addressing a real entry of the honest nodes' mix (so it is rebuilt and scored)."""
         ref = item.ref
-        return {"task": ref.task, "config": ref.config, "seed": ref.seed, "size": ref.size,
-                "index": ref.index if index is None else index, "question": item.question if question is None else question,
-                "completions": completions}
+        return {
+            "task": ref.task,
+            "config": ref.config,
+            "seed": ref.seed,
+            "size": ref.size,
+            "index": ref.index if index is None else index,
+            "question": item.question if question is None else question,
+            "completions": completions,
+        }
 
     def body(self, round_: int, groups: list[dict], timestamp=None, node_id=None, name="attacker") -> bytes:
-        obj = {"version": 1, "node_id": node_id or self.node_id, "round": round_,
-               "timestamp": time.time() if timestamp is None else timestamp, "groups": groups}
+        obj = {
+            "version": 1,
+            "node_id": node_id or self.node_id,
+            "round": round_,
+            "timestamp": time.time() if timestamp is None else timestamp,
+            "groups": groups,
+        }
         if self.new:
             obj["name"] = name
         return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
@@ -145,23 +206,33 @@ def hijack_payload(fr: Framer, round_: int, honest: list[bytes]) -> bytes | None
     if not groups:
         return None
     item = _questions(DEFAULT_TASK)[0]
-    junk = [fr.real_group(item, ["1"] * G, question=f"q{round_}-{i}", index=(round_ * HIJACK_JUNK + i) % item.ref.size)
-            for i in range(HIJACK_JUNK)]
-    return fr.frame(fr.body(round_, groups[:64 - HIJACK_JUNK] + junk))
+    junk = [
+        fr.real_group(item, ["1"] * G, question=f"q{round_}-{i}", index=(round_ * HIJACK_JUNK + i) % item.ref.size)
+        for i in range(HIJACK_JUNK)
+    ]
+    return fr.frame(fr.body(round_, groups[: 64 - HIJACK_JUNK] + junk))
 
 
 def sybil_payload(fr: Framer, index: int, round_: int) -> bytes:
     """sybils_64: SYBIL_GROUPS real entries of the honest mix, half-right completions (usable: rewards differ)."""
     items = _questions(DEFAULT_TASK, 64)
-    groups = [fr.real_group(items[(index * SYBIL_GROUPS + k) % len(items)],
-                            [items[(index * SYBIL_GROUPS + k) % len(items)].answer, "0"] * (G // 2))
-              for k in range(SYBIL_GROUPS)]
+    groups = [
+        fr.real_group(
+            items[(index * SYBIL_GROUPS + k) % len(items)],
+            [items[(index * SYBIL_GROUPS + k) % len(items)].answer, "0"] * (G // 2),
+        )
+        for k in range(SYBIL_GROUPS)
+    ]
     return fr.frame(fr.body(round_, groups, name=f"sybil{index}"))
 
 
 def _rce_markers(path: Path) -> list[str]:
-    return [f'__import__("os").system("touch {path}_a")', f'[open("{path}_b", "w")]',
-            f'[__import__("pathlib").Path("{path}_c").touch()]', '[open("rel_marker", "w")]']
+    return [
+        f'__import__("os").system("touch {path}_a")',
+        f'[open("{path}_b", "w")]',
+        f'[__import__("pathlib").Path("{path}_c").touch()]',
+        '[open("rel_marker", "w")]',
+    ]
 
 
 @functools.lru_cache(maxsize=None)
@@ -200,8 +271,10 @@ def hostile_payloads(kind: str, fr: Framer, round_: int, marker_dir: Path) -> li
         body = fr.body(round_, [fr.group(item.task, item.question, item.answer, [item.answer] * G)], timestamp=0)
         return [fr.frame(body.replace(b'"timestamp":0', b'"timestamp":' + b"9" * 400))]
     if kind == "spoofing":  # real questions of the default mix, wrong answers, completions that match them
-        groups = [fr.group(it.task, it.question, "123456789", ["123456789"] * G, it.metadata)
-                  for it in _questions(DEFAULT_TASK, 4)]
+        groups = [
+            fr.group(it.task, it.question, "123456789", ["123456789"] * G, it.metadata)
+            for it in _questions(DEFAULT_TASK, 4)
+        ]
         return [fr.frame(fr.body(round_, groups))]
     if kind == "metadata_bomb":  # ~1 MiB of tiny values in one group's metadata (an unexpected field today)
         item = _questions(DEFAULT_TASK)[0]
@@ -221,23 +294,35 @@ def hostile_payloads(kind: str, fr: Framer, round_: int, marker_dir: Path) -> li
         groups = [fr.real_group(it, [FORGERIES[i % 2]] * G) for i, it in enumerate(_questions(DEFAULT_TASK, 4))]
         return [fr.frame(fr.body(round_, groups))]
     if kind == "tail_injection":  # correct answers with text after the stop string, or padding before it
-        groups = [fr.real_group(it, [f"{it.answer}\nSEND ALL KEYS", " " * 60 + f"{it.answer}\n",
-                                     f"{it.answer}\n" + "junk " * 200, "0"][:G])
-                  for it in _questions(DEFAULT_TASK, 4)]
+        groups = [
+            fr.real_group(
+                it,
+                [f"{it.answer}\nSEND ALL KEYS", " " * 60 + f"{it.answer}\n", f"{it.answer}\n" + "junk " * 200, "0"][:G],
+            )
+            for it in _questions(DEFAULT_TASK, 4)
+        ]
         return [fr.frame(fr.body(round_, groups))]
     if kind == "rebuild_amplification":  # 64 fresh entries, each with a wrong question: rebuilt, then refused
         item = _questions(DEFAULT_TASK)[0]
-        groups = [fr.real_group(item, ["1"] * G, question=f"q{round_}-{i}", index=(round_ * 64 + i) % item.ref.size)
-                  for i in range(64)]
+        groups = [
+            fr.real_group(item, ["1"] * G, question=f"q{round_}-{i}", index=(round_ * 64 + i) % item.ref.size)
+            for i in range(64)
+        ]
         return [fr.frame(fr.body(round_, groups))]
     raise ValueError(kind)
 
 
 # -- processes and measurements ----------------------------------------------------------------
 
+
 def _env() -> dict:
-    return {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline", "OMP_NUM_THREADS": "1",
-            "PYTHONPATH": str(ROOT)}
+    return {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "WANDB_MODE": "offline",
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": str(ROOT),
+    }
 
 
 def _rows(run_dir: Path, node: str) -> list[dict]:
@@ -265,7 +350,13 @@ class Attacker:
     """One attack: `prepare()` joins the swarm (before the measured window), `thread` attacks until `stop`."""
 
     def __init__(self, kind: str, peers: list[str], prefix: str, marker_dir: Path, reattack_s: float):
-        self.kind, self.peers, self.prefix, self.marker_dir, self.reattack_s = kind, peers, prefix, marker_dir, reattack_s
+        self.kind, self.peers, self.prefix, self.marker_dir, self.reattack_s = (
+            kind,
+            peers,
+            prefix,
+            marker_dir,
+            reattack_s,
+        )
         self.stop = threading.Event()
         self.errors: list[str] = []
         self.actions = 0
@@ -280,8 +371,9 @@ class Attacker:
             from decentrain.algorithms.sapo.exchange import ExchangeConfig, HivemindConfig, build_exchange
             from decentrain.core.world import World
 
-            cfg = ExchangeConfig(name="hivemind", hivemind=HivemindConfig(initial_peers=self.peers, prefix=self.prefix,
-                                                                          wait_s=0.0))
+            cfg = ExchangeConfig(
+                name="hivemind", hivemind=HivemindConfig(initial_peers=self.peers, prefix=self.prefix, wait_s=0.0)
+            )
             self.framer = Framer()
             self.members = [build_exchange(cfg, World(), "attacker")]
         else:
@@ -295,7 +387,9 @@ class Attacker:
             round_ = 0
             while not self.stop.is_set():
                 if self.kind == "group_hijack":  # republish what the honest peers just published
-                    got = self.members[0].exchange(round_, self.hijack or self.framer.frame(self.framer.body(round_, [])))
+                    got = self.members[0].exchange(
+                        round_, self.hijack or self.framer.frame(self.framer.body(round_, []))
+                    )
                     self.hijack = hijack_payload(self.framer, round_ + 1, [r.data for r in got]) or self.hijack
                     self.actions += 1
                     round_ += 1
@@ -342,12 +436,27 @@ def run_scenario(kind: str, args: argparse.Namespace, work: Path, seed: int = 0)
     nodes = ["node0", "node1"]
 
     def start(i: int) -> subprocess.Popen:
-        cmd = [sys.executable, "-m", "recipes.rl", *TINY, "sapo=hivemind", f"node_index={i}", f"run_dir={run_dir}",
-               f"train.seed={seed}",
-               f"exchange.hivemind.peers_file={peers_file}", f"exchange.hivemind.prefix={prefix}"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "recipes.rl",
+            *TINY,
+            "sapo=hivemind",
+            f"node_index={i}",
+            f"run_dir={run_dir}",
+            f"train.seed={seed}",
+            f"exchange.hivemind.peers_file={peers_file}",
+            f"exchange.hivemind.prefix={prefix}",
+        ]
         # Own session per node: stopping its process group takes its DHT process and p2p daemon too.
-        return subprocess.Popen(cmd, cwd=cwd, env=_env(), stdout=subprocess.DEVNULL,
-                                stderr=open(work / kind / f"node{i}.log", "wb"), start_new_session=True)
+        return subprocess.Popen(
+            cmd,
+            cwd=cwd,
+            env=_env(),
+            stdout=subprocess.DEVNULL,
+            stderr=open(work / kind / f"node{i}.log", "wb"),
+            start_new_session=True,
+        )
 
     procs = [start(0)]
     t0 = time.monotonic()
@@ -382,29 +491,41 @@ def run_scenario(kind: str, args: argparse.Namespace, work: Path, seed: int = 0)
             p.wait(timeout=20)
         except subprocess.TimeoutExpired:
             os.killpg(p.pid, signal.SIGKILL)
-    files = sorted(str(f.relative_to(work / kind)) for d in (marker_dir, cwd) for f in d.rglob("*")
-                   if f.is_file() and not f.name.endswith(".log") and "outputs" not in f.parts)
+    files = sorted(
+        str(f.relative_to(work / kind))
+        for d in (marker_dir, cwd)
+        for f in d.rglob("*")
+        if f.is_file() and not f.name.endswith(".log") and "outputs" not in f.parts
+    )
     per_node = {}
     for n in nodes:
-        rows = _rows(run_dir, n)[start_rows[n]:]
+        rows = _rows(run_dir, n)[start_rows[n] :]
         samples = [r for r in rss[n] if r > 0]
         per_node[n] = {
             "rounds": len(rows),
             "external_received": sum(r.get("external_received", 0) for r in rows),
             "external_per_round": sum(r.get("external_received", 0) for r in rows) / max(len(rows), 1),
             "payloads_dropped": rows[-1].get("payloads_dropped", 0) if rows else None,
-            "rss_first_mib": samples[0] if samples else None, "rss_peak_mib": max(samples) if samples else None,
-            "rss_last_mib": samples[-1] if samples else None, "crashed": crashed[n],
+            "rss_first_mib": samples[0] if samples else None,
+            "rss_peak_mib": max(samples) if samples else None,
+            "rss_last_mib": samples[-1] if samples else None,
+            "crashed": crashed[n],
         }
-    return {"attack": kind, "seed": seed, "window_s": window, "nodes": per_node, "files_created": files,
-            "crashes": sum(crashed.values()),
-            "rounds": sum(v["rounds"] for v in per_node.values()),
-            "external_per_round": sum(v["external_received"] for v in per_node.values())
-            / max(sum(v["rounds"] for v in per_node.values()), 1),
-            "rss_growth_mib": max((v["rss_last_mib"] or 0) - (v["rss_first_mib"] or 0) for v in per_node.values()),
-            "rss_peak_mib": max((v["rss_peak_mib"] or 0) for v in per_node.values()),
-            "attacker_actions": attacker.actions if attacker else 0,
-            "attacker_errors": attacker.errors if attacker else []}
+    return {
+        "attack": kind,
+        "seed": seed,
+        "window_s": window,
+        "nodes": per_node,
+        "files_created": files,
+        "crashes": sum(crashed.values()),
+        "rounds": sum(v["rounds"] for v in per_node.values()),
+        "external_per_round": sum(v["external_received"] for v in per_node.values())
+        / max(sum(v["rounds"] for v in per_node.values()), 1),
+        "rss_growth_mib": max((v["rss_last_mib"] or 0) - (v["rss_first_mib"] or 0) for v in per_node.values()),
+        "rss_peak_mib": max((v["rss_peak_mib"] or 0) for v in per_node.values()),
+        "attacker_actions": attacker.actions if attacker else 0,
+        "attacker_errors": attacker.errors if attacker else [],
+    }
 
 
 def _ratios(run: dict, base: dict) -> tuple[float, float, float]:
@@ -435,27 +556,41 @@ def summarize(runs: dict[str, list[dict]]) -> dict[str, dict]:
         xr_m, xr_s = _mean_std([c for _, _, c in ratios])
         crashes = sum(r["crashes"] for r in per_seed)
         files = sum(len(r["files_created"]) for r in per_seed)
-        out[kind] = {"seeds": len(per_seed), "rounds": [r["rounds"] for r in per_seed],
-                     "external_per_round": [r["external_per_round"] for r in per_seed],
-                     "rounds_ratio_mean": rr_m, "rounds_ratio_std": rr_s, "external_ratio_mean": er_m,
-                     "external_ratio_std": er_s, "rounds_ratio_min": min(a for a, _, _ in ratios),
-                     "external_ratio_min": min(b for _, b, _ in ratios), "external_per_s_ratio_mean": xr_m,
-                     "external_per_s_ratio_std": xr_s, "crashes": crashes, "files": files,
-                     "rss_peak_mib": max(r["rss_peak_mib"] for r in per_seed),
-                     "rss_growth_mib": max(r["rss_growth_mib"] for r in per_seed),
-                     "ok": rr_m >= 0.9 and er_m >= 0.9 and crashes == 0 and files == 0}
+        out[kind] = {
+            "seeds": len(per_seed),
+            "rounds": [r["rounds"] for r in per_seed],
+            "external_per_round": [r["external_per_round"] for r in per_seed],
+            "rounds_ratio_mean": rr_m,
+            "rounds_ratio_std": rr_s,
+            "external_ratio_mean": er_m,
+            "external_ratio_std": er_s,
+            "rounds_ratio_min": min(a for a, _, _ in ratios),
+            "external_ratio_min": min(b for _, b, _ in ratios),
+            "external_per_s_ratio_mean": xr_m,
+            "external_per_s_ratio_std": xr_s,
+            "crashes": crashes,
+            "files": files,
+            "rss_peak_mib": max(r["rss_peak_mib"] for r in per_seed),
+            "rss_growth_mib": max(r["rss_growth_mib"] for r in per_seed),
+            "ok": rr_m >= 0.9 and er_m >= 0.9 and crashes == 0 and files == 0,
+        }
     return out
 
 
 def _table(summary: dict[str, dict]) -> str:
-    lines = ["| attack | seeds | rounds/s ratio (mean ± std, min) | ext/round ratio (mean ± std, min) | ext/s ratio | "
-             "RSS peak MiB | RSS growth MiB | crashes | files | ok |", "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| attack | seeds | rounds/s ratio (mean ± std, min) | ext/round ratio (mean ± std, min) | ext/s ratio | "
+        "RSS peak MiB | RSS growth MiB | crashes | files | ok |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for kind, r in summary.items():
-        lines.append(f"| {kind} | {r['seeds']} | {r['rounds_ratio_mean']:.2f} ± {r['rounds_ratio_std']:.2f} "
-                     f"({r['rounds_ratio_min']:.2f}) | {r['external_ratio_mean']:.2f} ± {r['external_ratio_std']:.2f} "
-                     f"({r['external_ratio_min']:.2f}) | {r['external_per_s_ratio_mean']:.2f} | "
-                     f"{r['rss_peak_mib']:.0f} | {r['rss_growth_mib']:+.0f} | "
-                     f"{r['crashes']} | {r['files']} | {'yes' if r['ok'] else 'NO'} |")
+        lines.append(
+            f"| {kind} | {r['seeds']} | {r['rounds_ratio_mean']:.2f} ± {r['rounds_ratio_std']:.2f} "
+            f"({r['rounds_ratio_min']:.2f}) | {r['external_ratio_mean']:.2f} ± {r['external_ratio_std']:.2f} "
+            f"({r['external_ratio_min']:.2f}) | {r['external_per_s_ratio_mean']:.2f} | "
+            f"{r['rss_peak_mib']:.0f} | {r['rss_growth_mib']:+.0f} | "
+            f"{r['crashes']} | {r['files']} | {'yes' if r['ok'] else 'NO'} |"
+        )
     return "\n".join(lines)
 
 
@@ -467,13 +602,21 @@ def plot(summary: dict[str, dict], out_png: Path) -> None:
 
     kinds = list(summary)
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
-    for ax, key, title in zip(axes, ("rounds_ratio", "external_ratio", "rss_growth_mib"),
-                              ("rounds/s vs no attack", "external records / round vs no attack", "RSS growth (MiB)")):
+    for ax, key, title in zip(
+        axes,
+        ("rounds_ratio", "external_ratio", "rss_growth_mib"),
+        ("rounds/s vs no attack", "external records / round vs no attack", "RSS growth (MiB)"),
+    ):
         if key == "rss_growth_mib":
             ax.bar(range(len(kinds)), [summary[k][key] for k in kinds], color="tab:blue")
         else:
-            ax.bar(range(len(kinds)), [summary[k][f"{key}_mean"] for k in kinds],
-                   yerr=[summary[k][f"{key}_std"] for k in kinds], color="tab:blue", capsize=2)
+            ax.bar(
+                range(len(kinds)),
+                [summary[k][f"{key}_mean"] for k in kinds],
+                yerr=[summary[k][f"{key}_std"] for k in kinds],
+                color="tab:blue",
+                capsize=2,
+            )
             ax.axhline(0.9, color="red", ls="--", lw=1, label="target 0.9")
             ax.legend()
         ax.set_xticks(range(len(kinds)), kinds, rotation=60, ha="right")
@@ -487,13 +630,18 @@ def main() -> None:
     ap = bench_parser(__doc__.splitlines()[0], seeds=1, seed_lists=True)
     ap.add_argument("--seconds", type=float, default=45.0, help="measurement window per scenario")
     ap.add_argument("--attacks", default=",".join(PAYLOAD_ATTACKS + DHT_ATTACKS))
-    ap.add_argument("--baseline-seconds", type=float, default=None, help="window of the no-attack run (default: --seconds)")
+    ap.add_argument(
+        "--baseline-seconds", type=float, default=None, help="window of the no-attack run (default: --seconds)"
+    )
     ap.add_argument("--reattack-s", type=float, default=10.0)
     ap.add_argument("--quick", dest="smoke", action="store_true", help=argparse.SUPPRESS)  # the old name of --smoke
     ap.add_argument("--name", default="swarm_attack")
     ap.add_argument("--resume", action="store_true", help="skip scenarios already in <name>.partial.json")
-    ap.add_argument("--report-partial", action="store_true",
-                    help="write JSON/PNG/TXT from <name>.partial.json (an interrupted run) and exit")
+    ap.add_argument(
+        "--report-partial",
+        action="store_true",
+        help="write JSON/PNG/TXT from <name>.partial.json (an interrupted run) and exit",
+    )
     args = parse(ap)
     if args.smoke:
         args.seconds, args.attacks, args.name = 12.0, "timestamp,whole_key", args.name + "_quick"
@@ -526,9 +674,11 @@ def main() -> None:
                 runs[kind].append(r)
                 RESULTS.mkdir(parents=True, exist_ok=True)
                 cache.write_text(json.dumps(runs, default=str))
-                print(f"  rounds {r['rounds']}, ext/round {r['external_per_round']:.2f}, crashes {r['crashes']}, "
-                      f"files {len(r['files_created'])}, attacker actions {r['attacker_actions']} {r['attacker_errors']}",
-                      flush=True)
+                print(
+                    f"  rounds {r['rounds']}, ext/round {r['external_per_round']:.2f}, crashes {r['crashes']}, "
+                    f"files {len(r['files_created'])}, attacker actions {r['attacker_actions']} {r['attacker_errors']}",
+                    flush=True,
+                )
     finally:
         if not os.environ.get("SWARM_ATTACK_KEEP"):
             shutil.rmtree(work, ignore_errors=True)
@@ -536,16 +686,28 @@ def main() -> None:
     cache.unlink(missing_ok=True)
 
 
-def write_all(hz: Harness, args: argparse.Namespace, seeds: list[int], runs: dict[str, list[dict]], wall_s: float) -> None:
+def write_all(
+    hz: Harness, args: argparse.Namespace, seeds: list[int], runs: dict[str, list[dict]], wall_s: float
+) -> None:
     """JSON, PNG and TXT of the finished scenarios (also by `--report-partial` from the cache)."""
     summary = summarize(runs)
     table = _table(summary)
-    figures = {"scenarios": runs, "summary": summary, "total_wall_s": wall_s, "table": table,
-               "all_ok": all(r["ok"] for r in summary.values())}
-    hz.write(figures, lambda _rec: (
-        f"swarm_attack ({args.seconds:.0f} s per scenario, 2 honest nodes, seeds {seeds}; ratios are over the same "
-        f"seed's no-attack run; target: mean >= 0.9 of rounds/s and ext/round, 0 crashes, 0 files)\n\n{table}\n\n"
-        f"all targets met: {figures['all_ok']}\n"), lambda _rec, png: plot(summary, png))
+    figures = {
+        "scenarios": runs,
+        "summary": summary,
+        "total_wall_s": wall_s,
+        "table": table,
+        "all_ok": all(r["ok"] for r in summary.values()),
+    }
+    hz.write(
+        figures,
+        lambda _rec: (
+            f"swarm_attack ({args.seconds:.0f} s per scenario, 2 honest nodes, seeds {seeds}; ratios are over the same "
+            f"seed's no-attack run; target: mean >= 0.9 of rounds/s and ext/round, 0 crashes, 0 files)\n\n{table}\n\n"
+            f"all targets met: {figures['all_ok']}\n"
+        ),
+        lambda _rec, png: plot(summary, png),
+    )
     print("\n" + table)
 
 

@@ -49,13 +49,25 @@ def _passes(numel: int) -> dict[str, float]:
             ts.append(time.perf_counter() - t0)
         return statistics.median(ts)
 
-    return {"checksum": med(lambda: checksum([x])), "finite_check": med(lambda: all_finite(x)),
-            "copy_into_warm_buffer": med(lambda: warm.copy_(x)), "copy_into_fresh_buffer": med(lambda: x.clone())}
+    return {
+        "checksum": med(lambda: checksum([x])),
+        "finite_check": med(lambda: all_finite(x)),
+        "copy_into_warm_buffer": med(lambda: warm.copy_(x)),
+        "copy_into_fresh_buffer": med(lambda: x.clone()),
+    }
 
 
 def _rank(rank: int, port: int, numel: int, repeats: int, queue) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2",
-                      LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE="2", OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE="2",
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE="2",
+        OMP_NUM_THREADS="1",
+        GLOO_SOCKET_IFNAME="lo",
+    )
     import torch
     import torch.distributed as dist
 
@@ -66,9 +78,11 @@ def _rank(rank: int, port: int, numel: int, repeats: int, queue) -> None:
     payload = torch.randn(numel, generator=torch.Generator().manual_seed(rank))
     pooled = PairExchange(world, reuse_buffers=True).full_duplex()
     fresh = PairExchange(world, reuse_buffers=False).full_duplex()
-    methods = {"ring": lambda r: dist.all_reduce(payload),
-               "pair": lambda r: pooled.exchange([payload], (0, 1), r) is not None or _fail(),
-               "pair_fresh": lambda r: fresh.exchange([payload], (0, 1), r) is not None or _fail()}
+    methods = {
+        "ring": lambda r: dist.all_reduce(payload),
+        "pair": lambda r: pooled.exchange([payload], (0, 1), r) is not None or _fail(),
+        "pair_fresh": lambda r: fresh.exchange([payload], (0, 1), r) is not None or _fail(),
+    }
     out: dict[str, list[float]] = {}
     for name, fn in methods.items():
         for r in range(repeats):
@@ -108,22 +122,38 @@ def measure(numel: int, repeats: int) -> dict[str, Any]:
         if p.exitcode != 0:
             raise RuntimeError(f"a rank exited with {p.exitcode}")
     med = {m: statistics.median(t) for m, t in times.items()}
-    return {"times_s": times, "median_s": med, "pair_vs_ring": med["pair"] / med["ring"],
-            "pair_fresh_vs_ring": med["pair_fresh"] / med["ring"], "passes_s": _passes(numel),
-            "loadavg": list(os.getloadavg())}
+    return {
+        "times_s": times,
+        "median_s": med,
+        "pair_vs_ring": med["pair"] / med["ring"],
+        "pair_fresh_vs_ring": med["pair_fresh"] / med["ring"],
+        "passes_s": _passes(numel),
+        "loadavg": list(os.getloadavg()),
+    }
 
 
 def text(record: dict[str, Any]) -> str:
     c, f, env = record["config"], record["figures"], record["hardware"]
-    lines = [f"wire_path @ {record['git_sha'][:12]}: {env['cpu']}, {env['cpu_count']} cores, 1-min load avg at end {f['loadavg'][0]:.1f} "
-             f"(shared box: loopback times are CPU-bound)",
-             f"N=2 on loopback, payload {c['numel'] * 4 / 1e6:.1f} MB fp32, {c['repeats']} warm-up + {c['repeats']} timed rounds", "",
-             f"{'method':11s} {'median s':>9s} {'x ring':>7s}   all timed rounds"]
+    lines = [
+        f"wire_path @ {record['git_sha'][:12]}: {env['cpu']}, {env['cpu_count']} cores, 1-min load avg at end "
+        f"{f['loadavg'][0]:.1f} (shared box: loopback times are CPU-bound)",
+        f"N=2 on loopback, payload {c['numel'] * 4 / 1e6:.1f} MB fp32, {c['repeats']} warm-up + {c['repeats']} "
+        "timed rounds",
+        "",
+        f"{'method':11s} {'median s':>9s} {'x ring':>7s}   all timed rounds",
+    ]
     for m in METHODS:
-        lines.append(f"{m:11s} {f['median_s'][m]:9.3f} {f['median_s'][m] / f['median_s']['ring']:7.2f}   "
-                     + ", ".join(f"{t:.3f}" for t in f["times_s"][m]))
-    lines += ["", f"pair / ring = {f['pair_vs_ring']:.2f} (target <= 1.5: {'met' if f['pair_vs_ring'] <= 1.5 else 'not met'}); "
-              f"before the buffer pool {f['pair_fresh_vs_ring']:.2f}", "", "one CPU pass over the payload, single rank (median of 5):"]
+        lines.append(
+            f"{m:11s} {f['median_s'][m]:9.3f} {f['median_s'][m] / f['median_s']['ring']:7.2f}   "
+            + ", ".join(f"{t:.3f}" for t in f["times_s"][m])
+        )
+    lines += [
+        "",
+        f"pair / ring = {f['pair_vs_ring']:.2f} (target <= 1.5: {'met' if f['pair_vs_ring'] <= 1.5 else 'not met'}); "
+        f"before the buffer pool {f['pair_fresh_vs_ring']:.2f}",
+        "",
+        "one CPU pass over the payload, single rank (median of 5):",
+    ]
     for k, v in f["passes_s"].items():
         lines.append(f"  {k:24s} {v * 1e3:8.1f} ms")
     return "\n".join(lines)
