@@ -33,12 +33,26 @@ from decentrain.models.factory import ModelConfig
 
 # every loop algorithm registers itself: the modules under algorithms/ that use the decorator are imported
 # (ddp, diloco, streaming_diloco, noloco, sparseloco); adding one is a module plus conf/algorithm/<name>.yaml
-LOOP_ALGORITHM_MODULES = discover_marked(algorithms.__name__, Path(algorithms.__file__).parent,
-                                        ("@ALGORITHMS.register(",))
+LOOP_ALGORITHM_MODULES = discover_marked(
+    algorithms.__name__, Path(algorithms.__file__).parent, ("@ALGORITHMS.register(",)
+)
 
 # callers above the library (recipes, tests, benchmarks) import the run's schemas from here
-__all__ = ["LAUNCHERS", "SCHEDULES", "LauncherConfig", "LoopConfig", "OptimConfig", "TrainConfig", "check_data_fits",
-           "check_overrides", "check_run_dir", "config_from_dict", "register_configs", "schemas", "validate"]
+__all__ = [
+    "LAUNCHERS",
+    "SCHEDULES",
+    "LauncherConfig",
+    "LoopConfig",
+    "OptimConfig",
+    "TrainConfig",
+    "check_data_fits",
+    "check_overrides",
+    "check_run_dir",
+    "config_from_dict",
+    "register_configs",
+    "schemas",
+    "validate",
+]
 
 
 def config_from_dict(raw: dict[str, Any]) -> TrainConfig:
@@ -55,8 +69,13 @@ def config_from_dict(raw: dict[str, Any]) -> TrainConfig:
 # conf/<group>/*.yaml extend `<group>_schema`
 GROUP_SCHEMAS: dict[str, type] = {"model": ModelConfig, "data": DataConfig, "logger": LoggerConfig}
 # conf/<group>/<name>.yaml extends `<name>_schema`, the config class of entry <name> of the group's registry
-REGISTRY_GROUPS: dict[str, Registry] = {"algorithm": ALGORITHMS, "algorithm/outer_optimizer": OUTER_OPTIMIZERS,
-                                        "engine": ENGINES, "transport": TRANSPORTS, "launcher": LAUNCHERS}
+REGISTRY_GROUPS: dict[str, Registry] = {
+    "algorithm": ALGORITHMS,
+    "algorithm/outer_optimizer": OUTER_OPTIMIZERS,
+    "engine": ENGINES,
+    "transport": TRANSPORTS,
+    "launcher": LAUNCHERS,
+}
 
 # the top-level schemas of the other recipes, by family: each imported only by the recipes that ask for it
 # (SAPO's config pulls in reasoning-gym, ~1.8 s that `decentrain train` should not pay)
@@ -131,8 +150,10 @@ def _unknown_key(tree: Any, key: str) -> str | None:
         if part not in node:
             where = ".".join(done)
             names = sorted(str(k) for k in node)
-            return (f"{key} is not a config key; {_close(part, names, where + '.' if where else '')}"
-                    f"{where + ' has' if where else 'top-level keys are'}: {', '.join(names)}")
+            return (
+                f"{key} is not a config key; {_close(part, names, where + '.' if where else '')}"
+                f"{where + ' has' if where else 'top-level keys are'}: {', '.join(names)}"
+            )
         node, done = node[part], [*done, part]
     return None
 

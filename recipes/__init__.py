@@ -42,8 +42,9 @@ def typed_config(dcfg, schema: type[T]) -> T:
     return typed(schema, OmegaConf.to_container(dcfg, resolve=True) if isinstance(dcfg, DictConfig) else dict(dcfg))
 
 
-def recipe(config_name: str, *families: str,
-           own: dict[str, type] | None = None) -> Callable[[Callable], Callable[[], None]]:
+def recipe(
+    config_name: str, *families: str, own: dict[str, type] | None = None
+) -> Callable[[Callable], Callable[[], None]]:
     """The recipes' shared opening, a decorator of `main(dcfg)`: the schemas conf/ extends registered in
     Hydra's ConfigStore (decentrain.config.register_configs, with the `families` whose top-level schemas the
     recipe composes and the recipe's `own`), and `main` made the Hydra app of conf_dir()'s `config_name`."""

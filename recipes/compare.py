@@ -72,8 +72,11 @@ def run_arm(cfg: CompareConfig, name: str, run_dir: Path) -> None:
     argv = [sys.executable, "-m", "recipes.train", *arm_overrides(cfg, name, run_dir / name)]
     (run_dir / name / RESULT_FILE).unlink(missing_ok=True)  # one an earlier run left here is not this arm's
     start = time.perf_counter()
-    print(f"[compare] {name}: training ({cfg.workers} workers, {cfg.steps} steps; "
-          f"settings: {settings(cfg, name).behind}); log {log}", flush=True)
+    print(
+        f"[compare] {name}: training ({cfg.workers} workers, {cfg.steps} steps; "
+        f"settings: {settings(cfg, name).behind}); log {log}",
+        flush=True,
+    )
     with open(log, "w") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
         code = follow(proc, MetricsTail(run_dir / name / "metrics.jsonl"), name, cfg.steps)

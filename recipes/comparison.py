@@ -26,6 +26,7 @@ UNTUNED = "untuned defaults, 1 seed"
 @dataclass
 class ArmSettings:
     """One arm's settings in a preset (conf/compare/<scale>.yaml) and what stands behind them."""
+
     overrides: list[str] = field(default_factory=list)  # e.g. algorithm.outer_optimizer.lr=1.4
     behind: str = UNTUNED  # the benchmark record, its tuning and eval seeds; or UNTUNED
 
@@ -70,10 +71,19 @@ def syncs_every_step(algorithm: str) -> bool:
 
 def arm_overrides(cfg: CompareConfig, algorithm: str, run_dir: Path) -> list[str]:
     """The recipe's overrides for one arm: the shared layout, then this arm's algorithm."""
-    out = [f"algorithm={algorithm}", f"launcher.nproc_per_node={cfg.workers}", f"train.steps={cfg.steps}",
-           f"train.global_batch_size={cfg.global_batch_size}", f"train.micro_batch_size={cfg.micro_batch_size}",
-           f"train.eval_every={cfg.eval_every}", "train.device=cpu", "logger.progress=false", "resume=false",
-           f"run_dir={run_dir}", f"hydra.run.dir={run_dir}"]
+    out = [
+        f"algorithm={algorithm}",
+        f"launcher.nproc_per_node={cfg.workers}",
+        f"train.steps={cfg.steps}",
+        f"train.global_batch_size={cfg.global_batch_size}",
+        f"train.micro_batch_size={cfg.micro_batch_size}",
+        f"train.eval_every={cfg.eval_every}",
+        "train.device=cpu",
+        "logger.progress=false",
+        "resume=false",
+        f"run_dir={run_dir}",
+        f"hydra.run.dir={run_dir}",
+    ]
     if not syncs_every_step(algorithm):
         out.append(f"algorithm.inner_steps={cfg.inner_steps}")
     return [*out, *cfg.scale_overrides, *settings(cfg, algorithm).overrides, *cfg.overrides]  # the user's own win
@@ -92,10 +102,14 @@ def settings_line(cfg: CompareConfig) -> str:
         behind = "no outer settings" if syncs_every_step(name) and not s.overrides else s.behind
         parts.append(f"{name} at {what} ({behind})")
     tuned = any(settings(cfg, n).behind != UNTUNED for n in cfg.algorithms if not syncs_every_step(n))
-    return (f"Settings (preset {cfg.preset}): " + "; ".join(parts) + ". This run is one seed"
-            + ("" if tuned else ", at settings no benchmark tuned at this scale")
-            + ": it shows the methods side by side and decides "
-            "nothing; the verdicts, each decided on paired seeds, are in the README's reproduction table.")
+    return (
+        f"Settings (preset {cfg.preset}): "
+        + "; ".join(parts)
+        + ". This run is one seed"
+        + ("" if tuned else ", at settings no benchmark tuned at this scale")
+        + ": it shows the methods side by side and decides "
+        "nothing; the verdicts, each decided on paired seeds, are in the README's reproduction table."
+    )
 
 
 @dataclass
@@ -110,8 +124,13 @@ class Arm:
 
     @property
     def final(self) -> dict[str, float]:
-        return {"step": self.step[-1], "eval_loss": self.eval_loss[-1], "seconds": self.seconds[-1],
-                "bytes_sent": self.bytes_sent[-1], "eval_bpb": self.eval_bpb[-1] if self.eval_bpb else math.nan}
+        return {
+            "step": self.step[-1],
+            "eval_loss": self.eval_loss[-1],
+            "seconds": self.seconds[-1],
+            "bytes_sent": self.bytes_sent[-1],
+            "eval_bpb": self.eval_bpb[-1] if self.eval_bpb else math.nan,
+        }
 
 
 def read_result(run_dir: Path) -> dict | None:
@@ -130,11 +149,15 @@ def read_arm(name: str, run_dir: Path) -> Arm:
     if not points:
         raise ValueError(f"{run_dir / 'metrics.jsonl'} has no evaluation: the {name} arm did not finish")
     bpb = {r["step"]: r["eval/bpb"] for r in rows if r.get("eval/bpb") is not None}
-    return Arm(name, [s for s, _ in points], [v for _, v in points],
-               [train[s].get("time/train_s", math.nan) for s, _ in points],
-               [train[s].get("comm/bytes_sent_total", 0.0) for s, _ in points],
-               [bpb[s] for s, _ in points] if all(s in bpb for s, _ in points) else [],
-               corpus_header(rows))
+    return Arm(
+        name,
+        [s for s, _ in points],
+        [v for _, v in points],
+        [train[s].get("time/train_s", math.nan) for s, _ in points],
+        [train[s].get("comm/bytes_sent_total", 0.0) for s, _ in points],
+        [bpb[s] for s, _ in points] if all(s in bpb for s, _ in points) else [],
+        corpus_header(rows),
+    )
 
 
 def corpus_line(arms: list[Arm]) -> str:
@@ -150,15 +173,19 @@ def corpus_line(arms: list[Arm]) -> str:
 
 def table(arms: list[Arm], link_mbit: float) -> str:
     ref = arms[0].final["bytes_sent"]
-    lines = [f"{'algorithm':<11} {'step':>5} {'eval loss':>9} {'bits/byte':>9} {'train s':>8} {'sent/worker':>12} "
-             f"{'vs ' + arms[0].name:>10} {f'at {link_mbit:g} Mbit/s':>14}"]
+    lines = [
+        f"{'algorithm':<11} {'step':>5} {'eval loss':>9} {'bits/byte':>9} {'train s':>8} {'sent/worker':>12} "
+        f"{'vs ' + arms[0].name:>10} {f'at {link_mbit:g} Mbit/s':>14}"
+    ]
     for a in arms:
         f = a.final
         ratio = f"{ref / f['bytes_sent']:.0f}x less" if f["bytes_sent"] and a is not arms[0] else "-"
         bpb = f"{f['eval_bpb']:>9.3f}" if math.isfinite(f["eval_bpb"]) else f"{'-':>9}"
-        lines.append(f"{a.name:<11} {f['step']:>5} {f['eval_loss']:>9.3f} {bpb} {f['seconds']:>8.1f} "
-                     f"{format_bytes(f['bytes_sent']):>12} {ratio:>10} "
-                     f"{link_seconds(f['bytes_sent'], link_mbit):>12.1f} s")
+        lines.append(
+            f"{a.name:<11} {f['step']:>5} {f['eval_loss']:>9.3f} {bpb} {f['seconds']:>8.1f} "
+            f"{format_bytes(f['bytes_sent']):>12} {ratio:>10} "
+            f"{link_seconds(f['bytes_sent'], link_mbit):>12.1f} s"
+        )
     return "\n".join(lines)
 
 
@@ -173,34 +200,44 @@ def reading(arms: list[Arm], cfg: CompareConfig) -> str:
     best = min(arms, key=lambda a: a.final["eval_loss"])
     most = max(arms, key=lambda a: a.final["bytes_sent"])
     sends = "sends" if best is most else f"{most.name} sends"
-    text = [f"After {cfg.steps} steps on {cfg.workers} workers (global batch {cfg.global_batch_size}), "
-            f"{best.name} has the lowest eval loss ({best.final['eval_loss']:.3f}) and {sends} the most "
-            f"({format_bytes(most.final['bytes_sent'])} per worker)."]
+    text = [
+        f"After {cfg.steps} steps on {cfg.workers} workers (global batch {cfg.global_batch_size}), "
+        f"{best.name} has the lowest eval loss ({best.final['eval_loss']:.3f}) and {sends} the most "
+        f"({format_bytes(most.final['bytes_sent'])} per worker)."
+    ]
     for a in arms:
         if a.name == most.name or not a.final["bytes_sent"]:
             continue
         f = a.final
-        text.append(f"{a.name} sends {most.final['bytes_sent'] / f['bytes_sent']:.0f}x less than {most.name} "
-                    f"for eval {f['eval_loss']:.3f} ({f['eval_loss'] - by[most.name]['eval_loss']:+.3f}).")
+        text.append(
+            f"{a.name} sends {most.final['bytes_sent'] / f['bytes_sent']:.0f}x less than {most.name} "
+            f"for eval {f['eval_loss']:.3f} ({f['eval_loss'] - by[most.name]['eval_loss']:+.3f})."
+        )
     if syncs_every_step(most.name) and most.final["step"]:  # at equal traffic: how far the every-step arm got
         per_step = most.final["bytes_sent"] / most.final["step"]
         lean = [a for a in arms if a is not most and a.final["bytes_sent"]]
         if lean and per_step:
-            text.append(f"{most.name} had sent as much as each of them sends in the whole run after "
-                        + ", ".join(f"{math.ceil(a.final['bytes_sent'] / per_step)} ({a.name})" for a in lean)
-                        + f" of its {most.final['step']} steps.")
+            text.append(
+                f"{most.name} had sent as much as each of them sends in the whole run after "
+                + ", ".join(f"{math.ceil(a.final['bytes_sent'] / per_step)} ({a.name})" for a in lean)
+                + f" of its {most.final['step']} steps."
+            )
     rounds = cfg.steps // cfg.inner_steps
     every = next((n for n in by if syncs_every_step(n)), None)
     if every and any(not syncs_every_step(n) and by[n]["eval_loss"] > by[every]["eval_loss"] for n in by):
-        text.append(f"The low-communication methods sync once every {cfg.inner_steps} steps "
-                    f"({rounds} outer steps in this run), so per step they trail {every.upper()}, "
-                    "which averages every gradient; that gap is the price of their traffic, "
-                    f"and whether longer runs close it is what `decentrain compare steps={10 * cfg.steps}` shows.")
+        text.append(
+            f"The low-communication methods sync once every {cfg.inner_steps} steps "
+            f"({rounds} outer steps in this run), so per step they trail {every.upper()}, "
+            "which averages every gradient; that gap is the price of their traffic, "
+            f"and whether longer runs close it is what `decentrain compare steps={10 * cfg.steps}` shows."
+        )
     slow = link_seconds(most.final["bytes_sent"], cfg.link_mbit)
     leanest = min(link_seconds(a.final["bytes_sent"], cfg.link_mbit) for a in arms)
-    text.append(f"On a {cfg.link_mbit:g} Mbit/s link between workers {most.name}'s traffic alone would take "
-                f"{slow:.0f} s, against {leanest:.1f} s for the leanest arm; "
-                "here the workers share one machine over loopback, so wall time measures compute, not the network.")
+    text.append(
+        f"On a {cfg.link_mbit:g} Mbit/s link between workers {most.name}'s traffic alone would take "
+        f"{slow:.0f} s, against {leanest:.1f} s for the leanest arm; "
+        "here the workers share one machine over loopback, so wall time measures compute, not the network."
+    )
     return " ".join(text)
 
 
@@ -229,8 +266,9 @@ def plot(arms: list[Arm], out_png: Path, title: str) -> Path:
 
 def write_summary(arms: list[Arm], cfg: CompareConfig, out_dir: Path) -> str:
     """compare.json, compare.png and compare.txt in `out_dir`; returns the text printed."""
-    title = (f"{', '.join(a.name for a in arms)}: {cfg.workers} workers, batch {cfg.global_batch_size}, "
-             f"{cfg.steps} steps")
+    title = (
+        f"{', '.join(a.name for a in arms)}: {cfg.workers} workers, batch {cfg.global_batch_size}, {cfg.steps} steps"
+    )
     plot(arms, out_dir / "compare.png", title)
     text = f"{table(arms, cfg.link_mbit)}\n{corpus_line(arms)}\n\n{settings_line(cfg)}\n\n{reading(arms, cfg)}\n"
     (out_dir / "compare.txt").write_text(text)

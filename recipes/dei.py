@@ -44,12 +44,18 @@ def main(dcfg: DictConfig) -> None:
     else:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(dcfg, resolve=True))
-        launch_survivors([*HydraConfig.get().overrides.task, f"run_dir={run_dir}", f"hydra.run.dir={run_dir}"],
-                         cfg.num_nodes, run_dir, module="recipes.dei")
+        launch_survivors(
+            [*HydraConfig.get().overrides.task, f"run_dir={run_dir}", f"hydra.run.dir={run_dir}"],
+            cfg.num_nodes,
+            run_dir,
+            module="recipes.dei",
+        )
     summary = summarize(cfg, run_dir)
-    print(f"DEI: {summary['nodes_finished']} node(s), merged archive QD-score {summary['merged']['qd_score']:.2f}, "
-          f"coverage {summary['merged']['coverage']:.1%} ({summary['merged']['cells']} cells); "
-          f"{run_dir / 'summary.json'}")
+    print(
+        f"DEI: {summary['nodes_finished']} node(s), merged archive QD-score {summary['merged']['qd_score']:.2f}, "
+        f"coverage {summary['merged']['coverage']:.1%} ({summary['merged']['cells']} cells); "
+        f"{run_dir / 'summary.json'}"
+    )
 
 
 if __name__ == "__main__":

@@ -14,9 +14,9 @@ import json
 import sys
 from pathlib import Path
 
+import decentrain.config  # noqa: F401  (the composition root registers the loop algorithms job.algorithm names)
 from decentrain.algorithms.hdee.config import load_saved_config
 from decentrain.algorithms.hdee.evaluate import EnsembleScorer, format_table
-import decentrain.config  # noqa: F401  (the composition root registers the loop algorithms job.algorithm names)
 from decentrain.core.world import init_world
 
 USAGE = "usage: python -m recipes.ensemble_score FILE ensemble_dir=DIR [key=value ...]"

@@ -34,8 +34,10 @@ def score(model, tokenizer, cfg: MergeConfig) -> dict:
     with torch.no_grad():
         for d in domains:
             blocks = corpus.split("test", d)[:64]
-            row = {"routed": -token_logprobs(model, blocks).double().mean().item(),
-                   "experts_run_per_sequence": model.experts_run(blocks).mean().item()}
+            row = {
+                "routed": -token_logprobs(model, blocks).double().mean().item(),
+                "experts_run_per_sequence": model.experts_run(blocks).mean().item(),
+            }
             for name, expert in zip(model.config.expert_names, model.experts):
                 row[name] = -token_logprobs(expert, blocks).double().mean().item()
             out[d] = row
@@ -63,8 +65,11 @@ def main(dcfg: DictConfig) -> None:
     except CheckpointError as e:  # a model not whole or not finite: nothing is saved
         sys.exit(f"checkpoint refused: {e}")
     out = save_routed(model, tokenizer, cfg.out_dir)
-    print(f"[hdee] routed model: experts {model.config.expert_names}, router {tuple(model.router_weight.shape)}, "
-          f"saved to {out}", flush=True)
+    print(
+        f"[hdee] routed model: experts {model.config.expert_names}, router {tuple(model.router_weight.shape)}, "
+        f"saved to {out}",
+        flush=True,
+    )
     if do_score:
         res = score(model, tokenizer, cfg)
         (out / "score_test.json").write_text(json.dumps(res, indent=1))

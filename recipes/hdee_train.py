@@ -48,21 +48,31 @@ def main(dcfg: DictConfig) -> None:
     if not env.under_torchrun:
         root.mkdir(parents=True, exist_ok=True)
         save_config(root, {**raw, "ensemble_dir": str(root)})  # what ensemble_eval / ensemble_score read back
-        print(f"[hdee] plan: {cfg.plan.num_experts} experts, compute {rel:+.2%} vs the homogeneous baseline; "
-              f"ensemble dir {root}", flush=True)
+        print(
+            f"[hdee] plan: {cfg.plan.num_experts} experts, compute {rel:+.2%} vs the homogeneous baseline; "
+            f"ensemble dir {root}",
+            flush=True,
+        )
         if cfg.job.stage == "all":
             for stage in ("seed", "lane"):  # independent jobs; lanes wait for every seed
                 run_jobs(child_jobs(cfg, stage, overrides, MODULE), cfg.job.max_parallel)
             same = " ".join(o for o in overrides if not o.startswith(("job.", "ensemble_dir=")))
-            print(f"[hdee] all experts trained; evaluate with: python -m recipes.ensemble_eval {same} "
-                  f"ensemble_dir={root}", flush=True)
+            print(
+                f"[hdee] all experts trained; evaluate with: python -m recipes.ensemble_eval {same} "
+                f"ensemble_dir={root}",
+                flush=True,
+            )
             return
         if (cfg.launcher.world_size or 1) > 1:
             job = f"{cfg.job.stage}{'' if cfg.job.index is None else cfg.job.index}"
             try:  # a gossip job.algorithm gets the survivor launcher: a dead worker costs its partner a round
-                LAUNCHERS.get(cfg.launcher.name).launch([*overrides, f"ensemble_dir={root}", f"hydra.run.dir={root}"],
-                                                        cfg.launcher, module=MODULE, run_dir=root / "jobs" / job,
-                                                        survivors=algorithm.survives_peer_loss)
+                LAUNCHERS.get(cfg.launcher.name).launch(
+                    [*overrides, f"ensemble_dir={root}", f"hydra.run.dir={root}"],
+                    cfg.launcher,
+                    module=MODULE,
+                    run_dir=root / "jobs" / job,
+                    survivors=algorithm.survives_peer_loss,
+                )
             except RuntimeError as e:
                 sys.exit(f"[hdee] {e}")
             return

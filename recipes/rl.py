@@ -48,14 +48,20 @@ def main(dcfg: DictConfig) -> None:
     collective = EXCHANGES.get(cfg.exchange.name).joins_process_group
     if collective and not env.under_torchrun and cfg.num_nodes > 1:
         run_dir = str(Path(cfg.run_dir).resolve())
-        launch_workers([*HydraConfig.get().overrides.task, f"run_dir={run_dir}", f"hydra.run.dir={run_dir}"],
-                       cfg.num_nodes, module="recipes.rl")
+        launch_workers(
+            [*HydraConfig.get().overrides.task, f"run_dir={run_dir}", f"hydra.run.dir={run_dir}"],
+            cfg.num_nodes,
+            module="recipes.rl",
+        )
         return
     # Only the collective exchange joins torch.distributed; hivemind/silo nodes stand alone.
     with config_errors():
         check_placement(cfg.train.device, cfg.num_nodes if collective else 1)
-    world = (init_world(threads=cfg.train.threads, device=cfg.train.device) if collective
-             else local_world(cfg.train.device, cfg.train.threads))
+    world = (
+        init_world(threads=cfg.train.threads, device=cfg.train.device)
+        if collective
+        else local_world(cfg.train.device, cfg.train.threads)
+    )
     run_dir = agree_run_dir(world, cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     if world.is_main and cfg.node_index in (None, 0):

@@ -36,7 +36,9 @@ def main(dcfg: DictConfig) -> None:
         return
     if not env.under_torchrun:
         try:  # the transport starts the run's processes (torchrun workers, torchft groups) or runs it here (in-process)
-            if transport_spec(cfg).launch(cfg, list(HydraConfig.get().overrides.task), Path(cfg.run_dir).resolve(), MODULE):
+            if transport_spec(cfg).launch(
+                cfg, list(HydraConfig.get().overrides.task), Path(cfg.run_dir).resolve(), MODULE
+            ):
                 return
         except RuntimeError as e:
             sys.exit(f"[decentrain] {e}")

@@ -72,7 +72,9 @@ class Algorithm:
         """A resumed run, after wrapping and before its first step. `backward_once()` runs one
         synchronized forward/backward of a training micro-batch through `model` and drops the gradients."""
 
-    def after_optimizer_step(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, float]:
+    def after_optimizer_step(
+        self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer
+    ) -> dict[str, float]:
         """Runs after inner step `step` (1-based). Returns metrics to log."""
         return {}
 
@@ -103,4 +105,3 @@ class Algorithm:
 
 # each algorithm module registers its class with its own config class: ALGORITHMS.register("<name>", config=...)
 ALGORITHMS: Registry[type[Algorithm]] = Registry("algorithm", config=AlgorithmConfig)
-

@@ -172,13 +172,17 @@ class Checkpointer:
         try:
             tensors = load(blobs["tensors.safetensors"])
         except Exception:  # safetensors raises its own SafetensorError (and others) on a bad header
-            raise CheckpointError(f"{d / 'tensors.safetensors'}: not a safetensors file (empty, truncated or garbage)") from None
+            raise CheckpointError(
+                f"{d / 'tensors.safetensors'}: not a safetensors file (empty, truncated or garbage)"
+            ) from None
         if world_size != self.world_size:
             raise ValueError(f"checkpoint {d} was written by world_size={world_size}, this run has {self.world_size}")
         try:
             return unflatten_state(state, tensors)
         except (KeyError, TypeError, AttributeError):
-            raise CheckpointError(f"{d / 'state.json'}: refers to tensors that {d / 'tensors.safetensors'} lacks") from None
+            raise CheckpointError(
+                f"{d / 'state.json'}: refers to tensors that {d / 'tensors.safetensors'} lacks"
+            ) from None
 
     def good_steps(self) -> list[int]:
         """Complete steps whose files verify for this rank, oldest first; each bad one gets a one-line warning."""
@@ -215,8 +219,9 @@ class Checkpointer:
         if not world.is_distributed:
             step = self.newest_good_step()
             if step is None and self.own_steps():
-                log.warning("rank %d: no checkpoint step under %s is complete and intact; starting afresh",
-                            self.rank, self.root)
+                log.warning(
+                    "rank %d: no checkpoint step under %s is complete and intact; starting afresh", self.rank, self.root
+                )
             return step
 
         def lowest(values: list[int]) -> list[int]:  # elementwise MIN over the ranks
@@ -256,16 +261,22 @@ class Checkpointer:
         """
         seen = self._newest_rank_dirs()
         out = lowest(seen + [-s for s in seen] + [int(seen[self.rank] >= 0)])
-        low, high, own_everywhere = out[: self.world_size], [-v for v in out[self.world_size: -1]], out[-1]
+        low, high, own_everywhere = out[: self.world_size], [-v for v in out[self.world_size : -1]], out[-1]
         if own_everywhere and low != high:
             raise RuntimeError(
-                f"no checkpoint step is complete and intact on every rank, and the ranks see different step dirs "
-                f"under {self.root} (this rank sees its own at steps {self.own_steps()}, each rank's newest at {seen}): "
+                "no checkpoint step is complete and intact on every rank, and the ranks see different step dirs "
+                f"under {self.root} (this rank sees its own at steps {self.own_steps()}, "
+                f"each rank's newest at {seen}): "
                 "checkpoints must live on storage that all ranks share. "
-                "Point run_dir at shared storage, or set resume=false to start afresh")
+                "Point run_dir at shared storage, or set resume=false to start afresh"
+            )
         if world.is_main and max(high) >= 0:
-            log.warning("no checkpoint step under %s is complete and intact on every rank (the newest, step %d, is "
-                        "unfinished or damaged on some rank); starting afresh", self.root, max(high))
+            log.warning(
+                "no checkpoint step under %s is complete and intact on every rank (the newest, step %d, is "
+                "unfinished or damaged on some rank); starting afresh",
+                self.root,
+                max(high),
+            )
 
     def _step_dirs(self) -> list[int]:
         if not self.root.is_dir():

@@ -9,8 +9,15 @@ from __future__ import annotations
 import math
 
 
-def check_range(field: str, value, low: float | None = None, high: float | None = None,
-                low_open: bool = False, high_open: bool = False, none_ok: bool = False) -> None:
+def check_range(
+    field: str,
+    value,
+    low: float | None = None,
+    high: float | None = None,
+    low_open: bool = False,
+    high_open: bool = False,
+    none_ok: bool = False,
+) -> None:
     """Raise ValueError `field=value must be in [low, high]` unless value is a finite number in range."""
     if value is None and none_ok:
         return

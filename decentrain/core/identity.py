@@ -67,8 +67,9 @@ class NodeIdentity:
                 raise ValueError(f"node key file {path} holds {len(raw)} bytes, expected 32 (raw Ed25519 private key)")
             return cls(Ed25519PrivateKey.from_private_bytes(raw))
         ident = cls.generate()
-        raw = ident._key.private_bytes(serialization.Encoding.Raw, serialization.PrivateFormat.Raw,
-                                       serialization.NoEncryption())
+        raw = ident._key.private_bytes(
+            serialization.Encoding.Raw, serialization.PrivateFormat.Raw, serialization.NoEncryption()
+        )
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(path.name + ".tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)

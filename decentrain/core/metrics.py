@@ -108,7 +108,9 @@ def metrics_file(rank: int) -> str:
 
 
 class MetricsLogger:
-    def __init__(self, cfg: LoggerConfig, run_dir: Path, rank: int, config: dict | None = None, total_steps: int | None = None):
+    def __init__(
+        self, cfg: LoggerConfig, run_dir: Path, rank: int, config: dict | None = None, total_steps: int | None = None
+    ):
         self.cfg = cfg
         self.rank = rank
         self.active = rank == 0 or cfg.all_ranks
@@ -127,8 +129,12 @@ class MetricsLogger:
 
             os.environ.setdefault("WANDB_SILENT", "true")
             self._wandb = wandb.init(
-                project=cfg.wandb_project, entity=cfg.wandb_entity, mode=cfg.wandb_mode,
-                dir=str(run_dir), config=config or {}, name=run_dir.name,
+                project=cfg.wandb_project,
+                entity=cfg.wandb_entity,
+                mode=cfg.wandb_mode,
+                dir=str(run_dir),
+                config=config or {},
+                name=run_dir.name,
             )
 
     def advance(self, steps: int = 1, **postfix: float) -> None:
@@ -140,7 +146,11 @@ class MetricsLogger:
     def log(self, step: int, metrics: dict[str, Any], console: bool = True) -> None:
         if not self.active:
             return
-        record = {"step": step, "time": time.time(), **{k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in metrics.items()}}
+        record = {
+            "step": step,
+            "time": time.time(),
+            **{k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in metrics.items()},
+        }
         if self._file is not None:
             self._file.write(json.dumps(record) + "\n")
         if self._wandb is not None:
@@ -213,9 +223,17 @@ class Throughput:
     Ranks sharing one GPU (`device_share` of them) each get that share of its peak FLOP/s.
     """
 
-    def __init__(self, tokens_per_rank_step: int, tokens_global_step: int, flops_per_tok: float,
-                 peak: float | None, device: "object", device_share: int = 1,
-                 synchronize: Callable[[], None] | None = None, clock: Callable[[], float] = time.perf_counter):
+    def __init__(
+        self,
+        tokens_per_rank_step: int,
+        tokens_global_step: int,
+        flops_per_tok: float,
+        peak: float | None,
+        device: "object",
+        device_share: int = 1,
+        synchronize: Callable[[], None] | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+    ):
         self.tokens_rank, self.tokens_global = tokens_per_rank_step, tokens_global_step
         self.flops_per_tok, self.device = flops_per_tok, device
         self.peak = peak / device_share if peak else peak
@@ -242,7 +260,11 @@ class Throughput:
             return {}
         step_s = self.seconds / self.steps
         tps = self.tokens_rank / step_s
-        out = {"perf/step_ms": step_s * 1e3, "perf/tokens_per_s": tps, "perf/tokens_per_s_global": self.tokens_global / step_s}
+        out = {
+            "perf/step_ms": step_s * 1e3,
+            "perf/tokens_per_s": tps,
+            "perf/tokens_per_s_global": self.tokens_global / step_s,
+        }
         if self.peak:
             out["perf/mfu"] = mfu(tps, self.flops_per_tok, self.peak)
         if getattr(self.device, "type", None) == "cuda":
@@ -292,8 +314,16 @@ def read_jsonl(path: Path) -> list[dict]:
         return [json.loads(line) for line in f if line.strip()]
 
 
-def plot_curves(records: Iterable[dict], keys: list[str], out_png: Path, title: str = "", *, xlabel: str = "step",
-                ylabel: str = "loss", labels: dict[str, str] | None = None) -> Path:
+def plot_curves(
+    records: Iterable[dict],
+    keys: list[str],
+    out_png: Path,
+    title: str = "",
+    *,
+    xlabel: str = "step",
+    ylabel: str = "loss",
+    labels: dict[str, str] | None = None,
+) -> Path:
     """One line per key against step (records missing a key are skipped); `labels` renames keys in the legend."""
     import matplotlib
 

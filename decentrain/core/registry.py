@@ -93,8 +93,11 @@ class Registry(Generic[T]):
         name = raw.get("name", self._default_name(default_name))
         cls = self.config_cls(name, where)
         check_known(cls, raw, where)  # outside the relabelling: it names `where` itself
-        start = {f.name: getattr(fill, f.name) for f in dataclasses.fields(cls)
-                 if hasattr(fill, f.name)} if fill is not None else {}
+        start = (
+            {f.name: getattr(fill, f.name) for f in dataclasses.fields(cls) if hasattr(fill, f.name)}
+            if fill is not None
+            else {}
+        )
         try:
             return typed(cls, {**start, **raw, "name": name}, where)
         except ValueError as e:
@@ -109,7 +112,7 @@ class Registry(Generic[T]):
         """`msg` naming its field under `where`: entries' checks name theirs under `kind` (`algorithm.lr`)."""
         if msg.startswith(where):
             return msg
-        return where + msg[len(self.kind):] if msg.startswith(self.kind) else f"{where}: {msg}"
+        return where + msg[len(self.kind) :] if msg.startswith(self.kind) else f"{where}: {msg}"
 
 
 def discover(package: str, path: Iterable[str]) -> list[str]:

@@ -187,17 +187,23 @@ def plan_placement(device: str, local_ranks: int, gpus: int, backend: str | None
     if local_ranks < 1:
         raise ValueError(f"local ranks={local_ranks} must be >= 1")
     if device == "cuda" and gpus < 1:
-        raise ValueError(f"train.device=cuda but no CUDA GPU is visible to {local_ranks} local rank(s) "
-                         "(torch.cuda.device_count()=0); set train.device=cpu or auto, or check CUDA_VISIBLE_DEVICES")
+        raise ValueError(
+            f"train.device=cuda but no CUDA GPU is visible to {local_ranks} local rank(s) "
+            "(torch.cuda.device_count()=0); set train.device=cpu or auto, or check CUDA_VISIBLE_DEVICES"
+        )
     if device == "cpu" or (device == "auto" and gpus < 1):
         if backend == "nccl":
-            raise ValueError(f"backend nccl needs CUDA, but {local_ranks} local rank(s) run on cpu "
-                             f"(train.device={device}, {gpus} GPU(s) visible); use backend gloo or train.device=cuda")
+            raise ValueError(
+                f"backend nccl needs CUDA, but {local_ranks} local rank(s) run on cpu "
+                f"(train.device={device}, {gpus} GPU(s) visible); use backend gloo or train.device=cuda"
+            )
         return Placement("cpu", 0, False, "gloo")
     shared = local_ranks > gpus
     if shared and backend == "nccl":
-        raise ValueError(f"backend nccl cannot put {local_ranks} local ranks on {gpus} GPU(s) (one rank per GPU); "
-                         f"start at most {gpus} rank(s) per node, or use gloo (the default when ranks share GPUs)")
+        raise ValueError(
+            f"backend nccl cannot put {local_ranks} local ranks on {gpus} GPU(s) (one rank per GPU); "
+            f"start at most {gpus} rank(s) per node, or use gloo (the default when ranks share GPUs)"
+        )
     return Placement("cuda", min(gpus, local_ranks), shared, backend or ("gloo" if shared else "nccl"))
 
 
@@ -222,7 +228,9 @@ def visible_gpus() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def init_world(backend: str | None = None, timeout_s: float = 600.0, threads: int | None = None, device: str = "auto") -> World:
+def init_world(
+    backend: str | None = None, timeout_s: float = 600.0, threads: int | None = None, device: str = "auto"
+) -> World:
     """Start torch.distributed from torchrun's env on the device `plan_placement` picks.
 
     Default backend: nccl with one rank per GPU, gloo on CPU or when local ranks share GPUs.
@@ -246,22 +254,38 @@ def init_world(backend: str | None = None, timeout_s: float = 600.0, threads: in
         # the store is created here (not inside init_process_group) so that World can hand it on:
         # gossip membership and per-pair groups of replacements are keyed in it
         if env.agent_store:  # the launcher hosts it and it outlives any worker
-            raw = dist.TCPStore(env.master_addr, env.master_port, env.world_size, is_master=False, timeout=timedelta(seconds=timeout_s))
+            raw = dist.TCPStore(
+                env.master_addr, env.master_port, env.world_size, is_master=False, timeout=timedelta(seconds=timeout_s)
+            )
         else:  # plain env://: rank 0 hosts it, as init_process_group would
-            raw = dist.TCPStore(env.master_addr, env.master_port, env.world_size, is_master=env.rank == 0,
-                                timeout=timedelta(seconds=timeout_s), wait_for_workers=False)
+            raw = dist.TCPStore(
+                env.master_addr,
+                env.master_port,
+                env.world_size,
+                is_master=env.rank == 0,
+                timeout=timedelta(seconds=timeout_s),
+                wait_for_workers=False,
+            )
         # The launcher's store outlives a restart (--max-restarts), and with it the last attempt's
         # gloo addresses: without a fresh prefix per attempt, connectFullMesh dials dead workers
         # ("Connection refused") and every restart fails.
         attempt = f"decentrain/attempt{env.restart_count}"
         store = dist.PrefixStore(shared_store_prefix(env.restart_count), raw)
         if env.incarnation == 0:  # a replacement cannot join the world group (gloo's cannot take a new member)
-            dist.init_process_group(backend=backend, store=dist.PrefixStore(attempt, raw) if env.agent_store else raw,
-                                    rank=env.rank, world_size=env.world_size, timeout=timedelta(seconds=timeout_s))
+            dist.init_process_group(
+                backend=backend,
+                store=dist.PrefixStore(attempt, raw) if env.agent_store else raw,
+                rank=env.rank,
+                world_size=env.world_size,
+                timeout=timedelta(seconds=timeout_s),
+            )
 
         def store_client(timeout: float = timeout_s) -> dist.Store:  # a short timeout bounds a reconnect too
-            client = dist.TCPStore(env.master_addr, env.master_port, is_master=False, timeout=timedelta(seconds=timeout))
+            client = dist.TCPStore(
+                env.master_addr, env.master_port, is_master=False, timeout=timedelta(seconds=timeout)
+            )
             return dist.PrefixStore(shared_store_prefix(env.restart_count), client)
+
     return World(
         rank=dist.get_rank() if dist.is_initialized() else env.rank,
         world_size=dist.get_world_size() if dist.is_initialized() else env.world_size,

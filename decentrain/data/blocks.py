@@ -32,7 +32,9 @@ SPLITS = ("train", "val", "test")
 class DataConfig:
     name: str = "offline"
     source: str = "offline"  # offline: the built-in corpus; pinned: `decentrain data prepare`'s; hf: `datasets`
-    domains: list[str] = field(default_factory=lambda: ["python_stdlib", "python_docs", "c_headers", "licenses", "arithmetic"])
+    domains: list[str] = field(
+        default_factory=lambda: ["python_stdlib", "python_docs", "c_headers", "licenses", "arithmetic"]
+    )
     seq_len: int = 128
     max_bytes_per_domain: int | None = 400_000  # pinned: train text read per domain (null: all of it)
     val_fraction: float = 0.05
@@ -44,7 +46,9 @@ class DataConfig:
     hf_split: str = "train"
     hf_text_field: str = "text"
     # source=pinned
-    pinned_dir: str | None = None  # a prepared corpus, or a pack (.tar.xz); null: $DECENTRAIN_DATA or ~/.cache/decentrain/pinned
+    pinned_dir: str | None = (
+        None  # a prepared corpus, or a pack (.tar.xz); null: $DECENTRAIN_DATA or ~/.cache/decentrain/pinned
+    )
     corpus_hash: str | None = None  # when set, a corpus with another hash is refused
 
     def __post_init__(self) -> None:
@@ -53,10 +57,14 @@ class DataConfig:
             raise ValueError("data.domains must name at least one domain")
         if self.seq_len < 2:
             raise ValueError(f"data.seq_len={self.seq_len} must be >= 2")
-        if not (0 <= self.val_fraction < 1 and 0 <= self.test_fraction < 1 and self.val_fraction + self.test_fraction < 1):
+        if not (
+            0 <= self.val_fraction < 1 and 0 <= self.test_fraction < 1 and self.val_fraction + self.test_fraction < 1
+        ):
             raise ValueError("data.val_fraction and data.test_fraction must be in [0, 1) and sum below 1")
         if self.max_bytes_per_domain is not None and self.max_bytes_per_domain < 1:
-            raise ValueError(f"data.max_bytes_per_domain={self.max_bytes_per_domain} must be >= 1, or null (pinned: all)")
+            raise ValueError(
+                f"data.max_bytes_per_domain={self.max_bytes_per_domain} must be >= 1, or null (pinned: all)"
+            )
 
 
 def check_data_files(cfg: DataConfig) -> None:
@@ -65,8 +73,16 @@ def check_data_files(cfg: DataConfig) -> None:
         if "://" in entry or glob.glob(os.path.expanduser(entry), recursive=True):
             continue  # a remote URL is the `datasets` loader's business
         where = Path(entry).expanduser().parent
-        close = difflib.get_close_matches(Path(entry).name, sorted(p.name for p in where.iterdir()), n=3) if where.is_dir() else []
-        hint = f"; did you mean {', '.join(str(where / c) for c in close)}?" if close else f" (looked in {where.resolve()})"
+        close = (
+            difflib.get_close_matches(Path(entry).name, sorted(p.name for p in where.iterdir()), n=3)
+            if where.is_dir()
+            else []
+        )
+        hint = (
+            f"; did you mean {', '.join(str(where / c) for c in close)}?"
+            if close
+            else f" (looked in {where.resolve()})"
+        )
         raise ValueError(f"data.hf_data_files: {entry} matches no file{hint}")
 
 
@@ -100,8 +116,10 @@ def split_blocks(blocks: torch.Tensor, val_fraction: float, test_fraction: float
     n_test = max(1, round(n * test_fraction)) if test_fraction > 0 else 0
     n_val = max(1, round(n * val_fraction)) if val_fraction > 0 else 0
     if n_test + n_val >= n:
-        raise ValueError(f"only {n} blocks of data.seq_len tokens: too few for train/val/test splits; "
-                         "more text (offline: raise data.max_bytes_per_domain) or a lower data.seq_len")
+        raise ValueError(
+            f"only {n} blocks of data.seq_len tokens: too few for train/val/test splits; "
+            "more text (offline: raise data.max_bytes_per_domain) or a lower data.seq_len"
+        )
     n_train = n - n_val - n_test
     return {"train": blocks[:n_train], "val": blocks[n_train : n_train + n_val], "test": blocks[n_train + n_val :]}
 
@@ -185,8 +203,17 @@ def token_byte_lengths(tokenizer) -> torch.Tensor:
 
 def packed_corpus(docs: dict[str, list[str]], cfg: DataConfig, tokenizer, name: str) -> Corpus:
     """Documents per domain -> shuffled, packed and split into blocks."""
-    return Corpus({d: split_blocks(pack(unique_shuffled(texts, cfg.seed), tokenizer, cfg.seq_len), cfg.val_fraction,
-                                   cfg.test_fraction) for d, texts in docs.items()}, name, None, token_byte_lengths(tokenizer))
+    return Corpus(
+        {
+            d: split_blocks(
+                pack(unique_shuffled(texts, cfg.seed), tokenizer, cfg.seq_len), cfg.val_fraction, cfg.test_fraction
+            )
+            for d, texts in docs.items()
+        },
+        name,
+        None,
+        token_byte_lengths(tokenizer),
+    )
 
 
 @CORPUS_SOURCES.register("offline")
@@ -200,8 +227,10 @@ class OfflineSource(CorpusSource):
 
     @staticmethod
     def build(cfg: DataConfig, tokenizer) -> Corpus:
-        docs = {d: load_domain(d, cfg.max_bytes_per_domain or DataConfig.max_bytes_per_domain, cfg.seed)
-                for d in cfg.domains}
+        docs = {
+            d: load_domain(d, cfg.max_bytes_per_domain or DataConfig.max_bytes_per_domain, cfg.seed)
+            for d in cfg.domains
+        }
         return packed_corpus(docs, cfg, tokenizer, "offline")
 
 
@@ -225,8 +254,9 @@ class HFSource(CorpusSource):
         ds = datasets.load_dataset(cfg.hf_path, data_files=cfg.hf_data_files, split=cfg.hf_split)
         if cfg.hf_text_field not in ds.column_names:
             raise ValueError(f"data.hf_text_field={cfg.hf_text_field!r} is not a column; columns: {ds.column_names}")
-        return packed_corpus({cfg.domains[0]: [t for t in ds[cfg.hf_text_field] if t]}, cfg, tokenizer,
-                             f"hf:{cfg.hf_path}")
+        return packed_corpus(
+            {cfg.domains[0]: [t for t in ds[cfg.hf_text_field] if t]}, cfg, tokenizer, f"hf:{cfg.hf_path}"
+        )
 
 
 _BUILT: dict[str, Corpus] = {}
@@ -236,8 +266,11 @@ def build_corpus(cfg: DataConfig, tokenizer) -> Corpus:
     """The corpus of `cfg` for `tokenizer`, built once per process: a worker's start-up check and its run
     (and a benchmark's many jobs) share it. Keyed by the whole data config and the tokenizer; the blocks
     are read-only for every caller."""
-    key = json.dumps([asdict(cfg), type(tokenizer).__name__, getattr(tokenizer, "name_or_path", ""), len(tokenizer)],
-                     sort_keys=True, default=str)
+    key = json.dumps(
+        [asdict(cfg), type(tokenizer).__name__, getattr(tokenizer, "name_or_path", ""), len(tokenizer)],
+        sort_keys=True,
+        default=str,
+    )
     if key not in _BUILT:
         if len(_BUILT) >= 4:
             _BUILT.pop(next(iter(_BUILT)))

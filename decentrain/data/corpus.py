@@ -102,8 +102,14 @@ def general(max_bytes: int, seed: int) -> Documents:
     # Prose, not code or legal text: the general-text split an HDEE seed trains on, disjoint from
     # every other domain's files (changelog.Debian and copyright files belong to their own domains).
     prose = ("README", "NEWS", "TODO", "AUTHORS")
-    files = [p for p in Path("/usr/share/doc").glob("*/*") if p.is_file() and p.name.split(".")[0] in prose
-             and not p.name.startswith(("NEWS.Debian", "README.Debian")) and ".htm" not in p.name]
+    files = [
+        p
+        for p in Path("/usr/share/doc").glob("*/*")
+        if p.is_file()
+        and p.name.split(".")[0] in prose
+        and not p.name.startswith(("NEWS.Debian", "README.Debian"))
+        and ".htm" not in p.name
+    ]
     plain = [p for p in files if p.suffix != ".gz"]
     docs = _read_files(plain, max_bytes, seed)
     got = sum(map(len, docs))
@@ -130,5 +136,7 @@ def arithmetic(max_bytes: int, seed: int) -> Documents:
 def load_domain(name: str, max_bytes: int, seed: int) -> Documents:
     docs = DOMAINS.get(name, field="data.domains")(max_bytes, seed)
     if not docs:
-        raise ValueError(f"data.domains: domain {name!r} has no text on this machine; pick others from {DOMAINS.names()}")
+        raise ValueError(
+            f"data.domains: domain {name!r} has no text on this machine; pick others from {DOMAINS.names()}"
+        )
     return docs

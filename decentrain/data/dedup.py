@@ -24,7 +24,7 @@ def window_chunks(stream: np.ndarray, window: int = WINDOW):
     if window & (window - 1):
         raise ValueError(f"window={window} must be a power of 2")
     for lo in range(0, max(0, len(stream) - window + 1), _CHUNK):
-        part = np.asarray(stream[lo: lo + _CHUNK + window - 1])
+        part = np.asarray(stream[lo : lo + _CHUNK + window - 1])
         h = part.astype(np.uint64) + np.uint64(1)  # +1: a byte never hashes like an absent one
         width, mult = 1, _P
         with np.errstate(over="ignore"):
@@ -34,7 +34,7 @@ def window_chunks(stream: np.ndarray, window: int = WINDOW):
                 width *= 2
         n = len(part) - window + 1
         zeros = np.concatenate([[0], np.cumsum(part == SEP, dtype=np.int64)])
-        clean = (zeros[window: window + n] - zeros[:n]) == 0
+        clean = (zeros[window : window + n] - zeros[:n]) == 0
         yield h[:n][clean], np.nonzero(clean)[0] + lo
 
 
@@ -114,8 +114,9 @@ def join_docs(docs: list[np.ndarray]) -> np.ndarray:
     return np.concatenate([part for d in docs for part in (d, sep)])
 
 
-def near_duplicates(docs: list[bytes], threshold: float = 0.8, perms: int = 32, bands: int = 8,
-                    seed: int = 0) -> set[int]:
+def near_duplicates(
+    docs: list[bytes], threshold: float = 0.8, perms: int = 32, bands: int = 8, seed: int = 0
+) -> set[int]:
     """Indices of documents that are near-duplicates of an earlier one (MinHash over 64-byte windows).
 
     Each document's window hashes are sampled (1 in 8, by value, so two copies sample alike), then
@@ -140,7 +141,7 @@ def near_duplicates(docs: list[bytes], threshold: float = 0.8, perms: int = 32, 
         for i in range(len(docs)):
             if i in drop or sigs[i, 0] == np.iinfo(np.uint64).max:
                 continue  # too short to sample: exact duplicates are removed elsewhere
-            key = sigs[i, band * rows: (band + 1) * rows].tobytes()
+            key = sigs[i, band * rows : (band + 1) * rows].tobytes()
             j = first.setdefault(key, i)
             if j != i and (sigs[i] == sigs[j]).mean() >= threshold:
                 drop.add(i)

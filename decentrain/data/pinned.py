@@ -52,8 +52,10 @@ def load_manifest(root: Path) -> dict:
     try:
         manifest = json.loads((root / MANIFEST).read_text())
     except FileNotFoundError:
-        raise CorpusError(f"no pinned corpus at {root} (no {MANIFEST}): build it with `decentrain data prepare "
-                          f"--out {root}`, or unpack a pack there") from None
+        raise CorpusError(
+            f"no pinned corpus at {root} (no {MANIFEST}): build it with `decentrain data prepare "
+            f"--out {root}`, or unpack a pack there"
+        ) from None
     except (OSError, ValueError) as e:
         raise CorpusError(f"{root / MANIFEST} is unreadable: {e}") from None
     if manifest.get("format") != FORMAT:
@@ -69,7 +71,9 @@ def verify(root: Path, full: bool = True) -> dict:
         if not path.is_file():
             raise CorpusError(f"shard {shard['path']} is missing from {root}")
         if path.stat().st_size != shard["bytes"]:
-            raise CorpusError(f"shard {shard['path']} has {path.stat().st_size} bytes, the manifest says {shard['bytes']}")
+            raise CorpusError(
+                f"shard {shard['path']} has {path.stat().st_size} bytes, the manifest says {shard['bytes']}"
+            )
         if full and sha256_file(path) != shard["sha256"]:
             raise CorpusError(f"shard {shard['path']}: sha256 differs from the manifest (altered or corrupt)")
     if corpus_hash(manifest["shards"]) != manifest["corpus_hash"]:
@@ -90,8 +94,10 @@ def unpack(archive: Path, out: Path) -> Path:
 def shard_streams(root: Path, manifest: dict, domain: str, split: str) -> list[np.ndarray]:
     shards = [s for s in manifest["shards"] if s["domain"] == domain and s["split"] == split]
     if not shards:
-        raise CorpusError(f"the pinned corpus at {root} has no {split} text for domain {domain!r}; "
-                          f"it has {sorted(manifest['domains'])}")
+        raise CorpusError(
+            f"the pinned corpus at {root} has no {split} text for domain {domain!r}; "
+            f"it has {sorted(manifest['domains'])}"
+        )
     return [np.memmap(root / s["path"], dtype=np.uint8, mode="r") for s in sorted(shards, key=lambda s: s["path"])]
 
 

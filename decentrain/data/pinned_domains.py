@@ -61,7 +61,7 @@ HTML_TOOLS = ("inscriptis", "lxml")
 
 def _html_docs(tree, under: str, skip: tuple[str, ...], group_depth: int) -> Docs:
     for path, raw in members(tree, (".html", ".htm"), under):
-        rel = path[len(under):]
+        rel = path[len(under) :]
         if any(s in rel for s in skip):
             continue
         yield "/".join(rel.split("/")[:group_depth]), html_text(raw)
@@ -78,7 +78,7 @@ def _register(domain: Domain) -> Domain:
 def _go(trees: dict) -> Docs:
     root = "usr/share/go-1.19/"
     for path, raw in members(trees["golang-1.19-src"], (".go",), root):
-        rel = path[len(root):]
+        rel = path[len(root) :]
         if rel.startswith(("src/", "test/")) and "/testdata/" not in rel:
             yield rel.rsplit("/", 1)[0], _text(raw)  # group: the package (or test directory)
 
@@ -86,14 +86,14 @@ def _go(trees: dict) -> Docs:
 def _lisp(trees: dict) -> Docs:
     root = "usr/share/sbcl-source/"
     for path, raw in members(trees["sbcl-source"], (".lisp",), root):
-        yield path[len(root):].rsplit("/", 1)[0], _text(raw)  # group: the directory
+        yield path[len(root) :].rsplit("/", 1)[0], _text(raw)  # group: the directory
 
 
 def _rust_code(trees: dict) -> Docs:
     # the compiler, its tools and tests; not library/, whose doc comments are the rust_docs pages' text
     root = "usr/src/rustc-1.63.0/"
     for path, raw in members(trees["rust-src"], (".rs",), root):
-        rel = path[len(root):]
+        rel = path[len(root) :]
         if not rel.startswith("library/"):
             yield "/".join(rel.split("/")[:3]), _text(raw)  # group: the crate (or test suite)
 
@@ -105,8 +105,8 @@ def _rust(trees: dict) -> Docs:
     root = "usr/share/doc/rust-doc/html/"
     skip = ("src/", "implementors/", "search-index", "settings.html", "help.html")
     for path, raw in members(trees["rust-doc"], (".html", ".htm"), root):
-        parts = path[len(root):].split("/")
-        if any(s in path[len(root):] for s in skip):
+        parts = path[len(root) :].split("/")
+        if any(s in path[len(root) :] for s in skip):
             continue
         # std re-exports core and alloc: core::option's pages are std::option's, so the group is the
         # module, whichever crate's page it is (else a held-out page's twin would sit in train)
@@ -118,8 +118,12 @@ def _boost(trees: dict) -> Docs:
 
 
 def _python(trees: dict) -> Docs:
-    yield from _html_docs(trees["python3.11-doc"], "usr/share/doc/python3.11/html/",
-                          ("_static/", "_sources/", "genindex", "search.html", "py-modindex"), 2)
+    yield from _html_docs(
+        trees["python3.11-doc"],
+        "usr/share/doc/python3.11/html/",
+        ("_static/", "_sources/", "genindex", "search.html", "py-modindex"),
+        2,
+    )
 
 
 def _perl(trees: dict) -> Docs:
@@ -150,11 +154,13 @@ def wordnet_line(line: str) -> str | None:
 
 
 def _wordnet(trees: dict, per_doc: int = 200) -> Docs:
-    for path, raw in members(trees["wordnet-base"], ("data.noun", "data.verb", "data.adj", "data.adv"), "usr/share/wordnet/"):
+    for path, raw in members(
+        trees["wordnet-base"], ("data.noun", "data.verb", "data.adj", "data.adv"), "usr/share/wordnet/"
+    ):
         lines = [s for s in map(wordnet_line, _text(raw).splitlines()) if s]
         pos = path.rsplit(".", 1)[-1]
         for i in range(0, len(lines), per_doc):
-            yield f"{pos}/{i // per_doc}", "\n".join(lines[i: i + per_doc]) + "\n"
+            yield f"{pos}/{i // per_doc}", "\n".join(lines[i : i + per_doc]) + "\n"
 
 
 def _shakespeare(trees: dict) -> Docs:
@@ -163,8 +169,12 @@ def _shakespeare(trees: dict) -> Docs:
         yield work, _text(raw)  # the group is the work: its editions stay in one split
 
 
-def _arithmetic(trees: dict, tasks=("basic_arithmetic", "chain_sum", "leg_counting"), per_task_bytes: int = 12_000_000,
-                per_doc: int = 50) -> Docs:
+def _arithmetic(
+    trees: dict,
+    tasks=("basic_arithmetic", "chain_sum", "leg_counting"),
+    per_task_bytes: int = 12_000_000,
+    per_doc: int = 50,
+) -> Docs:
     import reasoning_gym
 
     for task in tasks:

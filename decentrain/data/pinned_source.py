@@ -14,8 +14,16 @@ from pathlib import Path
 from transformers import ByT5Tokenizer
 
 from decentrain.data.blocks import CORPUS_SOURCES, Corpus, CorpusSource, DataConfig, pack, token_byte_lengths
-from decentrain.data.pinned import (ConcatBlocks, CorpusError, MappedBlocks, byte_table, documents, resolve_dir,
-                                    shard_streams, verify)
+from decentrain.data.pinned import (
+    ConcatBlocks,
+    CorpusError,
+    MappedBlocks,
+    byte_table,
+    documents,
+    resolve_dir,
+    shard_streams,
+    verify,
+)
 
 STAMP = ".verified.json"
 
@@ -39,12 +47,12 @@ def verified(root: Path) -> dict:
     if stamp != {"corpus_hash": manifest["corpus_hash"], "files": _files(root, manifest)}:
         manifest = verify(root, full=True)
         try:
-            (root / STAMP).write_text(json.dumps({"corpus_hash": manifest["corpus_hash"], "files": _files(root, manifest)}))
+            (root / STAMP).write_text(
+                json.dumps({"corpus_hash": manifest["corpus_hash"], "files": _files(root, manifest)})
+            )
         except OSError:
             pass  # a read-only corpus (shared, another user's): every process checks it in full
     return manifest
-
-
 
 
 def _blocks(streams: list, cfg: DataConfig, tokenizer, max_bytes: int | None):
@@ -74,18 +82,27 @@ class PinnedSource(CorpusSource):
         except CorpusError as e:
             raise ValueError(f"data.pinned_dir: {e}") from None
         if cfg.corpus_hash and not manifest["corpus_hash"].startswith(cfg.corpus_hash):
-            raise ValueError(f"data.corpus_hash={cfg.corpus_hash}: the corpus at {root} is "
-                             f"{manifest['corpus_hash'][:16]}")
+            raise ValueError(
+                f"data.corpus_hash={cfg.corpus_hash}: the corpus at {root} is {manifest['corpus_hash'][:16]}"
+            )
         unknown = [d for d in cfg.domains if d not in manifest["domains"]]
         if unknown:
-            raise ValueError(f"data.domains: {unknown} not in the pinned corpus at {root}; "
-                             f"it has {sorted(manifest['domains'])}")
+            raise ValueError(
+                f"data.domains: {unknown} not in the pinned corpus at {root}; it has {sorted(manifest['domains'])}"
+            )
         blocks = {}
         for d in cfg.domains:
-            blocks[d] = {split: _blocks(shard_streams(root, manifest, d, split), cfg, tokenizer,
-                                        cfg.max_bytes_per_domain if split == "train" else None)
-                         for split in ("train", "val", "test")}
+            blocks[d] = {
+                split: _blocks(
+                    shard_streams(root, manifest, d, split),
+                    cfg,
+                    tokenizer,
+                    cfg.max_bytes_per_domain if split == "train" else None,
+                )
+                for split in ("train", "val", "test")
+            }
             if min(len(b) for b in blocks[d].values()) == 0:
-                raise ValueError(f"data.seq_len={cfg.seq_len}: the pinned corpus's {d} has a split shorter than "
-                                 "one block")
+                raise ValueError(
+                    f"data.seq_len={cfg.seq_len}: the pinned corpus's {d} has a split shorter than one block"
+                )
         return Corpus(blocks, "pinned", manifest["corpus_hash"], token_byte_lengths(tokenizer))

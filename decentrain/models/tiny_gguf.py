@@ -55,15 +55,33 @@ def _permute(w: torch.Tensor, n_head: int) -> torch.Tensor:
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def tiny_llama(vocab_size: int, hidden: int = 64, layers: int = 2, heads: int = 4, kv_heads: int = 2,
-               intermediate: int = 128, seed: int = 0):
+def tiny_llama(
+    vocab_size: int,
+    hidden: int = 64,
+    layers: int = 2,
+    heads: int = 4,
+    kv_heads: int = 2,
+    intermediate: int = 128,
+    seed: int = 0,
+):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=vocab_size, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
-                      num_key_value_heads=kv_heads, intermediate_size=intermediate, max_position_embeddings=512,
-                      rope_theta=ROPE_THETA, rms_norm_eps=1e-5, tie_word_embeddings=True, bos_token_id=1,
-                      eos_token_id=2, pad_token_id=2)
+    cfg = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        intermediate_size=intermediate,
+        max_position_embeddings=512,
+        rope_theta=ROPE_THETA,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=True,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=2,
+    )
     model = LlamaForCausalLM(cfg).eval()
     with torch.no_grad():  # random norms too, so a load that mixed tensors up would show
         for name, p in model.named_parameters():
@@ -95,7 +113,9 @@ def write_tiny_gguf(path: str | Path, quantize_embedding: bool = False, **sizes)
     w.add_tokenizer_pre("smollm")
     tokens = vocabulary()
     w.add_token_list(tokens)
-    w.add_token_types([gguf.TokenType.CONTROL] * len(SPECIALS) + [gguf.TokenType.NORMAL] * (len(tokens) - len(SPECIALS)))
+    w.add_token_types(
+        [gguf.TokenType.CONTROL] * len(SPECIALS) + [gguf.TokenType.NORMAL] * (len(tokens) - len(SPECIALS))
+    )
     w.add_token_merges(list(MERGES))
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
@@ -106,8 +126,11 @@ def write_tiny_gguf(path: str | Path, quantize_embedding: bool = False, **sizes)
     for name, tensor in _gguf_tensors(state, c.num_attention_heads, c.num_key_value_heads):
         array = tensor.float().numpy()
         if quantize_embedding and name == "token_embd.weight":
-            w.add_tensor(name, gguf.quants.quantize(array, gguf.GGMLQuantizationType.Q8_0),
-                         raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+            w.add_tensor(
+                name,
+                gguf.quants.quantize(array, gguf.GGMLQuantizationType.Q8_0),
+                raw_dtype=gguf.GGMLQuantizationType.Q8_0,
+            )
         else:
             w.add_tensor(name, np.ascontiguousarray(array))
     w.write_header_to_file()
@@ -122,10 +145,15 @@ def _gguf_tensors(state: dict[str, torch.Tensor], heads: int, kv_heads: int):
     yield "token_embd.weight", state["model.embed_tokens.weight"]
     yield "output_norm.weight", state["model.norm.weight"]
     layers = 1 + max(int(k.split(".")[2]) for k in state if k.startswith("model.layers."))
-    names = {"input_layernorm.weight": "attn_norm.weight", "self_attn.o_proj.weight": "attn_output.weight",
-             "self_attn.v_proj.weight": "attn_v.weight", "mlp.gate_proj.weight": "ffn_gate.weight",
-             "mlp.up_proj.weight": "ffn_up.weight", "mlp.down_proj.weight": "ffn_down.weight",
-             "post_attention_layernorm.weight": "ffn_norm.weight"}
+    names = {
+        "input_layernorm.weight": "attn_norm.weight",
+        "self_attn.o_proj.weight": "attn_output.weight",
+        "self_attn.v_proj.weight": "attn_v.weight",
+        "mlp.gate_proj.weight": "ffn_gate.weight",
+        "mlp.up_proj.weight": "ffn_up.weight",
+        "mlp.down_proj.weight": "ffn_down.weight",
+        "post_attention_layernorm.weight": "ffn_norm.weight",
+    }
     for i in range(layers):
         p = f"model.layers.{i}."
         for hf, ours in names.items():

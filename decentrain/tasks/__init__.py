@@ -1,5 +1,6 @@
 """RL tasks: a reasoning-gym mixture, the prompt template, the verifier reward and the vetted task list."""
 
+from decentrain.tasks.answers import MAX_ANSWER_CHARS, Malformed
 from decentrain.tasks.mixture import (
     REBUILD_DROP_REASONS,
     EntryMismatch,
@@ -12,7 +13,6 @@ from decentrain.tasks.mixture import (
     task_config_id,
 )
 from decentrain.tasks.rewards import PromptTemplate, RewardConfig, TemplateConfig, Verifier
-from decentrain.tasks.answers import MAX_ANSWER_CHARS, Malformed
 from decentrain.tasks.vetted import VETTED_TASKS, vetted_tasks
 
 __all__ = [

@@ -65,8 +65,9 @@ def score(task: str, answer: str | None, entry: dict[str, Any]) -> float:
 
 # -- shared parsers ------------------------------------------------------------------------------
 
-_LITERAL_TOKEN = re.compile(r"""\s*(?:(?P<int>[+-]?\d{1,40})|(?P<str>'[^'\\\n]*'|"[^"\\\n]*")|(?P<punct>[\[\](),]))""",
-                            re.ASCII)
+_LITERAL_TOKEN = re.compile(
+    r"""\s*(?:(?P<int>[+-]?\d{1,40})|(?P<str>'[^'\\\n]*'|"[^"\\\n]*")|(?P<punct>[\[\](),]))""", re.ASCII
+)
 _MAX_DEPTH = 2
 
 
@@ -185,7 +186,9 @@ def sorted_numbers(answer: str, entry: dict[str, Any]) -> float:
         return 0.0
     numbers = []
     for v in values:
-        if not isinstance(v, (bool, int, float, str)) or (isinstance(v, str) and not _ASCII_NUMBER.fullmatch(v.strip(ASCII_SPACE))):
+        if not isinstance(v, (bool, int, float, str)) or (
+            isinstance(v, str) and not _ASCII_NUMBER.fullmatch(v.strip(ASCII_SPACE))
+        ):
             raise Malformed("not a number")
         try:
             x = float(v)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 from decentrain.core.registry import Registry
 from decentrain.tasks.answers import ASCII_SPACE, Malformed, score
@@ -34,11 +34,15 @@ class TemplateConfig:
         if "{question}" not in self.prompt:
             raise ValueError(f"prompt={self.prompt!r} must contain '{{question}}'")
         if self.answer_format not in ANSWER_FORMATS:
-            raise ValueError(f"answer_format={self.answer_format!r} is unknown; allowed: {list(ANSWER_FORMATS[:2])}"
-                             " (and 'final' with chat=true)")
+            raise ValueError(
+                f"answer_format={self.answer_format!r} is unknown; allowed: {list(ANSWER_FORMATS[:2])}"
+                " (and 'final' with chat=true)"
+            )
         if self.chat != (self.answer_format == "final"):
-            raise ValueError(f"answer_format={self.answer_format!r} with chat={self.chat}: chat templates take "
-                             "free-form answers (answer_format='final') and only they do")
+            raise ValueError(
+                f"answer_format={self.answer_format!r} with chat={self.chat}: chat templates take "
+                "free-form answers (answer_format='final') and only they do"
+            )
         if self.answer_format == "line" and not self.stop:
             raise ValueError("stop must be non-empty when answer_format='line'")
 
@@ -151,7 +155,9 @@ class Verifier:
         to_reward = REWARD_KINDS.get(self.cfg.kind, field="reward.kind")
         out = [to_reward(s) for s in self.scores(item, completions)]
         if self.cfg.format_weight:
-            out = [r + self.cfg.format_weight * float(self.template.is_well_formed(c)) for r, c in zip(out, completions)]
+            out = [
+                r + self.cfg.format_weight * float(self.template.is_well_formed(c)) for r, c in zip(out, completions)
+            ]
         return out
 
     def __call__(self, item: TaskItem, completion: str) -> float:

@@ -22,8 +22,11 @@ def vetted_tasks() -> list[str]:
 def check_vetted(name: object, field_name: str) -> None:
     """A one-line ValueError for a task that has no pure scorer (or is missing from reasoning-gym)."""
     if not isinstance(name, str) or name not in SCORERS:
-        raise ValueError(f"{field_name}={name!r} is not a vetted task (no pure answer parser); "
-                         f"allowed: {vetted_tasks()}")
+        raise ValueError(
+            f"{field_name}={name!r} is not a vetted task (no pure answer parser); allowed: {vetted_tasks()}"
+        )
     if name not in DATASETS:
-        raise ValueError(f"{field_name}={name!r} is not in this reasoning-gym install; allowed: "
-                         f"{[t for t in vetted_tasks() if t in DATASETS]}")
+        raise ValueError(
+            f"{field_name}={name!r} is not in this reasoning-gym install; allowed: "
+            f"{[t for t in vetted_tasks() if t in DATASETS]}"
+        )

@@ -63,8 +63,9 @@ class WarriorEndpoint:
                     text = _edit(warriors[int(rng.integers(len(warriors)))], rng, 8000).render()
                 if hold_after and node in hold_after and n > hold_after[node]:
                     outer.released.wait()
-                body = json.dumps({"choices": [{"message": {"role": "assistant",
-                                                            "content": f"```redcode\n{text}```"}}]}).encode()
+                body = json.dumps(
+                    {"choices": [{"message": {"role": "assistant", "content": f"```redcode\n{text}```"}}]}
+                ).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(body)))
@@ -105,8 +106,14 @@ class HostileEndpoint:
             def handle(self) -> None:
                 head, _, rest = _read_head(self.request)
                 outer.heads.append(head)
-                length = next((int(v) for k, _, v in (ln.partition(":") for ln in head.split("\r\n")[1:])
-                               if k.strip().lower() == "content-length" and v.strip().isdigit()), 0)
+                length = next(
+                    (
+                        int(v)
+                        for k, _, v in (ln.partition(":") for ln in head.split("\r\n")[1:])
+                        if k.strip().lower() == "content-length" and v.strip().isdigit()
+                    ),
+                    0,
+                )
                 while len(rest) < length and (chunk := self.request.recv(65536)):
                     rest += chunk
                 try:
@@ -150,33 +157,41 @@ def chat_answer(text: str) -> bytes:
 
 
 def ok(body: bytes) -> bytes:
-    return (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\nConnection: close\r\n\r\n"
-            % len(body)) + body
+    return (
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\nConnection: close\r\n\r\n"
+        % len(body)
+    ) + body
 
 
 def send(data: bytes) -> Respond:
     """Answer with `data`, then hang up."""
+
     def respond(sock: socket.socket, stop: threading.Event) -> None:
         sock.sendall(data)
+
     return respond
 
 
 def drip(data: bytes, every_s: float = 0.2, limit_s: float = 60.0) -> Respond:
     """Answer with `data` one byte every `every_s` (each read returns long before any read timeout)."""
+
     def respond(sock: socket.socket, stop: threading.Event) -> None:
         end = time.monotonic() + limit_s
         for i in range(len(data)):
             if stop.wait(every_s) or time.monotonic() > end:
                 return
-            sock.sendall(data[i:i + 1])
+            sock.sendall(data[i : i + 1])
+
     return respond
 
 
 def endless_trailer(every_s: float = 0.01, limit_s: float = 60.0) -> Respond:
     """A chunked 200 whose last chunk is followed by trailer lines that never end."""
+
     def respond(sock: socket.socket, stop: threading.Event) -> None:
         sock.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n")
         end = time.monotonic() + limit_s
         while not stop.wait(every_s) and time.monotonic() < end:
             sock.sendall(b"X-Trailer: more\r\n")
+
     return respond

@@ -24,8 +24,21 @@ import torch.distributed as dist
 
 # Every torch.distributed entry point that takes tensors (collectives and point-to-point).
 TENSOR_OPS = (
-    "all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor",
-    "all_to_all", "all_to_all_single", "gather", "scatter", "reduce", "send", "recv", "isend", "irecv",
+    "all_reduce",
+    "broadcast",
+    "all_gather",
+    "all_gather_into_tensor",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "all_to_all",
+    "all_to_all_single",
+    "gather",
+    "scatter",
+    "reduce",
+    "send",
+    "recv",
+    "isend",
+    "irecv",
 )
 
 
@@ -49,9 +62,23 @@ class _DoneWork:
 class _FakeP2POp:
     """dist.P2POp without its default-group lookup (there is no process group here)."""
 
-    def __init__(self, op: Any, tensor: torch.Tensor, peer: int | None = None, group: Any = None, tag: int = 0,
-                 group_peer: int | None = None):
-        self.op, self.tensor, self.peer, self.group, self.tag, self.group_peer = op, tensor, peer, group, tag, group_peer
+    def __init__(
+        self,
+        op: Any,
+        tensor: torch.Tensor,
+        peer: int | None = None,
+        group: Any = None,
+        tag: int = 0,
+        group_peer: int | None = None,
+    ):
+        self.op, self.tensor, self.peer, self.group, self.tag, self.group_peer = (
+            op,
+            tensor,
+            peer,
+            group,
+            tag,
+            group_peer,
+        )
 
 
 class _FakeGroup:
@@ -125,6 +152,7 @@ def device_guard(device: torch.device, backend: str = "nccl") -> Iterator[GuardC
         if b == "nccl":
             return [device]
         return [cpu] if op in p2p else [cpu, device]
+
     patches: list[tuple[Any, str, Any]] = []
 
     def patch(obj: Any, name: str, new: Any) -> None:
@@ -139,9 +167,12 @@ def device_guard(device: torch.device, backend: str = "nccl") -> Iterator[GuardC
             ok = allowed(op, b)
             for t in seen:
                 if not any(_same_device(t, d) for d in ok):
-                    raise DeviceMismatch(f"dist.{op} got a {t.dtype} tensor of shape {tuple(t.shape)} on {t.device}; "
-                                         f"{b} needs it on {' or '.join(str(d) for d in ok)}")
+                    raise DeviceMismatch(
+                        f"dist.{op} got a {t.dtype} tensor of shape {tuple(t.shape)} on {t.device}; "
+                        f"{b} needs it on {' or '.join(str(d) for d in ok)}"
+                    )
             return _DoneWork() if kwargs.get("async_op") or op in ("isend", "irecv") else None
+
         return call
 
     c10d = dist.distributed_c10d
@@ -150,6 +181,7 @@ def device_guard(device: torch.device, backend: str = "nccl") -> Iterator[GuardC
         patch(dist, op, f)
         if hasattr(c10d, op):  # P2POp checks its op against c10d's own isend/irecv
             patch(c10d, op, f)
+
     def batch_isend_irecv(ops: list) -> list[_DoneWork]:
         fake("batch_isend_irecv")(ops)
         return [_DoneWork() for _ in ops]
@@ -158,7 +190,11 @@ def device_guard(device: torch.device, backend: str = "nccl") -> Iterator[GuardC
     patch(dist, "P2POp", _FakeP2POp)
     patch(dist, "barrier", lambda *a, **k: None)
     patch(dist, "new_group", lambda ranks=None, *a, **k: _FakeGroup(ranks, k.get("backend")))
-    patch(dist, "get_global_rank", lambda group, rank: group.ranks[rank] if isinstance(group, _FakeGroup) and group.ranks else rank)
+    patch(
+        dist,
+        "get_global_rank",
+        lambda group, rank: group.ranks[rank] if isinstance(group, _FakeGroup) and group.ranks else rank,
+    )
 
     # host reads of meta tensors: zeros of the right shape, so the code after a collective runs on
     def meta_or(name: str, on_meta):
@@ -166,6 +202,7 @@ def device_guard(device: torch.device, backend: str = "nccl") -> Iterator[GuardC
 
         def method(self, *args: Any, **kwargs: Any):
             return on_meta(self, *args, **kwargs) if self.is_meta else original(self, *args, **kwargs)
+
         return method
 
     patch(torch.Tensor, "item", meta_or("item", lambda t: _host_zero(t).item()))

@@ -37,8 +37,11 @@ async def _targets(node, prefix: str) -> list[tuple[str, bytes | None]]:
     from decentrain.algorithms.sapo.dht_guard import registry_key, rollouts_key
 
     victims = await _victims(node, prefix)
-    return [(f"{prefix}/rollouts", None), (registry_key(prefix), None),
-            *((rollouts_key(prefix, m), m) for m in victims)]
+    return [
+        (f"{prefix}/rollouts", None),
+        (registry_key(prefix), None),
+        *((rollouts_key(prefix, m), m) for m in victims),
+    ]
 
 
 async def big_records(dht, node, prefix: str) -> int:
@@ -58,7 +61,7 @@ async def far_future_ttl(dht, node, prefix: str) -> int:
     n = 0
     junk = {"round": 10**6, "n": 1, "payload": b"junk"}
     for key, marker in await _targets(node, prefix):
-        for subkey in ([chunk_subkey(marker, 0), chunk_subkey(marker, 1)] if marker else ["b", "node0", "node1"]):
+        for subkey in [chunk_subkey(marker, 0), chunk_subkey(marker, 1)] if marker else ["b", "node0", "node1"]:
             await node.store(key, junk, _now() + FAR_S, subkey=subkey)
             n += 1
         if marker:
@@ -107,16 +110,22 @@ async def replay(dht, node, prefix: str) -> int:
     attacker signs like a member, under its own key, where they pass every signature check."""
     from decentrain.algorithms.sapo.dht_guard import chunk_subkey, registry_key, rollouts_key
 
-    marker = next((getattr(v, "local_public_key", None) for v in getattr(node.protocol.record_validator,
-                                                                          "_validators", [])), None)
+    marker = next(
+        (getattr(v, "local_public_key", None) for v in getattr(node.protocol.record_validator, "_validators", [])), None
+    )
     n = 0
     for i, value in enumerate(_CAPTURED):
-        await node.store(f"{prefix}/rollouts", {"round": 0, "payload": value.get("payload")}, _now() + 100,
-                         subkey=f"replay{i}")
+        await node.store(
+            f"{prefix}/rollouts", {"round": 0, "payload": value.get("payload")}, _now() + 100, subkey=f"replay{i}"
+        )
         n += 1
         if marker is not None and "n" in value:  # a member replaying under its own signed key
-            await node.store(rollouts_key(prefix, marker), {**value, "round": 0}, _now() + 100,
-                             subkey=chunk_subkey(marker, i % int(value["n"])))
+            await node.store(
+                rollouts_key(prefix, marker),
+                {**value, "round": 0},
+                _now() + 100,
+                subkey=chunk_subkey(marker, i % int(value["n"])),
+            )
             await node.store(registry_key(prefix), 1, _now() + 100, subkey=marker)
             n += 2
     return n
@@ -132,8 +141,12 @@ async def registry_eclipse(dht, node, prefix: str, count: int = 40, size: int = 
 
     marker = _signer(node).local_public_key
     for i in range(count):
-        await node.store(registry_key(prefix), 1, _now() + 100, subkey=os.urandom(size // 2).hex()[:size].encode()
-                         + b"%d" % i + marker)
+        await node.store(
+            registry_key(prefix),
+            1,
+            _now() + 100,
+            subkey=os.urandom(size // 2).hex()[:size].encode() + b"%d" % i + marker,
+        )
     return count
 
 
@@ -157,8 +170,12 @@ async def sybil_crowding(dht, node, prefix: str, keys: int = 32, chunks: int = 4
             signer._local_public_key = b"[owner:" + key.get_public_key().to_bytes() + b"]"
             marker = signer._local_public_key
             for i in reversed(range(chunks)):
-                await node.store(rollouts_key(prefix, marker), {"round": round_, "n": chunks,
-                                 "payload": os.urandom(CHUNK_BYTES)}, _now() + 60, subkey=chunk_subkey(marker, i))
+                await node.store(
+                    rollouts_key(prefix, marker),
+                    {"round": round_, "n": chunks, "payload": os.urandom(CHUNK_BYTES)},
+                    _now() + 60,
+                    subkey=chunk_subkey(marker, i),
+                )
             await node.store(registry_key(prefix), 1, _now() + 60, subkey=marker)
             n += chunks + 1
     finally:
@@ -176,7 +193,11 @@ async def registry_poison(dht, node, prefix: str) -> int:
     from decentrain.algorithms.sapo.dht_guard import registry_key
 
     proto = node.protocol
-    key_id, marker, expiration = DHTID.generate(source=registry_key(prefix)), _signer(node).local_public_key, _now() + 100
+    key_id, marker, expiration = (
+        DHTID.generate(source=registry_key(prefix)),
+        _signer(node).local_public_key,
+        _now() + 100,
+    )
     record = DHTRecord(key_id.to_bytes(), proto.serializer.dumps(marker), b"\xc1", expiration)
     signed = proto.record_validator.sign_value(record)
     proto.storage.store_subkey(key_id, marker, signed, expiration)  # answers every find from here too
@@ -209,6 +230,7 @@ async def slow_responder(dht, node, prefix: str, delay_s: float = 2.5) -> int:
             calls[context.remote_id.to_base58()] += 1
             await asyncio.sleep(delay_s)
             return await handler(request, context)
+
         return answer
 
     proto.rpc_find, proto.rpc_store = slowed(proto.rpc_find), slowed(proto.rpc_store)
@@ -235,22 +257,33 @@ async def publish_as(dht, node, prefix: str, index: int, round_: int, data: byte
     signer = _signer(node)
     key = _SYBIL_KEYS.setdefault(index, RSAPrivateKey())
     own = (signer._private_key, signer._local_public_key)
-    chunks = [data[i:i + CHUNK_BYTES] for i in range(0, len(data), CHUNK_BYTES)] or [b""]
+    chunks = [data[i : i + CHUNK_BYTES] for i in range(0, len(data), CHUNK_BYTES)] or [b""]
     try:
         signer._private_key = key
         signer._local_public_key = marker = b"[owner:" + key.get_public_key().to_bytes() + b"]"
         for i in reversed(range(len(chunks))):
-            await node.store(rollouts_key(prefix, marker), {"round": round_, "n": len(chunks), "payload": chunks[i]},
-                             _now() + 60, subkey=chunk_subkey(marker, i))
+            await node.store(
+                rollouts_key(prefix, marker),
+                {"round": round_, "n": len(chunks), "payload": chunks[i]},
+                _now() + 60,
+                subkey=chunk_subkey(marker, i),
+            )
         await node.store(registry_key(prefix), 1, _now() + 60, subkey=marker)
     finally:
         signer._private_key, signer._local_public_key = own
     return len(chunks) + 1
 
 
-SHAPES = {"big_records": big_records, "far_future_ttl": far_future_ttl, "whole_key": whole_key, "flood_1000": flood,
-          "registry_eclipse": registry_eclipse, "sybil_crowding": sybil_crowding, "registry_poison": registry_poison,
-          "slow_responder": slow_responder}
+SHAPES = {
+    "big_records": big_records,
+    "far_future_ttl": far_future_ttl,
+    "whole_key": whole_key,
+    "flood_1000": flood,
+    "registry_eclipse": registry_eclipse,
+    "sybil_crowding": sybil_crowding,
+    "registry_poison": registry_poison,
+    "slow_responder": slow_responder,
+}
 
 
 def attacker_dht(initial_peers: list[str]):
@@ -261,9 +294,16 @@ def attacker_dht(initial_peers: list[str]):
     from hivemind.dht.crypto import RSASignatureValidator
     from hivemind.utils.crypto import RSAPrivateKey
 
-    return hivemind.DHT(initial_peers=initial_peers, start=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"],
-                        nat_port_map=False, use_relay=False, use_auto_relay=False, auto_nat=False,
-                        record_validators=[RSASignatureValidator(RSAPrivateKey())])
+    return hivemind.DHT(
+        initial_peers=initial_peers,
+        start=True,
+        host_maddrs=["/ip4/127.0.0.1/tcp/0"],
+        nat_port_map=False,
+        use_relay=False,
+        use_auto_relay=False,
+        auto_nat=False,
+        record_validators=[RSASignatureValidator(RSAPrivateKey())],
+    )
 
 
 def _run(attacker, fn, timeout: float) -> int:

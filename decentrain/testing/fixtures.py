@@ -57,13 +57,21 @@ def check_fixture(path: Path, got: dict[str, Any], rtol: float = 1e-4, command: 
     same_stack = want.get("stack") == got["stack"]
     for key in sorted(set(want) - {"losses", "weights", "stack"}):
         assert got.get(key) == want[key], f"{path.name}: {key} {got.get(key)!r} != golden {want[key]!r}; {how}"
-    assert len(got["losses"]) == len(want["losses"]), f"{path.name}: {len(got['losses'])} losses, golden {len(want['losses'])}; {how}"
+    assert len(got["losses"]) == len(want["losses"]), (
+        f"{path.name}: {len(got['losses'])} losses, golden {len(want['losses'])}; {how}"
+    )
     if same_stack:
         assert got["losses"] == want["losses"], _diff(path, got["losses"], want["losses"], how)
-        assert got["weights"] == want["weights"], f"{path.name}: final weights {got['weights']} != golden {want['weights']}; {how}"
+        assert got["weights"] == want["weights"], (
+            f"{path.name}: final weights {got['weights']} != golden {want['weights']}; {how}"
+        )
     else:  # other kernels: the same trajectory up to float rounding
-        close = torch.allclose(torch.tensor(got["losses"], dtype=torch.float64), torch.tensor(want["losses"], dtype=torch.float64),
-                               rtol=rtol, atol=0)
+        close = torch.allclose(
+            torch.tensor(got["losses"], dtype=torch.float64),
+            torch.tensor(want["losses"], dtype=torch.float64),
+            rtol=rtol,
+            atol=0,
+        )
         assert close, _diff(path, got["losses"], want["losses"], how)
         a, b = got["weights"]["sum"], want["weights"]["sum"]
         assert abs(a - b) <= rtol * max(abs(b), 1.0), f"{path.name}: parameter sum {a!r} != golden {b!r}; {how}"

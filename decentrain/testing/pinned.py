@@ -16,14 +16,18 @@ from decentrain.data.pinned_domains import Domain
 from decentrain.data.prepare import PrepareConfig
 from decentrain.data.sources import Source, members
 
-WORDS = ("the of and to in is was that for on with as by at from his her they which be this are or one had not but "
-         "what all were when we there can an your which their said if do will each about how up out them then she "
-         "many some so these would other into has more two like him see time could no make than first been its who "
-         "now people my made over did down only way find use may water long little very after words called just "
-         "where most know get through back much before go good new write our used me man too any day same right "
-         "look think also around another came come work three word must because does part even place well such").split()
-SHARED = ("A sentence that every edition of the chronicle repeats word for word, long enough to be a leak on its own, "
-          "and then some more words so that it spans well over sixty-four bytes of text.")
+WORDS = (
+    "the of and to in is was that for on with as by at from his her they which be this are or one had not but "
+    "what all were when we there can an your which their said if do will each about how up out them then she "
+    "many some so these would other into has more two like him see time could no make than first been its who "
+    "now people my made over did down only way find use may water long little very after words called just "
+    "where most know get through back much before go good new write our used me man too any day same right "
+    "look think also around another came come work three word must because does part even place well such"
+).split()
+SHARED = (
+    "A sentence that every edition of the chronicle repeats word for word, long enough to be a leak on its own, "
+    "and then some more words so that it spans well over sixty-four bytes of text."
+)
 
 
 def _prose(rng: random.Random, n_words: int) -> str:
@@ -66,6 +70,7 @@ def _reader(domain: str):
     def extract(trees: dict):
         for path, raw in members(trees["pkg"], (".txt",), f"pkg-1.0/{domain}/"):
             yield path.rsplit("/", 1)[-1].removeprefix("copy_of_").removeprefix("near_"), raw.decode()
+
     return extract
 
 
@@ -76,5 +81,12 @@ def tiny_domains(source: Source, max_train_bytes: int = 10**9) -> list[Domain]:
 def tiny_config(out: Path) -> PrepareConfig:
     """Held-out splits of about 5 kB per domain (documents are about 2.3 kB), at least 2 kB after the cut,
     no tool pins."""
-    return PrepareConfig(out=out, domains=["alpha", "beta"], val_bytes=5_000, test_bytes=5_000, min_piece=32,
-                         min_heldout_bytes=2_000, pinned_tools=None)
+    return PrepareConfig(
+        out=out,
+        domains=["alpha", "beta"],
+        val_bytes=5_000,
+        test_bytes=5_000,
+        min_piece=32,
+        min_heldout_bytes=2_000,
+        pinned_tools=None,
+    )

@@ -26,8 +26,8 @@ def rerun_unprivileged(test_file: str | Path, selector: str, timeout_s: float = 
     if os.environ.get(UNPRIVILEGED_ENV) or os.geteuid() != 0:
         pytest.skip("already running as an ordinary user")
     if (unshare := shutil.which("unshare")) and subprocess.run(
-            [unshare, "--user", f"--map-user={_NOBODY}", f"--map-group={_NOBODY}", "true"],
-            capture_output=True).returncode == 0:
+        [unshare, "--user", f"--map-user={_NOBODY}", f"--map-group={_NOBODY}", "true"], capture_output=True
+    ).returncode == 0:
         drop = [unshare, "--user", f"--map-user={_NOBODY}", f"--map-group={_NOBODY}"]
     elif setpriv := shutil.which("setpriv"):
         drop = [setpriv, f"--reuid={_NOBODY}", f"--regid={_NOBODY}", "--clear-groups", "--inh-caps=-all"]
@@ -35,8 +35,22 @@ def rerun_unprivileged(test_file: str | Path, selector: str, timeout_s: float = 
         pytest.skip("neither unshare --user nor setpriv is available")
     root = Path(__file__).resolve().parents[2]
     env = {**os.environ, UNPRIVILEGED_ENV: "1", "HOME": "/tmp", "PYTHONPATH": str(root)}
-    cmd = [*drop, sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", "--basetemp",
-           f"/tmp/decentrain-nobody-{os.getpid()}", str(test_file), "-k", selector]
+    cmd = [
+        *drop,
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-n",
+        "0",
+        "-p",
+        "no:cacheprovider",
+        "--basetemp",
+        f"/tmp/decentrain-nobody-{os.getpid()}",
+        str(test_file),
+        "-k",
+        selector,
+    ]
     proc = subprocess.run(cmd, cwd="/", env=env, capture_output=True, text=True, timeout=timeout_s)
     if proc.returncode == 5:
         pytest.fail(f"no test matched {selector!r} as nobody")

@@ -21,16 +21,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _entry(rank: int, world_size: int, port: int, fn: Callable, args: tuple, results, backend: str,
-           store: str | None = None) -> None:
+def _entry(
+    rank: int, world_size: int, port: int, fn: Callable, args: tuple, results, backend: str, store: str | None = None
+) -> None:
     host = "127.0.0.1"
     if store is not None:  # every rank a client of a job store, as under the hosts launcher
         host, _, port_s = store.rpartition(":")
         port = int(port_s)
         os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "True"
     os.environ.update(
-        MASTER_ADDR=host, MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size),
-        LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world_size), OMP_NUM_THREADS="1",
+        MASTER_ADDR=host,
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(world_size),
+        OMP_NUM_THREADS="1",
     )
     import torch.distributed as dist
 
@@ -50,8 +56,16 @@ class _PortTaken(Exception):
     pass
 
 
-def run_ranks(fn: Callable, world_size: int, *args: Any, timeout: float = 300.0, backend: str = "gloo",
-              expect_dead: tuple[int, ...] = (), attempts: int = 3, store: str | None = None) -> list[Any]:
+def run_ranks(
+    fn: Callable,
+    world_size: int,
+    *args: Any,
+    timeout: float = 300.0,
+    backend: str = "gloo",
+    expect_dead: tuple[int, ...] = (),
+    attempts: int = 3,
+    store: str | None = None,
+) -> list[Any]:
     """`fn(world, *args)` on every rank; returns the results in rank order, re-raising any rank's error.
 
     `timeout` bounds the wait for each rank's result: a hang detector, generous because a loaded box
@@ -71,13 +85,22 @@ def run_ranks(fn: Callable, world_size: int, *args: Any, timeout: float = 300.0,
     raise AssertionError("unreachable")
 
 
-def _launch(fn: Callable, world_size: int, args: tuple, timeout: float, backend: str, expect_dead: tuple[int, ...],
-            store: str | None = None) -> list[Any]:
+def _launch(
+    fn: Callable,
+    world_size: int,
+    args: tuple,
+    timeout: float,
+    backend: str,
+    expect_dead: tuple[int, ...],
+    store: str | None = None,
+) -> list[Any]:
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_entry, args=(r, world_size, port, fn, args, results, backend, store))
-             for r in range(world_size)]
+    procs = [
+        ctx.Process(target=_entry, args=(r, world_size, port, fn, args, results, backend, store))
+        for r in range(world_size)
+    ]
     for p in procs:
         p.start()
     out: dict[int, Any] = {}
@@ -95,6 +118,7 @@ def _launch(fn: Callable, world_size: int, args: tuple, timeout: float, backend:
             if p.is_alive():
                 p.kill()
     return [out.get(r) for r in range(world_size)]
+
 
 def _alone(fn: Callable, args: tuple, results) -> None:
     try:
@@ -149,8 +173,21 @@ def run_in_threads(fn: Callable[[int], Any], n: int, timeout: float = 60.0) -> l
 def start_store(tmp_path: Path) -> tuple[subprocess.Popen, str]:
     """Start the store; returns (process, HOST:PORT) once it accepts clients (its ready file)."""
     ready = tmp_path / "store.addr"
-    proc = subprocess.Popen([sys.executable, "-m", "decentrain.core.comm.job_store", "--host", "127.0.0.1", "--port", "0",
-                             "--ready-file", str(ready)], stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "decentrain.core.comm.job_store",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--ready-file",
+            str(ready),
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     while not ready.exists():
         assert proc.poll() is None, proc.stderr.read()
         threading.Event().wait(0.05)

@@ -84,7 +84,9 @@ class LocalSlurm:
         self.nodes = loopback_names()[:2]
         node_lines = "\n".join(
             f"NodeName={n} NodeHostname={host} NodeAddr=127.0.0.1 Port={free_port()} CPUs={self.cpus} "
-            f"RealMemory={self.mem_mb} State=UNKNOWN" for n in self.nodes)
+            f"RealMemory={self.mem_mb} State=UNKNOWN"
+            for n in self.nodes
+        )
         (r / "slurm.conf").write_text(f"""\
 ClusterName=decentrain
 SlurmctldHost={host}(127.0.0.1)
@@ -115,17 +117,29 @@ SchedulerParameters=sched_interval=2
 MinJobAge=43200
 KillWait=5
 {node_lines}
-PartitionName=debug Nodes={','.join(self.nodes)} Default=YES MaxTime=INFINITE State=UP
+PartitionName=debug Nodes={",".join(self.nodes)} Default=YES MaxTime=INFINITE State=UP
 """)
 
     def start(self, timeout_s: float = 60.0) -> None:
         self.write_conf()
         r = self.root
         log = open(r / "log" / "daemons.out", "ab")
-        self.procs.append(subprocess.Popen(
-            [sbin("munged"), "-F", "--force", f"--socket={r}/munge.sock", "--key-file=/etc/munge/munge.key",
-             f"--pid-file={r}/munged.pid", f"--log-file={r}/log/munged.log", f"--seed-file={r}/munge.seed"],
-            stdout=log, stderr=log))
+        self.procs.append(
+            subprocess.Popen(
+                [
+                    sbin("munged"),
+                    "-F",
+                    "--force",
+                    f"--socket={r}/munge.sock",
+                    "--key-file=/etc/munge/munge.key",
+                    f"--pid-file={r}/munged.pid",
+                    f"--log-file={r}/log/munged.log",
+                    f"--seed-file={r}/munge.seed",
+                ],
+                stdout=log,
+                stderr=log,
+            )
+        )
         self._wait(lambda: (r / "munge.sock").exists(), timeout_s, "munged socket")
         self.procs.append(subprocess.Popen([sbin("slurmctld"), "-D", "-i"], env=self.env, stdout=log, stderr=log))
         for n in self.nodes:

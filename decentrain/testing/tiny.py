@@ -13,9 +13,9 @@ from decentrain.algorithms.hdee.train import model_dir
 from decentrain.algorithms.sapo.batching import SwarmBatchConfig
 from decentrain.algorithms.sapo.config import RLLoopConfig, RLOptimConfig, SAPOConfig
 from decentrain.algorithms.sapo.exchange import ExchangeConfig, HivemindConfig
-from decentrain.algorithms.sapo.sampling import SamplingConfig
 from decentrain.algorithms.sapo.grpo import SAPOLossConfig
 from decentrain.algorithms.sapo.payload import PayloadLimits
+from decentrain.algorithms.sapo.sampling import SamplingConfig
 from decentrain.config import LoopConfig, OptimConfig
 from decentrain.core.metrics import LoggerConfig
 from decentrain.data.blocks import DataConfig
@@ -25,13 +25,24 @@ from decentrain.tasks import TaskMixConfig
 # -- SAPO -------------------------------------------------------------------------------------------
 
 TINY_MODEL = dict(hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64, max_seq_len=256)
-EASY_TASKS = dict(tasks=["chain_sum", "basic_arithmetic"], size=200,
-                  task_kwargs={"chain_sum": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1},
-                               "basic_arithmetic": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}})
+EASY_TASKS = dict(
+    tasks=["chain_sum", "basic_arithmetic"],
+    size=200,
+    task_kwargs={
+        "chain_sum": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1},
+        "basic_arithmetic": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1},
+    },
+)
 
 
-def tiny_sapo_config(exchange: str = "silo", num_local: int = 2, num_external: int = 0, rounds: int = 2,
-                     hivemind: HivemindConfig | None = None, **kwargs) -> SAPOConfig:
+def tiny_sapo_config(
+    exchange: str = "silo",
+    num_local: int = 2,
+    num_external: int = 0,
+    rounds: int = 2,
+    hivemind: HivemindConfig | None = None,
+    **kwargs,
+) -> SAPOConfig:
     return SAPOConfig(
         model=ModelConfig(**TINY_MODEL),
         task=TaskMixConfig(**EASY_TASKS),
@@ -69,7 +80,10 @@ DOMAINS = ["licenses", "arithmetic", "python_docs"]
 
 
 def tiny_hdee_config(ensemble_dir: Path, widths=WIDTHS, steps: int = 2, **eval_kw) -> HdeeConfig:
-    seeds = [SeedConfig(name=f"seed-{w}", size=f"w{w}", intermediate_size=w, steps=steps, domains=["python_docs"]) for w in sorted(set(widths))]
+    seeds = [
+        SeedConfig(name=f"seed-{w}", size=f"w{w}", intermediate_size=w, steps=steps, domains=["python_docs"])
+        for w in sorted(set(widths))
+    ]
     lanes = [
         LaneConfig(domains=[DOMAINS[i % 2]], steps=[steps], size=f"w{w}", intermediate_size=w, seed=f"seed-{w}")
         for i, w in enumerate(widths)
@@ -112,9 +126,21 @@ def tiny_trainer(tmp_path, world=None, **train):
     from decentrain.data.blocks import build_corpus
 
     loop = {"steps": 2, "global_batch_size": 4, "micro_batch_size": 2, "eval_batches": 2, **train}
-    cfg = TrainConfig(model=TRAINER_MODEL, data=DataConfig(domains=["licenses"], seq_len=32, max_bytes_per_domain=20_000),
-                      train=LoopConfig(**loop))
+    cfg = TrainConfig(
+        model=TRAINER_MODEL,
+        data=DataConfig(domains=["licenses"], seq_len=32, max_bytes_per_domain=20_000),
+        train=LoopConfig(**loop),
+    )
     tok = build_tokenizer(cfg.model)
     world = world or World()
-    return Trainer(cfg.train, world, DDP(cfg.algorithm, world), build_model(cfg.model, tok), build_corpus(cfg.data, tok), tmp_path,
-                   engine=cfg.engine, optim=cfg.optim, logger=cfg.logger)
+    return Trainer(
+        cfg.train,
+        world,
+        DDP(cfg.algorithm, world),
+        build_model(cfg.model, tok),
+        build_corpus(cfg.data, tok),
+        tmp_path,
+        engine=cfg.engine,
+        optim=cfg.optim,
+        logger=cfg.logger,
+    )

@@ -59,7 +59,9 @@ class DDP(Algorithm):
         if self.cfg.exact_resume and isinstance(model, DistributedDataParallel):
             backward_once()
 
-    def after_optimizer_step(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, float]:
+    def after_optimizer_step(
+        self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer
+    ) -> dict[str, float]:
         self._sent += self._per_step
         return {}
 

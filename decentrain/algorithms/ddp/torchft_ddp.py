@@ -64,14 +64,21 @@ class TorchFTDDP(Algorithm):
         from torch.nn.parallel import DistributedDataParallel
         from torchft.process_group import ProcessGroupDummy
 
-        self.manager = build_manager(self.world, self.group, lambda: self.trainer_state(), lambda s: self.load_trainer_state(s))
+        self.manager = build_manager(
+            self.world, self.group, lambda: self.trainer_state(), lambda s: self.load_trainer_state(s)
+        )
         if self._manager_state is not None:
             self.manager.load_state_dict(self._manager_state)
         # torchft.ddp.DistributedDataParallel's construction: a dummy group soaks up DDP's init broadcast
         # (the Manager syncs the start instead) and buckets are never rebuilt (a healed group must match);
         # our hook adds the intra-group mean for groups of several ranks and survives a failed collective.
-        ddp = DistributedDataParallel(model, process_group=ProcessGroupDummy(0, 1), find_unused_parameters=True,
-                                      bucket_cap_mb=self.cfg.bucket_cap_mb, gradient_as_bucket_view=self.cfg.gradient_as_bucket_view)
+        ddp = DistributedDataParallel(
+            model,
+            process_group=ProcessGroupDummy(0, 1),
+            find_unused_parameters=True,
+            bucket_cap_mb=self.cfg.bucket_cap_mb,
+            gradient_as_bucket_view=self.cfg.gradient_as_bucket_view,
+        )
         several = self.world.is_distributed and self.world.world_size > 1
         intra = (self.world.group or dist.group.WORLD) if several else None
         ddp.register_comm_hook(self.manager, group_then_replicas_hook(intra, self.world.world_size))
@@ -93,10 +100,13 @@ class TorchFTDDP(Algorithm):
         optimizer.step = committed_step
         self.manager.start_quorum()  # the first step's quorum; init_sync makes every group start from one state
 
-    def after_optimizer_step(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, float]:
+    def after_optimizer_step(
+        self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer
+    ) -> dict[str, float]:
         metrics = {**ft_metrics(self.manager), "ft/dropped_steps": float(self.dropped_steps)}
         if step < self.total_steps:
-            self.manager.start_quorum()  # before the next batch is drawn: a healed group reads on from the peer's position
+            # before the next batch is drawn: a healed group reads on from the peer's position
+            self.manager.start_quorum()
         return metrics
 
     def on_train_end(self, model: torch.nn.Module) -> None:
@@ -109,4 +119,3 @@ class TorchFTDDP(Algorithm):
         self._manager_state = state.get("torchft")
         if self.manager is not None and self._manager_state is not None:
             self.manager.load_state_dict(self._manager_state)
-

@@ -49,8 +49,9 @@ class Archive:
             if axis not in BIN_EDGES:
                 raise ValueError(f"dei.archive.axes: {axis!r} is unknown; allowed: {sorted(BIN_EDGES)}")
         self.axes = axes
-        self.grid = GridArchive(solution_dim=(), dims=[BINS, BINS], ranges=[(0, BINS), (0, BINS)],
-                                solution_dtype=object, seed=seed)
+        self.grid = GridArchive(
+            solution_dim=(), dims=[BINS, BINS], ranges=[(0, BINS), (0, BINS)], solution_dtype=object, seed=seed
+        )
 
     def cell(self, warrior: Warrior) -> tuple[int, int]:
         a, b = self.axes
@@ -64,8 +65,10 @@ class Archive:
 
     def elites(self) -> list[Elite]:
         data = self.grid.data(["solution", "objective", "measures"])
-        return [Elite(str(s), float(f), (int(m[0]), int(m[1])))
-                for s, f, m in zip(data["solution"], data["objective"], data["measures"])]
+        return [
+            Elite(str(s), float(f), (int(m[0]), int(m[1])))
+            for s, f, m in zip(data["solution"], data["objective"], data["measures"])
+        ]
 
     def best(self) -> Elite | None:
         elites = self.elites()

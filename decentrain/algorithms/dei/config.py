@@ -38,8 +38,9 @@ class SearchConfig:
             raise ValueError(f"search.sample_new_percent={self.sample_new_percent!r} must be in [0, 1]")
         if self.last_k_opps is not None and (not _is_int(self.last_k_opps) or self.last_k_opps < 1):
             raise ValueError(f"search.last_k_opps={self.last_k_opps!r} must be an integer >= 1 or null")
-        if self.fitness_threshold is not None and not (isinstance(self.fitness_threshold, (int, float))
-                                                       and math.isfinite(self.fitness_threshold)):
+        if self.fitness_threshold is not None and not (
+            isinstance(self.fitness_threshold, (int, float)) and math.isfinite(self.fitness_threshold)
+        ):
             raise ValueError(f"search.fitness_threshold={self.fitness_threshold!r} must be finite or null")
         if len(self.axes) != 2 or any(a not in BIN_EDGES for a in self.axes) or self.axes[0] == self.axes[1]:
             raise ValueError(f"search.axes={list(self.axes)} must be two different ones of {sorted(BIN_EDGES)}")
@@ -49,10 +50,12 @@ class SearchConfig:
             raise ValueError(f"search.calls={self.calls!r} must be an integer in [1, 10000000] or null")
         if self.battle_size > MAX_WARRIORS:  # refused, not capped: a cap would silently change the search
             n, champions = len(self.initial_opponents), self.battle_size - 1 - len(self.initial_opponents)
-            raise ValueError(f"search.rounds={self.rounds}: the last round's battles would hold {self.battle_size} "
-                             f"warriors (1 new, {n} initial opponents, {champions} champions) and pMARS takes "
-                             f"at most {MAX_WARRIORS}: set search.last_k_opps <= {MAX_WARRIORS - 1 - n} or "
-                             f"search.rounds <= {MAX_WARRIORS - n}")
+            raise ValueError(
+                f"search.rounds={self.rounds}: the last round's battles would hold {self.battle_size} "
+                f"warriors (1 new, {n} initial opponents, {champions} champions) and pMARS takes "
+                f"at most {MAX_WARRIORS}: set search.last_k_opps <= {MAX_WARRIORS - 1 - n} or "
+                f"search.rounds <= {MAX_WARRIORS - n}"
+            )
 
     @property
     def battle_size(self) -> int:
@@ -90,14 +93,18 @@ class DEIConfig:
         if len(self.nodes) > self.num_nodes:
             raise ValueError(f"nodes has {len(self.nodes)} entries for num_nodes={self.num_nodes}")
         if self.redcode.core_size != self.pmars.core_size:
-            raise ValueError(f"redcode.core_size={self.redcode.core_size} must equal pmars.core_size="
-                             f"{self.pmars.core_size}")
+            raise ValueError(
+                f"redcode.core_size={self.redcode.core_size} must equal pmars.core_size={self.pmars.core_size}"
+            )
         if self.redcode.max_instructions > self.pmars.max_length:
-            raise ValueError(f"redcode.max_instructions={self.redcode.max_instructions} must be <= "
-                             f"pmars.max_length={self.pmars.max_length}")
+            raise ValueError(
+                f"redcode.max_instructions={self.redcode.max_instructions} must be <= "
+                f"pmars.max_length={self.pmars.max_length}"
+            )
         if self.share.max_chars > self.redcode.max_chars:  # a longer elite could never parse here
-            raise ValueError(f"share.max_chars={self.share.max_chars} must be <= redcode.max_chars="
-                             f"{self.redcode.max_chars}")
+            raise ValueError(
+                f"share.max_chars={self.share.max_chars} must be <= redcode.max_chars={self.redcode.max_chars}"
+            )
         for i in range(len(self.nodes)):
             self.node_operator(i)  # each node's operator validates before any node starts
 

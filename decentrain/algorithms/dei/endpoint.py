@@ -40,8 +40,13 @@ def check_url(url: str, field: str) -> None:
         port_ok = parts is not None and (parts.port is None or parts.port > 0)  # .port raises on a bad one
     except ValueError:
         parts, port_ok = None, False
-    if (parts is None or parts.scheme not in ("http", "https") or not parts.hostname or not port_ok
-            or _BAD_URL_CHARS.intersection(url)):
+    if (
+        parts is None
+        or parts.scheme not in ("http", "https")
+        or not parts.hostname
+        or not port_ok
+        or _BAD_URL_CHARS.intersection(url)
+    ):
         raise ValueError(f"{field}={url!r} must be an http:// or https:// URL with a host")
     if parts.username is not None or parts.password is not None:
         raise ValueError(f"{field} must not hold credentials: name the key's environment variable instead")
@@ -130,7 +135,7 @@ class _DeadlineSocket:
         view = memoryview(data).cast("B")
         while view:
             self._sock.settimeout(_left(self._deadline))
-            view = view[self._sock.send(view):]
+            view = view[self._sock.send(view) :]
 
     def recv_into(self, buffer, nbytes: int = 0) -> int:
         self._sock.settimeout(_left(self._deadline))

@@ -50,8 +50,9 @@ def load_warrior(name: str, cfg: DEIConfig) -> Warrior:
 
 
 class DEINode:
-    def __init__(self, cfg: DEIConfig, rank: int, operator: BudgetedOperator, sharing: StoreSharing | None,
-                 run_dir: Path):
+    def __init__(
+        self, cfg: DEIConfig, rank: int, operator: BudgetedOperator, sharing: StoreSharing | None, run_dir: Path
+    ):
         self.cfg, self.rank, self.operator, self.sharing = cfg, rank, operator, sharing
         self.run_dir = run_dir
         self.seed = cfg.seed * 1000 + rank
@@ -120,11 +121,18 @@ class DEINode:
             self.champions.append(parse(best.text, self.cfg.redcode).warrior)
             self.champion_rounds.append(round_)
         received = self.share(round_, archive)
-        return {"round": round_, "elites": len(archive), "best_fitness": best.fitness if best else None,
-                "calls_used": self.operator.used, "calls_failed": self.operator.failed, "battles": self.battles,
-                "peer_elites_received": received, **{k: v for k, v in sorted(self.counts.items())},
-                **{f"call_failed/{k}": v for k, v in sorted(self.operator.failure_counts().items())},
-                **({f"share_dropped/{k}": v for k, v in self.sharing.drops.items()} if self.sharing else {})}
+        return {
+            "round": round_,
+            "elites": len(archive),
+            "best_fitness": best.fitness if best else None,
+            "calls_used": self.operator.used,
+            "calls_failed": self.operator.failed,
+            "battles": self.battles,
+            "peer_elites_received": received,
+            **{k: v for k, v in sorted(self.counts.items())},
+            **{f"call_failed/{k}": v for k, v in sorted(self.operator.failure_counts().items())},
+            **({f"share_dropped/{k}": v for k, v in self.sharing.drops.items()} if self.sharing else {}),
+        }
 
     def share(self, round_: int, archive: Archive) -> int:
         if self.sharing is None:
@@ -145,19 +153,27 @@ class DEINode:
                 history.append(metrics)
                 f.write(json.dumps(metrics, allow_nan=False) + "\n")
                 f.flush()
-                log.info("node %d round %d: %d elites, best %s, %d model calls (%d failed), %d peer elites",
-                         self.rank, r, metrics["elites"], metrics["best_fitness"], metrics["calls_used"],
-                         metrics["calls_failed"], metrics["peer_elites_received"])
+                log.info(
+                    "node %d round %d: %d elites, best %s, %d model calls (%d failed), %d peer elites",
+                    self.rank,
+                    r,
+                    metrics["elites"],
+                    metrics["best_fitness"],
+                    metrics["calls_used"],
+                    metrics["calls_failed"],
+                    metrics["peer_elites_received"],
+                )
         return history
 
     def save(self, out_dir: Path) -> None:
         """Every round's elites so far (the merged-archive figures read these), then the champions as
         .red files; each file is replaced whole, so a reader never sees half of one."""
         doc = [[e.__dict__ | {"cell": list(e.cell)} for e in a.elites()] for a in self.archives]
-        _write_atomic(out_dir / "archive.json",
-                      json.dumps({"rank": self.rank, "axes": list(self.cfg.search.axes), "rounds": doc},
-                                 allow_nan=False))
-        for r, champ in list(zip(self.champion_rounds, self.champions))[self.champions_saved:]:
+        _write_atomic(
+            out_dir / "archive.json",
+            json.dumps({"rank": self.rank, "axes": list(self.cfg.search.axes), "rounds": doc}, allow_nan=False),
+        )
+        for r, champ in list(zip(self.champion_rounds, self.champions))[self.champions_saved :]:
             _write_atomic(out_dir / f"round_{r:03d}_champion.red", champ.render(f"node{self.rank}_round{r}"))
         self.champions_saved = len(self.champions)
 
@@ -171,15 +187,23 @@ def _write_atomic(path: Path, text: str) -> None:
 MAX_ARCHIVE_BYTES = 64 << 20  # a node's archive.json: rounds x 36 elites x a warrior's few kB, with room
 
 
-def read_elites(run_dir: Path, last_round_only: bool = True, drops: Counter | None = None,
-                num_nodes: int | None = None, max_chars: int = 1 << 20) -> list[Elite]:
+def read_elites(
+    run_dir: Path,
+    last_round_only: bool = True,
+    drops: Counter | None = None,
+    num_nodes: int | None = None,
+    max_chars: int = 1 << 20,
+) -> list[Elite]:
     """The elites the nodes saved under `run_dir` (each one's final round by default; with
     `num_nodes`, only node0..node{num_nodes-1}). A file or entry that is not what `save` writes
     (too large, not JSON, a non-finite number, a cell off the grid, more elites than cells) is
     skipped and counted in `drops`, never raised."""
     drops = Counter() if drops is None else drops
-    paths = (sorted(run_dir.glob("node*/archive.json")) if num_nodes is None
-             else [p for i in range(num_nodes) if (p := run_dir / f"node{i}" / "archive.json").exists()])
+    paths = (
+        sorted(run_dir.glob("node*/archive.json"))
+        if num_nodes is None
+        else [p for i in range(num_nodes) if (p := run_dir / f"node{i}" / "archive.json").exists()]
+    )
     out = []
     for path in paths:
         doc = read_json(path, MAX_ARCHIVE_BYTES)
@@ -205,8 +229,7 @@ def _elite(entry: Any, max_chars: int) -> Elite | None:
     # a survival share is at most the battle's size; an exact comparison (no float() of a huge int)
     if not (isinstance(fitness, (int, float)) and not isinstance(fitness, bool) and 0 <= fitness <= MAX_WARRIORS):
         return None
-    if not (isinstance(cell, list) and len(cell) == 2
-            and all(type(c) is int and 0 <= c < BINS for c in cell)):
+    if not (isinstance(cell, list) and len(cell) == 2 and all(type(c) is int and 0 <= c < BINS for c in cell)):
         return None
     return Elite(entry["text"], float(fitness), (cell[0], cell[1]))
 

@@ -38,11 +38,15 @@ from decentrain.models.factory import ModelConfig, build_model, build_tokenizer
 
 log = logging.getLogger(__name__)
 
-SYSTEM_PROMPT = ("You write Core War warriors in Redcode-94 (ICWS'94, core size 8000, at most 100 "
-                 "instructions). Answer with one warrior in a ```redcode fenced block and nothing else.")
+SYSTEM_PROMPT = (
+    "You write Core War warriors in Redcode-94 (ICWS'94, core size 8000, at most 100 "
+    "instructions). Answer with one warrior in a ```redcode fenced block and nothing else."
+)
 NEW_PROMPT = "Write a new, strong Redcode-94 warrior."
-MUTATE_PROMPT = ("Improve this warrior so that it beats the opponents below. Keep what works; change "
-                 "its strategy, constants or structure where that helps.")
+MUTATE_PROMPT = (
+    "Improve this warrior so that it beats the opponents below. Keep what works; change "
+    "its strategy, constants or structure where that helps."
+)
 MAX_ANSWER_BYTES = 32_000  # an endpoint's answer is cut here before anything reads it
 
 
@@ -116,9 +120,14 @@ class LocalLM:
         out = []
         for prompt in prompts:  # one at a time: tiny models, no padding to get wrong
             ids = self.tokenizer(prompt, return_tensors="pt", add_special_tokens=False).input_ids.to(self.device)
-            gen = self.model.generate(ids, do_sample=True, temperature=self.cfg.temperature,
-                                      max_new_tokens=self.cfg.max_new_tokens, pad_token_id=self.tokenizer.pad_token_id)
-            out.append(prompt + self.tokenizer.decode(gen[0, ids.shape[1]:], skip_special_tokens=True))
+            gen = self.model.generate(
+                ids,
+                do_sample=True,
+                temperature=self.cfg.temperature,
+                max_new_tokens=self.cfg.max_new_tokens,
+                pad_token_id=self.tokenizer.pad_token_id,
+            )
+            out.append(prompt + self.tokenizer.decode(gen[0, ids.shape[1] :], skip_special_tokens=True))
         return out
 
 
@@ -147,8 +156,14 @@ class ChatEndpoint:
         return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user}]
 
     def _call(self, req: Request) -> str:
-        body = json.dumps({"model": self.cfg.endpoint_model, "messages": self._messages(req),
-                           "temperature": self.cfg.temperature, "max_tokens": self.cfg.max_new_tokens}).encode()
+        body = json.dumps(
+            {
+                "model": self.cfg.endpoint_model,
+                "messages": self._messages(req),
+                "temperature": self.cfg.temperature,
+                "max_tokens": self.cfg.max_new_tokens,
+            }
+        ).encode()
         headers = {"Content-Type": "application/json"}
         if self._key:
             headers["Authorization"] = f"Bearer {self._key}"
@@ -199,8 +214,13 @@ class BudgetedOperator:
         try:
             answers = list(self.operator.generate(requests, rng))
         except Exception as e:  # noqa: BLE001 -- whatever the model stack raised, it costs these calls only
-            log.warning("operator %s failed on %d call(s): %s", type(self.operator).__name__, len(requests),
-                        type(e).__name__, exc_info=log.isEnabledFor(logging.DEBUG))
+            log.warning(
+                "operator %s failed on %d call(s): %s",
+                type(self.operator).__name__,
+                len(requests),
+                type(e).__name__,
+                exc_info=log.isEnabledFor(logging.DEBUG),
+            )
             self.raised[f"raised/{type(e).__name__}"] += len(requests)
             answers = []
         answers = [a if isinstance(a, str) else None for a in answers[: len(requests)]]

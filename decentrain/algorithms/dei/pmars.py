@@ -31,8 +31,16 @@ log = logging.getLogger(__name__)
 MAX_WARRIORS = 36  # pMARS's MAXWARRIOR: a battle of more warriors is refused by pMARS itself
 # pMARS's own ranges are far wider (core up to 2^30 cells, cycles up to LONG_MAX); past these bounds
 # no battle fits a run's limits, so a value beyond them is a typo, refused before any node starts.
-BOUNDS = {"core_size": 1 << 20, "cycles": 10**9, "max_processes": 1 << 20, "max_length": 1000,
-          "min_distance": 1 << 19, "rounds": 100_000, "cpu_s": 3600, "memory_mb": 1 << 20}
+BOUNDS = {
+    "core_size": 1 << 20,
+    "cycles": 10**9,
+    "max_processes": 1 << 20,
+    "max_length": 1000,
+    "min_distance": 1 << 19,
+    "rounds": 100_000,
+    "cpu_s": 3600,
+    "memory_mb": 1 << 20,
+}
 
 _SCORES = re.compile(r"^(?P<name>w\d+) by .* scores (?P<score>-?\d+)\s*$", re.ASCII)
 _RESULTS = re.compile(r"^\s*Results:((?:\s+\d+)+)\s*$", re.ASCII)
@@ -77,8 +85,14 @@ def default_location() -> Path:
 def _usable(path: str) -> str | None:
     """None if `path` runs headless, else why not (Debian's X11 build exits asking for a display)."""
     try:
-        probe = subprocess.run([path, "-b", "-r", "0", "/dev/null"], capture_output=True, text=True, timeout=30,
-                               stdin=subprocess.DEVNULL, errors="replace")
+        probe = subprocess.run(
+            [path, "-b", "-r", "0", "/dev/null"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            stdin=subprocess.DEVNULL,
+            errors="replace",
+        )
     except OSError as e:
         return str(e)
     except subprocess.TimeoutExpired:
@@ -105,8 +119,9 @@ def find_pmars(cfg: PMarsConfig) -> str:
     for path in filter(None, [str(default_location()), shutil.which("pmars")]):
         if os.path.isfile(path) and os.access(path, os.X_OK) and _usable(path) is None:
             return path
-    raise PMarsUnavailable("no display-less pMARS binary: run launch/install_pmars.sh (or set pmars.binary or "
-                           "$DECENTRAIN_PMARS)")
+    raise PMarsUnavailable(
+        "no display-less pMARS binary: run launch/install_pmars.sh (or set pmars.binary or $DECENTRAIN_PMARS)"
+    )
 
 
 @dataclass(frozen=True)
@@ -134,6 +149,7 @@ def _limits(cfg: PMarsConfig):
         mem = cfg.memory_mb << 20
         resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
         resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
+
     return apply
 
 
@@ -149,9 +165,9 @@ def parse_output(text: str, n: int, rounds: int) -> BattleResult | None:
         if (m := _RESULTS.match(line)) is not None:
             counts = [int(x) for x in m.group(1).split()]
             if n == 2 and len(counts) == 3 and not placings:  # two warriors: "Results: W L T" once, for w0
-                w, l, t = counts
-                placings = {0: (w, t), 1: (l, t)}
-                losses = {0: l, 1: w}
+                won, lost, tied = counts
+                placings = {0: (won, tied), 1: (lost, tied)}
+                losses = {0: lost, 1: won}
                 break
             if current is None or len(counts) != n + 1:
                 return None
@@ -181,9 +197,11 @@ def probe(warriors: list[Warrior], cfg: PMarsConfig) -> None:
     binary = find_pmars(cfg)
     result, why = fight(warriors, dataclasses.replace(cfg, rounds=1), seed=0)
     if result is None:
-        raise PMarsUnavailable(f"pmars: a probe battle of {len(warriors)} warriors in {binary} failed under "
-                               f"pmars.memory_mb={cfg.memory_mb}, cpu_s={cfg.cpu_s}, timeout_s={cfg.timeout_s}: "
-                               f"{why}")
+        raise PMarsUnavailable(
+            f"pmars: a probe battle of {len(warriors)} warriors in {binary} failed under "
+            f"pmars.memory_mb={cfg.memory_mb}, cpu_s={cfg.cpu_s}, timeout_s={cfg.timeout_s}: "
+            f"{why}"
+        )
 
 
 def fight(warriors: list[Warrior], cfg: PMarsConfig, seed: int) -> tuple[BattleResult | None, str]:
@@ -198,12 +216,36 @@ def fight(warriors: list[Warrior], cfg: PMarsConfig, seed: int) -> tuple[BattleR
             path.write_text(w.render(f"w{i}"))
             files.append(str(path))
         first = cfg.min_distance + seed % max(cfg.core_size - 2 * cfg.min_distance, 1)
-        cmd = [binary, "-b", "-r", str(cfg.rounds), "-s", str(cfg.core_size), "-c", str(cfg.cycles),
-               "-p", str(cfg.max_processes), "-l", str(cfg.max_length), "-d", str(cfg.min_distance),
-               "-F", str(first), *files]
+        cmd = [
+            binary,
+            "-b",
+            "-r",
+            str(cfg.rounds),
+            "-s",
+            str(cfg.core_size),
+            "-c",
+            str(cfg.cycles),
+            "-p",
+            str(cfg.max_processes),
+            "-l",
+            str(cfg.max_length),
+            "-d",
+            str(cfg.min_distance),
+            "-F",
+            str(first),
+            *files,
+        ]
         try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=cfg.timeout_s, cwd=tmp,
-                                  preexec_fn=_limits(cfg), stdin=subprocess.DEVNULL, errors="replace")
+            proc = subprocess.run(
+                cmd,
+                capture_output=True,
+                text=True,
+                timeout=cfg.timeout_s,
+                cwd=tmp,
+                preexec_fn=_limits(cfg),
+                stdin=subprocess.DEVNULL,
+                errors="replace",
+            )
         except subprocess.TimeoutExpired:
             return None, f"it outlived pmars.timeout_s={cfg.timeout_s}"
         except (OSError, subprocess.SubprocessError) as e:  # could not start under these limits

@@ -17,8 +17,25 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-OPCODES = ("DAT", "MOV", "ADD", "SUB", "MUL", "DIV", "MOD", "JMP", "JMZ", "JMN", "DJN", "SPL", "SLT", "CMP", "SEQ",
-           "SNE", "NOP")
+OPCODES = (
+    "DAT",
+    "MOV",
+    "ADD",
+    "SUB",
+    "MUL",
+    "DIV",
+    "MOD",
+    "JMP",
+    "JMZ",
+    "JMN",
+    "DJN",
+    "SPL",
+    "SLT",
+    "CMP",
+    "SEQ",
+    "SNE",
+    "NOP",
+)
 MODIFIERS = ("A", "B", "AB", "BA", "F", "X", "I")
 MODES = "#$@<>*{}"
 _ARITH = ("ADD", "SUB", "MUL", "DIV", "MOD")
@@ -38,8 +55,12 @@ class RedcodeLimits:
 
     def __post_init__(self) -> None:
         # pMARS assembles at most 1000 instructions (MAXINSTR); the core bound is PMarsConfig's
-        for name, high in (("max_chars", 1 << 20), ("max_lines", 100_000), ("max_instructions", 1000),
-                           ("core_size", 1 << 20)):
+        for name, high in (
+            ("max_chars", 1 << 20),
+            ("max_lines", 100_000),
+            ("max_instructions", 1000),
+            ("core_size", 1 << 20),
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= high:
                 raise ValueError(f"redcode.{name}={value!r} must be an integer in [1, {high}]")
@@ -144,8 +165,7 @@ def _expression(text: str, labels: dict[str, int], constants: dict[str, int], he
     return total % core
 
 
-def _operand(text: str, labels: dict[str, int], constants: dict[str, int], here: int,
-             core: int) -> tuple[str, int]:
+def _operand(text: str, labels: dict[str, int], constants: dict[str, int], here: int, core: int) -> tuple[str, int]:
     text = text.strip()
     mode = "$"
     if text[:1] and text[0] in MODES:
@@ -219,8 +239,9 @@ def _parse(text: str, limits: RedcodeLimits) -> Warrior:
     return Warrior(tuple(out), start)
 
 
-def _instruction(word: str, rest: str, labels: dict[str, int], constants: dict[str, int], here: int,
-                 core: int) -> Instruction:
+def _instruction(
+    word: str, rest: str, labels: dict[str, int], constants: dict[str, int], here: int, core: int
+) -> Instruction:
     op, _, mod = word.partition(".")
     op, mod = op.upper(), mod.upper()
     if op not in OPCODES:

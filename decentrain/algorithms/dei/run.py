@@ -29,8 +29,9 @@ def prepare_operator(cfg: OperatorConfig, node_dir: Path, seed: int) -> Operator
         return cfg
     out = node_dir / "operator"
     if not (out / "config.json").is_file():
-        log.info("training this node's operator (%s, %d steps) on the shipped warriors", cfg.model.family,
-                 cfg.sft_steps)
+        log.info(
+            "training this node's operator (%s, %d steps) on the shipped warriors", cfg.model.family, cfg.sft_steps
+        )
         train_operator(OperatorSFTConfig(steps=cfg.sft_steps, seed=seed, model=cfg.model), out)
     return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, pretrained=str(out)))
 
@@ -59,8 +60,11 @@ def run_node(cfg: DEIConfig, run_dir: Path) -> list[dict[str, Any]]:
         identity = NodeIdentity.load_or_create(node_dir / "node.key")
         op_cfg = prepare_operator(cfg.node_operator(world.rank), node_dir, cfg.seed * 1000 + world.rank)
         operator = build_operator(op_cfg, cfg.search.budget, world.device, cfg.seed * 1000 + world.rank)
-        sharing = (StoreSharing(world.store, world.rank, world.world_size, identity, cfg.share)
-                   if world.store is not None and world.world_size > 1 else None)
+        sharing = (
+            StoreSharing(world.store, world.rank, world.world_size, identity, cfg.share)
+            if world.store is not None and world.world_size > 1
+            else None
+        )
         return DEINode(cfg, world.rank, operator, sharing, run_dir).run()
     finally:
         world.shutdown()
@@ -98,8 +102,14 @@ def summarize(cfg: DEIConfig, run_dir: Path) -> dict[str, Any]:
             if row is not None:
                 nodes[f"node{i}"] = row
     finished = sum(1 for row in nodes.values() if row["round"] == cfg.search.rounds - 1)
-    summary = {"nodes_finished": finished, "nodes_reporting": len(nodes), "merged": merged_stats(common),
-               "merged_own_fitness": merged_stats(elites), "dropped": dict(sorted(drops.items())), "nodes": nodes}
+    summary = {
+        "nodes_finished": finished,
+        "nodes_reporting": len(nodes),
+        "merged": merged_stats(common),
+        "merged_own_fitness": merged_stats(elites),
+        "dropped": dict(sorted(drops.items())),
+        "nodes": nodes,
+    }
     tmp = run_dir / "summary.json.tmp"
     tmp.write_text(json.dumps(summary, indent=1, allow_nan=False))
     tmp.replace(run_dir / "summary.json")
@@ -119,8 +129,12 @@ def _last_row(path: Path, drops: Counter[str]) -> dict[str, Any] | None:
         return None
     for line in reversed([ln for ln in lines if ln.strip()]):
         row = loads_json(line, finite=True)
-        if (isinstance(row, dict) and len(row) <= 256 and type(row.get("round")) is int
-                and all(v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)) for v in row.values())):
+        if (
+            isinstance(row, dict)
+            and len(row) <= 256
+            and type(row.get("round")) is int
+            and all(v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)) for v in row.values())
+        ):
             return row
         drops["bad_metrics_row"] += 1
     return None

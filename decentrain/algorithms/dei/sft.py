@@ -110,6 +110,7 @@ def train_operator(cfg: OperatorSFTConfig, out_dir: Path) -> Path:
             g["lr"] = cfg.lr * (1 - 0.9 * step / cfg.steps)
         opt.step()
         if step % 50 == 0 or step == cfg.steps - 1:
-            log.info("operator sft step %d/%d loss %.3f (%.0f s)", step + 1, cfg.steps, loss.item(),
-                     time.perf_counter() - t0)
+            log.info(
+                "operator sft step %d/%d loss %.3f (%.0f s)", step + 1, cfg.steps, loss.item(), time.perf_counter() - t0
+            )
     return save_model(model, tokenizer, out_dir)

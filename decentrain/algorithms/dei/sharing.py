@@ -55,8 +55,11 @@ class ShareConfig:
 
 
 def encode(identity: NodeIdentity, round_: int, elites: list[str]) -> bytes:
-    body = json.dumps({"v": VERSION, "node": identity.node_id, "round": round_, "elites": elites},
-                      separators=(",", ":"), ensure_ascii=True).encode()
+    body = json.dumps(
+        {"v": VERSION, "node": identity.node_id, "round": round_, "elites": elites},
+        separators=(",", ":"),
+        ensure_ascii=True,
+    ).encode()
     return bytes.fromhex(identity.sign(body).decode()) + body
 
 
@@ -74,8 +77,14 @@ def decode(data: bytes, cfg: ShareConfig, round_: int, public_key: str, drops: C
     except (ValueError, RecursionError):
         drops["not_json"] += 1
         return []
-    if not (isinstance(doc, dict) and set(doc) == {"v", "node", "round", "elites"} and doc["v"] == VERSION
-            and doc["node"] == public_key and type(doc["round"]) is int and isinstance(doc["elites"], list)):
+    if not (
+        isinstance(doc, dict)
+        and set(doc) == {"v", "node", "round", "elites"}
+        and doc["v"] == VERSION
+        and doc["node"] == public_key
+        and type(doc["round"]) is int
+        and isinstance(doc["elites"], list)
+    ):
         drops["bad_schema"] += 1
         return []
     if doc["round"] != round_:
@@ -91,8 +100,15 @@ def decode(data: bytes, cfg: ShareConfig, round_: int, public_key: str, drops: C
 class StoreSharing:
     """Publish this node's payload and collect its peers' through the job's store, with a deadline."""
 
-    def __init__(self, store: dist.Store, rank: int, world_size: int, identity: NodeIdentity, cfg: ShareConfig,
-                 run_key: str = "dei"):
+    def __init__(
+        self,
+        store: dist.Store,
+        rank: int,
+        world_size: int,
+        identity: NodeIdentity,
+        cfg: ShareConfig,
+        run_key: str = "dei",
+    ):
         self.store, self.rank, self.world_size, self.cfg = store, rank, world_size, cfg
         self.identity, self.prefix = identity, run_key
         self.drops: Counter[str] = Counter()

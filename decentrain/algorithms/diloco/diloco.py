@@ -34,7 +34,8 @@ from decentrain.core.comm.transport import PendingMean
 class DiLoCoConfig(InnerOuterConfig):
     name: str = "diloco"
     inner_steps: int = 500  # paper: H=500, η=0.7, μ=0.9 (Nesterov)
-    outer_optimizer: OuterOptimizerConfig = field(default_factory=lambda: OuterOptimizerConfig("sgd", 0.7, 0.9))  # sgd: Nesterov at μ > 0
+    # sgd: Nesterov at μ > 0
+    outer_optimizer: OuterOptimizerConfig = field(default_factory=lambda: OuterOptimizerConfig("sgd", 0.7, 0.9))
     # one-step-delayed outer update: round r's all-reduce overlaps round r+1's inner steps (outer/overlap.py)
     overlap: bool = False
     # how a round closes: lockstep (every replica, an all-reduce) or quorum (outer/quorum.py)
@@ -94,8 +95,9 @@ class DiLoCo(InnerOuterAlgorithm):
         self.outer = OuterOptimizer(self.params, self.cfg.outer_optimizer)
         self.delayed = DelayedOuter(self.params) if self.cfg.overlap else None
         self.in_flight: PendingMean | None = None  # overlap: the mean of the last round's Δ, still travelling
-        self.sync: RoundStrategy = build_rounds(self.cfg.rounds, self.world.rank, self.world.world_size, self.transport,
-                                                DenseMean(self))
+        self.sync: RoundStrategy = build_rounds(
+            self.cfg.rounds, self.world.rank, self.world.world_size, self.transport, DenseMean(self)
+        )
         self.sync.start()
 
     @classmethod
@@ -117,7 +119,9 @@ class DiLoCo(InnerOuterAlgorithm):
         self.round += len(synced.updates) - 1  # the loop counts one
         metrics = dict(synced.metrics)
         if synced.updates:
-            metrics["outer/pseudo_grad_norm"] = torch.sqrt(sum((d.double() ** 2).sum() for d in synced.updates[-1])).item()
+            metrics["outer/pseudo_grad_norm"] = torch.sqrt(
+                sum((d.double() ** 2).sum() for d in synced.updates[-1])
+            ).item()
         return {**metrics, "outer/round": float(self.round + 1)}
 
     def should_stop(self, step: int, total_steps: int) -> bool:
@@ -169,7 +173,9 @@ class DiLoCo(InnerOuterAlgorithm):
     def load_outer_state(self, state: dict[str, Any]) -> None:
         delayed = state.get("delayed")
         if delayed is not None and delayed["in_flight"] and self.delayed is None:
-            raise ValueError("the checkpoint has an overlapped outer step in flight; resume with algorithm.overlap=true")
+            raise ValueError(
+                "the checkpoint has an overlapped outer step in flight; resume with algorithm.overlap=true"
+            )
         self.outer.load_state_dict(state)
         if self.delayed is not None and delayed is not None:
             self.delayed.load_state_dict(delayed)

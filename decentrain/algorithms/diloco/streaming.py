@@ -4,8 +4,9 @@ Parameters split into P strided layer fragments. Fragment p sends its pseudo-gra
 at the inner steps t with t ≡ p·H/P (mod H), so the syncs spread over the round. Each
 payload holds ~1/P of the layers, but the fragments of the first and last layer also
 carry the embeddings and the final norm / head, so they are larger (the sizes are
-logged at start-up; `algorithm.fragments` sets an explicit split). The collective runs in the background for τ inner steps; then
-the fragment's outer step (`algorithm.outer_optimizer`) lands and the local weights, which moved on during
+logged at start-up; `algorithm.fragments` sets an explicit split). The collective runs
+in the background for τ inner steps; then the fragment's outer step
+(`algorithm.outer_optimizer`) lands and the local weights, which moved on during
 those τ steps, are merged: θ ← α·θ + (1−α)·φ. The payload may be fp16 or int4, always
 accumulated in fp32.
 """
@@ -31,7 +32,8 @@ logger = logging.getLogger(__name__)
 class StreamingDiLoCoConfig(InnerOuterConfig):
     name: str = "streaming_diloco"
     inner_steps: int = 100  # H: each fragment syncs once every H inner steps
-    outer_optimizer: OuterOptimizerConfig = field(default_factory=lambda: OuterOptimizerConfig("sgd", 0.7, 0.9))  # sgd: Nesterov at μ > 0
+    # sgd: Nesterov at μ > 0
+    outer_optimizer: OuterOptimizerConfig = field(default_factory=lambda: OuterOptimizerConfig("sgd", 0.7, 0.9))
     num_fragments: int = 4  # P, strided over layers
     overlap_steps: int = 1  # τ: inner steps between a fragment's send and its update
     mix_alpha: float = 0.5  # α: share of the local weights kept at the merge
@@ -46,15 +48,21 @@ class StreamingDiLoCoConfig(InnerOuterConfig):
         if self.num_fragments < 1:
             raise ValueError(f"algorithm.num_fragments={self.num_fragments} must be >= 1")
         if self.num_fragments > self.inner_steps:
-            raise ValueError(f"algorithm.num_fragments={self.num_fragments} must be <= algorithm.inner_steps={self.inner_steps}")
+            raise ValueError(
+                f"algorithm.num_fragments={self.num_fragments} must be <= algorithm.inner_steps={self.inner_steps}"
+            )
         if not 0 <= self.overlap_steps < self.inner_steps:
-            raise ValueError(f"algorithm.overlap_steps={self.overlap_steps} (τ) must be in [0, inner_steps={self.inner_steps})")
+            raise ValueError(
+                f"algorithm.overlap_steps={self.overlap_steps} (τ) must be in [0, inner_steps={self.inner_steps})"
+            )
         if not 0 <= self.mix_alpha <= 1:
             raise ValueError(f"algorithm.mix_alpha={self.mix_alpha} must be in [0, 1]")
         if self.quantization not in QUANTIZATIONS:
             raise ValueError(f"algorithm.quantization={self.quantization!r} is unknown; allowed: {list(QUANTIZATIONS)}")
         if self.fragments is not None and len(self.fragments) != self.num_fragments:
-            raise ValueError(f"algorithm.fragments has {len(self.fragments)} lists; algorithm.num_fragments={self.num_fragments}")
+            raise ValueError(
+                f"algorithm.fragments has {len(self.fragments)} lists; algorithm.num_fragments={self.num_fragments}"
+            )
 
 
 @ALGORITHMS.register("streaming_diloco", config=StreamingDiLoCoConfig)
@@ -73,7 +81,9 @@ class StreamingDiLoCo(InnerOuterAlgorithm):
         else:
             layers = getattr(getattr(model, "config", None), "num_hidden_layers", None)
             if layers is None:
-                raise ValueError("algorithm.fragments must list parameter names: the model has no config.num_hidden_layers")
+                raise ValueError(
+                    "algorithm.fragments must list parameter names: the model has no config.num_hidden_layers"
+                )
             try:
                 names = fragment_param_names(named, layers, self.cfg.num_fragments)
             except ValueError as e:
@@ -86,7 +96,9 @@ class StreamingDiLoCo(InnerOuterAlgorithm):
         self.offsets = [f * h // p for f in range(p)]
         self.pending: list[dict[str, Any]] = []  # {"frag", "due", "mean": PendingMean | list[Tensor]}
 
-    def after_optimizer_step(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, float]:
+    def after_optimizer_step(
+        self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer
+    ) -> dict[str, float]:
         metrics: dict[str, float] = {}
         for f, off in enumerate(self.offsets):
             if step % self.cfg.inner_steps == off:
@@ -124,4 +136,6 @@ class StreamingDiLoCo(InnerOuterAlgorithm):
     def load_outer_state(self, state: dict[str, Any]) -> None:
         for o, s in zip(self.outers, state["fragments"], strict=True):
             o.load_state_dict(s)
-        self.pending = [{"frag": int(it["frag"]), "due": int(it["due"]), "mean": list(it["mean"])} for it in state["pending"]]
+        self.pending = [
+            {"frag": int(it["frag"]), "due": int(it["due"]), "mean": list(it["mean"])} for it in state["pending"]
+        ]

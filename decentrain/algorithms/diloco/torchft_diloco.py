@@ -71,8 +71,10 @@ def global_sum(fragments) -> float:
 def check_one_rank(cfg: DiLoCoConfig | StreamingDiLoCoConfig, world_size: int) -> None:
     """Both variants: one rank per replica group, and torchft's fixed H."""
     if world_size != 1:  # each rank of a group would be its own un-synced DiLoCo replica
-        raise ValueError(f"launcher.nproc_per_node={world_size} with transport=torchft and algorithm={cfg.name}: "
-                         "allowed 1 (one rank per replica group; transport.replicas sets how many)")
+        raise ValueError(
+            f"launcher.nproc_per_node={world_size} with transport=torchft and algorithm={cfg.name}: "
+            "allowed 1 (one rank per replica group; transport.replicas sets how many)"
+        )
     if cfg.adaptive_inner_steps:
         raise ValueError("algorithm.adaptive_inner_steps=true with transport=torchft; allowed: false")
 
@@ -86,11 +88,15 @@ class TorchFTDiLoCo(Algorithm):
         """What torchft's DiLoCo cannot carry; `world_size`: the ranks of one replica group."""
         check_one_rank(cfg, world_size)
         if cfg.overlap:  # torchft's DiLoCo has its own schedule (streaming's overlap_steps)
-            raise ValueError("algorithm.overlap=true with transport=torchft; allowed: false "
-                             "(or algorithm=streaming_diloco with overlap_steps)")
+            raise ValueError(
+                "algorithm.overlap=true with transport=torchft; allowed: false "
+                "(or algorithm=streaming_diloco with overlap_steps)"
+            )
         if ROUND_MODES.get(cfg.rounds.mode).needs_board:  # torchft's Manager forms its own quorums
-            raise ValueError(f"algorithm.rounds.mode={cfg.rounds.mode} runs on the transport's board, which torchft's "
-                             "replica groups do not use; allowed with transport=torchft: lockstep")
+            raise ValueError(
+                f"algorithm.rounds.mode={cfg.rounds.mode} runs on the transport's board, which torchft's "
+                "replica groups do not use; allowed with transport=torchft: lockstep"
+            )
 
     def __init__(self, cfg: DiLoCoConfig | StreamingDiLoCoConfig, world: World, group: ReplicaGroup, total_steps: int):
         super().__init__(cfg, world)
@@ -116,8 +122,9 @@ class TorchFTDiLoCo(Algorithm):
         fragments = model_fragments(model, self.cfg)
         rule = OUTER_OPTIMIZERS.get(self.cfg.outer_optimizer.name)  # torchft steps it on the pseudo-gradient
         outers = [rule.build(list(f.parameters()), self.cfg.outer_optimizer) for f in fragments]
-        self.diloco = DiLoCo(self.manager, fragments, optimizer, outers, sync_every=self.cfg.inner_steps,
-                             **self.fragment_schedule())
+        self.diloco = DiLoCo(
+            self.manager, fragments, optimizer, outers, sync_every=self.cfg.inner_steps, **self.fragment_schedule()
+        )
         if self._resume is not None:  # a whole-job restart from a checkpoint
             self._load(self._resume)
             self._resume = None
@@ -136,7 +143,9 @@ class TorchFTDiLoCo(Algorithm):
 
         return perform_sync
 
-    def after_optimizer_step(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, float]:
+    def after_optimizer_step(
+        self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer
+    ) -> dict[str, float]:
         metrics = {**ft_metrics(self.manager), "ft/failed_syncs": float(self.failed_syncs)}
         committed = self.manager.current_step()
         if committed != self._summed_at:  # once per committed sync: a split quorum shows as unequal sums
@@ -153,8 +162,13 @@ class TorchFTDiLoCo(Algorithm):
         if self.diloco is None:
             return self._resume or {}
         frags = self.diloco._fragments  # noqa: SLF001 -- torchft keeps the fragments' global weights there
-        return {"torchft": self.manager.state_dict(), "local_step": self.diloco._local_step,  # noqa: SLF001
-                "fragments": [{"outer": f._outer_optimizer.state_dict(), "global": dict(f.original_parameters)} for f in frags]}
+        return {
+            "torchft": self.manager.state_dict(),
+            "local_step": self.diloco._local_step,  # noqa: SLF001
+            "fragments": [
+                {"outer": f._outer_optimizer.state_dict(), "global": dict(f.original_parameters)} for f in frags
+            ],
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if self.diloco is None:
@@ -183,11 +197,13 @@ class TorchFTStreamingDiLoCo(TorchFTDiLoCo):
         check_one_rank(cfg, world_size)
         h, p, tau = cfg.inner_steps, cfg.num_fragments, cfg.overlap_steps
         if h % p:
-            raise ValueError(f"algorithm.inner_steps={h} must be a multiple of algorithm.num_fragments={p} "
-                             "with transport=torchft")
+            raise ValueError(
+                f"algorithm.inner_steps={h} must be a multiple of algorithm.num_fragments={p} with transport=torchft"
+            )
         if tau >= h // p:
-            raise ValueError(f"algorithm.overlap_steps={tau} must be < inner_steps/num_fragments={h // p} "
-                             "with transport=torchft")
+            raise ValueError(
+                f"algorithm.overlap_steps={tau} must be < inner_steps/num_fragments={h // p} with transport=torchft"
+            )
         if cfg.quantization != "none":
             raise ValueError(f"algorithm.quantization={cfg.quantization!r} with transport=torchft; allowed: none")
 

@@ -75,8 +75,10 @@ def model_bytes(config: PretrainedConfig, where: str) -> int:
 def check_fits(total: int, where: str, limit: int | None = None) -> None:
     limit = memory_bytes() if limit is None else limit
     if total > limit:
-        raise CheckpointError(f"{where}: its config names {total / 2**30:.1f} GiB of tensors, more than the "
-                              f"{limit / 2**30:.1f} GiB of memory here")
+        raise CheckpointError(
+            f"{where}: its config names {total / 2**30:.1f} GiB of tensors, more than the "
+            f"{limit / 2**30:.1f} GiB of memory here"
+        )
 
 
 def read_config(path: str, where: str) -> PretrainedConfig:
@@ -85,35 +87,51 @@ def read_config(path: str, where: str) -> PretrainedConfig:
         check_model_source(path, where)
         return AutoConfig.from_pretrained(path)
     except Exception as e:  # noqa: BLE001 -- a missing or unreadable config: one line
-        raise CheckpointError(e if isinstance(e, ValueError) and "\n" not in str(e)
-                              else f"{where}={path}: no readable model config ({_line(e)})") from None
+        raise CheckpointError(
+            e
+            if isinstance(e, ValueError) and "\n" not in str(e)
+            else f"{where}={path}: no readable model config ({_line(e)})"
+        ) from None
 
 
 def read_tokenizer(path: str, where: str):
     try:
         return AutoTokenizer.from_pretrained(path)
     except Exception as e:  # noqa: BLE001 -- no tokenizer files, or unreadable ones
-        raise CheckpointError(f"{where}={path}: no tokenizer saved beside the model ({_line(e)}); a merged model "
-                              "needs every expert's tokenizer to check it is the backbone's") from None
+        raise CheckpointError(
+            f"{where}={path}: no tokenizer saved beside the model ({_line(e)}); a merged model "
+            "needs every expert's tokenizer to check it is the backbone's"
+        ) from None
 
 
 def check_tokenizer(tokenizer, reference, where: str) -> None:
     """The same token ids for the same text: one class, one vocabulary, the same special tokens."""
-    same = (type(tokenizer) is type(reference) and tokenizer.get_vocab() == reference.get_vocab()
-            and tokenizer.all_special_tokens == reference.all_special_tokens)
+    same = (
+        type(tokenizer) is type(reference)
+        and tokenizer.get_vocab() == reference.get_vocab()
+        and tokenizer.all_special_tokens == reference.all_special_tokens
+    )
     if not same:
-        raise CheckpointError(f"{where}: its tokenizer ({type(tokenizer).__name__}, {len(tokenizer)} tokens) is not the "
-                              f"backbone's ({type(reference).__name__}, {len(reference)} tokens)")
+        raise CheckpointError(
+            f"{where}: its tokenizer ({type(tokenizer).__name__}, {len(tokenizer)} tokens) is not the "
+            f"backbone's ({type(reference).__name__}, {len(reference)} tokens)"
+        )
 
 
 def check_vocab(config: PretrainedConfig, vocab_size: int, where: str) -> None:
     if getattr(config, "vocab_size", None) != vocab_size:
-        raise CheckpointError(f"{where}: vocab_size={getattr(config, 'vocab_size', None)}, the backbone's is {vocab_size}")
+        raise CheckpointError(
+            f"{where}: vocab_size={getattr(config, 'vocab_size', None)}, the backbone's is {vocab_size}"
+        )
 
 
 def check_keys(info: Mapping[str, Any], where: str) -> None:
     """transformers' loading info: a tensor missing (freshly initialised), unexpected (dropped) or of another shape."""
-    for key, what in (("missing_keys", "missing"), ("unexpected_keys", "unexpected"), ("mismatched_keys", "of another shape")):
+    for key, what in (
+        ("missing_keys", "missing"),
+        ("unexpected_keys", "unexpected"),
+        ("mismatched_keys", "of another shape"),
+    ):
         keys = [k[0] if isinstance(k, tuple) else k for k in info.get(key) or ()]
         if keys:
             raise CheckpointError(f"{where}: {len(keys)} tensor(s) {what}: {_names(keys)}")
@@ -128,10 +146,13 @@ def check_finite(model: torch.nn.Module, where: str) -> None:
 
 
 def load_model(path: str, where: str) -> PreTrainedModel:
-    """A whole model from `path` in float32: every tensor its config names, and no other (finiteness: `check_finite`)."""
+    """A whole model from `path` in float32: every tensor its config names, and no other.
+
+    Finiteness is `check_finite`'s."""
     try:
-        model, info = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, output_loading_info=True,
-                                                           ignore_mismatched_sizes=True)  # reported, then refused
+        model, info = AutoModelForCausalLM.from_pretrained(
+            path, dtype=torch.float32, output_loading_info=True, ignore_mismatched_sizes=True
+        )  # reported, then refused
     except Exception as e:  # noqa: BLE001 -- an unreadable weights file: one line
         raise CheckpointError(f"{where}={path}: weights not loadable ({_line(e)})") from None
     check_keys(info, where)

@@ -178,8 +178,14 @@ def eval_domains(cfg: HdeeConfig) -> list[str]:
 def baseline_plan(cfg: HdeeConfig) -> EnsemblePlan:
     b = cfg.budget
     ref = cfg.plan.seeds[0]
-    seed = SeedConfig(name="baseline", size="M", intermediate_size=b.baseline_intermediate_size,
-                      steps=ref.steps, domains=list(ref.domains), tokenizer=cfg.plan.lanes[0].tokenizer)
+    seed = SeedConfig(
+        name="baseline",
+        size="M",
+        intermediate_size=b.baseline_intermediate_size,
+        steps=ref.steps,
+        domains=list(ref.domains),
+        tokenizer=cfg.plan.lanes[0].tokenizer,
+    )
     return homogeneous_baseline(cfg.plan, seed, b.baseline_steps_per_domain)
 
 
@@ -223,4 +229,3 @@ def load_saved_config(ensemble_dir: str | Path, overrides: list[str] = ()) -> Hd
         return None
     raw = OmegaConf.merge(OmegaConf.load(path), OmegaConf.from_dotlist(list(overrides)))
     return hdee_config_from_dict(OmegaConf.to_container(raw, resolve=True))
-

@@ -164,7 +164,9 @@ class EnsembleScorer:
         results = {}
         for domain in domains:
             split = [cp.split(c.split, domain)[: c.max_blocks] for cp in per_expert]
-            prior = self.fit_prior([cp.split(PRIOR_SPLIT, domain) for cp in per_expert]) if self._needs_prior() else None
+            prior = (
+                self.fit_prior([cp.split(PRIOR_SPLIT, domain) for cp in per_expert]) if self._needs_prior() else None
+            )
             results[domain] = self.score(self.batches(split), prior)
             if prior is not None:
                 results[domain]["cached_prior"] = prior.log_prior().exp().tolist()
@@ -208,8 +210,11 @@ def format_table(results: dict, weightings: list[str]) -> str:
     head = f"{'domain':<16}" + "".join(f"{w:>10}" for w in weightings) + "".join(f"{n[:14]:>16}" for n in names)
     lines = [head, "-" * len(head)]
     for domain, r in results.items():
-        lines.append(f"{domain:<16}" + "".join(f"{r['weightings'][w]:>10.3f}" for w in weightings)
-                     + "".join(f"{r['experts'][n]:>16.3f}" for n in names))
+        lines.append(
+            f"{domain:<16}"
+            + "".join(f"{r['weightings'][w]:>10.3f}" for w in weightings)
+            + "".join(f"{r['experts'][n]:>16.3f}" for n in names)
+        )
     return "\n".join(lines)
 
 

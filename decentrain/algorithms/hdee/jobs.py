@@ -43,8 +43,21 @@ def child_jobs(cfg: HdeeConfig, stage: str, overrides: list[str], module: str) -
     names = [s.name for s in cfg.plan.seeds] if stage == "seed" else [f"lane{i}" for i in range(count)]
     finals = names if stage == "seed" else cfg.plan.final_experts()
     return [
-        Job(names[i], [sys.executable, "-u", "-m", module, *keep, f"job.stage={stage}", f"job.index={i}",
-                       f"ensemble_dir={root}", f"hydra.run.dir={root}"], root / "logs" / f"{names[i]}.log")
+        Job(
+            names[i],
+            [
+                sys.executable,
+                "-u",
+                "-m",
+                module,
+                *keep,
+                f"job.stage={stage}",
+                f"job.index={i}",
+                f"ensemble_dir={root}",
+                f"hydra.run.dir={root}",
+            ],
+            root / "logs" / f"{names[i]}.log",
+        )
         for i in range(count)
         if not model_dir(root, finals[i]).exists()
     ]

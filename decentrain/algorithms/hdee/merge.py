@@ -62,7 +62,9 @@ class MergeConfig:
 
     def __post_init__(self) -> None:
         if self.calibration_split not in SPLITS or self.calibration_split == "test":
-            raise ValueError(f"calibration_split={self.calibration_split!r} must be 'train' or 'val' (never the test split)")
+            raise ValueError(
+                f"calibration_split={self.calibration_split!r} must be 'train' or 'val' (never the test split)"
+            )
         if self.pooling not in POOLINGS:
             raise ValueError(f"pooling={self.pooling!r} is unknown; allowed: {list(POOLINGS)}")
         if self.calibration_blocks < 1:
@@ -80,8 +82,10 @@ def check_experts(experts: list[ExpertSource]) -> None:
     seen: set[str] = set()
     for i, e in enumerate(experts):
         if not e.name or not e.path or not e.domains:
-            raise ValueError(f"experts[{i}] needs a name, a path and domains (got name={e.name!r}, path={e.path!r}, "
-                             f"domains={e.domains})")
+            raise ValueError(
+                f"experts[{i}] needs a name, a path and domains (got name={e.name!r}, path={e.path!r}, "
+                f"domains={e.domains})"
+            )
         if e.name in seen:
             raise ValueError(f"experts[{i}].name={e.name!r} names two experts; each expert needs its own name")
         seen.add(e.name)
@@ -97,21 +101,32 @@ def from_ensemble(cfg: MergeConfig) -> MergeConfig:
         raise ValueError(f"ensemble_dir={cfg.ensemble_dir!r} has no hdee.yaml; name backbone and experts instead")
     seeds = {lane.seed for lane in saved.plan.lanes}
     if len(seeds) != 1:
-        raise ValueError(f"ensemble_dir={cfg.ensemble_dir!r}: lanes branch from {sorted(seeds)}; one backbone routes "
-                         "experts of one seed only (name backbone and experts instead)")
-    experts = [ExpertSource(n, str(model_dir(cfg.ensemble_dir, n)), list(lane.domains))
-               for n, lane in zip(saved.plan.final_experts(), saved.plan.lanes)]
+        raise ValueError(
+            f"ensemble_dir={cfg.ensemble_dir!r}: lanes branch from {sorted(seeds)}; one backbone routes "
+            "experts of one seed only (name backbone and experts instead)"
+        )
+    experts = [
+        ExpertSource(n, str(model_dir(cfg.ensemble_dir, n)), list(lane.domains))
+        for n, lane in zip(saved.plan.final_experts(), saved.plan.lanes)
+    ]
     # The ensemble's own corpus settings: the same validation blocks the experts were split from.
-    return dataclasses.replace(cfg, backbone=cfg.backbone or str(model_dir(cfg.ensemble_dir, seeds.pop())), data=saved.data,
-                               experts=cfg.experts or experts, out_dir=cfg.out_dir or str(Path(cfg.ensemble_dir) / "routed"))
+    return dataclasses.replace(
+        cfg,
+        backbone=cfg.backbone or str(model_dir(cfg.ensemble_dir, seeds.pop())),
+        data=saved.data,
+        experts=cfg.experts or experts,
+        out_dir=cfg.out_dir or str(Path(cfg.ensemble_dir) / "routed"),
+    )
 
 
 def calibration_blocks(cfg: MergeConfig, tokenizer) -> dict[str, torch.Tensor]:
     """{expert name: [N, T] blocks}: `calibration_blocks` of each of its domains' calibration split."""
     domains = [d for e in cfg.experts for d in e.domains]
     corpus = build_corpus(dataclasses.replace(cfg.data, domains=domains), tokenizer)
-    return {e.name: torch.cat([corpus.split(cfg.calibration_split, d)[: cfg.calibration_blocks] for d in e.domains])
-            for e in cfg.experts}
+    return {
+        e.name: torch.cat([corpus.split(cfg.calibration_split, d)[: cfg.calibration_blocks] for d in e.domains])
+        for e in cfg.experts
+    }
 
 
 def check_merge(cfg: MergeConfig, memory: int | None = None):
@@ -126,10 +141,14 @@ def check_merge(cfg: MergeConfig, memory: int | None = None):
     total = model_bytes(backbone, "backbone")
     layers = backbone.num_hidden_layers  # hidden_states holds the embeddings and every layer's output
     if not -(layers + 1) <= cfg.router_layer <= layers:
-        raise CheckpointError(f"router_layer={cfg.router_layer} names no hidden state of the backbone "
-                              f"({layers} layers: allowed {-(layers + 1)} to {layers})")
+        raise CheckpointError(
+            f"router_layer={cfg.router_layer} names no hidden state of the backbone "
+            f"({layers} layers: allowed {-(layers + 1)} to {layers})"
+        )
     if len(tokenizer) > backbone.vocab_size:
-        raise CheckpointError(f"backbone: its tokenizer has {len(tokenizer)} tokens, its vocab_size is {backbone.vocab_size}")
+        raise CheckpointError(
+            f"backbone: its tokenizer has {len(tokenizer)} tokens, its vocab_size is {backbone.vocab_size}"
+        )
     for i, e in enumerate(cfg.experts):
         where = f"experts[{i}] ({e.name})"
         config = read_config(e.path, f"experts[{i}].path")
@@ -148,8 +167,15 @@ def build_routed(cfg: MergeConfig, tokenizer=None) -> tuple[RoutedExpertsForCaus
     calib = calibration_blocks(cfg, tokenizer)
     backbone = load_model(cfg.backbone, "backbone")
     experts = {e.name: load_model(e.path, f"experts[{i}] ({e.name})") for i, e in enumerate(cfg.experts)}
-    model = merge(backbone, experts, calib, ridge_lambda=cfg.ridge_lambda, router_layer=cfg.router_layer,
-                  pooling=cfg.pooling, batch_size=cfg.batch_size)
+    model = merge(
+        backbone,
+        experts,
+        calib,
+        ridge_lambda=cfg.ridge_lambda,
+        router_layer=cfg.router_layer,
+        pooling=cfg.pooling,
+        batch_size=cfg.batch_size,
+    )
     return model, tokenizer
 
 

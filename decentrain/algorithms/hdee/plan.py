@@ -92,8 +92,10 @@ class EnsemblePlan:
         for i, lane in enumerate(self.lanes):
             _check_lane(i, lane, seeds)
             if self.domain_schedule_steps is not None and max(lane.steps) > self.domain_schedule_steps:
-                raise ValueError(f"{_lane(i)}.steps={lane.steps} runs past plan.domain_schedule_steps="
-                                 f"{self.domain_schedule_steps}; an expert stops inside the shared schedule")
+                raise ValueError(
+                    f"{_lane(i)}.steps={lane.steps} runs past plan.domain_schedule_steps="
+                    f"{self.domain_schedule_steps}; an expert stops inside the shared schedule"
+                )
         self._check_tokenizers()
         names = [s.name for s in self.seeds] + [r.name for r in self.expert_runs()]
         clashes = sorted({n for n in names if names.count(n) > 1})

@@ -58,9 +58,17 @@ MAX_CLASSES = 1024  # router statistics kept per calibration class: a d x d floa
 class RoutedExpertsConfig(PretrainedConfig):
     model_type = ROUTED_MODEL_TYPE
 
-    def __init__(self, backbone: dict | None = None, experts: list[dict] | None = None, expert_names: list[str] | None = None,
-                 calibration_classes: list[str] | None = None, router_layer: int = -1, pooling: str = "running_mean",
-                 ridge_lambda: float = 1.0, **kwargs):
+    def __init__(
+        self,
+        backbone: dict | None = None,
+        experts: list[dict] | None = None,
+        expert_names: list[str] | None = None,
+        calibration_classes: list[str] | None = None,
+        router_layer: int = -1,
+        pooling: str = "running_mean",
+        ridge_lambda: float = 1.0,
+        **kwargs,
+    ):
         self.backbone = backbone or {}
         self.experts = list(experts or [])
         self.expert_names = list(expert_names or [])
@@ -92,14 +100,16 @@ def check_size(config: RoutedExpertsConfig, memory: int | None = None) -> None:
     names a hidden state, and every tensor the config names fits in `memory` (default: this machine's)."""
     classes, k = len(config.calibration_classes), len(config.experts)
     if k > MAX_EXPERTS or classes > MAX_CLASSES:
-        raise CheckpointError(f"routed config: {k} experts and {classes} calibration classes; at most {MAX_EXPERTS} "
-                              f"and {MAX_CLASSES}")
+        raise CheckpointError(
+            f"routed config: {k} experts and {classes} calibration classes; at most {MAX_EXPERTS} and {MAX_CLASSES}"
+        )
     backbone = config_from_dict(config.backbone, "routed config: backbone")
     total = model_bytes(backbone, "routed config: backbone")
     layers = backbone.num_hidden_layers
     if not -(layers + 1) <= config.router_layer <= layers:
-        raise CheckpointError(f"routed config: router_layer={config.router_layer} names no hidden state of the "
-                              f"backbone ({layers} layers)")
+        raise CheckpointError(
+            f"routed config: router_layer={config.router_layer} names no hidden state of the backbone ({layers} layers)"
+        )
     for i, part in enumerate(config.experts):
         expert = config_from_dict(part, f"routed config: experts[{i}]")
         check_vocab(expert, backbone.vocab_size, f"routed config: experts[{i}]")
@@ -149,14 +159,22 @@ class RoutedExpertsForCausalLM(PreTrainedModel):
     def stats(self) -> RouterStats:
         s = RouterStats()
         for i, name in enumerate(self.config.calibration_classes):
-            s.gram[name], s.sums[name], s.counts[name] = self.router_gram[i], self.router_sums[i], int(self.router_counts[i])
+            s.gram[name], s.sums[name], s.counts[name] = (
+                self.router_gram[i],
+                self.router_sums[i],
+                int(self.router_counts[i]),
+            )
         return s
 
     def _set_stats(self, s: RouterStats) -> None:
         d = self.config.hidden_size
         self.config.calibration_classes = s.classes
-        self.router_gram = torch.stack([s.gram[c] for c in s.classes]) if s.classes else torch.zeros(0, d, d, dtype=torch.float64)
-        self.router_sums = torch.stack([s.sums[c] for c in s.classes]) if s.classes else torch.zeros(0, d, dtype=torch.float64)
+        self.router_gram = (
+            torch.stack([s.gram[c] for c in s.classes]) if s.classes else torch.zeros(0, d, d, dtype=torch.float64)
+        )
+        self.router_sums = (
+            torch.stack([s.sums[c] for c in s.classes]) if s.classes else torch.zeros(0, d, dtype=torch.float64)
+        )
         self.router_counts = torch.tensor([float(s.counts[c]) for c in s.classes], dtype=torch.float64)
 
     def recalibrate(self, calibration: dict[str, torch.Tensor], pooling: str | None = None) -> None:
@@ -172,13 +190,17 @@ class RoutedExpertsForCausalLM(PreTrainedModel):
 
     def refit(self) -> None:
         """W for the current experts from the stored statistics: one d x d solve, no text read."""
-        self.router_weight = fit_router(self.stats(), self.config.expert_names, self.config.ridge_lambda).to(self.router_weight.device)
+        self.router_weight = fit_router(self.stats(), self.config.expert_names, self.config.ridge_lambda).to(
+            self.router_weight.device
+        )
 
     # -- features and routing -----------------------------------------------------------------
     @torch.no_grad()
     def features(self, input_ids: torch.Tensor) -> torch.Tensor:
         """[B, T, d] router features: the backbone's hidden state at `router_layer`, pooled causally."""
-        h = self.backbone(input_ids=input_ids, output_hidden_states=True, use_cache=False).hidden_states[self.config.router_layer]
+        h = self.backbone(input_ids=input_ids, output_hidden_states=True, use_cache=False).hidden_states[
+            self.config.router_layer
+        ]
         if self.config.pooling == "running_mean":
             h = h.cumsum(1) / torch.arange(1, h.shape[1] + 1, device=h.device, dtype=h.dtype)[None, :, None]
         return h
@@ -199,8 +221,9 @@ class RoutedExpertsForCausalLM(PreTrainedModel):
         out = logits.gather(0, idx).squeeze(0)
         loss = None
         if labels is not None:
-            loss = nn.functional.cross_entropy(out[:, :-1].reshape(-1, out.shape[-1]).float(), labels[:, 1:].reshape(-1),
-                                               ignore_index=-100)
+            loss = nn.functional.cross_entropy(
+                out[:, :-1].reshape(-1, out.shape[-1]).float(), labels[:, 1:].reshape(-1), ignore_index=-100
+            )
         return CausalLMOutput(loss=loss, logits=out)
 
     # -- building, adding and removing experts ----------------------------------------------
@@ -244,12 +267,20 @@ class RoutedExpertsForCausalLM(PreTrainedModel):
             self._set_stats(s)
             self.refit()
         else:
-            self.router_weight = self.router_weight[:, [j for j in range(self.router_weight.shape[1]) if j != i]].contiguous()
+            self.router_weight = self.router_weight[
+                :, [j for j in range(self.router_weight.shape[1]) if j != i]
+            ].contiguous()
 
 
-def merge(backbone: PreTrainedModel, experts: dict[str, PreTrainedModel], calibration: dict[str, torch.Tensor],
-          ridge_lambda: float = 1.0, router_layer: int = -1, pooling: str = "running_mean",
-          batch_size: int = 16) -> RoutedExpertsForCausalLM:
+def merge(
+    backbone: PreTrainedModel,
+    experts: dict[str, PreTrainedModel],
+    calibration: dict[str, torch.Tensor],
+    ridge_lambda: float = 1.0,
+    router_layer: int = -1,
+    pooling: str = "running_mean",
+    batch_size: int = 16,
+) -> RoutedExpertsForCausalLM:
     """One routed model from a backbone and named experts, its router fit on `calibration`
     ({domain/expert name: token blocks}); classes without an expert stay in HᵀH's pool. Experts of
     another vocabulary than the backbone's, and non-finite weights anywhere, are refused first."""
@@ -257,8 +288,14 @@ def merge(backbone: PreTrainedModel, experts: dict[str, PreTrainedModel], calibr
     for name, expert in experts.items():
         check_vocab(expert.config, backbone.config.vocab_size, f"expert {name!r}")
         check_finite(expert, f"expert {name!r}")
-    cfg = RoutedExpertsConfig(backbone=_config_dict(backbone), experts=[_config_dict(m) for m in experts.values()],
-                              expert_names=list(experts), router_layer=router_layer, pooling=pooling, ridge_lambda=ridge_lambda)
+    cfg = RoutedExpertsConfig(
+        backbone=_config_dict(backbone),
+        experts=[_config_dict(m) for m in experts.values()],
+        expert_names=list(experts),
+        router_layer=router_layer,
+        pooling=pooling,
+        ridge_lambda=ridge_lambda,
+    )
     model = RoutedExpertsForCausalLM(cfg)
     model.backbone.load_state_dict(backbone.state_dict())
     for dst, src in zip(model.experts, experts.values()):
@@ -267,8 +304,10 @@ def merge(backbone: PreTrainedModel, experts: dict[str, PreTrainedModel], calibr
     for name, blocks in calibration.items():
         model.calibrate(name, blocks, batch_size)
     model.refit()
-    log.info(f"[hdee] routed model: {len(experts)} experts, router {tuple(model.router_weight.shape)} "
-             f"from {sum(int(c) for c in model.router_counts.tolist())} calibration tokens")
+    log.info(
+        f"[hdee] routed model: {len(experts)} experts, router {tuple(model.router_weight.shape)} "
+        f"from {sum(int(c) for c in model.router_counts.tolist())} calibration tokens"
+    )
     return model
 
 

@@ -33,19 +33,44 @@ def model_dir(ensemble_dir: str | Path, run: str) -> Path:
     return Path(ensemble_dir) / run / MODEL_SUBDIR
 
 
-def run_config(cfg: HdeeConfig, name: str, model: ModelConfig, domains: list[str], steps: int, seed: int,
-               schedule_steps: int | None = None) -> TrainConfig:
+def run_config(
+    cfg: HdeeConfig,
+    name: str,
+    model: ModelConfig,
+    domains: list[str],
+    steps: int,
+    seed: int,
+    schedule_steps: int | None = None,
+) -> TrainConfig:
     """One seed or expert run as an ordinary pre-training job: the HDEE config's shared sections,
     `job.algorithm` and `job.engine`, this run's model, domains, steps (of `schedule_steps`) and seed."""
-    return TrainConfig(algorithm=cfg.job.algorithm, model=model, data=dataclasses.replace(cfg.data, domains=list(domains)),
-                       logger=cfg.logger, launcher=cfg.launcher, optim=cfg.optim,
-                       train=dataclasses.replace(cfg.train, steps=schedule_steps or steps,
-                                                 stop_at=steps if schedule_steps else None, seed=seed), engine=cfg.job.engine,
-                       run_dir=str(Path(cfg.ensemble_dir) / name), resume=cfg.resume)
+    return TrainConfig(
+        algorithm=cfg.job.algorithm,
+        model=model,
+        data=dataclasses.replace(cfg.data, domains=list(domains)),
+        logger=cfg.logger,
+        launcher=cfg.launcher,
+        optim=cfg.optim,
+        train=dataclasses.replace(
+            cfg.train, steps=schedule_steps or steps, stop_at=steps if schedule_steps else None, seed=seed
+        ),
+        engine=cfg.job.engine,
+        run_dir=str(Path(cfg.ensemble_dir) / name),
+        resume=cfg.resume,
+    )
 
 
-def _train_run(cfg: HdeeConfig, world: World, name: str, model: ModelConfig, domains: list[str], steps: int,
-               seed: int, schedule_steps: int | None = None, poll_s: float = 0.2) -> Path:
+def _train_run(
+    cfg: HdeeConfig,
+    world: World,
+    name: str,
+    model: ModelConfig,
+    domains: list[str],
+    steps: int,
+    seed: int,
+    schedule_steps: int | None = None,
+    poll_s: float = 0.2,
+) -> Path:
     """One run of the shared job path (pretraining/run.py): `steps` steps of a `schedule_steps`-step LR
     schedule (an expert stops inside one shared cosine); resumes from its own checkpoints. Gossip keys of
     consecutive runs in one process group are apart by construction (`core/comm/membership.job_prefix`)."""
@@ -79,8 +104,10 @@ def train_seed(cfg: HdeeConfig, world: World, seed: SeedConfig) -> Path:
 
         width = AutoConfig.from_pretrained(cfg.model.pretrained).intermediate_size
         if width != seed.intermediate_size:
-            raise ValueError(f"seed {seed.name!r}: model.pretrained={cfg.model.pretrained!r} has intermediate_size="
-                             f"{width}, the plan asks for seeds[].intermediate_size={seed.intermediate_size}")
+            raise ValueError(
+                f"seed {seed.name!r}: model.pretrained={cfg.model.pretrained!r} has intermediate_size="
+                f"{width}, the plan asks for seeds[].intermediate_size={seed.intermediate_size}"
+            )
     return _train_run(cfg, world, seed.name, model, seed.domains, seed.steps, cfg.train.seed)
 
 
@@ -100,8 +127,16 @@ def train_expert(cfg: HdeeConfig, world: World, run: ExpertRun) -> Path:
     model = dataclasses.replace(cfg.model, pretrained=str(init), tokenizer=str(init))
     # Lanes draw different data orders even on a shared domain.
     seed = cfg.train.seed + 1000 * (run.lane + 1) + run.iteration
-    return _train_run(expert_config(cfg), world, run.name, model, [run.domain], run.steps, seed,
-                      schedule_steps=cfg.plan.domain_schedule_steps)
+    return _train_run(
+        expert_config(cfg),
+        world,
+        run.name,
+        model,
+        [run.domain],
+        run.steps,
+        seed,
+        schedule_steps=cfg.plan.domain_schedule_steps,
+    )
 
 
 def train_lane(cfg: HdeeConfig, world: World, lane: int) -> Path:

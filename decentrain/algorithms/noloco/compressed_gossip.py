@@ -62,8 +62,16 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from decentrain.algorithms.outer.compression import (AGGREGATIONS, BITS, MAX_CHUNK, CompressionSpec, ErrorFeedback, compress,
-                                                      decompress, sent_mask)
+from decentrain.algorithms.outer.compression import (
+    AGGREGATIONS,
+    BITS,
+    MAX_CHUNK,
+    CompressionSpec,
+    ErrorFeedback,
+    compress,
+    decompress,
+    sent_mask,
+)
 from decentrain.algorithms.outer.sparse_payload import decode, encode, payload_bytes
 from decentrain.core.config_checks import check_range
 
@@ -148,8 +156,11 @@ class CompressedGossip:
         """(c bytes, s bytes, their decoding) of this round; advances the error buffer."""
         c = self.ef.step(delta)
         s = compress(phi.float() - self.anchor, self.state_spec)
-        return (_as_tensor(encode(c, self.delta_spec, round_idx)), _as_tensor(encode(s, self.state_spec, round_idx)),
-                Decoded(decompress(c, self.delta_spec), sent_mask(c, self.delta_spec), decompress(s, self.state_spec)))
+        return (
+            _as_tensor(encode(c, self.delta_spec, round_idx)),
+            _as_tensor(encode(s, self.state_spec, round_idx)),
+            Decoded(decompress(c, self.delta_spec), sent_mask(c, self.delta_spec), decompress(s, self.state_spec)),
+        )
 
     def learning_term(self, group: list[Decoded]) -> Tensor:
         """agg_G D(c) over the group's decoded messages (own first)."""
@@ -164,8 +175,11 @@ class CompressedGossip:
         if s is None:
             return None, f"consensus payload: {why}"
         dev = self.anchor.device
-        return Decoded(decompress(c, self.delta_spec).to(dev), sent_mask(c, self.delta_spec).to(dev),
-                       decompress(s, self.state_spec).to(dev)), ""
+        return Decoded(
+            decompress(c, self.delta_spec).to(dev),
+            sent_mask(c, self.delta_spec).to(dev),
+            decompress(s, self.state_spec).to(dev),
+        ), ""
 
     def reanchor_due(self, round_idx: int) -> bool:
         return self.cfg.anchor_every > 0 and (round_idx + 1) % self.cfg.anchor_every == 0
@@ -194,7 +208,9 @@ class CompressedGossip:
         self.ef.load_state_dict(state["ef"])
         anchor = state["anchor"]
         if tuple(anchor.shape) != tuple(self.anchor.shape):
-            raise ValueError(f"compression anchor has shape {tuple(anchor.shape)}, the model needs {tuple(self.anchor.shape)}")
+            raise ValueError(
+                f"compression anchor has shape {tuple(anchor.shape)}, the model needs {tuple(self.anchor.shape)}"
+            )
         self.anchor.copy_(anchor.float())
         self.dropped = int(state["dropped"])
 
@@ -216,7 +232,12 @@ def compressed_outer_step(algo, group: tuple[int, ...], jumped: int) -> dict[str
         pair, why = gossip.decode_pair(theirs[0], theirs[1], r)
         if pair is None:
             dropped += 1
-            log.warning("noloco round %d: dropped partner %d's compressed payload: %s", r, [p for p in group if p != algo.world.rank][i], why)
+            log.warning(
+                "noloco round %d: dropped partner %d's compressed payload: %s",
+                r,
+                [p for p in group if p != algo.world.rank][i],
+                why,
+            )
             decoded = []
             break
         decoded.append(pair)
@@ -237,8 +258,16 @@ def compressed_outer_step(algo, group: tuple[int, ...], jumped: int) -> dict[str
     sent = transport.stats.bytes_sent - before
     transport.publish(r + 1)
     st = transport.stats
-    return {"outer/round": float(r + 1), "outer/partner_missed": float(missed), "outer/exchange_timeouts": float(st.timeouts),
-            "outer/exchange_dropped": float(st.dropped), "outer/partner_skipped": float(st.partner_skipped),
-            "outer/rounds_jumped": float(jumped), "outer/payload_bytes": float(c_bytes.numel() + s_bytes.numel()),
-            "outer/bytes_sent": float(sent), "outer/payload_dropped": float(dropped + anchor_dropped),
-            "outer/error_norm": gossip.ef.error.norm().item(), "outer/anchor_drift_norm": (phi - gossip.anchor).norm().item()}
+    return {
+        "outer/round": float(r + 1),
+        "outer/partner_missed": float(missed),
+        "outer/exchange_timeouts": float(st.timeouts),
+        "outer/exchange_dropped": float(st.dropped),
+        "outer/partner_skipped": float(st.partner_skipped),
+        "outer/rounds_jumped": float(jumped),
+        "outer/payload_bytes": float(c_bytes.numel() + s_bytes.numel()),
+        "outer/bytes_sent": float(sent),
+        "outer/payload_dropped": float(dropped + anchor_dropped),
+        "outer/error_norm": gossip.ef.error.norm().item(),
+        "outer/anchor_drift_norm": (phi - gossip.anchor).norm().item(),
+    }

@@ -62,8 +62,15 @@ class Healer:
             state = self.get_state()
             skeleton, blob = encode_state(state)
             crc = tensors_crc(phi)
-            log.info("serving heal to rank %d (incarnation %d): step %d, round %d, phi crc %08x, %.1f MB",
-                     rank, inc, state["step"], state["algorithm"]["round"], crc, len(blob) / 1e6)
+            log.info(
+                "serving heal to rank %d (incarnation %d): step %d, round %d, phi crc %08x, %.1f MB",
+                rank,
+                inc,
+                state["step"],
+                state["algorithm"]["round"],
+                crc,
+                len(blob) / 1e6,
+            )
 
             def send(rank=rank, inc=inc, skeleton=skeleton, blob=blob) -> None:
                 try:
@@ -90,9 +97,15 @@ class Healer:
         takes several ranks, whose replacements start together): asking it would cost an attempt.
         """
         m = self.membership
-        live = [(p.done, r, p.incarnation) for r in range(m.world_size)
-                if r != m.rank and r not in tried and (p := m.progress(r)) is not None and not p.finished
-                and not m.replaced(r, p.incarnation)]
+        live = [
+            (p.done, r, p.incarnation)
+            for r in range(m.world_size)
+            if r != m.rank
+            and r not in tried
+            and (p := m.progress(r)) is not None
+            and not p.finished
+            and not m.replaced(r, p.incarnation)
+        ]
         return [(r, inc) for _, r, inc in sorted(live, key=lambda x: (-x[0], x[1]))]
 
     def heal(self, timeout_s: float) -> tuple[int, float]:

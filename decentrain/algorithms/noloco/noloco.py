@@ -23,7 +23,11 @@ from typing import Any
 import torch
 
 from decentrain.algorithms.base import ALGORITHMS
-from decentrain.algorithms.noloco.compressed_gossip import CompressedGossip, NoLoCoCompressionConfig, compressed_outer_step
+from decentrain.algorithms.noloco.compressed_gossip import (
+    CompressedGossip,
+    NoLoCoCompressionConfig,
+    compressed_outer_step,
+)
 from decentrain.algorithms.noloco.healing import Healer, tensors_crc
 from decentrain.algorithms.outer.optimizers import OUTER_OPTIMIZERS, OuterOptimizerConfig
 from decentrain.algorithms.outer.overlap import Background, DelayedOuter, check_overlap
@@ -69,8 +73,10 @@ class NoLoCoConfig(InnerOuterConfig):
         check_overlap(self)
         check_range("algorithm.gamma", self.gamma, 0, 2, none_ok=True)  # null: gamma = outer_optimizer.lr
         if self.general and not OUTER_OPTIMIZERS.get(self.outer_optimizer.name).noloco_momentum:
-            raise ValueError(f"algorithm.gamma={self.gamma} (!= algorithm.outer_optimizer.lr) needs NoLoCo's own momentum "
-                             f"form; allowed: algorithm.outer_optimizer.name=noloco, or gamma=null")
+            raise ValueError(
+                f"algorithm.gamma={self.gamma} (!= algorithm.outer_optimizer.lr) needs NoLoCo's own momentum "
+                f"form; allowed: algorithm.outer_optimizer.name=noloco, or gamma=null"
+            )
         if self.odd_world not in ODD_POLICIES:
             raise ValueError(f"algorithm.odd_world={self.odd_world!r} is unknown; allowed: {list(ODD_POLICIES)}")
         check_range("algorithm.deadline_s", self.deadline_s, 0, 86400, low_open=True, none_ok=True)  # null: no deadline
@@ -79,13 +85,17 @@ class NoLoCoConfig(InnerOuterConfig):
         check_range("algorithm.bucket_mb", self.bucket_mb, 0, 1 << 20, low_open=True)
         check_range("algorithm.heal_timeout_s", self.heal_timeout_s, 0, 86400, low_open=True)
         if self.compression.enabled and self.overlap:
-            raise ValueError("algorithm.compression.enabled=true with algorithm.overlap=true is not supported yet "
-                             "(the compressed step is synchronous); set one of them to false")
+            raise ValueError(
+                "algorithm.compression.enabled=true with algorithm.overlap=true is not supported yet "
+                "(the compressed step is synchronous); set one of them to false"
+            )
         if self.compression.enabled and self.general:
             raise ValueError(f"algorithm.compression.enabled=true needs gamma=null (γ = β); got gamma={self.gamma}")
         if self.compression.enabled and self.compression.anchor_every and self.deadline_s is not None:
-            raise ValueError("algorithm.compression.anchor_every > 0 re-anchors with an all-gather that a late or dead "
-                             "partner would stall; with algorithm.deadline_s set use compression.anchor_every=0")
+            raise ValueError(
+                "algorithm.compression.anchor_every > 0 re-anchors with an all-gather that a late or dead "
+                "partner would stall; with algorithm.deadline_s set use compression.anchor_every=0"
+            )
         if self.pairing_seed is not None:
             check_range("algorithm.pairing_seed", self.pairing_seed, 0, 2**32 - 1)
 
@@ -136,18 +146,35 @@ class NoLoCo(InnerOuterAlgorithm):
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.outer = OuterOptimizer(self.params, self.cfg.outer_optimizer)
         self.phi = self.outer.slow  # fp32 slow weights, what a healing peer is served
-        self.gossip = CompressedGossip(self.cfg.compression, torch.cat([p.reshape(-1) for p in self.phi])) \
-            if self.cfg.compression.enabled else None
+        self.gossip = (
+            CompressedGossip(self.cfg.compression, torch.cat([p.reshape(-1) for p in self.phi]))
+            if self.cfg.compression.enabled
+            else None
+        )
         self.delayed = DelayedOuter(self.params) if self.cfg.overlap else None
         self.in_flight: tuple | None = None  # overlap: (round, group, payload sent, Future of the partners' tensors)
         self.background = Background("noloco-overlap") if self.cfg.overlap else None
         transport = self.transport
         # membership, pair groups and lanes where the transport keeps them: start-up, every rank
-        transport.start_gossip(GossipOptions(int(self.cfg.bucket_mb * (1 << 20)), self.cfg.deadline_s,
-                                             self.cfg.stall_s, self.cfg.full_duplex, self.cfg.adaptive_deadline))
-        if transport.pairs is not None and self.trainer_state is not None:  # replacements heal from us, or we from a live peer
-            self.healer = Healer(transport.membership, transport.pairs, self.trainer_state, self.load_trainer_state,
-                                 attempt_s=max(60.0, 4 * (self.cfg.deadline_s or 0)))
+        transport.start_gossip(
+            GossipOptions(
+                int(self.cfg.bucket_mb * (1 << 20)),
+                self.cfg.deadline_s,
+                self.cfg.stall_s,
+                self.cfg.full_duplex,
+                self.cfg.adaptive_deadline,
+            )
+        )
+        if (
+            transport.pairs is not None and self.trainer_state is not None
+        ):  # replacements heal from us, or we from a live peer
+            self.healer = Healer(
+                transport.membership,
+                transport.pairs,
+                self.trainer_state,
+                self.load_trainer_state,
+                attempt_s=max(60.0, 4 * (self.cfg.deadline_s or 0)),
+            )
         if self.world.incarnation == 0:  # a replacement publishes once it has healed
             transport.publish(self.round - self._resumed_in_flight())  # rounds whose exchange has landed
 
@@ -157,8 +184,13 @@ class NoLoCo(InnerOuterAlgorithm):
         return int(delayed.get("in_flight_round") is not None)
 
     def _groups(self, round_idx: int) -> list[tuple[int, ...]]:
-        return gossip_groups(round_idx, self.world.world_size, self.cfg.pairing_seed, self.cfg.odd_world,
-                             inner_steps=self.cfg.inner_steps)
+        return gossip_groups(
+            round_idx,
+            self.world.world_size,
+            self.cfg.pairing_seed,
+            self.cfg.odd_world,
+            inner_steps=self.cfg.inner_steps,
+        )
 
     def _catch_up(self) -> int:
         """Jump over rounds the live ranks are done with; returns the rounds jumped (0: not behind).
@@ -181,8 +213,10 @@ class NoLoCo(InnerOuterAlgorithm):
 
     def heal(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
         if self.healer is None:
-            raise RuntimeError("a NoLoCo replacement heals over per-pair gloo groups and the trainer's state; "
-                               "neither is available here (NCCL without a deadline, or no trainer)")
+            raise RuntimeError(
+                "a NoLoCo replacement heals over per-pair gloo groups and the trainer's state; "
+                "neither is available here (NCCL without a deadline, or no trainer)"
+            )
         # torch optimizers create their state on the first step: one zero-gradient step gives ours
         # the structure of the donor's, so that the donor's can be checked against it (then replaced)
         for p in model.parameters():
@@ -192,12 +226,19 @@ class NoLoCo(InnerOuterAlgorithm):
         optimizer.zero_grad(set_to_none=True)
         self.outer.step([torch.zeros_like(s) for s in self.outer.slow])  # the outer optimizer's state too (momentum)
         donor, seconds = self.healer.heal(self.cfg.heal_timeout_s)
-        log.info("healed from rank %d in %.2fs: round %d, phi crc %08x", donor, seconds, self.round,
-                 tensors_crc(self._resume["outer"]["slow"]))
+        log.info(
+            "healed from rank %d in %.2fs: round %d, phi crc %08x",
+            donor,
+            seconds,
+            self.round,
+            tensors_crc(self._resume["outer"]["slow"]),
+        )
         self._heal_metrics = {"heal/seconds": seconds, "heal/from_rank": float(donor)}
         self.transport.publish(self.round)  # back in the pairing, under the new incarnation
 
-    def after_optimizer_step(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, float]:
+    def after_optimizer_step(
+        self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer
+    ) -> dict[str, float]:
         metrics = super().after_optimizer_step(step, model, optimizer)
         if self.healer is not None and self.inner_count == 0:  # just after an outer step: θ = φ, a clean snapshot
             self.healer.serve(self.phi)
@@ -206,7 +247,9 @@ class NoLoCo(InnerOuterAlgorithm):
         return metrics
 
     def should_stop(self, step: int, total_steps: int) -> bool:
-        return super().should_stop(step, total_steps) or (self.steps_skipped > 0 and step + self.steps_skipped >= total_steps)
+        return super().should_stop(step, total_steps) or (
+            self.steps_skipped > 0 and step + self.steps_skipped >= total_steps
+        )
 
     def on_train_end(self, model: torch.nn.Module) -> None:
         if self.in_flight is not None:  # stopped early (train.stop_at): let the exchange finish, unapplied
@@ -230,8 +273,9 @@ class NoLoCo(InnerOuterAlgorithm):
         values = [min(v, 1e30) for v in (self.pace.step_time, min(self.pace.fastest, self.pace.step_time))]
         return torch.tensor(values, dtype=torch.float32, device=device)
 
-    def _apply(self, sent: list[torch.Tensor], group: tuple[int, ...], partners: list | None, reset: bool
-               ) -> dict[str, float]:
+    def _apply(
+        self, sent: list[torch.Tensor], group: tuple[int, ...], partners: list | None, reset: bool
+    ) -> dict[str, float]:
         """The outer step on φ from the group's payloads (None: the partner missed); θ ← φ when `reset`."""
         missed = partners is None
         if missed:  # partner late or gone: this round averages with nobody
@@ -243,8 +287,16 @@ class NoLoCo(InnerOuterAlgorithm):
             phi_bar = mean[n : 2 * n]
             mean_pg = [pb - tb.float() for pb, tb in zip(phi_bar, theta_bar)]  # mean Δ = mean φ − θ̄
             opt = self.cfg.outer_optimizer
-            noloco_general_step_(self.phi, self.params if reset else None, self.outer.opt.buffers(), mean_pg, phi_bar,
-                                 alpha=opt.momentum, beta=opt.lr, gamma=self.cfg.effective_gamma)
+            noloco_general_step_(
+                self.phi,
+                self.params if reset else None,
+                self.outer.opt.buffers(),
+                mean_pg,
+                phi_bar,
+                alpha=opt.momentum,
+                beta=opt.lr,
+                gamma=self.cfg.effective_gamma,
+            )
         else:  # g = φ − θ̄_G; with outer_optimizer.name=noloco: m ← μ·m − η·g ; φ ← φ + m ; θ ← φ
             self.outer.step(self.outer.pseudo_gradient(theta_bar))
             if reset:
@@ -255,10 +307,17 @@ class NoLoCo(InnerOuterAlgorithm):
             if float(others[1]) < 1e30:
                 self.pace.hear(float(others[1]))
         st = self.transport.stats
-        return {"outer/partner_missed": float(missed), "outer/exchange_timeouts": float(st.timeouts),
-                "outer/exchange_dropped": float(st.dropped), "outer/partner_skipped": float(st.partner_skipped),
-                **({} if st.deadline_s is None else {"outer/deadline_s": st.deadline_s,
-                                                     "outer/exchange_early_timeouts": float(st.early_timeouts)})}
+        return {
+            "outer/partner_missed": float(missed),
+            "outer/exchange_timeouts": float(st.timeouts),
+            "outer/exchange_dropped": float(st.dropped),
+            "outer/partner_skipped": float(st.partner_skipped),
+            **(
+                {}
+                if st.deadline_s is None
+                else {"outer/deadline_s": st.deadline_s, "outer/exchange_early_timeouts": float(st.early_timeouts)}
+            ),
+        }
 
     def outer_step(self, model: torch.nn.Module) -> dict[str, float]:
         if self.delayed is not None:
@@ -291,7 +350,12 @@ class NoLoCo(InnerOuterAlgorithm):
             missed.set_result(None)
             self.in_flight = (round_idx, group, sent, missed)
         else:
-            self.in_flight = (round_idx, group, sent, self.background.submit(self.transport.exchange, sent, group, round_idx))
+            self.in_flight = (
+                round_idx,
+                group,
+                sent,
+                self.background.submit(self.transport.exchange, sent, group, round_idx),
+            )
 
     def _land(self) -> dict[str, float]:
         if self.in_flight is None:
@@ -313,24 +377,32 @@ class NoLoCo(InnerOuterAlgorithm):
         if self.gossip is not None:
             state["compression"] = self.gossip.state_dict()
         if self.delayed is not None:  # the payload in flight is rebuilt from b and φ: nothing waits for it
-            state["delayed"] = {**self.delayed.state_dict(),
-                                "in_flight_round": None if self.in_flight is None else self.in_flight[0]}
+            state["delayed"] = {
+                **self.delayed.state_dict(),
+                "in_flight_round": None if self.in_flight is None else self.in_flight[0],
+            }
         return state
 
     @torch.no_grad()
     def load_outer_state(self, state: dict[str, Any]) -> None:
         if state.get("pairing_seed") != self.cfg.pairing_seed:
-            raise ValueError(f"algorithm.pairing_seed={self.cfg.pairing_seed} differs from the checkpoint's "
-                             f"{state.get('pairing_seed')}: resumed replicas would pick other partners")
+            raise ValueError(
+                f"algorithm.pairing_seed={self.cfg.pairing_seed} differs from the checkpoint's "
+                f"{state.get('pairing_seed')}: resumed replicas would pick other partners"
+            )
         self.steps_skipped = int(state.get("steps_skipped", 0))
         delayed = state.get("delayed") or {}
         if delayed.get("in_flight_round") is not None and self.delayed is None:
-            raise ValueError("the checkpoint has an overlapped outer step in flight; resume with algorithm.overlap=true")
+            raise ValueError(
+                "the checkpoint has an overlapped outer step in flight; resume with algorithm.overlap=true"
+            )
         self.outer.load_state_dict(state)
         if self.gossip is not None:
             if "compression" not in state:
-                raise ValueError("algorithm.compression.enabled=true but the checkpoint has no compression state "
-                                 "(error buffer, anchor): resuming without it would not be exact")
+                raise ValueError(
+                    "algorithm.compression.enabled=true but the checkpoint has no compression state "
+                    "(error buffer, anchor): resuming without it would not be exact"
+                )
             self.gossip.load_state_dict(state["compression"])
         if self.delayed is not None and delayed:
             self.delayed.load_state_dict(delayed)

@@ -47,8 +47,12 @@ class OuterOptimizerConfig:
             rule.check(self)
 
     @classmethod
-    def convert(cls, raw: Mapping[str, Any] | OuterOptimizerConfig, where: str = FIELD,
-                default: OuterOptimizerConfig | None = None) -> OuterOptimizerConfig:
+    def convert(
+        cls,
+        raw: Mapping[str, Any] | OuterOptimizerConfig,
+        where: str = FIELD,
+        default: OuterOptimizerConfig | None = None,
+    ) -> OuterOptimizerConfig:
         """The section typed by its rule's own class. The rule is `default`'s (the algorithm's) unless the
         section names another; fields not given come from `default` (the algorithm's η and μ) where it has
         them; a field the rule does not have fails (core/registry.Registry.config)."""

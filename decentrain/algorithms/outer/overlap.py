@@ -52,8 +52,10 @@ def delayed_correction_(theta: Tensors, phi: Tensors, base: Tensors) -> None:
 def check_overlap(cfg: Any) -> None:
     """Config-time checks of `algorithm.overlap` (an InnerOuterConfig with an `overlap` field)."""
     if cfg.overlap and cfg.adaptive_inner_steps:
-        raise ValueError("algorithm.overlap=true cannot pace inner steps (a delayed round has no common end to "
-                         "pace to); allowed: algorithm.adaptive_inner_steps=false")
+        raise ValueError(
+            "algorithm.overlap=true cannot pace inner steps (a delayed round has no common end to "
+            "pace to); allowed: algorithm.adaptive_inner_steps=false"
+        )
 
 
 class DelayedOuter:

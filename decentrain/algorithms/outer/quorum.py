@@ -83,7 +83,7 @@ class GraceConfig(AdaptiveDeadlineConfig):
         w = ArrivalWindow(math.inf if self.cap_s is None else self.cap_s, self)
         if not self.enabled:
             return w.cap
-        w.arrivals.extend(arrivals[-self.window:])
+        w.arrivals.extend(arrivals[-self.window :])
         return w.deadline()
 
 
@@ -245,8 +245,18 @@ def due(delivered: set[int], live: set[int], quorum: int, now: float, deadline_a
     return False, None
 
 
-def close(round_idx: int, deliveries: list[Delivery], live: set[int], world_size: int, deadline_s: float,
-          previous: list[float], window: int, late: LateRule, exponent: float, now: float) -> RoundRecord:
+def close(
+    round_idx: int,
+    deliveries: list[Delivery],
+    live: set[int],
+    world_size: int,
+    deadline_s: float,
+    previous: list[float],
+    window: int,
+    late: LateRule,
+    exponent: float,
+    now: float,
+) -> RoundRecord:
     """The record of a round closing now with `deliveries` (already read in posting order)."""
     fresh: dict[int, Delivery] = {}
     stale: dict[tuple[int, int], Delivery] = {}
@@ -266,6 +276,6 @@ def close(round_idx: int, deliveries: list[Delivery], live: set[int], world_size
     arrivals = list(previous) + [fresh[r].seconds for r in sorted(fresh)]
     if math.isfinite(deadline_s):
         arrivals += [deadline_s] * len(missed)  # censored: they came later, if at all
-    return RoundRecord(round_idx, members, full, deadline_s if math.isfinite(deadline_s) else None,
-                       arrivals[-window:], now, missed)
-
+    return RoundRecord(
+        round_idx, members, full, deadline_s if math.isfinite(deadline_s) else None, arrivals[-window:], now, missed
+    )

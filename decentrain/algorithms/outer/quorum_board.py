@@ -117,8 +117,14 @@ class SimClock:
 
     collectives_ok = False  # one thread runs at a time: a collective would wait for threads that cannot run
 
-    def __init__(self, world_size: int, step_seconds: Callable[[int, float, int], float],
-                 outages: dict[int, list[Outage]] | None = None, sync_s: float = 0.0, stuck_s: float = 600.0):
+    def __init__(
+        self,
+        world_size: int,
+        step_seconds: Callable[[int, float, int], float],
+        outages: dict[int, list[Outage]] | None = None,
+        sync_s: float = 0.0,
+        stuck_s: float = 600.0,
+    ):
         self.n, self.step_seconds, self.sync_s, self.stuck_s = world_size, step_seconds, sync_s, stuck_s
         self.pending = {r: sorted(o, key=lambda x: x.start) for r, o in (outages or {}).items()}
         self.t = [0.0] * world_size  # each replica's virtual time
@@ -273,7 +279,9 @@ class Board:
             return None
         rec = decode_record(raw, self.n, round_idx, self.window)
         if rec is None:
-            raise RuntimeError(f"quorum round {round_idx}: the board's record does not decode; the replicas cannot agree")
+            raise RuntimeError(
+                f"quorum round {round_idx}: the board's record does not decode; the replicas cannot agree"
+            )
         return rec
 
     def publish(self, rec: RoundRecord, retain: int) -> RoundRecord:
@@ -321,8 +329,10 @@ def use_board(hub: InProcessHub, board: Board) -> None:
 
 @functools.singledispatch
 def board_for(transport: Transport, world_size: int, poll_s: float, window: int) -> Board:
-    raise ValueError(f"algorithm.rounds.mode=quorum needs a board its replicas share; transport "
-                     f"{type(transport).__name__} offers none (allowed: transport=torch, transport=inprocess)")
+    raise ValueError(
+        f"algorithm.rounds.mode=quorum needs a board its replicas share; transport "
+        f"{type(transport).__name__} offers none (allowed: transport=torch, transport=inprocess)"
+    )
 
 
 @board_for.register
@@ -343,5 +353,3 @@ def _(transport: TorchTransport, world_size: int, poll_s: float, window: int) ->
     # after the other in one process group (HDEE's lanes, a resume in place) never read each other's rounds
     w.gossip_jobs = job_number(w.store, w.rank, w.incarnation, w.world_size, w.gossip_jobs)
     return Board(dist.PrefixStore(f"job{w.gossip_jobs}/quorum_rounds/", w.store), world_size, RealClock(poll_s), window)
-
-

@@ -24,8 +24,16 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
-from decentrain.algorithms.outer.quorum import (FIELD, LATE_RULES, Delivery, RoundRecord, RoundsConfig, close, due,
-                                                token_scales)
+from decentrain.algorithms.outer.quorum import (
+    FIELD,
+    LATE_RULES,
+    Delivery,
+    RoundRecord,
+    RoundsConfig,
+    close,
+    due,
+    token_scales,
+)
 from decentrain.algorithms.outer.quorum_board import Outage, board_for
 from decentrain.core.comm.transport import Transport
 from decentrain.core.registry import Registry
@@ -72,10 +80,14 @@ class RoundStrategy:
     @classmethod
     def check_family(cls, mode: str, overlap: bool, pacing: bool) -> None:
         if overlap and not cls.supports_overlap:
-            raise ValueError(f"{FIELD}.mode={mode} with algorithm.overlap=true is not supported; allowed: overlap=false")
+            raise ValueError(
+                f"{FIELD}.mode={mode} with algorithm.overlap=true is not supported; allowed: overlap=false"
+            )
         if pacing and not cls.supports_pacing:
-            raise ValueError(f"{FIELD}.mode={mode} with algorithm.adaptive_inner_steps=true is not supported "
-                             "(token weighting already credits a replica that ran fewer steps); allowed: false")
+            raise ValueError(
+                f"{FIELD}.mode={mode} with algorithm.adaptive_inner_steps=true is not supported "
+                "(token weighting already credits a replica that ran fewer steps); allowed: false"
+            )
 
     def start(self) -> None:
         pass
@@ -166,7 +178,9 @@ class Quorum(RoundStrategy):
         # where the round may run as the collective, its payload waits for the record: an on-time round puts
         # nothing on the store; in a simulation (one replica runs at a time) a reader could not wait for it
         eager = not self.clock.collectives_ok
-        self.board.post(r, Delivery(self.rank, r, steps, now - self.opened, now), self._upload(payload) if eager else None)
+        self.board.post(
+            r, Delivery(self.rank, r, steps, now - self.opened, now), self._upload(payload) if eager else None
+        )
         self.deferred = None if eager else (r, payload)
         rec = self._await(r)
         if any(m.rank == self.rank and m.base == r for m in rec.members):
@@ -175,8 +189,12 @@ class Quorum(RoundStrategy):
         else:  # closed without us: catch up on every closed round, the late payload goes by the rule, rejoin
             self.counts["late_rounds"] += 1
             updates, metrics = self._catch_up(r)
-            log.info("quorum round %d closed without this replica (%s); applying %d closed rounds, rejoining at the next",
-                     r, self.cfg.late, len(updates))
+            log.info(
+                "quorum round %d closed without this replica (%s); applying %d closed rounds, rejoining at the next",
+                r,
+                self.cfg.late,
+                len(updates),
+            )
             self._late(payload, steps, r, now - self.opened, len(updates))
             self.board.leave(self.rank)
             more, metrics = self._rejoin(r + len(updates), metrics)
@@ -199,8 +217,18 @@ class Quorum(RoundStrategy):
                 fresh = {d.rank for d in deliveries if d.base == r}
                 ready, wake = due(fresh, live, self.quorum, now, self.opened + deadline_s)
                 if ready:
-                    rec = close(r, deliveries, live, self.n, deadline_s, self.arrivals, self.cfg.grace.window,
-                                self.late, self.cfg.staleness_exponent, now)
+                    rec = close(
+                        r,
+                        deliveries,
+                        live,
+                        self.n,
+                        deadline_s,
+                        self.arrivals,
+                        self.cfg.grace.window,
+                        self.late,
+                        self.cfg.staleness_exponent,
+                        now,
+                    )
                     return self.board.publish(rec, self.cfg.retain_rounds)
             self.clock.wait(self.rank, wake)
 
@@ -296,7 +324,13 @@ class Quorum(RoundStrategy):
         catches up on the rounds closed meanwhile and rejoins at the next round boundary."""
         self.counts["outages"] += 1
         self.counts["lost_steps"] += steps
-        log.info("quorum round %d: down from %.1f to %.1f (scripted); its %d steps are lost", r, outage.start, outage.end, steps)
+        log.info(
+            "quorum round %d: down from %.1f to %.1f (scripted); its %d steps are lost",
+            r,
+            outage.start,
+            outage.end,
+            steps,
+        )
         self.clock.sleep_until(self.rank, outage.noticed)
         self.board.leave(self.rank)
         self.clock.sleep_until(self.rank, outage.end)
@@ -310,10 +344,17 @@ class Quorum(RoundStrategy):
 
     def _metrics(self, rec: RoundRecord) -> dict[str, float]:
         fresh = rec.fresh
-        return {"quorum/members": float(len(fresh)), "quorum/stale_members": float(len(rec.members) - len(fresh)),
-                "quorum/full": float(rec.full), "quorum/deadline_s": rec.deadline_s if rec.deadline_s is not None else -1.0,
-                "quorum/board_dropped": float(self.board.dropped), **{f"quorum/{k}": float(v) for k, v in self.counts.items()}}
+        return {
+            "quorum/members": float(len(fresh)),
+            "quorum/stale_members": float(len(rec.members) - len(fresh)),
+            "quorum/full": float(rec.full),
+            "quorum/deadline_s": rec.deadline_s if rec.deadline_s is not None else -1.0,
+            "quorum/board_dropped": float(self.board.dropped),
+            **{f"quorum/{k}": float(v) for k, v in self.counts.items()},
+        }
 
 
-def build_rounds(cfg: RoundsConfig, rank: int, world_size: int, transport: Transport, codec: RoundCodec) -> RoundStrategy:
+def build_rounds(
+    cfg: RoundsConfig, rank: int, world_size: int, transport: Transport, codec: RoundCodec
+) -> RoundStrategy:
     return ROUND_MODES.get(cfg.mode, field=f"{FIELD}.mode")(cfg, rank, world_size, transport, codec)

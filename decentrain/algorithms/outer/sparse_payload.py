@@ -38,7 +38,9 @@ def payload_bytes(spec: CompressionSpec) -> int:
 
 
 def encode(c: SparseChunks, spec: CompressionSpec, round_: int) -> bytes:
-    header = _HEADER.pack(MAGIC, VERSION, spec.bits, QUANTIZER_IDS[spec.quantizer], 0, round_, spec.numel, spec.digest())
+    header = _HEADER.pack(
+        MAGIC, VERSION, spec.bits, QUANTIZER_IDS[spec.quantizer], 0, round_, spec.numel, spec.digest()
+    )
     idx = torch.cat([i.reshape(-1) for i in c.idx]).cpu().numpy().astype("<u2").tobytes()
     params = torch.cat([p.reshape(-1) for p in c.params]).detach().float().cpu().numpy().astype("<f4").tobytes()
     codes = pack_codes(torch.cat([x.reshape(-1) for x in c.codes]).cpu(), spec.bits).numpy().tobytes()
@@ -66,14 +68,14 @@ def decode(data: bytes, spec: CompressionSpec, round_: int) -> tuple[SparseChunk
     out = SparseChunks([], [], [])
     i = p = 0
     for g in spec.groups:
-        gi = idx[i:i + g.n * g.k].reshape(g.n, g.k)
-        gp = torch.from_numpy(params[p:p + q.num_params(g.n, bits)].copy())
+        gi = idx[i : i + g.n * g.k].reshape(g.n, g.k)
+        gp = torch.from_numpy(params[p : p + q.num_params(g.n, bits)].copy())
         if (gi >= g.length).any() or (g.k > 1 and (np.diff(gi, axis=1) <= 0).any()):
             return None, "indices out of range or not strictly increasing"
         if not q.params_ok(gp):
             return None, "non-finite or negative quantiser parameters"
         out.idx.append(torch.from_numpy(gi))
-        out.codes.append(codes[i:i + g.n * g.k].view(g.n, g.k))
+        out.codes.append(codes[i : i + g.n * g.k].view(g.n, g.k))
         out.params.append(gp)
         i += g.n * g.k
         p += gp.numel()

@@ -24,6 +24,7 @@ row) and returns uint8 codes [tiles, k] plus a flat fp32 parameter vector that t
 from __future__ import annotations
 
 import math
+
 import torch
 from torch import Tensor
 
@@ -68,7 +69,9 @@ def bin_means(centered: Tensor, codes: Tensor, bins: int) -> Tensor:
     """lookup[q] = mean of the centred values whose code is q (0 where none is)."""
     flat = codes.reshape(-1).long()
     sums = torch.zeros(bins, dtype=torch.float32, device=centered.device).scatter_add_(0, flat, centered.reshape(-1))
-    counts = torch.zeros(bins, dtype=torch.float32, device=centered.device).scatter_add_(0, flat, torch.ones_like(centered.reshape(-1)))
+    counts = torch.zeros(bins, dtype=torch.float32, device=centered.device).scatter_add_(
+        0, flat, torch.ones_like(centered.reshape(-1))
+    )
     return torch.where(counts > 0, sums / counts.clamp_min(1.0), torch.zeros_like(sums))
 
 

@@ -68,13 +68,19 @@ class OuterOptimizer:
 
     def state_dict(self) -> dict[str, Any]:
         # Deep copy: SGD's state_dict shares its momentum buffers with the live optimizer.
-        return {"name": self.cfg.name, "slow": [s.clone() for s in self.slow], "opt": copy.deepcopy(self.opt.state_dict())}
+        return {
+            "name": self.cfg.name,
+            "slow": [s.clone() for s in self.slow],
+            "opt": copy.deepcopy(self.opt.state_dict()),
+        }
 
     @torch.no_grad()
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state.get("name", self.cfg.name) != self.cfg.name:  # another rule's state would load silently
-            raise ValueError(f"algorithm.outer_optimizer.name={self.cfg.name!r} differs from the checkpoint's "
-                             f"{state['name']!r}; resume with the same outer optimizer or start a fresh run_dir")
+            raise ValueError(
+                f"algorithm.outer_optimizer.name={self.cfg.name!r} differs from the checkpoint's "
+                f"{state['name']!r}; resume with the same outer optimizer or start a fresh run_dir"
+            )
         if len(state["slow"]) != len(self.slow):
             raise ValueError(f"outer state has {len(state['slow'])} tensors, model has {len(self.slow)}")
         for s, saved in zip(self.slow, state["slow"]):

@@ -3,8 +3,9 @@
 `LoopConfig` (the `train` section) configures the `Trainer`; `TrainConfig` assembles it
 with the sections of what the run builds, each defined next to its code (ModelConfig in
 models/, DataConfig in data/, OptimConfig and EngineConfig in pretraining/engines/,
-LauncherConfig in core/launch/, TransportConfig in pretraining/transports/, each algorithm's config in its package). decentrain/config.py,
-the composition root above, converts Hydra's dict into these and registers them.
+LauncherConfig in core/launch/, TransportConfig in pretraining/transports/, each
+algorithm's config in its package). decentrain/config.py, the composition root above,
+converts Hydra's dict into these and registers them.
 """
 
 from __future__ import annotations
@@ -51,7 +52,15 @@ class LoopConfig:
             raise ValueError(f"train.compile={self.compile!r} is unknown; allowed: {list(COMPILE_SCOPES)}")
         if self.stop_at is not None and not 1 <= self.stop_at <= self.steps:
             raise ValueError(f"train.stop_at={self.stop_at} must be in [1, train.steps={self.steps}]")
-        for f in ("steps", "global_batch_size", "micro_batch_size", "eval_every", "eval_batches", "checkpoint_every", "keep_checkpoints"):
+        for f in (
+            "steps",
+            "global_batch_size",
+            "micro_batch_size",
+            "eval_every",
+            "eval_batches",
+            "checkpoint_every",
+            "keep_checkpoints",
+        ):
             if getattr(self, f) < 1:
                 raise ValueError(f"train.{f}={getattr(self, f)} must be >= 1")
         check_range("train.seed", self.seed, 0, 2**32 - 1)  # numpy's seed range
@@ -68,7 +77,8 @@ class TrainConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: LoopConfig = field(default_factory=LoopConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
-    transport: Any = field(default_factory=TransportConfig)  # how replicas reach each other: its spec's own config class
+    # how replicas reach each other: its spec's own config class
+    transport: Any = field(default_factory=TransportConfig)
     run_dir: str | None = None
     resume: bool = True  # continue from the newest complete checkpoint in run_dir
     experiment: str | None = None
@@ -86,8 +96,10 @@ def check_data_fits(cfg: TrainConfig) -> None:
         raise ValueError(f"data.seq_len={cfg.data.seq_len}: {e}") from None
     n = len(corpus.train_blocks())
     if cfg.train.global_batch_size > n:
-        raise ValueError(f"train.global_batch_size={cfg.train.global_batch_size} must be <= the {n} training blocks of "
-                         f"data.seq_len={cfg.data.seq_len} tokens; lower it or raise data.max_bytes_per_domain")
+        raise ValueError(
+            f"train.global_batch_size={cfg.train.global_batch_size} must be <= the {n} training blocks of "
+            f"data.seq_len={cfg.data.seq_len} tokens; lower it or raise data.max_bytes_per_domain"
+        )
 
 
 def check_run_dir(run_dir: str | None) -> None:
@@ -122,9 +134,11 @@ def validate(cfg: TrainConfig, world_size: int) -> None:
     # the outer algorithm sees one rank per replica
     algorithm = ALGORITHMS.get(cfg.algorithm.name)
     if ENGINES.get(cfg.engine.name).shards_replica and algorithm.syncs_every_step:
-        raise ValueError(f"engine.name={cfg.engine.name!r} shards inside replicas that an outer algorithm syncs; "
-                         f"algorithm={cfg.algorithm.name} already averages every step: use engine=torch, "
-                         "or an outer algorithm (diloco, noloco)")
+        raise ValueError(
+            f"engine.name={cfg.engine.name!r} shards inside replicas that an outer algorithm syncs; "
+            f"algorithm={cfg.algorithm.name} already averages every step: use engine=torch, "
+            "or an outer algorithm (diloco, noloco)"
+        )
     algorithm.check_world(cfg.algorithm, world_size // shards)
     algorithm.check_steps(cfg.algorithm, cfg.train.steps)
     transport_spec(cfg).check(cfg, world_size)  # what the selected transport cannot carry

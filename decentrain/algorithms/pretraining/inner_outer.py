@@ -37,8 +37,11 @@ class InnerOuterConfig(AlgorithmConfig):
     # algorithm's rule, so that writing `outer_optimizer: {lr: ...}` is never read as a switch of rule
     RENAMED: ClassVar[dict[str, str]] = {
         "outer_lr": "outer_optimizer.lr (the algorithm's rule is kept unless outer_optimizer.name names another)",
-        "outer_momentum": "outer_optimizer.momentum (the algorithm's rule is kept unless outer_optimizer.name names another)",
-        "nesterov": "outer_optimizer.nesterov (a field of outer_optimizer.name=sgd only)"}
+        "outer_momentum": (
+            "outer_optimizer.momentum (the algorithm's rule is kept unless outer_optimizer.name names another)"
+        ),
+        "nesterov": "outer_optimizer.nesterov (a field of outer_optimizer.name=sgd only)",
+    }
 
     def __post_init__(self) -> None:
         if self.inner_steps < 1:
@@ -48,7 +51,8 @@ class InnerOuterConfig(AlgorithmConfig):
         self.outer_optimizer = OuterOptimizerConfig.convert(self.outer_optimizer, default=default)
         if not 1 <= self.min_inner_steps <= self.inner_steps:
             raise ValueError(
-                f"algorithm.min_inner_steps={self.min_inner_steps} must be in [1, algorithm.inner_steps={self.inner_steps}]"
+                f"algorithm.min_inner_steps={self.min_inner_steps} must be in "
+                f"[1, algorithm.inner_steps={self.inner_steps}]"
             )
 
 
@@ -102,8 +106,10 @@ class InnerOuterAlgorithm(Algorithm):
         if cfg.adaptive_inner_steps and steps % cfg.inner_steps:
             # paced workers stop after the same number of rounds; a partial last round would
             # leave the fastest worker gone while slower ones wait in the final exchange
-            raise ValueError(f"train.steps={steps} must be a multiple of algorithm.inner_steps={cfg.inner_steps} "
-                             "with algorithm.adaptive_inner_steps=true")
+            raise ValueError(
+                f"train.steps={steps} must be a multiple of algorithm.inner_steps={cfg.inner_steps} "
+                "with algorithm.adaptive_inner_steps=true"
+            )
 
     def __init__(self, cfg: InnerOuterConfig, world):
         super().__init__(cfg, world)
@@ -146,7 +152,9 @@ class InnerOuterAlgorithm(Algorithm):
             self._resume = None
         self.timer.start()
 
-    def after_optimizer_step(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, float]:
+    def after_optimizer_step(
+        self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer
+    ) -> dict[str, float]:
         if self.cfg.adaptive_inner_steps:  # reading a CUDA timer waits for the step: only when pacing uses it
             self.pace.observe(self.timer.stop())
         self.inner_count += 1
@@ -166,9 +174,13 @@ class InnerOuterAlgorithm(Algorithm):
         return self.cfg.adaptive_inner_steps and self.round >= math.ceil(total_steps / self.cfg.inner_steps)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"round": self.round, "inner_count": self.inner_count, "h": self.h,
-                "fastest": self.pace.fastest if math.isfinite(self.pace.fastest) else None,
-                "outer": self.outer_state()}
+        return {
+            "round": self.round,
+            "inner_count": self.inner_count,
+            "h": self.h,
+            "fastest": self.pace.fastest if math.isfinite(self.pace.fastest) else None,
+            "outer": self.outer_state(),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.round, self.inner_count, self.h = int(state["round"]), int(state["inner_count"]), int(state["h"])

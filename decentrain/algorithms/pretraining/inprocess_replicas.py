@@ -38,7 +38,8 @@ log = logging.getLogger(__name__)
 def _stats(algorithm) -> dict[str, float]:
     if not hasattr(type(algorithm), "transport"):
         return {}
-    return {k: float(v) for k, v in vars(algorithm.transport.stats).items() if v is not None}  # deadline_s: None without one
+    # deadline_s: None without one
+    return {k: float(v) for k, v in vars(algorithm.transport.stats).items() if v is not None}
 
 
 @dataclass
@@ -49,8 +50,13 @@ class ReplicaRun:
     step_times: list[float]  # seconds of each step this run took, outer step included (Trainer.step_times)
 
 
-def run_replicas_in_process(cfg: TrainConfig, world_size: int, run_dir: Path, deadline_s: float | None = None,
-                            wrap_transport: Callable[[Transport], Transport] | None = None) -> list[ReplicaRun]:
+def run_replicas_in_process(
+    cfg: TrainConfig,
+    world_size: int,
+    run_dir: Path,
+    deadline_s: float | None = None,
+    wrap_transport: Callable[[Transport], Transport] | None = None,
+) -> list[ReplicaRun]:
     """Train `world_size` replicas of `cfg` as threads; each replica's result, in rank order.
     `wrap_transport` wraps each replica's transport (benchmarks: an emulated slow link)."""
     algo_cls = ALGORITHMS.get(cfg.algorithm.name)
@@ -70,8 +76,18 @@ def run_replicas_in_process(cfg: TrainConfig, world_size: int, run_dir: Path, de
             algorithm.transport = transport if wrap_transport is None else wrap_transport(transport)
         elif world_size > 1:
             raise ValueError(f"algorithm.name={cfg.algorithm.name} has no transport; in-process replicas need one")
-        trainer = Trainer(cfg.train, world, algorithm, build_model(cfg.model, tokenizer), corpus, run_dir,
-                          engine=cfg.engine, optim=cfg.optim, logger=cfg.logger, resume=cfg.resume)
+        trainer = Trainer(
+            cfg.train,
+            world,
+            algorithm,
+            build_model(cfg.model, tokenizer),
+            corpus,
+            run_dir,
+            engine=cfg.engine,
+            optim=cfg.optim,
+            logger=cfg.logger,
+            resume=cfg.resume,
+        )
         resumed = trainer.maybe_resume()  # the replicas share run_dir: they find the same newest step
         if resumed is not None:  # as run_pretraining: the steps after the checkpoint are logged again
             drop_rows_after(run_dir / metrics_file(rank), resumed)
@@ -97,6 +113,12 @@ def run_replicas_in_process(cfg: TrainConfig, world_size: int, run_dir: Path, de
     if errors:
         rank, error = min(errors.items())
         raise RuntimeError(f"in-process replica {rank} failed: {error!r}") from error
-    return [ReplicaRun(results[r], {k: v.detach().clone() for k, v in trainers[r].model.state_dict().items()},
-                       _stats(trainers[r].algorithm), list(trainers[r].step_times))
-            for r in range(world_size)]
+    return [
+        ReplicaRun(
+            results[r],
+            {k: v.detach().clone() for k, v in trainers[r].model.state_dict().items()},
+            _stats(trainers[r].algorithm),
+            list(trainers[r].step_times),
+        )
+        for r in range(world_size)
+    ]

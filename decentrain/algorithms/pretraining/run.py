@@ -53,8 +53,20 @@ def run_pretraining(cfg: TrainConfig, world: World, run_dir: Path, config_dict: 
     layout = replica_layout(world, cfg.engine.shards_per_replica)
     spec = transport_spec(cfg)  # transport.name: how this replica reaches the others
     algorithm = spec.algorithm(cfg, layout.outer)
-    trainer = Trainer(cfg.train, world, algorithm, model, corpus, run_dir, layout, engine=cfg.engine, optim=cfg.optim,
-                      logger=cfg.logger, resume=cfg.resume, sampler=spec.sampler(cfg, world))
+    trainer = Trainer(
+        cfg.train,
+        world,
+        algorithm,
+        model,
+        corpus,
+        run_dir,
+        layout,
+        engine=cfg.engine,
+        optim=cfg.optim,
+        logger=cfg.logger,
+        resume=cfg.resume,
+        sampler=spec.sampler(cfg, world),
+    )
     resumed = trainer.maybe_resume()
     if resumed is not None:  # the steps after the checkpoint will be logged again: drop their old rows
         drop_rows_after(run_dir / metrics_file(world.rank), resumed)
@@ -62,14 +74,17 @@ def run_pretraining(cfg: TrainConfig, world: World, run_dir: Path, config_dict: 
     # every metrics file names the text it trained on; at step 0, so that no reader takes it for progress
     logger.log(0, {"corpus": corpus.identity}, console=False)
     if world.is_main:
-        shards = f" ({layout.replicas} replicas x {layout.shards} shards, {cfg.engine.name})" if layout.shards > 1 else ""
+        shards = (
+            f" ({layout.replicas} replicas x {layout.shards} shards, {cfg.engine.name})" if layout.shards > 1 else ""
+        )
         where = f"resumed from step {resumed}" if resumed is not None else "from scratch"
         restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
         if restarts and spec.heals_on_restart(cfg):  # torchrun restarted this group alone: it heals from a live one
             where = f"restarted (restart {restarts}), healing from a live group at its first quorum"
         log.info(
-            f"[decentrain] {cfg.algorithm.name}: {num_params(model) / 1e6:.2f}M params, world {world.world_size}{shards}, "
-            f"{len(trainer.train_blocks)} train blocks of {cfg.data.seq_len} tokens ({corpus.label}), {where}; run dir {run_dir}"
+            f"[decentrain] {cfg.algorithm.name}: {num_params(model) / 1e6:.2f}M params, "
+            f"world {world.world_size}{shards}, {len(trainer.train_blocks)} train blocks of {cfg.data.seq_len} tokens "
+            f"({corpus.label}), {where}; run dir {run_dir}"
         )
     try:
         result = trainer.fit(logger)
@@ -85,12 +100,19 @@ def run_pretraining(cfg: TrainConfig, world: World, run_dir: Path, config_dict: 
             save_atomic(plain, tokenizer, run_dir / MODEL_SUBDIR)
         metrics = run_dir / "metrics.jsonl"
         if metrics.exists():
-            plot_curves(read_jsonl(metrics), ["train/loss", "eval/loss"], run_dir / "loss.png", title=f"{cfg.algorithm.name} on {world.world_size} ranks")
+            plot_curves(
+                read_jsonl(metrics),
+                ["train/loss", "eval/loss"],
+                run_dir / "loss.png",
+                title=f"{cfg.algorithm.name} on {world.world_size} ranks",
+            )
         sent = "" if result.bytes_sent is None else f", sent {format_bytes(result.bytes_sent)} per worker"
         bpb = f", {sum(result.eval_bpb.values()) / len(result.eval_bpb):.4f} bits per byte" if result.eval_bpb else ""
-        line = (f"done: step {result.final_step}, train loss {result.train_loss:.4f}, "
-                f"eval loss {sum(result.eval_loss.values()) / max(1, len(result.eval_loss)):.4f}{bpb}, "
-                f"{result.seconds:.1f}s{sent}; corpus {corpus.label}")
+        line = (
+            f"done: step {result.final_step}, train loss {result.train_loss:.4f}, "
+            f"eval loss {sum(result.eval_loss.values()) / max(1, len(result.eval_loss)):.4f}{bpb}, "
+            f"{result.seconds:.1f}s{sent}; corpus {corpus.label}"
+        )
         log.info(f"[decentrain] {line}")
         (run_dir / RESULT_FILE).write_text(json.dumps({**asdict(result), "corpus": corpus.identity, "line": line}))
     return result

@@ -92,8 +92,9 @@ def fair_quota(k: int, offered: Sequence[int]) -> int:
     return q
 
 
-def draw_external(usable: Sequence[ScoredGroup], k: int, weights: np.ndarray | None,
-                  rng: np.random.Generator) -> list[ScoredGroup]:
+def draw_external(
+    usable: Sequence[ScoredGroup], k: int, weights: np.ndarray | None, rng: np.random.Generator
+) -> list[ScoredGroup]:
     """`k` of `usable` without replacement, with probability proportional to `weights` (None:
     uniform) among the groups whose sender has not yet taken its `fair_quota` of slots."""
     quota = fair_quota(k, list(Counter(s.sender for s in usable).values()))

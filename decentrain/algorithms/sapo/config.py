@@ -14,10 +14,10 @@ from decentrain.algorithms.sapo.batching import SwarmBatchConfig
 from decentrain.algorithms.sapo.config_checks import check_sapo_values
 from decentrain.algorithms.sapo.evaluation import RLEvalConfig
 from decentrain.algorithms.sapo.exchange import EXCHANGES, ExchangeConfig
-from decentrain.algorithms.sapo.sampling import SamplingConfig
 from decentrain.algorithms.sapo.grpo import SAPOLossConfig
-from decentrain.core.identity import check_node_name
 from decentrain.algorithms.sapo.payload import PayloadLimits, check_swarm_key
+from decentrain.algorithms.sapo.sampling import SamplingConfig
+from decentrain.core.identity import check_node_name
 from decentrain.core.metrics import LoggerConfig
 from decentrain.core.typed import typed
 from decentrain.core.world import DEVICES
@@ -160,13 +160,17 @@ class SAPOConfig:
         if self.loss.max_completion_length is None:
             self.loss = dataclasses.replace(self.loss, max_completion_length=cap)
         elif self.loss.max_completion_length != cap:
-            raise ValueError(f"loss.max_completion_length={self.loss.max_completion_length} must equal "
-                             f"sampling.max_new_tokens={cap} (or be null to follow it)")
+            raise ValueError(
+                f"loss.max_completion_length={self.loss.max_completion_length} must equal "
+                f"sampling.max_new_tokens={cap} (or be null to follow it)"
+            )
 
     def _check_batch(self, batch: SwarmBatchConfig, where: str) -> None:
         if not EXCHANGES.get(self.exchange.name).has_peers and batch.num_external > 0:
-            raise ValueError(f"{where}.num_external={batch.num_external} must be 0 with "
-                             f"exchange.name={self.exchange.name!r} (no peers)")
+            raise ValueError(
+                f"{where}.num_external={batch.num_external} must be 0 with "
+                f"exchange.name={self.exchange.name!r} (no peers)"
+            )
 
     def for_node(self, index: int) -> SAPOConfig:
         """This config with `nodes[index]`'s overrides applied (unchanged past the list's end)."""
@@ -192,8 +196,9 @@ class SAPOConfig:
         if "batch" in changes:
             self._check_batch(changes["batch"], f"nodes[{index}].batch")
         if "template" in changes or "model" in changes:
-            check_template_model(changes.get("template", self.template), changes.get("model", self.model),
-                                 f"nodes[{index}].")
+            check_template_model(
+                changes.get("template", self.template), changes.get("model", self.model), f"nodes[{index}]."
+            )
         if "sampling" in changes:  # the loss normaliser follows this node's own generation cap
             changes["loss"] = dataclasses.replace(self.loss, max_completion_length=None)
         return dataclasses.replace(self, nodes=[], **changes) if changes else dataclasses.replace(self, nodes=[])
@@ -202,8 +207,10 @@ class SAPOConfig:
 def check_template_model(template: TemplateConfig, model: ModelConfig, where: str = "") -> None:
     """A chat template needs a tokenizer that has one: the byte tokenizer of the tiny models has none."""
     if template.chat and model.tokenizer == BYTE_TOKENIZER:
-        raise ValueError(f"{where}template.chat=true needs a tokenizer with a chat template; {where}model.tokenizer="
-                         f"{BYTE_TOKENIZER!r} has none (model=smollm2_135m_instruct has one)")
+        raise ValueError(
+            f"{where}template.chat=true needs a tokenizer with a chat template; {where}model.tokenizer="
+            f"{BYTE_TOKENIZER!r} has none (model=smollm2_135m_instruct has one)"
+        )
 
 
 @dataclass

@@ -144,17 +144,27 @@ def check_key_file(path: str | None, node_names: list[str]) -> None:
             except OSError as e:
                 raise ValueError(f"key_file={path!r}: {p} cannot be read ({e.strerror})") from None
             if size != KEY_BYTES:
-                raise ValueError(f"key_file={path!r}: {p} holds {size} bytes, expected {KEY_BYTES} "
-                                 "(a raw Ed25519 private key)")
+                raise ValueError(
+                    f"key_file={path!r}: {p} holds {size} bytes, expected {KEY_BYTES} (a raw Ed25519 private key)"
+                )
             continue
         parent = next(a for a in p.parents if a.exists())  # the nearest ancestor that exists ("/" does)
         if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
             raise ValueError(f"key_file={path!r}: {p} cannot be created ({parent} is not a writable directory)")
 
 
-SECTION_CHECKS = {"model": check_model, "task": check_task, "reward": check_reward, "sampling": check_sampling,
-                  "loss": check_loss, "batch": check_batch, "optim": check_optim, "payload": check_payload,
-                  "train": check_train, "eval": check_eval}
+SECTION_CHECKS = {
+    "model": check_model,
+    "task": check_task,
+    "reward": check_reward,
+    "sampling": check_sampling,
+    "loss": check_loss,
+    "batch": check_batch,
+    "optim": check_optim,
+    "payload": check_payload,
+    "train": check_train,
+    "eval": check_eval,
+}
 
 
 def check_sapo_values(cfg: SAPOConfig) -> None:

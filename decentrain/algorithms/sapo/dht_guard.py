@@ -51,7 +51,6 @@ import zlib
 from collections import Counter
 
 import msgpack
-
 from hivemind.dht.routing import DHTID
 from hivemind.dht.validation import DHTRecord, RecordValidatorBase
 from hivemind.utils import get_dht_time
@@ -94,8 +93,12 @@ def chunk_value_ok(value, index: int, max_record_bytes: int) -> bool:
     round_, n, payload = value["round"], value["n"], value["payload"]
     if any(type(v) is not int for v in (round_, n)):  # bool is an int subclass: refused too
         return False
-    return round_ >= 0 and index < n <= max_chunks(max_record_bytes) and type(payload) is bytes \
+    return (
+        round_ >= 0
+        and index < n <= max_chunks(max_record_bytes)
+        and type(payload) is bytes
         and len(payload) <= CHUNK_BYTES
+    )
 
 
 def registry_key(prefix: str) -> str:

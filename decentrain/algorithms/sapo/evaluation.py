@@ -34,15 +34,20 @@ def heldout_items(task_cfg: TaskMixConfig, prompts_per_task: int, seed_offset: i
     """The first `prompts_per_task` entries of each task's dataset at a seed training never uses."""
     out = {}
     for task in task_cfg.tasks:
-        cfg = TaskMixConfig(tasks=[task], size=prompts_per_task, seed=task_cfg.seed + seed_offset,
-                            task_kwargs={task: task_cfg.task_kwargs.get(task, {})})
+        cfg = TaskMixConfig(
+            tasks=[task],
+            size=prompts_per_task,
+            seed=task_cfg.seed + seed_offset,
+            task_kwargs={task: task_cfg.task_kwargs.get(task, {})},
+        )
         mixture = TaskMixture(cfg)  # one task: item i is entry i
         out[task] = [mixture[i] for i in range(prompts_per_task)]
     return out
 
 
-def greedy_accuracy(model: Any, tokenizer: Any, template: PromptTemplate, sampling: SamplingConfig,
-                    items: dict[str, list[TaskItem]]) -> dict[str, float]:
+def greedy_accuracy(
+    model: Any, tokenizer: Any, template: PromptTemplate, sampling: SamplingConfig, items: dict[str, list[TaskItem]]
+) -> dict[str, float]:
     """Exact-answer accuracy of greedy decoding per task, and their mean under "mean"."""
     backend = HFGenerationBackend(model, tokenizer, dataclasses.replace(sampling, temperature=0.0))
     verifier = Verifier(template, RewardConfig(kind="exact"))

@@ -20,7 +20,13 @@ from torch import Tensor
 from decentrain.algorithms.sapo import vllm_backend  # noqa: F401 (registers `vllm`; vllm itself is imported when built)
 from decentrain.algorithms.sapo.batching import pad_sequences
 from decentrain.algorithms.sapo.sampling import (  # noqa: F401 (SamplingConfig and the interface: re-exported)
-    GEN_DTYPES, GENERATION_BACKENDS, GenerationBackend, SamplingConfig, Scored, cut_at_stop)
+    GEN_DTYPES,
+    GENERATION_BACKENDS,
+    GenerationBackend,
+    SamplingConfig,
+    Scored,
+    cut_at_stop,
+)
 
 PROMPT_WIDTH_MULTIPLE = 64  # static cache: left-pad prompts to a multiple of this (fewer distinct shapes)
 
@@ -35,6 +41,7 @@ def clip_to_tokens(text: str, tokenizer: Any, max_tokens: int) -> str:
     A receiver cuts peers' completions (and its own) to its own generation cap with this, before
     scoring and before training, so the text scored is exactly the text trained.
     """
+
     def length(t: str) -> int:
         return len(tokenizer(t, add_special_tokens=False)["input_ids"])
 
@@ -157,20 +164,34 @@ class HFGenerationBackend:
             model.eval()
             try:
                 logps = completion_logprobs(
-                    model, prompt_ids.to(device), prompt_mask.to(device), completion_ids.to(device),
-                    completion_mask.to(device), self.cfg.batch_size, self.cfg.temperature or 1.0,
+                    model,
+                    prompt_ids.to(device),
+                    prompt_mask.to(device),
+                    completion_ids.to(device),
+                    completion_mask.to(device),
+                    self.cfg.batch_size,
+                    self.cfg.temperature or 1.0,
                 ).cpu()
             finally:
                 model.train(was_training)
             for row, i in enumerate(usable):
                 logprobs[i] = tuple(logps[row, : len(ids[i])].tolist())
         g = num_generations
-        return ([texts[i : i + g] for i in range(0, len(texts), g)],
-                [logprobs[i : i + g] for i in range(0, len(texts), g)])
+        return (
+            [texts[i : i + g] for i in range(0, len(texts), g)],
+            [logprobs[i : i + g] for i in range(0, len(texts), g)],
+        )
 
     @torch.no_grad()
-    def _sample(self, prompts: list[str], num_generations: int, max_new_tokens: int | None,
-                temperature: float | None, top_p: float | None, seed: int) -> tuple[list[str], list[list[int]]]:
+    def _sample(
+        self,
+        prompts: list[str],
+        num_generations: int,
+        max_new_tokens: int | None,
+        temperature: float | None,
+        top_p: float | None,
+        seed: int,
+    ) -> tuple[list[str], list[list[int]]]:
         """Flat, prompt-major completion texts (cut at the stop string) and the token ids sampled."""
         cfg = self.cfg
         max_new_tokens = cfg.max_new_tokens if max_new_tokens is None else max_new_tokens
@@ -205,17 +226,26 @@ class HFGenerationBackend:
             model.train(was_training)
         return [cut_at_stop(t, cfg.stop) for t in texts], sampled
 
-    def _generate_batch(self, model: Any, prompts: list[str], device: torch.device, max_new_tokens: int,
-                        kwargs: dict[str, Any], static: bool) -> tuple[list[str], list[list[int]]]:
+    def _generate_batch(
+        self,
+        model: Any,
+        prompts: list[str],
+        device: torch.device,
+        max_new_tokens: int,
+        kwargs: dict[str, Any],
+        static: bool,
+    ) -> tuple[list[str], list[list[int]]]:
         enc = self.tokenizer(
-            prompts, add_special_tokens=False, padding=True, padding_side="left", return_tensors="pt",
+            prompts,
+            add_special_tokens=False,
+            padding=True,
+            padding_side="left",
+            return_tensors="pt",
             pad_to_multiple_of=PROMPT_WIDTH_MULTIPLE if static else None,
         ).to(device)
         if self.cfg.end_of_turn is not None:  # chat models: stop on any end-of-turn id, not only the first
             kwargs = {**kwargs, "eos_token_id": self.eos_ids}
-        out = model.generate(
-            **enc, max_new_tokens=max_new_tokens, use_cache=True, pad_token_id=self.pad_id, **kwargs
-        )
+        out = model.generate(**enc, max_new_tokens=max_new_tokens, use_cache=True, pad_token_id=self.pad_id, **kwargs)
         new = out[:, enc["input_ids"].size(1) :]
         if self.cfg.end_of_turn is not None:
             return decode_turns(self.tokenizer, new.tolist(), set(self.eos_ids), self.cfg.end_of_turn), new.tolist()
@@ -244,13 +274,17 @@ def completion_logprobs(
     for i in range(0, input_ids.size(0), micro_batch_size):
         sl = slice(i, i + micro_batch_size)
         # Only the last C+1 logits matter: position t predicts token t+1.
-        logits = model(
-            input_ids=input_ids[sl],
-            attention_mask=attention_mask[sl],
-            position_ids=position_ids[sl],
-            logits_to_keep=c + 1,
-            use_cache=False,
-        ).logits[:, :-1].float()
+        logits = (
+            model(
+                input_ids=input_ids[sl],
+                attention_mask=attention_mask[sl],
+                position_ids=position_ids[sl],
+                logits_to_keep=c + 1,
+                use_cache=False,
+            )
+            .logits[:, :-1]
+            .float()
+        )
         if temperature != 1.0:
             logits = logits / temperature
         logps = torch.gather(F.log_softmax(logits, dim=-1), 2, completion_ids[sl, :, None]).squeeze(-1)

@@ -65,8 +65,9 @@ class SAPOLossConfig:
         if self.num_iterations < 1:
             raise ValueError(f"num_iterations={self.num_iterations} must be >= 1")
         if self.max_completion_length is not None and self.max_completion_length < 1:
-            raise ValueError(f"max_completion_length={self.max_completion_length} must be >= 1 "
-                             "(or null: sampling.max_new_tokens)")
+            raise ValueError(
+                f"max_completion_length={self.max_completion_length} must be >= 1 (or null: sampling.max_new_tokens)"
+            )
         if not 0.0 < self.spo_rho <= 1.0:
             raise ValueError(f"spo_rho={self.spo_rho} must be in (0, 1]")
         if self.spo_discount not in SPO_DISCOUNTS:
@@ -189,8 +190,13 @@ class SPOTracker:
         return w / w.sum()
 
     def state_dict(self) -> dict[str, Any]:
-        return {"rho": self.rho, "discount": self.discount, "init": self.init,
-                "alpha": dict(self.alpha), "beta": dict(self.beta)}
+        return {
+            "rho": self.rho,
+            "discount": self.discount,
+            "init": self.init,
+            "alpha": dict(self.alpha),
+            "beta": dict(self.beta),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.rho = float(state["rho"])
@@ -241,8 +247,9 @@ def truncated_is_weight(old_logps: Tensor, sender_logps: Tensor, sender_mask: Te
     return torch.clamp(torch.exp(log_ratio), max=cap).detach()
 
 
-def filter_off_policy_negatives(old_logps: Tensor, sender_logps: Tensor, sender_mask: Tensor, advantages: Tensor,
-                                max_kl: float) -> Tensor:
+def filter_off_policy_negatives(
+    old_logps: Tensor, sender_logps: Tensor, sender_mask: Tensor, advantages: Tensor, max_kl: float
+) -> Tensor:
     """F-TIS's filter: [B] 1.0 for the completions kept, 0.0 for those dropped.
 
     A peer's completion (sender log-probs known, `sender_mask`) with a negative advantage is dropped
@@ -303,8 +310,9 @@ def policy_loss(
         loss = ((per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1)).sum() / norm.num_sequences
     else:  # dr_grpo
         if cfg.max_completion_length is None:
-            raise ValueError("loss_type='dr_grpo' needs max_completion_length "
-                             "(SAPOConfig sets it to sampling.max_new_tokens)")
+            raise ValueError(
+                "loss_type='dr_grpo' needs max_completion_length (SAPOConfig sets it to sampling.max_new_tokens)"
+            )
         loss = masked_sum / (norm.num_sequences * cfg.max_completion_length)
 
     is_clipped = ((ratio < 1 - cfg.epsilon) & (adv < 0)) | ((ratio > 1 + cfg.epsilon_high) & (adv > 0))

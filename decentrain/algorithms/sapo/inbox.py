@@ -59,8 +59,15 @@ def entry_ref(group: RolloutGroup) -> EntryRef:
 
 def same_group(group: RolloutGroup) -> tuple:
     """What makes two groups the same training data: the entry, the question, the completions in any order."""
-    return (group.task, group.config, group.seed, group.size, group.index, group.question,
-            tuple(sorted(group.completions)))
+    return (
+        group.task,
+        group.config,
+        group.seed,
+        group.size,
+        group.index,
+        group.question,
+        tuple(sorted(group.completions)),
+    )
 
 
 @dataclass
@@ -108,9 +115,22 @@ class Inbox:
     J = 0 trains none of them). The verifier, mixture, template and tokenizer are the node's own.
     """
 
-    def __init__(self, limits: PayloadLimits, key: str | bytes | None, own_id: str, *, verifier: Verifier,
-                 mixture: TaskMixture, template: PromptTemplate, tokenizer: Any, tokenizer_id: str,
-                 max_new_tokens: int, external_is: bool, score: bool, name: str = "node"):
+    def __init__(
+        self,
+        limits: PayloadLimits,
+        key: str | bytes | None,
+        own_id: str,
+        *,
+        verifier: Verifier,
+        mixture: TaskMixture,
+        template: PromptTemplate,
+        tokenizer: Any,
+        tokenizer_id: str,
+        max_new_tokens: int,
+        external_is: bool,
+        score: bool,
+        name: str = "node",
+    ):
         self.limits, self.own_id, self.name = limits, own_id, name
         self.verifier, self.mixture, self.template, self.tokenizer = verifier, mixture, template, tokenizer
         self.tokenizer_id, self.max_new_tokens = tokenizer_id, max_new_tokens
@@ -162,8 +182,15 @@ class Inbox:
                     self.logprob_drops.update(decoded.logprob_drops)
         return by_sender
 
-    def _admit(self, sender: str, g: RolloutGroup, tokenizer_id: str | None, datasets: dict[str, tuple[int, int]],
-               owner: dict[tuple, str | None], copies: dict[tuple, list[str]]) -> Arrival | None:
+    def _admit(
+        self,
+        sender: str,
+        g: RolloutGroup,
+        tokenizer_id: str | None,
+        datasets: dict[str, tuple[int, int]],
+        owner: dict[tuple, str | None],
+        copies: dict[tuple, list[str]],
+    ) -> Arrival | None:
         """One peer's group as an arrival of `sender`, rebuilt (and scored), or None, counted and charged."""
         if self.budget.over(sender):
             self.group_drops["sender_over_budget" if sender in self.budget.dropped else "round_over_budget"] += 1
@@ -217,8 +244,13 @@ class Inbox:
         """One WARNING line per round for payloads, one for groups: a flood of junk is not a flood of lines."""
         self.decoder.drops.flush_log(f"{self.name} round {round_}: ")
         if dropped := {k: v - seen.get(k, 0) for k, v in self.group_drops.items() if v != seen.get(k, 0)}:
-            logger.warning("%s round %d: dropped %d peer group(s): %s", self.name, round_,
-                           sum(dropped.values()), ", ".join(f"{k}={v}" for k, v in sorted(dropped.items())))
+            logger.warning(
+                "%s round %d: dropped %d peer group(s): %s",
+                self.name,
+                round_,
+                sum(dropped.values()),
+                ", ".join(f"{k}={v}" for k, v in sorted(dropped.items())),
+            )
 
     # -- clip, align, score ----------------------------------------------------------------------
 
@@ -226,8 +258,9 @@ class Inbox:
         """`group` with each completion cut after its answer (the stop string, or the closing tag)
         and to this node's `max_new_tokens` in its own tokenizer: the text scored and trained here.
         The node cuts its own groups with it too."""
-        completions = tuple(clip_to_tokens(self.template.cut(c), self.tokenizer, self.max_new_tokens)
-                            for c in group.completions)
+        completions = tuple(
+            clip_to_tokens(self.template.cut(c), self.tokenizer, self.max_new_tokens) for c in group.completions
+        )
         if completions == group.completions and group.logprobs is None:
             return group
         # the sender's log-probs are of the uncut text: only `_sender_logprobs` may carry them over

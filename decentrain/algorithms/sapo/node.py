@@ -65,8 +65,15 @@ def _trim_padding(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
 
 
 class SAPONode:
-    def __init__(self, cfg: SAPOConfig, node_index: int, node_id: str, exchange: RolloutExchange,
-                 device: torch.device | None = None, identity: NodeIdentity | None = None):
+    def __init__(
+        self,
+        cfg: SAPOConfig,
+        node_index: int,
+        node_id: str,
+        exchange: RolloutExchange,
+        device: torch.device | None = None,
+        identity: NodeIdentity | None = None,
+    ):
         # node_id: this node's name (logs, run dirs); identity.node_id: its public key (the wire id).
         self.cfg, self.node_index, self.node_id, self.exchange = cfg, node_index, node_id, exchange
         self.identity = identity or NodeIdentity.generate()
@@ -79,22 +86,35 @@ class SAPONode:
         # beta > 0: KL to the starting policy, kept frozen.
         self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False) if cfg.loss.beta > 0 else None
         self.optimizer = torch.optim.AdamW(  # a LoRA model steps its adapters only
-            trainable_parameters(self.model), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay,
-            betas=tuple(cfg.optim.betas)
+            trainable_parameters(self.model),
+            lr=cfg.optim.lr,
+            weight_decay=cfg.optim.weight_decay,
+            betas=tuple(cfg.optim.betas),
         )
         self.template = build_template(cfg.template, self.tokenizer)  # plain text, or the tokenizer's chat template
         self.verifier = Verifier(self.template, cfg.reward)
         self.mixture = TaskMixture(cfg.task)
         self.backend = build_generation_backend(self.model, self.tokenizer, self.template.sampling(cfg.sampling))
         # bf16 matmuls in the policy step on CUDA (fp32 master weights and optimizer state): train.precision
-        self.autocast = cfg.train.precision == "bf16_autocast" or (cfg.train.precision == "auto"
-                                                                   and self.device.type == "cuda")
+        self.autocast = cfg.train.precision == "bf16_autocast" or (
+            cfg.train.precision == "auto" and self.device.type == "cuda"
+        )
         self.advantage = build_advantage_estimator(cfg.loss)
         self.tokenizer_id = tokenizer_fingerprint(self.tokenizer)
-        self.inbox = Inbox(cfg.payload, cfg.swarm_key, self.identity.node_id, verifier=self.verifier,
-                           mixture=self.mixture, template=self.template, tokenizer=self.tokenizer,
-                           tokenizer_id=self.tokenizer_id, max_new_tokens=cfg.sampling.max_new_tokens,
-                           external_is=cfg.loss.external_is, score=cfg.batch.num_external > 0, name=node_id)
+        self.inbox = Inbox(
+            cfg.payload,
+            cfg.swarm_key,
+            self.identity.node_id,
+            verifier=self.verifier,
+            mixture=self.mixture,
+            template=self.template,
+            tokenizer=self.tokenizer,
+            tokenizer_id=self.tokenizer_id,
+            max_new_tokens=cfg.sampling.max_new_tokens,
+            external_is=cfg.loss.external_is,
+            score=cfg.batch.num_external > 0,
+            name=node_id,
+        )
         # the inbox's state, under the names the metrics, tests and benchmarks read
         self.decoder, self.budget = self.inbox.decoder, self.inbox.budget
         self.group_drops, self.logprob_drops = self.inbox.group_drops, self.inbox.logprob_drops
@@ -127,15 +147,22 @@ class SAPONode:
             completions, logprobs = self.backend.generate_scored(prompts, g, seed=seed)
         else:
             completions, logprobs = self.backend.generate(prompts, g, seed=seed), [None] * len(items)
-        groups = [group_of(it, tuple(c), None if lp is None else tuple(lp))
-                  for it, c, lp in zip(items, completions, logprobs)]
+        groups = [
+            group_of(it, tuple(c), None if lp is None else tuple(lp)) for it, c, lp in zip(items, completions, logprobs)
+        ]
         self._local = [Arrival(self.inbox.clip(g), None, it) for g, it in zip(groups, items)]
         return groups
 
     def share(self, round_: int, local: list[RolloutGroup]) -> list[Arrival]:
         """Publish `local`; return the peers' groups that rebuild (and score) here, each owned by its signer."""
-        payload = RolloutPayload(self.identity.node_id, round_, time.time(), tuple(local), name=self.node_id,
-                                 tokenizer=self.tokenizer_id if self.cfg.loss.external_is else None)
+        payload = RolloutPayload(
+            self.identity.node_id,
+            round_,
+            time.time(),
+            tuple(local),
+            name=self.node_id,
+            tokenizer=self.tokenizer_id if self.cfg.loss.external_is else None,
+        )
         wire = encode_payload(payload, self.identity, self.cfg.swarm_key)
         peek = self.inbox.peek(round_)  # the exchange counts only records that pass, and those that end its wait
         records = self.exchange.exchange(round_, wire, is_valid=peek.is_valid, ends_wait=peek.ends_wait)
@@ -143,16 +170,20 @@ class SAPONode:
 
     def train_step(self, batch_groups) -> dict[str, float]:
         cfg = self.cfg
-        tb = tokenize_batch(batch_groups, self.tokenizer, self.template, cfg.train.max_prompt_tokens,
-                            cfg.sampling.max_new_tokens)
+        tb = tokenize_batch(
+            batch_groups, self.tokenizer, self.template, cfg.train.max_prompt_tokens, cfg.sampling.max_new_tokens
+        )
         tensors = [t.to(self.device) for t in (tb.prompt_ids, tb.prompt_mask, tb.completion_ids, tb.completion_mask)]
         advantages = self.advantage(tb.prompts, tb.rewards).reshape(-1).to(self.device)
         mb = cfg.train.micro_batch_size
         temperature = cfg.sampling.temperature or 1.0
         norm = LossNorm.from_mask(tb.completion_mask, mb)
         # peers' sampling log-probs and where they are known ([N, C] each), for `loss.external_is`
-        sender = None if not cfg.loss.external_is or tb.sender_logps is None else [
-            tb.sender_logps.to(self.device), tb.sender_mask.to(self.device)]
+        sender = (
+            None
+            if not cfg.loss.external_is or tb.sender_logps is None
+            else [tb.sender_logps.to(self.device), tb.sender_mask.to(self.device)]
+        )
         if cfg.loss.beta == 0 and cfg.loss.loss_type != "bnpo":
             # A completion with zero advantage adds nothing to the gradient when there is no KL term,
             # so it is skipped; `norm` still counts it, so the loss equals the full batch's.
@@ -190,11 +221,16 @@ class SAPONode:
                         weights.append(is_weights[sender[1][sl].bool()])
                     if cfg.loss.ftis_kl is not None:  # a dropped completion weighs as one with zero advantage
                         if it == 0:
-                            kept.append(filter_off_policy_negatives(old, sender[0][sl], sender[1][sl], adv,
-                                                                    cfg.loss.ftis_kl))
+                            kept.append(
+                                filter_off_policy_negatives(old, sender[0][sl], sender[1][sl], adv, cfg.loss.ftis_kl)
+                            )
                         adv = adv * kept[k]
                 loss, stats = policy_loss(
-                    logps, adv, tensors[3][sl], cfg.loss, norm,
+                    logps,
+                    adv,
+                    tensors[3][sl],
+                    cfg.loss,
+                    norm,
                     old_logps=None if old_logps is None else old_logps[sl],
                     ref_logps=None if ref_logps is None else ref_logps[sl],
                     is_weights=is_weights,
@@ -211,8 +247,13 @@ class SAPONode:
         if kept:
             out["ftis_dropped"] = float((torch.cat(kept) == 0).sum().item())
         if weights and (w := torch.cat(weights)).numel():
-            out.update(is_tokens=float(w.numel()), is_weight_mean=w.mean().item(), is_weight_min=w.min().item(),
-                       is_weight_max=w.max().item(), is_capped=(w >= cfg.loss.external_is_cap).float().mean().item())
+            out.update(
+                is_tokens=float(w.numel()),
+                is_weight_mean=w.mean().item(),
+                is_weight_min=w.min().item(),
+                is_weight_max=w.max().item(),
+                is_capped=(w >= cfg.loss.external_is_cap).float().mean().item(),
+            )
         return out
 
     def run_round(self) -> dict[str, Any]:
@@ -257,8 +298,12 @@ class SAPONode:
         }
         for task in sorted({g.task for g in local}):
             # Exact answers only: reasoning-gym gives partial credit (e.g. 0.01) to some wrong ones.
-            scores = [s >= 1.0 for a in self._local if a.group.task == task
-                      for s in self.verifier.scores(a.item, a.group.completions)]
+            scores = [
+                s >= 1.0
+                for a in self._local
+                if a.group.task == task
+                for s in self.verifier.scores(a.item, a.group.completions)
+            ]
             metrics[f"accuracy/{task}"] = float(np.mean(scores))
         return metrics
 

@@ -15,8 +15,16 @@ import math
 from typing import Any, Sequence
 
 # Why a payload's or group's log-probs were not used (the groups still are); metric names.
-LOGPROB_DROP_REASONS = ("bad_tokenizer_id", "wrong_type", "too_long", "not_finite", "positive",
-                        "no_tokenizer", "tokenizer_mismatch", "token_count_mismatch")
+LOGPROB_DROP_REASONS = (
+    "bad_tokenizer_id",
+    "wrong_type",
+    "too_long",
+    "not_finite",
+    "positive",
+    "no_tokenizer",
+    "tokenizer_mismatch",
+    "token_count_mismatch",
+)
 
 
 def check_logprobs(value: Any, num_generations: int, max_tokens: int) -> tuple[tuple | None, str | None]:
@@ -60,8 +68,9 @@ def tokenizer_fingerprint(tokenizer: Any) -> str:
     return hashlib.sha256(blob.encode("ascii")).hexdigest()[:16]
 
 
-def align_logprobs(tokenizer: Any, sent: Sequence[str], cut: Sequence[str],
-                   logprobs: Sequence[tuple[float, ...] | None]) -> tuple[tuple[float, ...] | None, ...] | None:
+def align_logprobs(
+    tokenizer: Any, sent: Sequence[str], cut: Sequence[str], logprobs: Sequence[tuple[float, ...] | None]
+) -> tuple[tuple[float, ...] | None, ...] | None:
     """Per completion, the sender's log-probs of the tokens of `cut` (a prefix of `sent`, the text
     this node trains), or None for the whole group when a completion's text does not re-tokenise
     here to exactly as many tokens as log-probs were sent, or its cut to a prefix of them."""

@@ -160,8 +160,15 @@ class PayloadLimits:
             positive = name in ("sender_budget_s", "round_budget_s")
             if not (math.isfinite(value) and value >= 0) or (positive and value == 0):
                 raise ValueError(f"payload.{name}={value} must be finite and {'> 0' if positive else '>= 0'}")
-        for name in ("num_generations", "max_bytes", "max_groups", "max_string_chars", "max_dataset_size",
-                     "max_peers_tracked", "max_logprob_tokens"):
+        for name in (
+            "num_generations",
+            "max_bytes",
+            "max_groups",
+            "max_string_chars",
+            "max_dataset_size",
+            "max_peers_tracked",
+            "max_logprob_tokens",
+        ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"payload.{name}={getattr(self, name)} must be > 0")
         if self.max_logprob_values < 0:
@@ -219,8 +226,15 @@ def encode_payload(payload: RolloutPayload, identity: NodeIdentity, key: bytes |
         "round": payload.round,
         "timestamp": payload.timestamp,
         "groups": [
-            {"task": g.task, "config": g.config, "seed": g.seed, "size": g.size, "index": g.index,
-             "question": g.question, "completions": list(g.completions)}
+            {
+                "task": g.task,
+                "config": g.config,
+                "seed": g.seed,
+                "size": g.size,
+                "index": g.index,
+                "question": g.question,
+                "completions": list(g.completions),
+            }
             for g in payload.groups
         ],
     }
@@ -238,6 +252,7 @@ def encode_payload(payload: RolloutPayload, identity: NodeIdentity, key: bytes |
 
 
 # -- parsing -------------------------------------------------------------------------------------
+
 
 def _count_values(body: bytes, limits: PayloadLimits) -> None:
     """Refuse bodies with more JSON values than any valid payload, before parsing them.
@@ -346,8 +361,9 @@ def _check_group(obj: Any, index: int, limits: PayloadLimits, drops: list[str]) 
     return RolloutGroup(task, config, seed, size, entry, question, completions, logprobs)
 
 
-def _decode(data: Any, limits: PayloadLimits, current_round: int, key: bytes | None,
-            now: float | None) -> RolloutPayload:
+def _decode(
+    data: Any, limits: PayloadLimits, current_round: int, key: bytes | None, now: float | None
+) -> RolloutPayload:
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise _Reject("not_bytes", type(data).__name__)
     if len(data) > limits.max_bytes:  # before copying anything
@@ -356,11 +372,16 @@ def _decode(data: Any, limits: PayloadLimits, current_round: int, key: bytes | N
 
     end = data.find(b"\n", 0, _MAX_HEADER + 1)
     parts = data[:end].split(b" ") if end >= 0 else []
-    if not (parts and parts[0] == _MAGIC and len(parts) in (3, 4)
-            and len(parts[1]) == PUBLIC_KEY_HEX_LEN and len(parts[2]) == SIGNATURE_HEX_LEN
-            and (len(parts) == 3 or len(parts[3]) == _HMAC_HEX_LEN)):
+    if not (
+        parts
+        and parts[0] == _MAGIC
+        and len(parts) in (3, 4)
+        and len(parts[1]) == PUBLIC_KEY_HEX_LEN
+        and len(parts[2]) == SIGNATURE_HEX_LEN
+        and (len(parts) == 3 or len(parts[3]) == _HMAC_HEX_LEN)
+    ):
         raise _Reject("bad_frame", repr(data[:16]))
-    body = data[end + 1:]
+    body = data[end + 1 :]
     _count_values(body, limits)
     if key is not None:  # membership first: a keyed swarm drops outsiders before any public-key math
         if len(parts) != 4:
@@ -381,8 +402,9 @@ def _decode(data: Any, limits: PayloadLimits, current_round: int, key: bytes | N
     except UnicodeDecodeError as e:
         raise _Reject("invalid_utf8", str(e)[:80]) from None
     try:
-        obj = json.loads(text, object_pairs_hook=_no_duplicates, parse_int=_bounded_int,
-                         parse_constant=_reject_constant)
+        obj = json.loads(
+            text, object_pairs_hook=_no_duplicates, parse_int=_bounded_int, parse_constant=_reject_constant
+        )
     except (ValueError, RecursionError) as e:  # RecursionError: deeply nested arrays
         raise _Reject("bad_json", str(e)[:80]) from None
 
@@ -433,7 +455,11 @@ def _decode(data: Any, limits: PayloadLimits, current_round: int, key: bytes | N
 
 
 def decode_payload(
-    data: Any, limits: PayloadLimits, *, current_round: int, key: bytes | str | None = None,
+    data: Any,
+    limits: PayloadLimits,
+    *,
+    current_round: int,
+    key: bytes | str | None = None,
     now: float | None = None,
 ) -> RolloutPayload | Rejection:
     """Decode and verify; anything a peer can send yields a payload or a `Rejection`, never an exception.
@@ -462,13 +488,21 @@ class DropCounter:
         self.counts[rejection.reason] += 1
         self._unlogged[rejection.reason] += 1
         # Peer text only through safe_label: no control or bidi characters reach the log.
-        logger.debug("dropped rollout payload from %s: %s %s", safe_label(source), rejection.reason,
-                     safe_label(rejection.detail, 96))
+        logger.debug(
+            "dropped rollout payload from %s: %s %s",
+            safe_label(source),
+            rejection.reason,
+            safe_label(rejection.detail, 96),
+        )
 
     def flush_log(self, what: str = "") -> None:
         if self._unlogged:
-            logger.warning("%sdropped %d rollout payload(s): %s", what, sum(self._unlogged.values()),
-                           ", ".join(f"{k}={v}" for k, v in sorted(self._unlogged.items())))
+            logger.warning(
+                "%sdropped %d rollout payload(s): %s",
+                what,
+                sum(self._unlogged.values()),
+                ", ".join(f"{k}={v}" for k, v in sorted(self._unlogged.items())),
+            )
             self._unlogged.clear()
 
     @property
@@ -511,8 +545,9 @@ class PayloadDecoder:
         result = self._decode(data, current_round, now)
         return result if isinstance(result, RolloutPayload) and self._replayed(result) is None else None
 
-    def __call__(self, data: Any, current_round: int, source: str = "?",
-                 now: float | None = None) -> RolloutPayload | None:
+    def __call__(
+        self, data: Any, current_round: int, source: str = "?", now: float | None = None
+    ) -> RolloutPayload | None:
         return self.accept(self._decode(data, current_round, now), source)
 
     def accept(self, result: RolloutPayload | Rejection, source: str = "?") -> RolloutPayload | None:
@@ -529,8 +564,9 @@ class PayloadDecoder:
         if len(self.high_water) > self.limits.max_peers_tracked:
             # Fewest accepted payloads first, least recently seen among those (OrderedDict order).
             order = {k: i for i, k in enumerate(self.high_water)}
-            victim = min((k for k in self.high_water if k != result.node_id),
-                         key=lambda k: (self.accepted[k], order[k]))
+            victim = min(
+                (k for k in self.high_water if k != result.node_id), key=lambda k: (self.accepted[k], order[k])
+            )
             del self.high_water[victim]
             self.accepted.pop(victim, None)
         return result

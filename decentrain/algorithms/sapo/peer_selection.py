@@ -65,7 +65,7 @@ class PeerSelector:
         order = self.rng.permutation(len(rest))  # random tie-break among equally old reads
         rest = [rest[int(i)] for i in order]
         rest.sort(key=lambda p: self.last_read.get(p, -math.inf))
-        explore = rest[:room - len(trusted)]
+        explore = rest[: room - len(trusted)]
         for p in trusted + explore:
             self.last_read[p] = round_
         return trusted, explore

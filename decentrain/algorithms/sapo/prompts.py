@@ -58,8 +58,9 @@ class ChatTemplate(PromptTemplate):
 
     def __init__(self, cfg: TemplateConfig, tokenizer: Any):
         if getattr(tokenizer, "chat_template", None) is None:
-            raise ValueError(f"template.chat=true needs a tokenizer with a chat template; "
-                             f"{type(tokenizer).__name__} has none")
+            raise ValueError(
+                f"template.chat=true needs a tokenizer with a chat template; {type(tokenizer).__name__} has none"
+            )
         super().__init__(cfg)
         self.tokenizer = tokenizer
         self.eos = tokenizer.eos_token
@@ -114,7 +115,7 @@ def final_answer(text: str) -> str:
         return _unwrap(boxed[-1])
     cues = list(_CUE.finditer(text))
     if cues:
-        span = text[cues[-1].end():].strip(ASCII_SPACE).split("\n", 1)[0]
+        span = text[cues[-1].end() :].strip(ASCII_SPACE).split("\n", 1)[0]
     else:
         lines = [line for line in text.split("\n") if line.strip(ASCII_SPACE)]
         span = lines[-1] if lines else ""

@@ -48,11 +48,14 @@ def round_line(node_id: str, round_: int, metrics: dict[str, Any], swarm_reward:
         | held-out 0.250
 
     on one line."""
-    parts = [f"round {round_} {node_id}", f"own reward {metrics.get('reward', float('nan')):.3f}"
-             + (f" (swarm mean {swarm_reward:.3f})" if swarm_reward is not None else ""),
-             f"batch {metrics.get('batch_reward', float('nan')):.3f}",
-             f"external groups {int(metrics.get('external_groups', 0))} used of "
-             f"{int(metrics.get('external_received', 0))} received"]
+    parts = [
+        f"round {round_} {node_id}",
+        f"own reward {metrics.get('reward', float('nan')):.3f}"
+        + (f" (swarm mean {swarm_reward:.3f})" if swarm_reward is not None else ""),
+        f"batch {metrics.get('batch_reward', float('nan')):.3f}",
+        f"external groups {int(metrics.get('external_groups', 0))} used of "
+        f"{int(metrics.get('external_received', 0))} received",
+    ]
     held = heldout_mean(metrics)
     if held is not None:
         parts.append(f"held-out {held:.3f}")
@@ -92,16 +95,27 @@ def summary_line(s: dict[str, Any]) -> str:
     def f(v):
         return "-" if v is None else f"{v:.3f}"
 
-    return (f"{s['node']}: {s['rounds']} rounds | own reward {f(s['own_reward_first'])} -> {f(s['own_reward_last'])} "
-            f"(mean of first/last {s['window_rounds']}) | batch reward mean {f(s['batch_reward_mean'])} | "
-            f"held-out {f(s['heldout_first'])} -> {f(s['heldout_last'])} | "
-            f"external groups used {s['external_groups_used']}")
+    return (
+        f"{s['node']}: {s['rounds']} rounds | own reward {f(s['own_reward_first'])} -> {f(s['own_reward_last'])} "
+        f"(mean of first/last {s['window_rounds']}) | batch reward mean {f(s['batch_reward_mean'])} | "
+        f"held-out {f(s['heldout_first'])} -> {f(s['heldout_last'])} | "
+        f"external groups used {s['external_groups_used']}"
+    )
 
 
 def plot_rewards(rows: list[dict], held: list[tuple[int, float]], out_png: Path, title: str) -> Path:
     heldout = dict(held)
     records = [{**r, HELDOUT + "mean": heldout.get(r["step"])} for r in rows]
-    return plot_curves(records, ["reward", "batch_reward", HELDOUT + "mean"], out_png, title, xlabel="round",
-                       ylabel="reward / accuracy", labels={"reward": "own-rollout reward",
-                                                           "batch_reward": "batch reward (external included)",
-                                                           HELDOUT + "mean": "held-out greedy accuracy"})
+    return plot_curves(
+        records,
+        ["reward", "batch_reward", HELDOUT + "mean"],
+        out_png,
+        title,
+        xlabel="round",
+        ylabel="reward / accuracy",
+        labels={
+            "reward": "own-rollout reward",
+            "batch_reward": "batch reward (external included)",
+            HELDOUT + "mean": "held-out greedy accuracy",
+        },
+    )

@@ -65,8 +65,12 @@ def run_sapo(cfg: SAPOConfig, world: World, run_dir: Path, on_round=None) -> dic
         drop_rows_after(node_dir / "metrics.jsonl", start)  # the rounds after it are logged again
         logger.info("%s resumed at round %d", node_id, start)
     # Every node writes its own metrics file: nodes differ (model, tasks, I/J).
-    log = MetricsLogger(dataclasses.replace(cfg.logger, all_ranks=True, progress=False), node_dir, rank=0,
-                        config=dataclasses.asdict(cfg))
+    log = MetricsLogger(
+        dataclasses.replace(cfg.logger, all_ranks=True, progress=False),
+        node_dir,
+        rank=0,
+        config=dataclasses.asdict(cfg),
+    )
     last = cfg.train.stop_at or cfg.train.rounds
     collective = world.is_distributed and EXCHANGES.get(cfg.exchange.name).joins_process_group
     metrics: dict[str, Any] = {}

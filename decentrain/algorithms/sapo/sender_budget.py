@@ -45,8 +45,7 @@ def split_round_budget(cap_s: float, senders: list[str], merit: dict[str, float]
 
 
 class SenderBudget:
-    def __init__(self, limit_s: float, clock: Callable[[], float] = time.perf_counter,
-                 round_limit_s: float = math.inf):
+    def __init__(self, limit_s: float, clock: Callable[[], float] = time.perf_counter, round_limit_s: float = math.inf):
         self.limit_s, self.clock, self.round_limit_s = limit_s, clock, round_limit_s
         self.spent: Counter[str] = Counter()  # this round
         self.allowance: dict[str, float] = {}  # this round, from plan()

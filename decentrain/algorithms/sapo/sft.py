@@ -33,8 +33,9 @@ logger = logging.getLogger(__name__)
 IGNORE_INDEX = -100
 
 
-def encode_example(item: TaskItem, template: PromptTemplate, tokenizer: Any,
-                   max_prompt_tokens: int = 256) -> tuple[list[int], list[int]]:
+def encode_example(
+    item: TaskItem, template: PromptTemplate, tokenizer: Any, max_prompt_tokens: int = 256
+) -> tuple[list[int], list[int]]:
     """(input_ids, labels) with labels = IGNORE_INDEX on the prompt: only the answer (and what ends it:
     the stop string, or a chat model's end-of-turn token) is learned."""
     prompt = tokenizer(template(item.question), add_special_tokens=False)["input_ids"][-max_prompt_tokens:]
@@ -51,20 +52,32 @@ def collate(examples: list[tuple[list[int], list[int]]], pad_id: int) -> dict[st
 def answer_loss(model: Any, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False).logits
     logits, labels = logits[:, :-1].float(), batch["labels"][:, 1:]
-    return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), labels.reshape(-1),
-                                             ignore_index=IGNORE_INDEX)
+    return torch.nn.functional.cross_entropy(
+        logits.reshape(-1, logits.size(-1)), labels.reshape(-1), ignore_index=IGNORE_INDEX
+    )
 
 
 @torch.no_grad()
-def evaluate_accuracy(model: Any, tokenizer: Any, task_cfg: TaskMixConfig, template: PromptTemplate,
-                      sampling: SamplingConfig, prompts_per_task: int, num_generations: int,
-                      seed: int) -> dict[str, Any]:
+def evaluate_accuracy(
+    model: Any,
+    tokenizer: Any,
+    task_cfg: TaskMixConfig,
+    template: PromptTemplate,
+    sampling: SamplingConfig,
+    prompts_per_task: int,
+    num_generations: int,
+    seed: int,
+) -> dict[str, Any]:
     """Per-task sampled accuracy (G completions per prompt, as RL sees it), mixed-reward prompts, greedy accuracy."""
     verifier = Verifier(template)
     out: dict[str, Any] = {}
     for task in task_cfg.tasks:
-        cfg = TaskMixConfig(tasks=[task], size=max(prompts_per_task, 1), seed=seed,
-                            task_kwargs={task: task_cfg.task_kwargs.get(task, {})})
+        cfg = TaskMixConfig(
+            tasks=[task],
+            size=max(prompts_per_task, 1),
+            seed=seed,
+            task_kwargs={task: task_cfg.task_kwargs.get(task, {})},
+        )
         mixture = TaskMixture(cfg)
         items = [mixture[i] for i in range(prompts_per_task)]
         prompts = [template(it.question) for it in items]
@@ -72,11 +85,12 @@ def evaluate_accuracy(model: Any, tokenizer: Any, task_cfg: TaskMixConfig, templ
         greedy_cfg = SamplingConfig(**{**sampling.__dict__, "temperature": 0.0})
         greedy = HFGenerationBackend(model, tokenizer, greedy_cfg).generate(prompts, 1, seed=seed)
         # Accuracy counts exact answers; reasoning-gym gives partial credit (e.g. 0.01) to some wrong ones.
-        scores = np.array([[verifier.correctness(it, c) >= 1.0 for c in comps] for it, comps in zip(items, sampled)],
-                          dtype=float)
+        scores = np.array(
+            [[verifier.correctness(it, c) >= 1.0 for c in comps] for it, comps in zip(items, sampled)], dtype=float
+        )
         out[task] = {
             "sampled_accuracy": float(scores.mean()),
-            "mixed_groups": int(((scores.max(1) != scores.min(1))).sum()),
+            "mixed_groups": int((scores.max(1) != scores.min(1)).sum()),
             "greedy_accuracy": float(np.mean([verifier.correctness(it, g[0]) >= 1.0 for it, g in zip(items, greedy)])),
             "prompts": prompts_per_task,
         }
@@ -123,17 +137,35 @@ def run_sft(cfg: SFTConfig, run_dir: Path) -> dict[str, Any]:
             log.advance(1, loss=loss.item())
             if step + 1 == min(10, cfg.sft.steps):  # measured, then extrapolated: the default SFT takes minutes
                 per_step = (time.perf_counter() - start) / (step + 1)
-                logger.info("SFT: %d steps at %.2f s/step here: about %.0f min in all, then the per-task evaluation",
-                            cfg.sft.steps, per_step, per_step * cfg.sft.steps / 60)
+                logger.info(
+                    "SFT: %d steps at %.2f s/step here: about %.0f min in all, then the per-task evaluation",
+                    cfg.sft.steps,
+                    per_step,
+                    per_step * cfg.sft.steps / 60,
+                )
             if (step + 1) % cfg.sft.log_every == 0 or step + 1 == cfg.sft.steps:
                 log.log(step + 1, {"loss": loss.item(), "lr": optimizer.param_groups[0]["lr"]})
         train_s = time.perf_counter() - start
-        accuracy = evaluate_accuracy(model, tokenizer, cfg.task, template, sampling, cfg.eval.prompts_per_task,
-                                     cfg.eval.num_generations, cfg.task.seed + cfg.eval.seed_offset)
+        accuracy = evaluate_accuracy(
+            model,
+            tokenizer,
+            cfg.task,
+            template,
+            sampling,
+            cfg.eval.prompts_per_task,
+            cfg.eval.num_generations,
+            cfg.task.seed + cfg.eval.seed_offset,
+        )
     finally:
         log.close()
     save_model(model, tokenizer, out_dir)
-    summary = {"out_dir": str(out_dir), "params": num_params(model), "steps": cfg.sft.steps,
-               "final_loss": loss.item(), "train_s": train_s, "accuracy": accuracy}
+    summary = {
+        "out_dir": str(out_dir),
+        "params": num_params(model),
+        "steps": cfg.sft.steps,
+        "final_loss": loss.item(),
+        "train_s": train_s,
+        "accuracy": accuracy,
+    }
     (run_dir / "sft_eval.json").write_text(json.dumps(summary, indent=1))
     return summary

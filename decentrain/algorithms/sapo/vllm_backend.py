@@ -22,8 +22,9 @@ from decentrain.algorithms.sapo.sampling import GENERATION_BACKENDS, SamplingCon
 from decentrain.models.factory import save_model
 
 
-def vllm_sampling_params(cfg: SamplingConfig, n: int, max_new_tokens: int, temperature: float, top_p: float,
-                         seed: int) -> dict[str, Any]:
+def vllm_sampling_params(
+    cfg: SamplingConfig, n: int, max_new_tokens: int, temperature: float, top_p: float, seed: int
+) -> dict[str, Any]:
     """`vllm.SamplingParams` fields for one prompt's G samples (kept beside the HF kwargs' meaning)."""
     params: dict[str, Any] = dict(n=n, max_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed)
     top_k = getattr(cfg, "top_k", None)
@@ -38,8 +39,9 @@ def vllm_sampling_params(cfg: SamplingConfig, n: int, max_new_tokens: int, tempe
 class VLLMGenerationBackend:
     """`GenerationBackend` on a colocated `vllm.LLM`."""
 
-    def __init__(self, model: Any, tokenizer: Any, cfg: SamplingConfig | None = None,
-                 gpu_memory_utilization: float = 0.3):
+    def __init__(
+        self, model: Any, tokenizer: Any, cfg: SamplingConfig | None = None, gpu_memory_utilization: float = 0.3
+    ):
         import vllm  # raises ImportError with the package's own message when missing
 
         self.vllm, self.model, self.tokenizer = vllm, model, tokenizer
@@ -49,8 +51,9 @@ class VLLMGenerationBackend:
         self._dir = tempfile.TemporaryDirectory(prefix="decentrain_vllm_")
         save_model(model, tokenizer, self._dir.name)  # on this node's rank, whichever it is
         dtype = "bfloat16" if self.cfg.dtype in ("auto", "bfloat16") else self.cfg.dtype
-        self.llm = vllm.LLM(model=self._dir.name, dtype=dtype, gpu_memory_utilization=gpu_memory_utilization,
-                            enable_prefix_caching=True)  # the G copies of a prompt share its prefill
+        self.llm = vllm.LLM(
+            model=self._dir.name, dtype=dtype, gpu_memory_utilization=gpu_memory_utilization, enable_prefix_caching=True
+        )  # the G copies of a prompt share its prefill
 
     def _push_weights(self) -> None:
         # the documented colocate path (as TRL's): vLLM's own model object loads (name, tensor) pairs
@@ -58,13 +61,27 @@ class VLLMGenerationBackend:
         with torch.no_grad():
             runner.model.load_weights((name, p.detach()) for name, p in self.model.named_parameters())
 
-    def generate(self, prompts: list[str], num_generations: int, max_new_tokens: int | None = None,
-                 temperature: float | None = None, top_p: float | None = None, seed: int = 0) -> list[list[str]]:
+    def generate(
+        self,
+        prompts: list[str],
+        num_generations: int,
+        max_new_tokens: int | None = None,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        seed: int = 0,
+    ) -> list[list[str]]:
         cfg = self.cfg
         self._push_weights()
-        params = self.vllm.SamplingParams(**vllm_sampling_params(
-            cfg, num_generations, cfg.max_new_tokens if max_new_tokens is None else max_new_tokens,
-            cfg.temperature if temperature is None else temperature, cfg.top_p if top_p is None else top_p, seed))
+        params = self.vllm.SamplingParams(
+            **vllm_sampling_params(
+                cfg,
+                num_generations,
+                cfg.max_new_tokens if max_new_tokens is None else max_new_tokens,
+                cfg.temperature if temperature is None else temperature,
+                cfg.top_p if top_p is None else top_p,
+                seed,
+            )
+        )
         outputs = self.llm.generate(prompts, params, use_tqdm=False)
         return [[cut_at_stop(c.text, cfg.stop) for c in out.outputs] for out in outputs]
 

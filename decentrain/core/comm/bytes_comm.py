@@ -23,7 +23,11 @@ class PayloadTooLarge(ValueError):
 
 
 def _to_tensor(data: bytes, device: torch.device) -> torch.Tensor:
-    return torch.frombuffer(bytearray(data), dtype=torch.uint8).to(device) if data else torch.empty(0, dtype=torch.uint8, device=device)
+    return (
+        torch.frombuffer(bytearray(data), dtype=torch.uint8).to(device)
+        if data
+        else torch.empty(0, dtype=torch.uint8, device=device)
+    )
 
 
 class GatheredBytes(list):
@@ -94,7 +98,11 @@ def broadcast_bytes(world: World, data: bytes | None, src: int = 0, max_bytes: i
     length = int(size.item())
     if length > max_bytes:
         raise PayloadTooLarge(f"broadcast of {length} bytes exceeds max_bytes={max_bytes}")
-    buf = _to_tensor(data, world.device) if world.rank == src else torch.empty(length, dtype=torch.uint8, device=world.device)
+    buf = (
+        _to_tensor(data, world.device)
+        if world.rank == src
+        else torch.empty(length, dtype=torch.uint8, device=world.device)
+    )
     dist.broadcast(buf, src=src, group=world.group)
     return buf.cpu().numpy().tobytes()
 

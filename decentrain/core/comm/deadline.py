@@ -63,8 +63,10 @@ class AdaptiveDeadlineConfig:
         if not self.enabled:
             return
         if deadline_s is None:
-            raise ValueError("algorithm.adaptive_deadline.enabled=true needs algorithm.deadline_s (the cap); "
-                             "allowed: a number > 0, or adaptive_deadline.enabled=false")
+            raise ValueError(
+                "algorithm.adaptive_deadline.enabled=true needs algorithm.deadline_s (the cap); "
+                "allowed: a number > 0, or adaptive_deadline.enabled=false"
+            )
 
 
 @dataclass

@@ -21,7 +21,6 @@ from decentrain.core.comm.pair_groups import PairGroups
 from decentrain.core.comm.transport import GossipOptions, Transport, Work, all_gather_bytes_sent
 from decentrain.core.world import World
 
-
 RECONNECT_TIMEOUT_S = 5.0  # a reconnect to a store that is gone fails within this (the heartbeat tries again)
 
 
@@ -34,6 +33,7 @@ def _reconnect(w: World, prefix: str):
     def reconnect() -> tuple[dist.Store, dist.Store]:
         shared = client(RECONNECT_TIMEOUT_S)
         return dist.PrefixStore(prefix, shared), shared
+
     return reconnect
 
 
@@ -65,8 +65,14 @@ class TorchTransport(Transport):
             # progress and heartbeat over the job's store: stopped or lagging partners are not waited for
             w.gossip_jobs = job_number(w.store, w.rank, w.incarnation, w.world_size, w.gossip_jobs)
             prefix = f"job{w.gossip_jobs}"
-            self.membership = Membership(dist.PrefixStore(prefix, w.store), w.rank, w.world_size, w.incarnation,
-                                         launcher_store=w.store, reconnect=_reconnect(w, prefix))
+            self.membership = Membership(
+                dist.PrefixStore(prefix, w.store),
+                w.rank,
+                w.world_size,
+                w.incarnation,
+                launcher_store=w.store,
+                reconnect=_reconnect(w, prefix),
+            )
             self.membership.start_heartbeat()
             ex.membership, ex.stall_s = self.membership, opts.stall_s
             if w.store_client is not None and (w.backend != "nccl" or opts.deadline_s is not None):

@@ -41,8 +41,11 @@ def send_state(pg: dist.ProcessGroupGloo, dst: int, skeleton: bytes, blob: bytes
     crc = zlib.crc32(blob, zlib.crc32(skeleton))
     header = torch.tensor([HEAL_MAGIC, len(skeleton), len(blob), crc], dtype=torch.int64)
     works = [pg.send([header], dst, Tags.heal(0))]
-    works += [pg.send([torch.frombuffer(bytearray(b), dtype=torch.uint8)], dst, Tags.heal(1 + i))
-              for i, b in enumerate((skeleton, blob)) if b]
+    works += [
+        pg.send([torch.frombuffer(bytearray(b), dtype=torch.uint8)], dst, Tags.heal(1 + i))
+        for i, b in enumerate((skeleton, blob))
+        if b
+    ]
     for w in works:
         w.wait()
 
@@ -101,7 +104,9 @@ def _structure_problem(got: Any, want: Any, path: str = "") -> str | None:
     if isinstance(want, list):
         if not isinstance(got, list) or len(got) != len(want):
             return f"{path}: length differs"
-        return next((p for i, (g, w) in enumerate(zip(got, want)) if (p := _structure_problem(g, w, f"{path}.{i}"))), None)
+        return next(
+            (p for i, (g, w) in enumerate(zip(got, want)) if (p := _structure_problem(g, w, f"{path}.{i}"))), None
+        )
     if isinstance(got, (dict, list)):
         return f"{path}: type differs"
     return _scalar_problem(got, want, path)

@@ -91,7 +91,9 @@ class LauncherKey:
     def __init__(self, secret: bytes):
         if len(secret) < 16:
             raise ValueError(f"{SECRET_ENV} must hold at least 16 bytes of secret (got {len(secret)})")
-        self._id = NodeIdentity(Ed25519PrivateKey.from_private_bytes(hashlib.sha256(b"decentrain-launcher\x00" + secret).digest()))
+        self._id = NodeIdentity(
+            Ed25519PrivateKey.from_private_bytes(hashlib.sha256(b"decentrain-launcher\x00" + secret).digest())
+        )
         self._next: dict[int, int] = {}  # rank -> the incarnation after the last one this launcher claimed
 
     @classmethod
@@ -100,8 +102,10 @@ class LauncherKey:
         secret = env.get(SECRET_ENV, "")
         if not secret:
             if required:
-                raise ValueError(f"{SECRET_ENV} is unset: every host's launcher of a multi-host job needs the same "
-                                 "secret (e.g. `export DECENTRAIN_JOB_SECRET=$(openssl rand -hex 32)`, passed to each host)")
+                raise ValueError(
+                    f"{SECRET_ENV} is unset: every host's launcher of a multi-host job needs the same "
+                    "secret (e.g. `export DECENTRAIN_JOB_SECRET=$(openssl rand -hex 32)`, passed to each host)"
+                )
             return cls(secrets.token_bytes(32))
         return cls(secret.encode())
 
@@ -123,8 +127,9 @@ class LauncherKey:
         rewrite records faster than this launcher can claim one).
         """
         worker = Ed25519PrivateKey.generate()  # the worker's own key: its heal requests are its alone
-        worker_hex = worker.private_bytes(serialization.Encoding.Raw, serialization.PrivateFormat.Raw,
-                                          serialization.NoEncryption()).hex()
+        worker_hex = worker.private_bytes(
+            serialization.Encoding.Raw, serialization.PrivateFormat.Raw, serialization.NoEncryption()
+        ).hex()
         worker_pub = NodeIdentity(worker).node_id
         check = IncarnationCheck(job, self.public_hex)
         incarnation = self._next.get(rank, 0)
@@ -141,15 +146,19 @@ class LauncherKey:
             got = store.compare_set(key, expected, record)
             if got == record.encode():
                 if seen is not None:
-                    log.warning("rank %d: incarnation %d's record held a value no launcher signed; replaced it",
-                                rank, incarnation)
+                    log.warning(
+                        "rank %d: incarnation %d's record held a value no launcher signed; replaced it",
+                        rank,
+                        incarnation,
+                    )
                 self._next[rank] = incarnation + 1
                 return incarnation, f"{worker_hex},{cert}"
             # someone wrote the record meanwhile: compare_set answered what is there now (or, for a key
             # deleted meanwhile, the expected value itself)
             seen = None if got == expected else got
-        raise RuntimeError(f"rank {rank}: no incarnation record claimed in {_CLAIM_TRIES} tries "
-                           "(store clients keep rewriting them)")
+        raise RuntimeError(
+            f"rank {rank}: no incarnation record claimed in {_CLAIM_TRIES} tries (store clients keep rewriting them)"
+        )
 
     def worker_env(self, job: str, token: str) -> dict[str, str]:
         """What a worker gets: the public key and its own token, never the secret."""

@@ -126,7 +126,9 @@ class InProcessTransport(Transport):
         self.stats.bytes_sent += len(peers) * sum(t.numel() * t.element_size() for t in mine)
         got, ok = [], True
         for p in peers:
-            left = None if self.hub.deadline_s is None else max(0.0, self.hub.deadline_s - (time.perf_counter() - start))
+            left = (
+                None if self.hub.deadline_s is None else max(0.0, self.hub.deadline_s - (time.perf_counter() - start))
+            )
             value = self.hub.take((round_idx, p, self.rank), left)
             if value is None:
                 self.stats.timeouts += 1
@@ -174,7 +176,8 @@ class InProcessTransport(Transport):
 
     def all_gather_bytes(self, data: bytes, max_bytes: int = 64 << 20) -> GatheredBytes:
         oversized = len(data) > max_bytes
-        self.stats.bytes_sent += all_gather_bytes_sent(len(data) + 8, self.world_size)  # + its int64 length, as over gloo
+        # + its int64 length, as over gloo
+        self.stats.bytes_sent += all_gather_bytes_sent(len(data) + 8, self.world_size)
         items = self.hub.collect(self._post(b"" if oversized else bytes(data)))
         lengths, dropped = accepted_lengths([len(b) for b in items], max_bytes)
         out = GatheredBytes([b if n else b"" for b, n in zip(items, lengths)], dropped)

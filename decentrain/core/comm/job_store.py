@@ -56,7 +56,9 @@ def serve(host: str, port: int, stop: threading.Event, ready_file: str | None = 
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m decentrain.core.comm.job_store", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m decentrain.core.comm.job_store", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--host", default="0.0.0.0", help="address to listen on (default: every interface)")
     parser.add_argument("--port", type=int, default=29400, help="port (0: any free one, see --ready-file)")
     parser.add_argument("--ready-file", help="write HOST:PORT here once the store accepts clients")

@@ -189,7 +189,9 @@ class Membership:
             return
         self._broken = False
         self.reconnects += 1
-        log.warning("rank %d: lost the membership store connection; reconnected (%d so far)", self.rank, self.reconnects)
+        log.warning(
+            "rank %d: lost the membership store connection; reconnected (%d so far)", self.rank, self.reconnects
+        )
 
     # -- heal requests ----------------------------------------------------------------
     def request_heal(self, donor: int) -> bool:
@@ -199,8 +201,12 @@ class Membership:
         nonce = self._parsed("nonce", f"heal/{donor}/nonce", _parse_nonce)
         request = None if nonce is None else self.authority.heal_request(donor, nonce, self.rank, self.incarnation)
         if request is None:
-            log.warning("rank %d: no heal request to rank %d (%s)", self.rank, donor,
-                        "it published no nonce" if nonce is None else "this worker has no launcher token")
+            log.warning(
+                "rank %d: no heal request to rank %d (%s)",
+                self.rank,
+                donor,
+                "it published no nonce" if nonce is None else "this worker has no launcher token",
+            )
             return False
         return self._write(f"heal/{donor}/{self.rank}/{self.incarnation}", request)
 
@@ -220,8 +226,9 @@ class Membership:
             self._write(f"heal/{self.rank}/nonce", self._nonces[-1])
         out = []
         for peer in self._peers():
-            inc = self._newest[peer] = self.authority.newest(self.launcher_store or self.store, peer,
-                                                             self._newest.get(peer, -1))
+            inc = self._newest[peer] = self.authority.newest(
+                self.launcher_store or self.store, peer, self._newest.get(peer, -1)
+            )
             raw = self._read(f"heal/{self.rank}/{peer}/{inc}") if inc > 0 else None
             if raw is None or raw is _FAILED or raw == self._asked.get(peer):
                 continue
@@ -231,7 +238,9 @@ class Membership:
             req = self.authority.read_request(raw, self.rank, peer)
             if (why := self._refusal(peer, inc, req)) is not None:
                 self.drops[f"heal_{why.split(':')[0]}"] += 1
-                log.warning("rank %d: ignoring a heal request from rank %d incarnation %d: %s", self.rank, peer, inc, why)
+                log.warning(
+                    "rank %d: ignoring a heal request from rank %d incarnation %d: %s", self.rank, peer, inc, why
+                )
                 continue
             self._granted.add((peer, *req))
             out.append((peer, inc))
@@ -288,8 +297,11 @@ class Membership:
 
     def live_round(self) -> int | None:
         """Median rounds-done of the other ranks still training (None if none published)."""
-        dones = [p.done for r in range(self.world_size)
-                 if r != self.rank and (p := self.progress(r)) is not None and not p.finished]
+        dones = [
+            p.done
+            for r in range(self.world_size)
+            if r != self.rank and (p := self.progress(r)) is not None and not p.finished
+        ]
         return int(statistics.median_low(dones)) if dones else None
 
     # -- the store --------------------------------------------------------------------
@@ -328,7 +340,9 @@ class Membership:
             return False
 
     def _failed(self, e: Exception) -> object:
-        """A store call failed (the connection is gone, or the store at the end of the job): reconnect at the next beat."""
+        """A store call failed (the connection is gone, or the store at the end of the job).
+
+        The heartbeat reconnects at the next beat."""
         self._broken = True
         log.debug("rank %d: membership store call failed: %s", self.rank, e)
         return _FAILED

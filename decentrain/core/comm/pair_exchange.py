@@ -25,8 +25,18 @@ from decentrain.core.comm.deadline import ArrivalWindow
 from decentrain.core.comm.membership import Membership
 from decentrain.core.comm.pair_groups import PairGroups
 from decentrain.core.comm.wait_policy import WaitPolicy
-from decentrain.core.comm.wire import (FLAG_SKIP, HEADER_LEN, BodyCheck, Tags, flatten_buckets, header_problem, make_header, pack,
-                                  skip_header, unpack)
+from decentrain.core.comm.wire import (
+    FLAG_SKIP,
+    HEADER_LEN,
+    BodyCheck,
+    Tags,
+    flatten_buckets,
+    header_problem,
+    make_header,
+    pack,
+    skip_header,
+    unpack,
+)
 from decentrain.core.world import World
 
 log = logging.getLogger(__name__)
@@ -49,7 +59,15 @@ class ExchangeStats:
 
     @property
     def dropped(self) -> int:
-        return self.timeouts + self.failures + self.rejected + self.corrupt + self.nonfinite + self.skipped + self.partner_skipped
+        return (
+            self.timeouts
+            + self.failures
+            + self.rejected
+            + self.corrupt
+            + self.nonfinite
+            + self.skipped
+            + self.partner_skipped
+        )
 
 
 @dataclass
@@ -147,9 +165,11 @@ class PairExchange:
     def check_transport(self) -> None:
         """Refuse a deadline that NCCL could not honour (call after full_duplex, at start-up)."""
         if self._gloo_lanes_needed and not self._lanes and self.pairs is None and self.world.world_size > 1:
-            raise ValueError("algorithm.deadline_s on NCCL needs the gloo side lanes of algorithm.full_duplex=true "
-                             "(NCCL's wait does not block the host, so a deadline there is not honest); "
-                             "set full_duplex=true or deadline_s=null")
+            raise ValueError(
+                "algorithm.deadline_s on NCCL needs the gloo side lanes of algorithm.full_duplex=true "
+                "(NCCL's wait does not block the host, so a deadline there is not honest); "
+                "set full_duplex=true or deadline_s=null"
+            )
 
     def full_duplex(self, max_world: int = 64) -> "PairExchange":
         """Create one process group per direction of every rank pair (N·(N−1) groups)."""
@@ -196,11 +216,14 @@ class PairExchange:
 
     @property
     def policy(self) -> WaitPolicy:
-        deadline = self.arrivals.deadline() if self.arrivals is not None and self.deadline_s is not None else self.deadline_s
+        deadline = (
+            self.arrivals.deadline() if self.arrivals is not None and self.deadline_s is not None else self.deadline_s
+        )
         return WaitPolicy(deadline, self.membership, self.stall_s)
 
-    def exchange(self, tensors: Sequence[torch.Tensor], group: tuple[int, ...], round_idx: int
-                 ) -> list[list[torch.Tensor]] | None:
+    def exchange(
+        self, tensors: Sequence[torch.Tensor], group: tuple[int, ...], round_idx: int
+    ) -> list[list[torch.Tensor]] | None:
         """Send `tensors` to every other member of `group`; return each partner's tensors (in `group`
         order, shaped and typed like `tensors`), [] alone, or None if any partner's data is missing or bad."""
         peers = [p for p in group if p != self.world.rank]
@@ -217,14 +240,19 @@ class PairExchange:
             # a partner still owes an earlier round: tell every partner with a header alone (no body is
             # kept or sent), so nobody waits on us and late buffers stay at one set per partner
             self.stats.skipped += 1
-            log.warning("round %d: partner(s) %s still owe an earlier round; skipping this round's averaging", round_idx, owing)
+            log.warning(
+                "round %d: partner(s) %s still owe an earlier round; skipping this round's averaging", round_idx, owing
+            )
             self.skip_round(group, round_idx)
             return None
         absent = [(p, why) for p in peers if (why := policy.absent(p, round_idx, waiting=False))]
         if absent:
             self.stats.partner_skipped += 1
-            log.warning("round %d: not waiting for partner(s) %s; skipping this round's averaging", round_idx,
-                        ", ".join(f"{p} ({why})" for p, why in absent))
+            log.warning(
+                "round %d: not waiting for partner(s) %s; skipping this round's averaging",
+                round_idx,
+                ", ".join(f"{p} ({why})" for p, why in absent),
+            )
             self.skip_round(group, round_idx)
             return None
         mine = [t.detach().contiguous() for t in tensors]
@@ -243,18 +271,29 @@ class PairExchange:
                 if self.arrivals is not None:
                     self.arrivals.missed(policy.deadline_s)
                     self.stats.early_timeouts += policy.deadline_s < self.arrivals.cap
-                log.warning("round %d: partner %d missed the %.3gs deadline; skipping this round's averaging",
-                            round_idx, ib.peer, policy.deadline_s)
+                log.warning(
+                    "round %d: partner %d missed the %.3gs deadline; skipping this round's averaging",
+                    round_idx,
+                    ib.peer,
+                    policy.deadline_s,
+                )
                 ok = False
             elif outcome is not None:
                 self.stats.partner_skipped += 1
-                log.warning("round %d: gave up on partner %d (%s); skipping this round's averaging", round_idx, ib.peer, outcome)
+                log.warning(
+                    "round %d: gave up on partner %d (%s); skipping this round's averaging", round_idx, ib.peer, outcome
+                )
                 ok = False
             elif ib.status != "ok":
                 counter = "failures" if ib.status == "failed" else ib.status
                 setattr(self.stats, counter, getattr(self.stats, counter) + 1)
-                log.warning("round %d: dropped partner %d's message (%s: %s); skipping this round's averaging",
-                            round_idx, ib.peer, ib.status, ib.detail)
+                log.warning(
+                    "round %d: dropped partner %d's message (%s: %s); skipping this round's averaging",
+                    round_idx,
+                    ib.peer,
+                    ib.status,
+                    ib.detail,
+                )
                 ok = False
             elif self.arrivals is not None:
                 self.arrivals.arrived(ib.arrived - start)
@@ -295,9 +334,14 @@ class PairExchange:
             ops += [dist.P2POp(dist.isend, t, src, tx, tag) for t, tag in sends]
             return dist.batch_isend_irecv(ops) if ops else []
         me = self.world.rank
-        posts = [((peer, me), i, lambda t=t, tag=tag: dist.irecv(t, src=src, group=rx, tag=tag)) for i, (t, tag) in enumerate(recvs)]
-        posts += [((me, peer), len(recvs) + i, lambda t=t, tag=tag: dist.isend(t, dst=src, group=tx, tag=tag))
-                  for i, (t, tag) in enumerate(sends)]
+        posts = [
+            ((peer, me), i, lambda t=t, tag=tag: dist.irecv(t, src=src, group=rx, tag=tag))
+            for i, (t, tag) in enumerate(recvs)
+        ]
+        posts += [
+            ((me, peer), len(recvs) + i, lambda t=t, tag=tag: dist.isend(t, dst=src, group=tx, tag=tag))
+            for i, (t, tag) in enumerate(sends)
+        ]
         if rx is not tx:  # by lane, (low, high) first; stable, so receives stay first on a shared group
             posts.sort(key=lambda post: post[0])
         works: list = [None] * len(posts)
@@ -305,8 +349,14 @@ class PairExchange:
             works[i] = post()
         return works
 
-    def _start(self, peer: int, header: torch.Tensor, flats: list[torch.Tensor], round_idx: int,
-               release: "_SendRelease | None" = None) -> _Inbox:
+    def _start(
+        self,
+        peer: int,
+        header: torch.Tensor,
+        flats: list[torch.Tensor],
+        round_idx: int,
+        release: "_SendRelease | None" = None,
+    ) -> _Inbox:
         ib = _Inbox(peer, self._incarnation(peer), holds_body=bool(flats))
         header_tag, tags = Tags.header(round_idx), Tags.buckets(round_idx, len(flats))
 
@@ -331,7 +381,7 @@ class PairExchange:
                 for w, buf in zip(works[: len(bufs)], bufs):
                     w.wait()
                     check.add(buf)  # while the next buckets still arrive
-                pending += works[len(bufs):]
+                pending += works[len(bufs) :]
                 if (problem := check.problem(hdr)) is not None:
                     ib.status, ib.detail = problem
                 else:

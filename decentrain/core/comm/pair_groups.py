@@ -48,11 +48,14 @@ class PairGroups:
         with lock:  # one rendezvous per pair: concurrent exchanges with the same partner share it
             if key not in self._groups:
                 store = dist.PrefixStore(self.prefix(peer, peer_incarnation), self.connect())
-                self._groups[key] = dist.ProcessGroupGloo(store, int(self.rank > peer), 2, timedelta(seconds=self.timeout_s))
+                self._groups[key] = dist.ProcessGroupGloo(
+                    store, int(self.rank > peer), 2, timedelta(seconds=self.timeout_s)
+                )
         return self._groups[key], int(peer > self.rank)
 
-    def connect_all(self, world_size: int, gone: Callable[[int], bool] = lambda peer: False,
-                    poll_s: float = 0.25) -> "PairGroups":
+    def connect_all(
+        self, world_size: int, gone: Callable[[int], bool] = lambda peer: False, poll_s: float = 0.25
+    ) -> "PairGroups":
         """Build this rank's group with every other rank now (start-up, every rank of incarnation 0).
 
         One thread per peer: distinct pairs meet on distinct prefixes, so building them at once
@@ -62,8 +65,11 @@ class PairGroups:
         waits on it again, since its replacement has a new incarnation and so a new prefix.
         Later, only a replacement's groups are built, on demand.
         """
-        threads = {peer: threading.Thread(target=self._connect, args=(peer,), daemon=True, name=f"pair-group-{peer}")
-                   for peer in range(world_size) if peer != self.rank}
+        threads = {
+            peer: threading.Thread(target=self._connect, args=(peer,), daemon=True, name=f"pair-group-{peer}")
+            for peer in range(world_size)
+            if peer != self.rank
+        }
         for t in threads.values():
             t.start()
         waiting = set(threads)
@@ -77,8 +83,13 @@ class PairGroups:
         try:
             self.get(peer, 0)
         except RuntimeError as e:  # the rendezvous timed out: the peer died before meeting this rank
-            log.warning("rank %d: no pair group with rank %d at start-up (%s); its rounds are skipped until a "
-                        "replacement joins", self.rank, peer, str(e).splitlines()[0][:200])
+            log.warning(
+                "rank %d: no pair group with rank %d at start-up (%s); its rounds are skipped until a "
+                "replacement joins",
+                self.rank,
+                peer,
+                str(e).splitlines()[0][:200],
+            )
 
     def close(self) -> None:
         """Abort every group: a receive still pending on one (a partner that never delivered) would

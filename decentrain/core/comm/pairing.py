@@ -14,7 +14,12 @@ ODD_POLICIES = ("idle", "triple", "error")
 
 
 def gossip_groups(
-    round_idx: int, world_size: int, seed: int | None = None, odd: OddPolicy = "error", *, inner_steps: int | None = None
+    round_idx: int,
+    world_size: int,
+    seed: int | None = None,
+    odd: OddPolicy = "error",
+    *,
+    inner_steps: int | None = None,
 ) -> list[tuple[int, ...]]:
     """The random matching of round `round_idx` (0-based): disjoint groups covering 0..world_size-1.
 
@@ -31,13 +36,17 @@ def gossip_groups(
     `error` refuses.
     """
     if seed is None and (inner_steps is None or inner_steps < 1):
-        raise ValueError(f"inner_steps={inner_steps}: the reference pairing (seed=None) is keyed by k*H and needs H >= 1")
+        raise ValueError(
+            f"inner_steps={inner_steps}: the reference pairing (seed=None) is keyed by k*H and needs H >= 1"
+        )
     if world_size < 1:
         raise ValueError(f"world_size={world_size} must be >= 1")
     if odd not in ODD_POLICIES:
         raise ValueError(f"odd={odd!r} is unknown; allowed: {list(ODD_POLICIES)}")
     if world_size % 2 and odd == "error" and world_size > 1:
-        raise ValueError(f"world_size={world_size} is odd and cannot be paired; set the odd-world policy to 'idle' or 'triple'")
+        raise ValueError(
+            f"world_size={world_size} is odd and cannot be paired; set the odd-world policy to 'idle' or 'triple'"
+        )
     rng = np.random.default_rng((round_idx + 1) * inner_steps + 1 if seed is None else [seed, round_idx])
     perm = [int(p) for p in rng.permutation(world_size)]
     half = world_size // 2

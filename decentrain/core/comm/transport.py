@@ -118,8 +118,9 @@ class Transport(ABC):
         return self
 
     @abstractmethod
-    def exchange(self, tensors: Sequence[torch.Tensor], group: tuple[int, ...], round_idx: int
-                 ) -> list[list[torch.Tensor]] | None:
+    def exchange(
+        self, tensors: Sequence[torch.Tensor], group: tuple[int, ...], round_idx: int
+    ) -> list[list[torch.Tensor]] | None:
         """Send `tensors` to the other members of `group`; their tensors (group order, same shapes and
         dtypes), [] alone, or None when a partner missed the deadline or sent something unusable."""
 

@@ -50,16 +50,25 @@ class WaitPolicy:
     def wait(self, received: threading.Event, peer: int, start: float, round_idx: int) -> str | None:
         """Wait for `received` until the deadline; None once set, "timeout", or why the partner was given up on."""
         if self.membership is None:
-            return None if received.wait(None if self.deadline_s is None else
-                                         max(0.0, self.deadline_s - (time.perf_counter() - start))) else "timeout"
+            return (
+                None
+                if received.wait(
+                    None if self.deadline_s is None else max(0.0, self.deadline_s - (time.perf_counter() - start))
+                )
+                else "timeout"
+            )
         first = self.membership.progress(peer)
         behind = first is not None and first.done < round_idx
         while True:
             left = None if self.deadline_s is None else max(0.0, self.deadline_s - (time.perf_counter() - start))
             if received.wait(POLL_S if left is None else min(POLL_S, left)):
                 return None
-            if behind and self.deadline_s is not None and (p := self.membership.progress(peer)) is not None \
-                    and p.done >= round_idx:
+            if (
+                behind
+                and self.deadline_s is not None
+                and (p := self.membership.progress(peer)) is not None
+                and p.done >= round_idx
+            ):
                 behind = False  # it has just reached this round: its deadline starts now
                 start = min(time.perf_counter(), start + self.deadline_s)
                 continue

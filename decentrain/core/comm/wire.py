@@ -66,7 +66,9 @@ def flatten_buckets(tensors: Sequence[torch.Tensor], bucket_bytes: int) -> list[
     return [b for b in buckets if b]
 
 
-def pack(tensors: Sequence[torch.Tensor], buckets: list[list[int]], device: torch.device, pool=None) -> list[torch.Tensor]:
+def pack(
+    tensors: Sequence[torch.Tensor], buckets: list[list[int]], device: torch.device, pool=None
+) -> list[torch.Tensor]:
     """One flat copy per bucket on `device` (always a copy: a send may outlive the caller's tensors).
 
     With `pool` (core/comm/buffer_pool.BufferPool) the copies land in reused buffers: a fresh
@@ -131,8 +133,11 @@ def all_finite(t: torch.Tensor) -> bool:
 
 
 def make_header(round_idx: int, flats: Sequence[torch.Tensor], device: torch.device) -> torch.Tensor:
-    fixed = torch.tensor([MAGIC, VERSION, round_idx, len(flats), layout_digest(flats), sum(f.numel() for f in flats)],
-                         dtype=torch.int64, device=device)
+    fixed = torch.tensor(
+        [MAGIC, VERSION, round_idx, len(flats), layout_digest(flats), sum(f.numel() for f in flats)],
+        dtype=torch.int64,
+        device=device,
+    )
     return torch.cat([fixed, checksum(flats).to(device), torch.zeros(1, dtype=torch.int64, device=device)])
 
 

@@ -93,7 +93,8 @@ def build_optimizer(model: torch.nn.Module, cfg: OptimConfig, total_steps: int, 
     no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
     opt = torch.optim.AdamW(
         [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=cfg.lr, betas=tuple(cfg.betas),
+        lr=cfg.lr,
+        betas=tuple(cfg.betas),
         fused=all(p.is_cuda for p in decay + no_decay) if fused is None else fused,
     )
     return opt, torch.optim.lr_scheduler.LambdaLR(opt, lr_factor(cfg, total_steps))
@@ -123,11 +124,19 @@ class Engine:
         low, high = cls.min_shards, cls.max_shards
         if cfg.shards_per_replica < low or (high is not None and cfg.shards_per_replica > high):
             allowed = f"[{low}, {high}]" if high is not None else f">= {low}"
-            raise ValueError(f"engine.shards_per_replica={cfg.shards_per_replica} must be {allowed} with "
-                             f"engine.name={cfg.name!r}")
+            raise ValueError(
+                f"engine.shards_per_replica={cfg.shards_per_replica} must be {allowed} with engine.name={cfg.name!r}"
+            )
 
-    def __init__(self, cfg: EngineConfig, optim: OptimConfig, loop: Any, layout: ReplicaLayout,
-                 model: torch.nn.Module, accum: int):
+    def __init__(
+        self,
+        cfg: EngineConfig,
+        optim: OptimConfig,
+        loop: Any,
+        layout: ReplicaLayout,
+        model: torch.nn.Module,
+        accum: int,
+    ):
         """`loop`: the `train` section (pretraining/config.py's LoopConfig, which imports this module: typed Any
         to keep the import one way); `model` is already on the device; `accum` micro-batches make one step."""
         self.cfg, self.optim_cfg, self.loop = cfg, optim, loop

@@ -67,8 +67,10 @@ class DeepSpeedEngine(Engine):
     def check_config(cls, cfg: DeepSpeedConfig) -> None:
         super().check_config(cfg)
         if cfg.zero_stage == 3:
-            raise ValueError("engine.zero_stage=3 partitions the parameters themselves, which the outer "
-                             f"algorithms cannot average; allowed: {list(ZERO_STAGES)}")
+            raise ValueError(
+                "engine.zero_stage=3 partitions the parameters themselves, which the outer "
+                f"algorithms cannot average; allowed: {list(ZERO_STAGES)}"
+            )
         if cfg.zero_stage not in ZERO_STAGES:
             raise ValueError(f"engine.zero_stage={cfg.zero_stage} is unknown; allowed: {list(ZERO_STAGES)}")
         if importlib.util.find_spec("deepspeed") is None:
@@ -97,7 +99,13 @@ class DeepSpeedEngine(Engine):
             "wall_clock_breakdown": False,
         }
         self.ds, self.optimizer, _, self.scheduler = deepspeed.initialize(
-            model=model, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config, mpu=mpu, dist_init_required=False)
+            model=model,
+            optimizer=optimizer,
+            lr_scheduler=scheduler,
+            config=ds_config,
+            mpu=mpu,
+            dist_init_required=False,
+        )
         self.forward_model = self.ds
 
     def backward(self, loss: torch.Tensor, last: bool) -> None:
@@ -137,11 +145,15 @@ class DeepSpeedEngine(Engine):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state.get("engine") != "deepspeed":
-            raise ValueError(f"engine=deepspeed cannot resume a checkpoint of engine {state.get('engine', 'torch')!r}; "
-                             "use the same engine or a fresh run_dir")
+            raise ValueError(
+                f"engine=deepspeed cannot resume a checkpoint of engine {state.get('engine', 'torch')!r}; "
+                "use the same engine or a fresh run_dir"
+            )
         tag = f"step_{int(state['step']):08d}"
         if not (self._ds_dir() / tag).is_dir():
-            raise ValueError(f"engine=deepspeed: {self._ds_dir() / tag} is missing (a checkpoint from before ZeRO "
-                             "state was saved); use a fresh run_dir or resume=false")
+            raise ValueError(
+                f"engine=deepspeed: {self._ds_dir() / tag} is missing (a checkpoint from before ZeRO "
+                "state was saved); use a fresh run_dir or resume=false"
+            )
         self.ds.load_checkpoint(str(self._ds_dir()), tag=tag, load_optimizer_states=True, load_lr_scheduler_states=True)
         self.scheduler.load_state_dict(state["scheduler"])

@@ -79,8 +79,11 @@ class FSDP2Engine(TorchEngine):
         device = next(model.parameters()).device
         # bf16 autocast: FSDP's own mixed precision (bf16 gathers and compute, fp32 master
         # shards and fp32 gradient reduction), the usual FSDP2 setup
-        mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-              if resolve_precision(loop.precision, device) == "bf16_autocast" else MixedPrecisionPolicy())
+        mp = (
+            MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+            if resolve_precision(loop.precision, device) == "bf16_autocast"
+            else MixedPrecisionPolicy()
+        )
         blocks = transformer_blocks(model)
         for i, block in enumerate(blocks):
             # the last block is gathered again at once by the backward: keep it unsharded
@@ -108,14 +111,19 @@ class FSDP2Engine(TorchEngine):
     def save_sharded(self, step: int) -> None:
         """Model + optimizer of this replica, written by its shard ranks together (DCP)."""
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
-        dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=str(self._dcp_dir(step)),
-                 process_group=self.layout.shard_group)
+        dcp.save(
+            {"model": model_sd, "optimizer": optim_sd},
+            checkpoint_id=str(self._dcp_dir(step)),
+            process_group=self.layout.shard_group,
+        )
         if self.layout.shard == 0:
             self._prune(step)
 
     def _prune(self, newest: int) -> None:
         root = self.checkpoint_dir / "dcp"
-        steps = sorted(int(d.name.split("_")[1]) for d in root.glob("step_*") if (d / f"replica_{self.layout.replica}").is_dir())
+        steps = sorted(
+            int(d.name.split("_")[1]) for d in root.glob("step_*") if (d / f"replica_{self.layout.replica}").is_dir()
+        )
         for old in [s for s in steps if s < newest][: max(0, len(steps) - self.keep)]:
             shutil.rmtree(root / f"step_{old:08d}" / f"replica_{self.layout.replica}", ignore_errors=True)
             try:
@@ -129,12 +137,16 @@ class FSDP2Engine(TorchEngine):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state.get("engine") != "fsdp2":
-            raise ValueError(f"engine=fsdp2 cannot resume a checkpoint of engine {state.get('engine', 'torch')!r}; "
-                             "use the same engine or a fresh run_dir")
+            raise ValueError(
+                f"engine=fsdp2 cannot resume a checkpoint of engine {state.get('engine', 'torch')!r}; "
+                "use the same engine or a fresh run_dir"
+            )
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
         loaded = {"model": model_sd, "optimizer": optim_sd}
         dcp.load(loaded, checkpoint_id=str(self._dcp_dir(int(state["step"]))), process_group=self.layout.shard_group)
-        set_state_dict(self.model, self.optimizer, model_state_dict=loaded["model"], optim_state_dict=loaded["optimizer"])
+        set_state_dict(
+            self.model, self.optimizer, model_state_dict=loaded["model"], optim_state_dict=loaded["optimizer"]
+        )
         self.scheduler.load_state_dict(state["scheduler"])
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:

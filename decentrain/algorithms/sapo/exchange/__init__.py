@@ -19,8 +19,18 @@ from decentrain.algorithms.sapo.exchange.config import ExchangeConfig, HivemindC
 from decentrain.algorithms.sapo.exchange.silo import SiloExchange
 from decentrain.core.world import World
 
-__all__ = ["EXCHANGES", "CollectiveExchange", "Exchange", "ExchangeConfig", "HivemindConfig", "PeerRecord",
-           "RolloutExchange", "SiloExchange", "build_exchange", "check_hivemind_config"]
+__all__ = [
+    "EXCHANGES",
+    "CollectiveExchange",
+    "Exchange",
+    "ExchangeConfig",
+    "HivemindConfig",
+    "PeerRecord",
+    "RolloutExchange",
+    "SiloExchange",
+    "build_exchange",
+    "check_hivemind_config",
+]
 
 
 @EXCHANGES.register("hivemind", config=HivemindConfig)

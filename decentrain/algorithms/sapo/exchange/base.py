@@ -24,8 +24,13 @@ class PeerRecord:
 class RolloutExchange(Protocol):
     """One node's exchange, as an entry builds it (`Exchange.build`)."""
 
-    def exchange(self, round_: int, payload: bytes, is_valid: Callable[[PeerRecord], bool] | None = None,
-                 ends_wait: Callable[[PeerRecord], bool] | None = None) -> list[PeerRecord]:
+    def exchange(
+        self,
+        round_: int,
+        payload: bytes,
+        is_valid: Callable[[PeerRecord], bool] | None = None,
+        ends_wait: Callable[[PeerRecord], bool] | None = None,
+    ) -> list[PeerRecord]:
         """Publish `payload` for `round_`; return peers' records not returned before.
 
         `is_valid` (the caller's decoder, without side effects): backends that wait for peers

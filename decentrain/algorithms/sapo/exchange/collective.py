@@ -27,8 +27,12 @@ class CollectiveExchange(Exchange):
 
     def exchange(self, round_: int, payload: bytes, is_valid=None, ends_wait=None) -> list[PeerRecord]:
         if len(payload) > self.cfg.max_bytes:  # publish nothing this round, keep training
-            logger.warning("round %d: own payload of %d bytes exceeds exchange.max_bytes=%d; not published",
-                           round_, len(payload), self.cfg.max_bytes)
+            logger.warning(
+                "round %d: own payload of %d bytes exceeds exchange.max_bytes=%d; not published",
+                round_,
+                len(payload),
+                self.cfg.max_bytes,
+            )
             payload = b""
         gathered = all_gather_bytes(self.world, payload, max_bytes=self.cfg.max_bytes)
         return [PeerRecord(f"rank{r}", data) for r, data in enumerate(gathered) if r != self.world.rank]

@@ -26,8 +26,9 @@ def check_hivemind_config(h: HivemindConfig) -> None:
         raise ValueError(f"exchange.hivemind.ttl_s={h.ttl_s} must be <= max_ttl_s={h.max_ttl_s}")
     if h.slow_rpc_s > h.rpc_wait_s:
         raise ValueError(f"exchange.hivemind.slow_rpc_s={h.slow_rpc_s} must be <= rpc_wait_s={h.rpc_wait_s}")
-    check_range("exchange.hivemind.max_record_bytes", h.max_record_bytes, low=0, high=2 << 20,
-                low_open=True, high_open=True)
+    check_range(
+        "exchange.hivemind.max_record_bytes", h.max_record_bytes, low=0, high=2 << 20, low_open=True, high_open=True
+    )
     for name in ("max_fetch_bytes", "max_peers_per_round", "max_known_peers", "starved_warn_rounds"):
         check_range(f"exchange.hivemind.{name}", getattr(h, name), low=1, high=1 << 40)
 

@@ -85,8 +85,11 @@ class HivemindExchange:
         self.marker = signer.local_public_key
         self.registry = registry_key(self.hcfg.prefix)
         self.own_key = rollouts_key(self.hcfg.prefix, self.marker)
-        self.peers = PeerSelector(self.hcfg.max_peers_per_round, self.hcfg.max_known_peers,
-                                  seed=int.from_bytes(hashlib.sha256(self.marker).digest()[:4], "little"))
+        self.peers = PeerSelector(
+            self.hcfg.max_peers_per_round,
+            self.hcfg.max_known_peers,
+            seed=int.from_bytes(hashlib.sha256(self.marker).digest()[:4], "little"),
+        )
         self.high_water: dict[bytes, int] = {}  # peer marker -> highest round taken from it
         self.digests: OrderedDict[bytes, None] = OrderedDict()
         self.drops: Counter[str] = Counter()
@@ -108,8 +111,10 @@ class HivemindExchange:
             auto_nat=self.hcfg.auto_nat,
             wait_timeout=self.hcfg.rpc_wait_s,
             blacklist_time=self.hcfg.slow_ban_s,
-            record_validators=[signer, SwarmRecordValidator(self.hcfg.prefix, self.hcfg.max_ttl_s,
-                                                            self.hcfg.max_record_bytes)],
+            record_validators=[
+                signer,
+                SwarmRecordValidator(self.hcfg.prefix, self.hcfg.max_ttl_s, self.hcfg.max_record_bytes),
+            ],
         )
         self.dht.run_coroutine(partial(guard_slow_peers, slow_rpc_s=self.hcfg.slow_rpc_s))
         self.maddrs = [str(m) for m in self.dht.get_visible_maddrs()]
@@ -170,8 +175,9 @@ class HivemindExchange:
             parts.append(chunk["payload"])
         return round_, b"".join(parts)
 
-    def _take(self, marker: bytes, found, budget: list[int], is_valid: Callable[[PeerRecord], bool] | None
-              ) -> PeerRecord | None:
+    def _take(
+        self, marker: bytes, found, budget: list[int], is_valid: Callable[[PeerRecord], bool] | None
+    ) -> PeerRecord | None:
         """One peer's record if it passes every receive-side rule; else counts why and returns None."""
         got = self._assemble(marker, found)
         if got is None or isinstance(got, str):
@@ -218,9 +224,14 @@ class HivemindExchange:
             self.digests.popitem(last=False)
         return True
 
-    def _collect(self, round_: int, taken: set[bytes], budgets: tuple[list[int], list[int]],
-                 is_valid: Callable[[PeerRecord], bool] | None,
-                 ends_wait: Callable[[PeerRecord], bool]) -> tuple[list[PeerRecord], int]:
+    def _collect(
+        self,
+        round_: int,
+        taken: set[bytes],
+        budgets: tuple[list[int], list[int]],
+        is_valid: Callable[[PeerRecord], bool] | None,
+        ends_wait: Callable[[PeerRecord], bool],
+    ) -> tuple[list[PeerRecord], int]:
         """This poll's new records, and how many of them end the wait (each also earns its peer read priority)."""
         trusted, explore = self.peers.choose(round_, taken)
         if (left := len(self.known) - len(taken) - len(trusted) - len(explore)) > 0:
@@ -228,8 +239,15 @@ class HivemindExchange:
         peers = trusted + explore
         # The first replica holding a record newer than the one last taken from that peer ends
         # the search (no waiting on slower replicas); never taken: any unexpired record does.
-        futures = [self.dht.get(rollouts_key(self.hcfg.prefix, m), latest=False, return_future=True,
-                                sufficient_expiration_time=self._newer_than(m)) for m in peers]
+        futures = [
+            self.dht.get(
+                rollouts_key(self.hcfg.prefix, m),
+                latest=False,
+                return_future=True,
+                sufficient_expiration_time=self._newer_than(m),
+            )
+            for m in peers
+        ]
         deadline = time.monotonic() + self.hcfg.rpc_timeout_s  # the lookups run together: one deadline for all
         out, counted = [], 0
         for k, (marker, future) in enumerate(zip(peers, futures)):
@@ -254,17 +272,28 @@ class HivemindExchange:
     def _explore_cap(self) -> int:
         return self.hcfg.max_fetch_bytes // 2
 
-    def exchange(self, round_: int, payload: bytes, is_valid: Callable[[PeerRecord], bool] | None = None,
-                 ends_wait: Callable[[PeerRecord], bool] | None = None) -> list[PeerRecord]:
+    def exchange(
+        self,
+        round_: int,
+        payload: bytes,
+        is_valid: Callable[[PeerRecord], bool] | None = None,
+        ends_wait: Callable[[PeerRecord], bool] | None = None,
+    ) -> list[PeerRecord]:
         """Publish, then poll for records until `min_peers` of them pass `is_valid` and `ends_wait`
         (or `wait_s` ends)."""
         before = sum(self.drops.values()), dict(self.drops)
         data = compress(payload)
         self._remember(payload)  # our own payload coming back under another key is a replay
         if len(payload) > self.cfg.max_bytes or len(data) > self.hcfg.max_record_bytes:
-            logger.warning("round %d: own payload of %d bytes (%d compressed) exceeds exchange.max_bytes=%d or "
-                           "exchange.hivemind.max_record_bytes=%d; not published", round_, len(payload), len(data),
-                           self.cfg.max_bytes, self.hcfg.max_record_bytes)
+            logger.warning(
+                "round %d: own payload of %d bytes (%d compressed) exceeds exchange.max_bytes=%d or "
+                "exchange.hivemind.max_record_bytes=%d; not published",
+                round_,
+                len(payload),
+                len(data),
+                self.cfg.max_bytes,
+                self.hcfg.max_record_bytes,
+            )
         else:
             self._publish(round_, data)
         # No barrier: poll briefly for new records, then go on with whatever arrived.
@@ -286,7 +315,7 @@ class HivemindExchange:
         return out
 
     def _publish(self, round_: int, data: bytes) -> None:
-        chunks = [data[i:i + CHUNK_BYTES] for i in range(0, len(data), CHUNK_BYTES)] or [b""]
+        chunks = [data[i : i + CHUNK_BYTES] for i in range(0, len(data), CHUNK_BYTES)] or [b""]
         expiration = get_dht_time() + self.hcfg.ttl_s
         # One after another, chunk 0 last: a reader that sees this round's chunk 0 finds the rest.
         # Each store returns at its first replica (hivemind goes on storing the rest in the
@@ -294,12 +323,15 @@ class HivemindExchange:
         early = dict(return_future=True, await_all_replicas=False, await_all_tasks=False)
         for i in reversed(range(len(chunks))):
             value = {"round": round_, "n": len(chunks), "payload": chunks[i]}
-            stored = self.dht.store(self.own_key, value, expiration_time=expiration,
-                                    subkey=chunk_subkey(self.marker, i), **early)
+            stored = self.dht.store(
+                self.own_key, value, expiration_time=expiration, subkey=chunk_subkey(self.marker, i), **early
+            )
             if self._result(stored, "own_publish_failed") is _FAILED:
                 return  # without this chunk the rest is useless to readers: skip this round's publication
-        self._result(self.dht.store(self.registry, 1, expiration_time=expiration, subkey=self.marker, **early),
-                     "own_publish_failed")
+        self._result(
+            self.dht.store(self.registry, 1, expiration_time=expiration, subkey=self.marker, **early),
+            "own_publish_failed",
+        )
 
     def _count_slow_peers(self) -> None:
         """Peers charged as slow in the DHT process since the last round: counted as drops."""
@@ -329,9 +361,14 @@ class HivemindExchange:
             return
         self.starved_rounds += 1
         if self.starved_rounds % self.hcfg.starved_warn_rounds == 0:
-            logger.warning("round %d: NO records from any of %d known peers for %d rounds: this node may be cut "
-                           "off from the swarm (drops so far: %s)", round_, len(self.known), self.starved_rounds,
-                           dict(self.drops))
+            logger.warning(
+                "round %d: NO records from any of %d known peers for %d rounds: this node may be cut "
+                "off from the swarm (drops so far: %s)",
+                round_,
+                len(self.known),
+                self.starved_rounds,
+                dict(self.drops),
+            )
 
     def close(self) -> None:
         self.dht.shutdown()
