@@ -11,7 +11,6 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-
 TIERS = ("unit", "dist", "integration", "gpu", "slurm")  # tests/<tier>/: each test carries its folder's marker
 OPT_IN = "DECENTRAIN_SLOW_TESTS"  # runs the `optin` tests too (the README's command leaves them out)
 
@@ -32,10 +31,18 @@ XDIST_GROUPS = {
 }
 # modules whose module-scoped fixture is a run of its own (a SAPO run, a pytest collection, a model):
 # one worker takes the whole module, so the fixture runs once, not once per worker
-XDIST_GROUPS.update({m: m for m in (
-    "tests/unit/test_collection.py", "tests/unit/test_sapo_node.py", "tests/unit/test_sapo_generation.py",
-    "tests/unit/test_sapo_fast_generation.py", "tests/unit/test_dei_pmars.py",
-)})
+XDIST_GROUPS.update(
+    {
+        m: m
+        for m in (
+            "tests/unit/test_collection.py",
+            "tests/unit/test_sapo_node.py",
+            "tests/unit/test_sapo_generation.py",
+            "tests/unit/test_sapo_fast_generation.py",
+            "tests/unit/test_dei_pmars.py",
+        )
+    }
+)
 
 
 def pytest_configure(config):
@@ -56,7 +63,7 @@ def _rel(item) -> str:
     root = Path(__file__).resolve().parent.parent
     path = Path(str(item.path)).resolve()
     rel = path.relative_to(root).as_posix() if path.is_relative_to(root) else path.as_posix()
-    return rel + item.nodeid[len(item.nodeid.split("::")[0]):]
+    return rel + item.nodeid[len(item.nodeid.split("::")[0]) :]
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects: the folder's marker must already be there

@@ -5,10 +5,9 @@ import time
 import pytest
 import torch
 
-from decentrain.testing import average, run_ranks
-
 from decentrain.core.comm.deadline import AdaptiveDeadlineConfig, ArrivalWindow
 from decentrain.core.comm.pair_exchange import PairExchange
+from decentrain.testing import average, run_ranks
 
 pytestmark = pytest.mark.dist
 
@@ -33,7 +32,8 @@ def _late_in_round_3(world):
     for r in range(3):
         t = [torch.full((1000,), float(world.rank + 10 * r))]
         mean = average(ex, t, (0, 1), r)
-        assert mean is not None and torch.equal(mean[0], torch.full((1000,), 0.5 + 10 * r)), r  # reused buffers, new values
+        # reused buffers, new values
+        assert mean is not None and torch.equal(mean[0], torch.full((1000,), 0.5 + 10 * r)), r
         _send_buffer_back(ex)
         if r == 0:
             allocated = ex._pool.allocated

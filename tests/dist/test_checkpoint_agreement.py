@@ -8,9 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from decentrain.testing import run_ranks
-
 from decentrain.core.checkpoint import Checkpointer
+from decentrain.testing import run_ranks
 
 pytestmark = pytest.mark.dist
 
@@ -65,7 +64,9 @@ CASES = {  # name: (set-up, one root per rank)
 
 def _agree(world, root, case):
     setup, local_disks = CASES[case]
-    ck = Checkpointer(Path(root) / (f"node{world.rank}" if local_disks else "shared"), world.rank, world.world_size, keep=3)
+    ck = Checkpointer(
+        Path(root) / (f"node{world.rank}" if local_disks else "shared"), world.rank, world.world_size, keep=3
+    )
     setup(ck, world)
     # No barrier here: a resume in the same processes meets the other ranks before it lists
     # anything (under tests/stress.sh rank 0 used to list before rank 1 had saved or damaged)

@@ -1,12 +1,11 @@
 import pytest
 import torch
 
-from decentrain.testing import average, run_ranks
-
 from decentrain.core.comm.bytes_comm import all_gather_bytes, broadcast_bytes
 from decentrain.core.comm.ensemble import ExpertPlacement, gather_expert_logprobs
 from decentrain.core.comm.pair_exchange import PairExchange
 from decentrain.core.comm.pairing import gossip_groups, group_of
+from decentrain.testing import average, run_ranks
 
 pytestmark = pytest.mark.dist
 

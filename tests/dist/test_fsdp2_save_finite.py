@@ -19,20 +19,32 @@ def _save_with_nan_on_rank1(world, root):
     from decentrain.data.blocks import build_corpus
     from decentrain.models.factory import build_model, build_tokenizer
 
-    cfg = config_from_dict({
-        "algorithm": {"name": "diloco", "inner_steps": 2},
-        "model": {"hidden_size": 16, "num_layers": 2, "num_heads": 2, "intermediate_size": 32},
-        "data": {"seq_len": 16, "max_bytes_per_domain": 8000, "domains": ["licenses"]},
-        "train": {"steps": 2, "global_batch_size": 4, "micro_batch_size": 1, "eval_batches": 1, "threads": 1},
-        "engine": {"name": "fsdp2", "shards_per_replica": 2},
-        "logger": {"progress": False}, "launcher": {"name": "torchrun", "nproc_per_node": None},
-    })
+    cfg = config_from_dict(
+        {
+            "algorithm": {"name": "diloco", "inner_steps": 2},
+            "model": {"hidden_size": 16, "num_layers": 2, "num_heads": 2, "intermediate_size": 32},
+            "data": {"seq_len": 16, "max_bytes_per_domain": 8000, "domains": ["licenses"]},
+            "train": {"steps": 2, "global_batch_size": 4, "micro_batch_size": 1, "eval_batches": 1, "threads": 1},
+            "engine": {"name": "fsdp2", "shards_per_replica": 2},
+            "logger": {"progress": False},
+            "launcher": {"name": "torchrun", "nproc_per_node": None},
+        }
+    )
     tok = build_tokenizer(cfg.model)
     torch.manual_seed(0)
     layout = replica_layout(world, 2)
-    trainer = Trainer(cfg.train, world, ALGORITHMS.get("diloco")(cfg.algorithm, layout.outer), build_model(cfg.model, tok),
-                      build_corpus(cfg.data, tok), Path(root), layout=layout, engine=cfg.engine, optim=cfg.optim,
-                      logger=cfg.logger)
+    trainer = Trainer(
+        cfg.train,
+        world,
+        ALGORITHMS.get("diloco")(cfg.algorithm, layout.outer),
+        build_model(cfg.model, tok),
+        build_corpus(cfg.data, tok),
+        Path(root),
+        layout=layout,
+        engine=cfg.engine,
+        optim=cfg.optim,
+        logger=cfg.logger,
+    )
     if world.rank == 1:
         _, shard = next(iter(trainer.engine.outer_model.named_parameters()))
         shard.data[0] = float("nan")  # rank 1's local shard only; rank 0's shards stay finite

@@ -3,10 +3,9 @@
 import pytest
 import torch
 
-from decentrain.testing import average, run_ranks
-
 from decentrain.core.comm.pair_exchange import PairExchange
 from decentrain.core.comm.pairing import gossip_groups, group_of
+from decentrain.testing import average, run_ranks
 
 pytestmark = pytest.mark.dist
 
@@ -51,8 +50,9 @@ def test_odd_world_triple_averages_three_ranks():
 def _duplex_deadline(world):
     # rank 0 gives up on round 0 (its 1 s deadline); rank 1 enters round 0 only then and completes it from
     # rank 0's posted sends; rank 0 enters round 1 only once rank 1 is through round 0 and rank 1's late
-    # round-0 message has reached it (else it would still be owed and round 1 skipped). Store keys order the ranks, not sleeps: on a loaded box a sleeping rank can
-    # still arrive first. Only rank 0's round-0 deadline is under test; every other wait is long.
+    # round-0 message has reached it (else it would still be owed and round 1 skipped). Store keys order
+    # the ranks, not sleeps: on a loaded box a sleeping rank can still arrive first. Only rank 0's
+    # round-0 deadline is under test; every other wait is long.
     from torch.distributed.distributed_c10d import _get_default_store
 
     store = _get_default_store()

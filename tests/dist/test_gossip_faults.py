@@ -8,11 +8,10 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from decentrain.testing import average, run_ranks
-
 from decentrain.core.comm.pair_exchange import PairExchange
 from decentrain.core.comm.pairing import gossip_groups, group_of
 from decentrain.core.comm.wire import Tags, make_header
+from decentrain.testing import average, run_ranks
 
 pytestmark = pytest.mark.dist
 
@@ -37,7 +36,11 @@ def _hostile(world, case):
         first = average(ex, honest, (0, 1), 0)
         second = average(ex, honest, (0, 1), 1)  # the next round with an honest partner still works
         st = ex.stats
-        return first, None if second is None else [t.tolist() for t in second], (st.rejected, st.corrupt, st.nonfinite, st.timeouts, st.skipped)
+        return (
+            first,
+            None if second is None else [t.tolist() for t in second],
+            (st.rejected, st.corrupt, st.nonfinite, st.timeouts, st.skipped),
+        )
     if case == "bigger":  # 1000 floats where 4 are expected: gloo used to terminate the receiver
         works = _liar_sends(world, 0, [torch.ones(1000), torch.arange(3.0)])
     elif case == "smaller":  # 2 floats where 4 are expected: the receiver used to average uninitialised memory
@@ -45,7 +48,9 @@ def _hostile(world, case):
     elif case == "nan":
         works = _liar_sends(world, 0, [torch.full((4,), float("nan")), torch.arange(3.0)])
     elif case == "checksum":
-        works = _liar_sends(world, 0, [torch.full((4,), 5.0), torch.arange(3.0)], edit=lambda h: h.__setitem__(6, 12345))
+        works = _liar_sends(
+            world, 0, [torch.full((4,), 5.0), torch.arange(3.0)], edit=lambda h: h.__setitem__(6, 12345)
+        )
     elif case == "wrong_round":  # a replayed or lagging round
         works = _liar_sends(world, 0, [torch.full((4,), 5.0), torch.arange(3.0)], edit=lambda h: h.__setitem__(2, 99))
     elif case == "no_header":  # an old-protocol sender: a body with no header never reaches a receive buffer
@@ -58,7 +63,9 @@ def _hostile(world, case):
     return None if out is None else [t.tolist() for t in out]
 
 
-@pytest.mark.parametrize("case,counter", [("bigger", 0), ("smaller", 0), ("nan", 2), ("checksum", 1), ("wrong_round", 0)])
+@pytest.mark.parametrize(
+    "case,counter", [("bigger", 0), ("smaller", 0), ("nan", 2), ("checksum", 1), ("wrong_round", 0)]
+)
 def test_a_bad_partner_message_is_dropped_and_counted_not_crashed_or_averaged(case, counter):
     (first, second, counts), liar_round1 = run_ranks(_hostile, 2, case, timeout=60)
     assert first is None  # this round's mix skipped: nothing of the bad message was averaged

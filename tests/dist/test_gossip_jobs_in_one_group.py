@@ -40,6 +40,6 @@ def test_back_to_back_gossip_jobs_in_one_group_keep_to_their_own_keys():
     for rank, rows in enumerate(results):
         other = 1 - rank
         for job in range(JOBS):
-            chunk = rows[job * (ROUNDS + 1): (job + 1) * (ROUNDS + 1)]
+            chunk = rows[job * (ROUNDS + 1) : (job + 1) * (ROUNDS + 1)]
             assert chunk[:ROUNDS] == [float(10 * job + other)] * ROUNDS, f"rank {rank}, job {job}: {chunk}"
             assert chunk[ROUNDS] == (0, 0), f"rank {rank}, job {job}: skipped/dropped {chunk[ROUNDS]}"

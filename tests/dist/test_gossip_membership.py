@@ -12,10 +12,9 @@ import time
 import pytest
 import torch
 
-from decentrain.testing import run_ranks
-
 from decentrain.algorithms.noloco.noloco import NoLoCo, NoLoCoConfig
 from decentrain.algorithms.outer.optimizers import OuterOptimizerConfig
+from decentrain.testing import run_ranks
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(600)]  # above run_ranks' 300 s
 
@@ -35,9 +34,16 @@ def _noloco_run(world, rounds, lagger, lag_round, lag_s, stop):
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 4)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    stall = {"stall_s": 0.8 if stop else None} if "stall_s" in NoLoCoConfig.__dataclass_fields__ else {}  # (old code: none)
-    cfg = NoLoCoConfig(inner_steps=1, outer_optimizer=OuterOptimizerConfig("noloco", 0.5, 0.5), deadline_s=DEADLINE, full_duplex=False,
-                       pairing_seed=5, **stall)
+    # (old code: none)
+    stall = {"stall_s": 0.8 if stop else None} if "stall_s" in NoLoCoConfig.__dataclass_fields__ else {}
+    cfg = NoLoCoConfig(
+        inner_steps=1,
+        outer_optimizer=OuterOptimizerConfig("noloco", 0.5, 0.5),
+        deadline_s=DEADLINE,
+        full_duplex=False,
+        pairing_seed=5,
+        **stall,
+    )
     algo = NoLoCo(cfg, world)
     algo.on_train_start(model, opt)
     rows, start, step = [], time.perf_counter(), 0
@@ -106,8 +112,14 @@ def _noloco_on_job_store(world, rounds):
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 4)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    cfg = NoLoCoConfig(inner_steps=1, outer_optimizer=OuterOptimizerConfig("noloco", 0.5, 0.5), deadline_s=60.0,
-                       full_duplex=False, pairing_seed=5, stall_s=None)
+    cfg = NoLoCoConfig(
+        inner_steps=1,
+        outer_optimizer=OuterOptimizerConfig("noloco", 0.5, 0.5),
+        deadline_s=60.0,
+        full_duplex=False,
+        pairing_seed=5,
+        stall_s=None,
+    )
     algo = NoLoCo(cfg, world)
     algo.on_train_start(model, opt)
     dropped, step = 0, 0
@@ -182,8 +194,10 @@ def test_x_at_a_heartbeat_for_1_5_s_drops_no_more_averaging_rounds_than_the_cont
     assert report.get("writes", 0) > 0 and report.get("during_run"), f"the attack did not overlap the run: {report}"
     assert report.get("recovered"), f"rank {TARGET}'s heartbeat never wrote again after the attack: {report}"
     per_rank = [d for d, _ in attacked]
-    assert sum(per_rank) <= sum(d for d, _ in control), \
-        f"rounds dropped per rank under attack {per_rank}, control {[d for d, _ in control]}; refused {[m for _, m in attacked]}"
+    assert sum(per_rank) <= sum(d for d, _ in control), (
+        f"rounds dropped per rank under attack {per_rank}, control {[d for d, _ in control]}; "
+        f"refused {[m for _, m in attacked]}"
+    )
 
 
 def test_x_at_a_heartbeat_as_an_ordinary_user_too():

@@ -2,10 +2,9 @@
 
 import pytest
 
-from decentrain.testing import run_ranks, save_random_experts, tiny_hdee_config
-
 from decentrain.algorithms.hdee.evaluate import EnsembleScorer
 from decentrain.core.world import World
+from decentrain.testing import run_ranks, save_random_experts, tiny_hdee_config
 
 pytestmark = pytest.mark.dist
 WEIGHTINGS = ["uniform", "cached", "topk", "average"]

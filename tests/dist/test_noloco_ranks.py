@@ -6,18 +6,32 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from decentrain.testing import run_ranks
-
 from decentrain.algorithms.diloco import DiLoCo, DiLoCoConfig
 from decentrain.algorithms.noloco import NoLoCo, NoLoCoConfig
 from decentrain.algorithms.outer.optimizers import OuterOptimizerConfig
 from decentrain.core.comm.pairing import gossip_groups, group_of
+from decentrain.testing import run_ranks
 
 pytestmark = pytest.mark.dist
 
-COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "broadcast", "barrier", "monitored_barrier",
-               "reduce", "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "gather",
-               "scatter", "all_gather_object", "broadcast_object_list", "new_group")
+COLLECTIVES = (
+    "all_reduce",
+    "all_gather",
+    "all_gather_into_tensor",
+    "broadcast",
+    "barrier",
+    "monitored_barrier",
+    "reduce",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "all_to_all",
+    "all_to_all_single",
+    "gather",
+    "scatter",
+    "all_gather_object",
+    "broadcast_object_list",
+    "new_group",
+)
 P2P = ("isend", "irecv", "send", "recv", "batch_isend_irecv")
 
 
@@ -58,14 +72,24 @@ def _count_calls(world, run_dir):
         phase[0] = "training"
 
     NoLoCo.on_train_start = mark
-    cfg = config_from_dict({
-        "algorithm": {"name": "noloco", "inner_steps": 2},
-        "model": {"hidden_size": 16, "num_layers": 2, "num_heads": 2, "intermediate_size": 32},
-        "data": {"seq_len": 16, "max_bytes_per_domain": 8000, "domains": ["licenses"]},
-        "train": {"steps": 6, "global_batch_size": 4, "micro_batch_size": 1, "eval_every": 3, "eval_batches": 1,
-                  "checkpoint_every": 3, "threads": 1},
-        "logger": {"progress": False}, "launcher": {"name": "torchrun", "nproc_per_node": None},
-    })
+    cfg = config_from_dict(
+        {
+            "algorithm": {"name": "noloco", "inner_steps": 2},
+            "model": {"hidden_size": 16, "num_layers": 2, "num_heads": 2, "intermediate_size": 32},
+            "data": {"seq_len": 16, "max_bytes_per_domain": 8000, "domains": ["licenses"]},
+            "train": {
+                "steps": 6,
+                "global_batch_size": 4,
+                "micro_batch_size": 1,
+                "eval_every": 3,
+                "eval_batches": 1,
+                "checkpoint_every": 3,
+                "threads": 1,
+            },
+            "logger": {"progress": False},
+            "launcher": {"name": "torchrun", "nproc_per_node": None},
+        }
+    )
     run_pretraining(cfg, world, Path(run_dir))
     return calls
 
@@ -81,7 +105,9 @@ def test_noloco_issues_no_collective_after_start_up(tmp_path):
 def _outer_step(world):
     model = torch.nn.Linear(2, 1, bias=False)
     model.weight.data.fill_(float(world.rank))  # broadcast at start-up makes this rank 0's: 0
-    algo = NoLoCo(NoLoCoConfig(inner_steps=1, outer_optimizer=OuterOptimizerConfig("noloco", 0.5, 0.5), pairing_seed=4), world)
+    algo = NoLoCo(
+        NoLoCoConfig(inner_steps=1, outer_optimizer=OuterOptimizerConfig("noloco", 0.5, 0.5), pairing_seed=4), world
+    )
     algo.on_train_start(model, None)
     start = model.weight.detach().clone()
     model.weight.data.fill_(float(world.rank + 1))  # θ_i = i + 1 after the inner step
@@ -109,7 +135,9 @@ def _mismatch(world):
 
 
 def test_mismatched_model_shapes_fail_on_every_rank_without_hanging():
-    for msg in run_ranks(_mismatch, 2, timeout=60):  # a rank still waiting after 60 s fails here (gloo's own limit is 120 s)
+    for msg in run_ranks(
+        _mismatch, 2, timeout=60
+    ):  # a rank still waiting after 60 s fails here (gloo's own limit is 120 s)
         assert "model: replicas disagree on parameter shapes" in msg and "ranks [1]" in msg
 
 

@@ -4,10 +4,9 @@ import numpy as np
 import pytest
 import torch
 
-from decentrain.testing import run_ranks
-
 from decentrain.algorithms.noloco import NoLoCo, NoLoCoConfig
 from decentrain.algorithms.outer.optimizers import OuterOptimizerConfig
+from decentrain.testing import run_ranks
 
 pytestmark = pytest.mark.dist
 
@@ -24,7 +23,9 @@ def official_partner(rank: int, step: int, world_size: int) -> int:
 
 def _first_sync(world):
     model = torch.nn.Linear(1, 1, bias=False)
-    algo = NoLoCo(NoLoCoConfig(inner_steps=H, outer_optimizer=OuterOptimizerConfig("noloco", 1.0, 0.0), pairing_seed=None), world)
+    algo = NoLoCo(
+        NoLoCoConfig(inner_steps=H, outer_optimizer=OuterOptimizerConfig("noloco", 1.0, 0.0), pairing_seed=None), world
+    )
     algo.on_train_start(model, None)  # every replica starts from rank 0's weight
     for step in range(1, H + 1):
         model.weight.data.fill_(float(world.rank + 1))  # θ_i = i + 1 after the inner steps

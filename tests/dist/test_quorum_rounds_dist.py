@@ -23,10 +23,13 @@ def _algo(name, world, rounds):
 
     rounds = RoundsConfig(**rounds)
     families = {
-        "diloco": lambda: DiLoCo(DiLoCoConfig(inner_steps=1, outer_optimizer=OuterOptimizerConfig(lr=0.7, momentum=0.9),
-                                              rounds=rounds), world),
-        "sparseloco": lambda: SparseLoCo(SparseLoCoConfig(inner_steps=1, tiling="flat", chunk_size=16, topk=4, bits=4,
-                                                          rounds=rounds), world),
+        "diloco": lambda: DiLoCo(
+            DiLoCoConfig(inner_steps=1, outer_optimizer=OuterOptimizerConfig(lr=0.7, momentum=0.9), rounds=rounds),
+            world,
+        ),
+        "sparseloco": lambda: SparseLoCo(
+            SparseLoCoConfig(inner_steps=1, tiling="flat", chunk_size=16, topk=4, bits=4, rounds=rounds), world
+        ),
     }
     return families[name]()
 
@@ -42,7 +45,9 @@ def _train(name, world, rounds, steps=3):
     for step in range(1, steps + 1):
         with torch.no_grad():
             for p in model.parameters():
-                p.add_(0.01 * (world.rank + 1) * step * torch.sin(torch.arange(p.numel(), dtype=torch.float32)).view_as(p))
+                p.add_(
+                    0.01 * (world.rank + 1) * step * torch.sin(torch.arange(p.numel(), dtype=torch.float32)).view_as(p)
+                )
         metrics.append(algo.after_optimizer_step(step, model, None))
         if algo.should_stop(step, steps) or step == steps:
             algo.drain(model)
@@ -55,8 +60,12 @@ def _lockstep_then_quorum(world, name):
     lockstep, _ = _train(name, world, {"mode": "lockstep"})
     quorum, metrics = _train(name, world, {"mode": "quorum"})
     again, _ = _train(name, world, {"mode": "quorum"})  # a second job in the same process group: its own rounds
-    return ([p.tolist() for p in lockstep], [p.tolist() for p in quorum], [m.get("quorum/full") for m in metrics],
-            [p.tolist() for p in again])
+    return (
+        [p.tolist() for p in lockstep],
+        [p.tolist() for p in quorum],
+        [m.get("quorum/full") for m in metrics],
+        [p.tolist() for p in again],
+    )
 
 
 @pytest.mark.parametrize("name", ["diloco", "sparseloco"])
@@ -82,7 +91,9 @@ def _late_rank_one(world, late):
     runs = []
     for _ in range(2):  # then a second job in the same process group, nobody held: it must not read the first's rounds
         weights, metrics = _train("diloco", world, rounds)
-        runs.append(([p.tolist() for p in weights], [(m["quorum/members"], m.get("quorum/late_rounds")) for m in metrics]))
+        runs.append(
+            ([p.tolist() for p in weights], [(m["quorum/members"], m.get("quorum/late_rounds")) for m in metrics])
+        )
         hold["on"] = False
     return runs
 

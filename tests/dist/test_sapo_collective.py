@@ -2,11 +2,10 @@
 
 import pytest
 
-from decentrain.testing import run_ranks, tiny_sapo_config
-
 from decentrain.algorithms.sapo.exchange import build_exchange
 from decentrain.algorithms.sapo.node import SAPONode
 from decentrain.algorithms.sapo.rounds import run_sapo
+from decentrain.testing import run_ranks, tiny_sapo_config
 
 pytestmark = pytest.mark.dist
 
@@ -18,7 +17,13 @@ def _on_rank(world, run_dir):
     external = node.share(0, local)
     rows = []
     summary = run_sapo(cfg, world, run_dir, on_round=lambda n, m: rows.append(m["external_received"]))
-    return [g.question for g in local], [a.group.question for a in external], node.decoder.drops.total, summary["rounds"], rows
+    return (
+        [g.question for g in local],
+        [a.group.question for a in external],
+        node.decoder.drops.total,
+        summary["rounds"],
+        rows,
+    )
 
 
 def test_collective_swarm_on_two_ranks(tmp_path):

@@ -14,16 +14,25 @@ PROMPTS = ["Q: 1 + 2\nA: ", "Q: how many legs?\nA: ", "Q: x\nA: "]
 
 def _model():
     torch.manual_seed(0)
-    cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                      vocab_size=384, max_position_embeddings=512, pad_token_id=0, eos_token_id=1, bos_token_id=None)
+    cfg = LlamaConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=384,
+        max_position_embeddings=512,
+        pad_token_id=0,
+        eos_token_id=1,
+        bos_token_id=None,
+    )
     return LlamaForCausalLM(cfg).cuda()
 
 
 def test_compiled_blocks_on_cuda_stay_within_two_graphs(tmp_path):
-    from decentrain.testing import tiny_trainer
-
     from decentrain.algorithms.pretraining.trainer import evaluate
     from decentrain.core.world import World
+    from decentrain.testing import tiny_trainer
 
     torch._dynamo.reset()
     trainer = tiny_trainer(tmp_path, world=World(device=torch.device("cuda", 0)), compile="blocks", device="cuda")
@@ -76,6 +85,8 @@ def test_vllm_backend_generates_groups():
     pytest.importorskip("vllm")
     from decentrain.algorithms.sapo.generation import SamplingConfig, build_generation_backend
 
-    backend = build_generation_backend(_model(), ByT5Tokenizer(), SamplingConfig(backend="vllm", stop=None, max_new_tokens=4))
+    backend = build_generation_backend(
+        _model(), ByT5Tokenizer(), SamplingConfig(backend="vllm", stop=None, max_new_tokens=4)
+    )
     out = backend.generate(PROMPTS, 3, seed=0)
     assert len(out) == 3 and all(len(g) == 3 and all(isinstance(c, str) for c in g) for g in out)

@@ -25,7 +25,6 @@ ALGOS = {
 SHORT = ["train.steps=4", "train.eval_every=4", "train.device=cuda"]
 
 
-
 def _trained(run_dir: Path) -> list[dict]:
     rows = [r for r in metrics(run_dir) if "train/loss" in r]
     assert len(rows) == 4 and all(r["train/loss"] is not None for r in rows)
@@ -35,7 +34,9 @@ def _trained(run_dir: Path) -> list[dict]:
 
 @pytest.mark.parametrize("algo", list(ALGOS))
 def test_each_algorithm_trains_on_one_rank(tmp_path, algo):
-    run_train(tmp_path, f"algorithm={algo}", *ALGOS[algo], *SHORT, "launcher.nproc_per_node=1", "train.global_batch_size=4")
+    run_train(
+        tmp_path, f"algorithm={algo}", *ALGOS[algo], *SHORT, "launcher.nproc_per_node=1", "train.global_batch_size=4"
+    )
     _trained(tmp_path)
 
 
@@ -45,8 +46,15 @@ def test_ranks_share_one_gpu_over_gloo(tmp_path, algo, ranks):
     """More local ranks than GPUs: round-robin on the GPUs, gloo between them (NCCL cannot share)."""
     os.environ["CUDA_VISIBLE_DEVICES"] = "0"  # one visible GPU, whatever the machine has
     try:
-        run_train(tmp_path, f"algorithm={algo}", *ALGOS[algo], *SHORT, f"launcher.nproc_per_node={ranks}",
-               f"train.global_batch_size={2 * ranks}", timeout=600)
+        run_train(
+            tmp_path,
+            f"algorithm={algo}",
+            *ALGOS[algo],
+            *SHORT,
+            f"launcher.nproc_per_node={ranks}",
+            f"train.global_batch_size={2 * ranks}",
+            timeout=600,
+        )
     finally:
         os.environ.pop("CUDA_VISIBLE_DEVICES", None)
     _trained(tmp_path)
@@ -65,43 +73,93 @@ def test_the_readme_command_runs_on_a_gpu_box(tmp_path):
 @pytest.mark.skipif(GPUS < 2, reason="NCCL between ranks needs 2 GPUs")
 @pytest.mark.parametrize("algo", list(ALGOS))
 def test_one_rank_per_gpu_runs_on_nccl(tmp_path, algo):
-    run_train(tmp_path, f"algorithm={algo}", *ALGOS[algo], *SHORT, "launcher.nproc_per_node=2", "train.global_batch_size=4")
+    run_train(
+        tmp_path, f"algorithm={algo}", *ALGOS[algo], *SHORT, "launcher.nproc_per_node=2", "train.global_batch_size=4"
+    )
     _trained(tmp_path)
 
 
 @pytest.mark.parametrize("precision,compile_", [("bf16_autocast", "blocks"), ("bf16", "none"), ("fp32", "model")])
 def test_precision_and_compile(tmp_path, precision, compile_):
-    run_train(tmp_path, *SHORT, "launcher.nproc_per_node=1", "train.global_batch_size=4", f"train.precision={precision}",
-           f"train.compile={compile_}", timeout=600)
+    run_train(
+        tmp_path,
+        *SHORT,
+        "launcher.nproc_per_node=1",
+        "train.global_batch_size=4",
+        f"train.precision={precision}",
+        f"train.compile={compile_}",
+        timeout=600,
+    )
     _trained(tmp_path)
 
 
 def test_fsdp2_replicas_on_cuda(tmp_path):
     ranks = 4
-    proc = run_train(tmp_path, "algorithm=diloco", "algorithm.inner_steps=2", "engine=fsdp2", *SHORT,
-                  f"launcher.nproc_per_node={ranks}", "train.global_batch_size=8", timeout=600)
+    proc = run_train(
+        tmp_path,
+        "algorithm=diloco",
+        "algorithm.inner_steps=2",
+        "engine=fsdp2",
+        *SHORT,
+        f"launcher.nproc_per_node={ranks}",
+        "train.global_batch_size=8",
+        timeout=600,
+    )
     assert "2 replicas x 2 shards, fsdp2" in proc.stdout
     _trained(tmp_path)
 
 
-SAPO_TINY = ["model.hidden_size=32", "model.num_layers=2", "model.intermediate_size=64", "model.num_heads=4",
-             "sampling.max_new_tokens=4", "task.size=100", "logger.progress=false"]
+SAPO_TINY = [
+    "model.hidden_size=32",
+    "model.num_layers=2",
+    "model.intermediate_size=64",
+    "model.num_heads=4",
+    "sampling.max_new_tokens=4",
+    "task.size=100",
+    "logger.progress=false",
+]
 
 
 def test_sft_and_rl_on_cuda(tmp_path):
-    run_recipe("recipes.sft", *SAPO_TINY, "sft.steps=3", "sft.batch_size=4", "sft.device=cuda", "eval.prompts_per_task=2",
-         "eval.num_generations=2", f"run_dir={tmp_path / 'sft'}")
-    out = run_recipe("recipes.rl", *SAPO_TINY, "loss.num_generations=4", "train.micro_batch_size=16", "sapo=silo",
-               "train.rounds=2", "train.device=cuda", f"run_dir={tmp_path / 'rl'}").stdout
+    run_recipe(
+        "recipes.sft",
+        *SAPO_TINY,
+        "sft.steps=3",
+        "sft.batch_size=4",
+        "sft.device=cuda",
+        "eval.prompts_per_task=2",
+        "eval.num_generations=2",
+        f"run_dir={tmp_path / 'sft'}",
+    )
+    out = run_recipe(
+        "recipes.rl",
+        *SAPO_TINY,
+        "loss.num_generations=4",
+        "train.micro_batch_size=16",
+        "sapo=silo",
+        "train.rounds=2",
+        "train.device=cuda",
+        f"run_dir={tmp_path / 'rl'}",
+    ).stdout
     assert "rounds 2" in out
 
 
 def test_rl_collective_nodes_share_one_gpu(tmp_path):
     os.environ["CUDA_VISIBLE_DEVICES"] = "0"
     try:
-        run_recipe("recipes.rl", *SAPO_TINY, "loss.num_generations=4", "train.micro_batch_size=16", "sapo=swarm_2_6",
-             "num_nodes=2", "train.rounds=2", "batch.num_local=2", "batch.num_external=2", "train.device=cuda",
-             f"run_dir={tmp_path}")
+        run_recipe(
+            "recipes.rl",
+            *SAPO_TINY,
+            "loss.num_generations=4",
+            "train.micro_batch_size=16",
+            "sapo=swarm_2_6",
+            "num_nodes=2",
+            "train.rounds=2",
+            "batch.num_local=2",
+            "batch.num_external=2",
+            "train.device=cuda",
+            f"run_dir={tmp_path}",
+        )
     finally:
         os.environ.pop("CUDA_VISIBLE_DEVICES", None)
     for node in ("node0", "node1"):

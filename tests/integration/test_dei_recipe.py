@@ -17,9 +17,20 @@ from decentrain.testing import ROOT, WarriorEndpoint, pmars_or_skip, recipe_comm
 
 def _run(run_dir: Path, endpoint: WarriorEndpoint, n: int, *extra: str) -> subprocess.Popen:
     nodes = ",".join(f"{{base_url: '{endpoint.url(i)}'}}" for i in range(n))
-    cmd = recipe_command("recipes.dei", f"num_nodes={n}", "operator.name=openai", f"nodes=[{nodes}]",
-                         "search.n_init=2", "search.iters=3", "pmars.rounds=4", f"run_dir={run_dir}", *extra)
-    return subprocess.Popen(cmd, cwd=ROOT, env=recipe_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    cmd = recipe_command(
+        "recipes.dei",
+        f"num_nodes={n}",
+        "operator.name=openai",
+        f"nodes=[{nodes}]",
+        "search.n_init=2",
+        "search.iters=3",
+        "pmars.rounds=4",
+        f"run_dir={run_dir}",
+        *extra,
+    )
+    return subprocess.Popen(
+        cmd, cwd=ROOT, env=recipe_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
 
 
 def _rows(run_dir: Path, node: int) -> list[dict]:

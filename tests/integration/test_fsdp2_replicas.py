@@ -22,15 +22,28 @@ def _runs(world, algo, root):
     from decentrain.core.metrics import read_jsonl
 
     def cfg(stop_at=None):
-        return config_from_dict({
-            "algorithm": {"name": algo, "inner_steps": 2, **({"full_duplex": False} if algo == "noloco" else {})},
-            "model": {"hidden_size": 16, "num_layers": 2, "num_heads": 2, "intermediate_size": 32},
-            "data": {"seq_len": 16, "max_bytes_per_domain": 8000, "domains": ["licenses"]},
-            "train": {"steps": 6, "global_batch_size": 8, "micro_batch_size": 1, "eval_every": 3, "eval_batches": 1,
-                      "checkpoint_every": 100, "keep_checkpoints": 1, "threads": 1, "stop_at": stop_at},
-            "engine": {"name": "fsdp2", "shards_per_replica": 2}, "optim": {"warmup_steps": 1},
-            "logger": {"progress": False, "log_every": 1}, "launcher": {"name": "torchrun", "nproc_per_node": None},
-        })
+        return config_from_dict(
+            {
+                "algorithm": {"name": algo, "inner_steps": 2, **({"full_duplex": False} if algo == "noloco" else {})},
+                "model": {"hidden_size": 16, "num_layers": 2, "num_heads": 2, "intermediate_size": 32},
+                "data": {"seq_len": 16, "max_bytes_per_domain": 8000, "domains": ["licenses"]},
+                "train": {
+                    "steps": 6,
+                    "global_batch_size": 8,
+                    "micro_batch_size": 1,
+                    "eval_every": 3,
+                    "eval_batches": 1,
+                    "checkpoint_every": 100,
+                    "keep_checkpoints": 1,
+                    "threads": 1,
+                    "stop_at": stop_at,
+                },
+                "engine": {"name": "fsdp2", "shards_per_replica": 2},
+                "optim": {"warmup_steps": 1},
+                "logger": {"progress": False, "log_every": 1},
+                "launcher": {"name": "torchrun", "nproc_per_node": None},
+            }
+        )
 
     straight, preempted = Path(root) / "straight", Path(root) / "preempted"
     a = run_pretraining(cfg(), world, straight)
@@ -38,8 +51,10 @@ def _runs(world, algo, root):
     b = run_pretraining(cfg(), world, preempted)
     if world.rank:
         return None
-    losses = [{r["step"]: r["train/loss"] for r in read_jsonl(d / "metrics.jsonl") if "train/loss" in r}
-              for d in (straight, preempted)]
+    losses = [
+        {r["step"]: r["train/loss"] for r in read_jsonl(d / "metrics.jsonl") if "train/loss" in r}
+        for d in (straight, preempted)
+    ]
     weights = [load_file(d / "model" / "model.safetensors") for d in (straight, preempted)]
     same = all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
     dcp_steps = sorted(p.name for p in (preempted / "checkpoints" / "dcp").iterdir())

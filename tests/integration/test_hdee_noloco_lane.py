@@ -8,7 +8,8 @@ import yaml
 
 from decentrain.testing import run_recipe
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(600)]  # ~2.5 min on 2 busy cores: three processes start
+# ~2.5 min on 2 busy cores: three processes start
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(600)]
 
 
 def run(*args: str):
@@ -20,8 +21,16 @@ def test_an_expert_lane_trains_as_a_noloco_pair(tmp_path):
     common = ["hdee_plan=smoke", f"ensemble_dir={ens}", "train.micro_batch_size=2", "train.device=cpu"]
     run(*common, "job.stage=seed", "job.index=0")  # the seed: one process, the default (ddp) section
     # lane 0 has two iterations: two gossip runs back to back in one process group, each branching from the last
-    run(*common, "job.stage=lane", "job.index=0", "launcher.nproc_per_node=2", "algorithm@job.algorithm=noloco",
-        "job.algorithm.inner_steps=1", "job.algorithm.outer_optimizer.lr=0.5", "job.algorithm.deadline_s=60")
+    run(
+        *common,
+        "job.stage=lane",
+        "job.index=0",
+        "launcher.nproc_per_node=2",
+        "algorithm@job.algorithm=noloco",
+        "job.algorithm.inner_steps=1",
+        "job.algorithm.outer_optimizer.lr=0.5",
+        "job.algorithm.deadline_s=60",
+    )
 
     assert (ens / "lane0-it0-M" / "model" / "model.safetensors").exists()
     run_dir = ens / "lane0-it1-M"
@@ -32,4 +41,5 @@ def test_an_expert_lane_trains_as_a_noloco_pair(tmp_path):
     assert algorithm["outer_optimizer"] == {"name": "noloco", "lr": 0.5, "momentum": 0.5}  # the rule's own fields only
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     last = [r for r in rows if "outer/round" in r][-1]
-    assert last["outer/round"] == 3 and last["outer/partner_missed"] == 0  # 3 steps, H = 1: three exchanges with the partner
+    # 3 steps, H = 1: three exchanges with the partner
+    assert last["outer/round"] == 3 and last["outer/partner_missed"] == 0

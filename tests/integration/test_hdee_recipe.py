@@ -9,7 +9,6 @@ from decentrain.testing import run_recipe
 pytestmark = pytest.mark.integration
 
 
-
 def test_train_evaluate_and_score_a_smoke_ensemble(tmp_path):
     ens = tmp_path / "ens"
     common = ["hdee_plan=smoke", f"ensemble_dir={ens}"]
@@ -37,7 +36,9 @@ def test_train_evaluate_and_score_a_smoke_ensemble(tmp_path):
 
 def test_bad_plans_fail_before_any_job_starts(tmp_path):
     ens = tmp_path / "ens"
-    proc = run_recipe("recipes.hdee_train", "hdee_plan=smoke", f"ensemble_dir={ens}", "plan.lanes.1.steps=[9]", ok=False)
+    proc = run_recipe(
+        "recipes.hdee_train", "hdee_plan=smoke", f"ensemble_dir={ens}", "plan.lanes.1.steps=[9]", ok=False
+    )
     assert "off the homogeneous baseline" in proc.stderr and not (ens / "logs").exists()
     proc = run_recipe("recipes.ensemble_eval", "hdee_plan=smoke", f"ensemble_dir={ens}", ok=False)
     assert "expert lane0-it1-M (lanes[0]) has no checkpoint" in proc.stderr

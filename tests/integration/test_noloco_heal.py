@@ -21,12 +21,22 @@ pytestmark = [
 def test_a_killed_noloco_worker_is_replaced_and_heals_from_a_live_peer(tmp_path):
     steps = 1200
 
-
     run = recipe_killing_a_worker(
-        tmp_path, "algorithm=noloco", "algorithm.inner_steps=8", "algorithm.deadline_s=3", f"train.steps={steps}",
-        "train.eval_every=1000", "train.checkpoint_every=1000", "launcher.nproc_per_node=4", "launcher.max_restarts=1",
-        "logger.all_ranks=true", ready=lambda: worker_ready(tmp_path, 4), victim=lambda: json.loads((tmp_path / "workers.json").read_text())["2"],
-        wait_s=240, timeout=500)
+        tmp_path,
+        "algorithm=noloco",
+        "algorithm.inner_steps=8",
+        "algorithm.deadline_s=3",
+        f"train.steps={steps}",
+        "train.eval_every=1000",
+        "train.checkpoint_every=1000",
+        "launcher.nproc_per_node=4",
+        "launcher.max_restarts=1",
+        "logger.all_ranks=true",
+        ready=lambda: worker_ready(tmp_path, 4),
+        victim=lambda: json.loads((tmp_path / "workers.json").read_text())["2"],
+        wait_s=240,
+        timeout=500,
+    )
     out = run.stdout
     assert run.returncode == 0, out[-4000:]
     assert "replaced: rank 2 x1" in out and "workers finished" not in out, out[-4000:]  # all 4 finished
@@ -34,7 +44,9 @@ def test_a_killed_noloco_worker_is_replaced_and_heals_from_a_live_peer(tmp_path)
     assert healed, out[-4000:]
     donor, round_, crc = healed.group(1), healed.group(3), healed.group(4)
     # the replacement's φ is bit for bit the donor's at the snapshot
-    served = re.search(rf"\[rank {donor}\] serving heal to rank 2 \(incarnation 1\): step (\d+), round {round_}, phi crc {crc}", out)
+    served = re.search(
+        rf"\[rank {donor}\] serving heal to rank 2 \(incarnation 1\): step (\d+), round {round_}, phi crc {crc}", out
+    )
     assert served, out[-4000:]
     rows = metrics(tmp_path, "metrics.rank2.jsonl")
     heal = [r for r in rows if "heal/seconds" in r]

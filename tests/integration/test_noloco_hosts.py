@@ -22,7 +22,9 @@ from benchmarks.fault_tolerance_netns import EmulatedHosts, netns_available
 from decentrain.core.metrics import metrics_file
 from decentrain.testing import TINY, metrics
 
-why_not = netns_available() or (None if os.environ.get("DECENTRAIN_NETNS_TESTS") == "1" else "opt-in: DECENTRAIN_NETNS_TESTS=1")
+why_not = netns_available() or (
+    None if os.environ.get("DECENTRAIN_NETNS_TESTS") == "1" else "opt-in: DECENTRAIN_NETNS_TESTS=1"
+)
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.skipif(why_not is not None, reason=why_not or "")]
 
 STEPS, H, NPROC, NODES = 120, 4, 2, 3
@@ -36,14 +38,25 @@ def _log(path) -> str:
 @pytest.mark.timeout(900)
 def test_a_lost_host_costs_its_partners_a_round_and_a_new_host_heals_into_the_job(tmp_path):
     run = tmp_path / "run"
-    overrides = [*TINY, f"run_dir={run}", "algorithm=noloco", f"algorithm.inner_steps={H}", "algorithm.deadline_s=5",
-                 f"train.steps={STEPS}", "train.eval_every=1000", "train.checkpoint_every=1000", "logger.all_ranks=true",
-                 "launcher.max_restarts=0", "train.global_batch_size=12"]  # 6 ranks x micro-batch 2
+    overrides = [
+        *TINY,
+        f"run_dir={run}",
+        "algorithm=noloco",
+        f"algorithm.inner_steps={H}",
+        "algorithm.deadline_s=5",
+        f"train.steps={STEPS}",
+        "train.eval_every=1000",
+        "train.checkpoint_every=1000",
+        "logger.all_ranks=true",
+        "launcher.max_restarts=0",
+        "train.global_batch_size=12",
+    ]  # 6 ranks x micro-batch 2
     env = {"HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "DECENTRAIN_JOB_SECRET": os.urandom(16).hex()}
     logs = {i: tmp_path / f"host{i}.log" for i in range(NODES + 1)}
     with EmulatedHosts(NODES, spares=1, env=env) as hosts:
         launchers = {i: hosts.start_host(i, i, NODES, NPROC, overrides, logs[i]) for i in range(NODES)}
-        hosts.wait_progress(ranks=[0, 1, 4, 5], rounds=2, launchers=list(launchers.values()))  # the job trains: a round key is in the store
+        # the job trains: a round key is in the store
+        hosts.wait_progress(ranks=[0, 1, 4, 5], rounds=2, launchers=list(launchers.values()))
         for live in (0, 2):  # freeze the survivors, so that the new host surely finds them training
             hosts.signal_host(live, signal.SIGSTOP)
         hosts.kill_host(DEAD_NODE)

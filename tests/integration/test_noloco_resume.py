@@ -12,8 +12,13 @@ pytestmark = pytest.mark.integration
 
 ALGO = {
     "noloco": {"name": "noloco", "inner_steps": 2},
-    "streaming_diloco": {"name": "streaming_diloco", "inner_steps": 4, "num_fragments": 2, "overlap_steps": 2,
-                         "quantization": "fp16"},
+    "streaming_diloco": {
+        "name": "streaming_diloco",
+        "inner_steps": 4,
+        "num_fragments": 2,
+        "overlap_steps": 2,
+        "quantization": "fp16",
+    },
     "diloco": {"name": "diloco", "inner_steps": 2},
     # another outer optimizer's state (Adam's two moments and step count) resumes bit for bit too
     "diloco_adam": {"name": "diloco", "inner_steps": 2, "outer_optimizer": {"name": "adam", "lr": 0.01}},
@@ -26,14 +31,25 @@ def _three_runs(world, algo, root):
     from decentrain.core.metrics import read_jsonl
 
     def cfg(stop_at=None):
-        return config_from_dict({
-            "algorithm": ALGO[algo],
-            "model": {"hidden_size": 16, "num_layers": 2, "num_heads": 2, "intermediate_size": 32},
-            "data": {"seq_len": 16, "max_bytes_per_domain": 8000, "domains": ["licenses"]},
-            "train": {"steps": 8, "global_batch_size": 4, "micro_batch_size": 1, "eval_every": 4, "eval_batches": 1,
-                      "checkpoint_every": 100, "threads": 1, "stop_at": stop_at},
-            "logger": {"progress": False, "log_every": 1}, "launcher": {"name": "torchrun", "nproc_per_node": None},
-        })
+        return config_from_dict(
+            {
+                "algorithm": ALGO[algo],
+                "model": {"hidden_size": 16, "num_layers": 2, "num_heads": 2, "intermediate_size": 32},
+                "data": {"seq_len": 16, "max_bytes_per_domain": 8000, "domains": ["licenses"]},
+                "train": {
+                    "steps": 8,
+                    "global_batch_size": 4,
+                    "micro_batch_size": 1,
+                    "eval_every": 4,
+                    "eval_batches": 1,
+                    "checkpoint_every": 100,
+                    "threads": 1,
+                    "stop_at": stop_at,
+                },
+                "logger": {"progress": False, "log_every": 1},
+                "launcher": {"name": "torchrun", "nproc_per_node": None},
+            }
+        )
 
     straight, preempted = Path(root) / "straight", Path(root) / "preempted"
     a = run_pretraining(cfg(), world, straight)
@@ -43,7 +59,10 @@ def _three_runs(world, algo, root):
     b = run_pretraining(cfg(), world, preempted)
     if world.rank:
         return None
-    losses = [{r["step"]: r["train/loss"] for r in read_jsonl(d / "metrics.jsonl") if "train/loss" in r} for d in (straight, preempted)]
+    losses = [
+        {r["step"]: r["train/loss"] for r in read_jsonl(d / "metrics.jsonl") if "train/loss" in r}
+        for d in (straight, preempted)
+    ]
     from safetensors.torch import load_file
 
     weights = [load_file(d / "model" / "model.safetensors") for d in (straight, preempted)]

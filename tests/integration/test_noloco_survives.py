@@ -5,7 +5,7 @@ import json
 import pytest
 
 from decentrain.core.metrics import metrics_file
-from decentrain.testing import metrics, recipe_killing_a_worker, worker_ready
+from decentrain.testing import recipe_killing_a_worker, worker_ready
 
 pytestmark = pytest.mark.integration
 
@@ -13,11 +13,19 @@ pytestmark = pytest.mark.integration
 def test_sigkill_of_one_of_four_noloco_workers_leaves_three_that_finish(tmp_path):
     steps, h = 24, 2
 
-
     run = recipe_killing_a_worker(
-        tmp_path, "algorithm=noloco", f"algorithm.inner_steps={h}", f"train.steps={steps}", "train.eval_every=100",
-        "train.checkpoint_every=100", "launcher.nproc_per_node=4", "logger.all_ranks=true",
-        ready=lambda: worker_ready(tmp_path, 5), victim=lambda: json.loads((tmp_path / "workers.json").read_text())["2"], timeout=240)
+        tmp_path,
+        "algorithm=noloco",
+        f"algorithm.inner_steps={h}",
+        f"train.steps={steps}",
+        "train.eval_every=100",
+        "train.checkpoint_every=100",
+        "launcher.nproc_per_node=4",
+        "logger.all_ranks=true",
+        ready=lambda: worker_ready(tmp_path, 5),
+        victim=lambda: json.loads((tmp_path / "workers.json").read_text())["2"],
+        timeout=240,
+    )
     out = run.stdout
     assert run.returncode == 0, out[-3000:]
     assert "3 of 4 workers finished" in out and "rank 2: SIGKILL" in out

@@ -13,14 +13,24 @@ pytestmark = pytest.mark.integration
 
 
 def test_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):
-    cfg = config_from_dict({
-        "algorithm": {"name": "ddp"},
-        "model": {"hidden_size": 16, "num_layers": 1, "num_heads": 2, "intermediate_size": 32},
-        "data": {"seq_len": 16, "max_bytes_per_domain": 8000, "domains": ["licenses"]},
-        "train": {"steps": 8, "global_batch_size": 2, "micro_batch_size": 1, "eval_every": 100, "eval_batches": 1,
-                  "checkpoint_every": 2, "threads": 1},
-        "logger": {"progress": False, "log_every": 1}, "launcher": {"name": "torchrun", "nproc_per_node": None},
-    })
+    cfg = config_from_dict(
+        {
+            "algorithm": {"name": "ddp"},
+            "model": {"hidden_size": 16, "num_layers": 1, "num_heads": 2, "intermediate_size": 32},
+            "data": {"seq_len": 16, "max_bytes_per_domain": 8000, "domains": ["licenses"]},
+            "train": {
+                "steps": 8,
+                "global_batch_size": 2,
+                "micro_batch_size": 1,
+                "eval_every": 100,
+                "eval_batches": 1,
+                "checkpoint_every": 2,
+                "threads": 1,
+            },
+            "logger": {"progress": False, "log_every": 1},
+            "launcher": {"name": "torchrun", "nproc_per_node": None},
+        }
+    )
     real = Trainer.train_step
 
     def poisoned(self, model):

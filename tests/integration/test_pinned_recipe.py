@@ -13,11 +13,26 @@ pytestmark = pytest.mark.integration
 def test_diloco_on_the_pinned_corpus_reports_bits_per_byte_and_the_corpus_hash(tmp_path):
     manifest = prepare(tiny_config(tmp_path / "corpus"), tiny_domains(write_source(tmp_path)))
     run = tmp_path / "run"
-    proc = run_train(run, "experiment=diloco_cpu", "data=pinned", f"data.pinned_dir={tmp_path / 'corpus'}",
-                     "data.domains=[alpha,beta]", "data.max_bytes_per_domain=null", "data.seq_len=32",
-                     "model.hidden_size=32", "model.num_layers=2", "model.num_heads=2", "model.intermediate_size=64",
-                     "launcher.nproc_per_node=2", "train.steps=4", "algorithm.inner_steps=2", "train.eval_every=2",
-                     "train.global_batch_size=8", "train.micro_batch_size=2", "train.checkpoint_every=100")
+    proc = run_train(
+        run,
+        "experiment=diloco_cpu",
+        "data=pinned",
+        f"data.pinned_dir={tmp_path / 'corpus'}",
+        "data.domains=[alpha,beta]",
+        "data.max_bytes_per_domain=null",
+        "data.seq_len=32",
+        "model.hidden_size=32",
+        "model.num_layers=2",
+        "model.num_heads=2",
+        "model.intermediate_size=64",
+        "launcher.nproc_per_node=2",
+        "train.steps=4",
+        "algorithm.inner_steps=2",
+        "train.eval_every=2",
+        "train.global_batch_size=8",
+        "train.micro_batch_size=2",
+        "train.checkpoint_every=100",
+    )
     out = proc.stdout + proc.stderr
     assert f"corpus pinned {manifest['corpus_hash']}" in out and "bits per byte" in out
     rows = metrics(run)

@@ -6,7 +6,6 @@ current layout's keys. After each attack, `a` must still receive `b`'s next payl
 """
 
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -20,8 +19,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # the shapes live beside the benchmark that also uses them
 
 from decentrain.testing import dht_attacks as shapes  # noqa: E402
-from decentrain.testing import run_in_fresh_process  # noqa: E402
-from decentrain.testing import rerun_unprivileged  # noqa: E402
+from decentrain.testing import rerun_unprivileged, run_in_fresh_process  # noqa: E402
 
 ATTACKS = [*(s for s in shapes.SHAPES if s != "slow_responder"), "stale_replay"]  # slow: its own test below
 
@@ -45,8 +43,9 @@ def test_honest_node_still_gets_the_honest_peers_groups(attack):
 def _cfg(peers, wait_s, **limits):
     from decentrain.algorithms.sapo.exchange import ExchangeConfig, HivemindConfig
 
-    return ExchangeConfig(name="hivemind", hivemind=HivemindConfig(wait_s=wait_s, prefix=PREFIX, initial_peers=peers,
-                                                                   **LIMITS, **limits))
+    return ExchangeConfig(
+        name="hivemind", hivemind=HivemindConfig(wait_s=wait_s, prefix=PREFIX, initial_peers=peers, **LIMITS, **limits)
+    )
 
 
 def _honest_peer_after(attack: str) -> None:

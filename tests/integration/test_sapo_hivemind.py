@@ -15,10 +15,24 @@ from decentrain.testing import run_in_fresh_process
 pytest.importorskip("hivemind")
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
-TINY = ["model.hidden_size=32", "model.num_layers=2", "model.intermediate_size=64", "model.num_heads=4",
-        "sampling.max_new_tokens=4", "loss.num_generations=4", "train.micro_batch_size=16", "train.threads=1",
-        "task.size=100", "logger.progress=false", "logger.console=false", "batch.num_local=2", "batch.num_external=2",
-        "train.rounds=10000", "train.checkpoint_every=0", "exchange.hivemind.wait_s=0.5"]
+TINY = [
+    "model.hidden_size=32",
+    "model.num_layers=2",
+    "model.intermediate_size=64",
+    "model.num_heads=4",
+    "sampling.max_new_tokens=4",
+    "loss.num_generations=4",
+    "train.micro_batch_size=16",
+    "train.threads=1",
+    "task.size=100",
+    "logger.progress=false",
+    "logger.console=false",
+    "batch.num_local=2",
+    "batch.num_external=2",
+    "train.rounds=10000",
+    "train.checkpoint_every=0",
+    "exchange.hivemind.wait_s=0.5",
+]
 
 
 def _rounds(run_dir: Path, node: str) -> int:
@@ -45,10 +59,22 @@ def test_three_nodes_one_killed_the_rest_keep_training(tmp_path):
     peers = tmp_path / "peers.txt"
 
     def start(i):
-        args = [*TINY, "sapo=hivemind", f"node_index={i}", f"exchange.hivemind.peers_file={peers}", f"run_dir={tmp_path}"]
+        args = [
+            *TINY,
+            "sapo=hivemind",
+            f"node_index={i}",
+            f"exchange.hivemind.peers_file={peers}",
+            f"run_dir={tmp_path}",
+        ]
         # Own session per node: killing its process group takes its DHT process and p2p daemon too.
-        return subprocess.Popen([sys.executable, "-m", "recipes.rl", *args], cwd=ROOT, env=env,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+        return subprocess.Popen(
+            [sys.executable, "-m", "recipes.rl", *args],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
 
     procs = [start(0)]
     try:

@@ -11,9 +11,18 @@ pytestmark = pytest.mark.integration
 
 
 def test_sparseloco_experiment_sends_compressed_payloads_every_h(tmp_path):
-    run_train(tmp_path, "experiment=sparseloco_cpu", "launcher.nproc_per_node=2", "algorithm.inner_steps=3",
-              "train.steps=6", "train.eval_every=6", "algorithm.tiling=flat", "algorithm.quantizer=maxabs",
-              "algorithm.chunk_size=512", "algorithm.topk=8")
+    run_train(
+        tmp_path,
+        "experiment=sparseloco_cpu",
+        "launcher.nproc_per_node=2",
+        "algorithm.inner_steps=3",
+        "train.steps=6",
+        "train.eval_every=6",
+        "algorithm.tiling=flat",
+        "algorithm.quantizer=maxabs",
+        "algorithm.chunk_size=512",
+        "algorithm.topk=8",
+    )
     rows = [r for r in metrics(tmp_path) if "outer/bytes_sent" in r]
     assert [r["step"] for r in rows] == [3, 6]
     from decentrain.models.factory import ModelConfig, build_model, build_tokenizer
@@ -37,14 +46,25 @@ def _straight_and_preempted(world, root):
     from decentrain.core.metrics import read_jsonl
 
     def cfg(stop_at=None):
-        return config_from_dict({
-            "algorithm": {"name": "sparseloco", "inner_steps": 2, "chunk_size": 256, "topk": 8, "bits": 2},
-            "model": {"hidden_size": 16, "num_layers": 2, "num_heads": 2, "intermediate_size": 32},
-            "data": {"seq_len": 16, "max_bytes_per_domain": 8000, "domains": ["licenses"]},
-            "train": {"steps": 8, "global_batch_size": 4, "micro_batch_size": 1, "eval_every": 4, "eval_batches": 1,
-                      "checkpoint_every": 100, "threads": 1, "stop_at": stop_at},
-            "logger": {"progress": False, "log_every": 1}, "launcher": {"name": "torchrun", "nproc_per_node": None},
-        })
+        return config_from_dict(
+            {
+                "algorithm": {"name": "sparseloco", "inner_steps": 2, "chunk_size": 256, "topk": 8, "bits": 2},
+                "model": {"hidden_size": 16, "num_layers": 2, "num_heads": 2, "intermediate_size": 32},
+                "data": {"seq_len": 16, "max_bytes_per_domain": 8000, "domains": ["licenses"]},
+                "train": {
+                    "steps": 8,
+                    "global_batch_size": 4,
+                    "micro_batch_size": 1,
+                    "eval_every": 4,
+                    "eval_batches": 1,
+                    "checkpoint_every": 100,
+                    "threads": 1,
+                    "stop_at": stop_at,
+                },
+                "logger": {"progress": False, "log_every": 1},
+                "launcher": {"name": "torchrun", "nproc_per_node": None},
+            }
+        )
 
     straight, preempted = Path(root) / "straight", Path(root) / "preempted"
     a = run_pretraining(cfg(), world, straight)
@@ -52,8 +72,10 @@ def _straight_and_preempted(world, root):
     b = run_pretraining(cfg(), world, preempted)
     if world.rank:
         return None
-    losses = [{r["step"]: r["train/loss"] for r in read_jsonl(d / "metrics.jsonl") if "train/loss" in r}
-              for d in (straight, preempted)]
+    losses = [
+        {r["step"]: r["train/loss"] for r in read_jsonl(d / "metrics.jsonl") if "train/loss" in r}
+        for d in (straight, preempted)
+    ]
     weights = [load_file(d / "model" / "model.safetensors") for d in (straight, preempted)]
     same = all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
     return losses, same, a.eval_loss == b.eval_loss

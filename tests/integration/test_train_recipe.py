@@ -30,8 +30,14 @@ def test_resume_after_preemption_reproduces_the_uninterrupted_loss_curve(tmp_pat
 
 
 def test_bad_config_fails_before_any_worker_starts(tmp_path):
-    proc = run_recipe("recipes.train", f"run_dir={tmp_path}", "train.global_batch_size=10", "train.micro_batch_size=4",
-                      ok=False, timeout=120)
+    proc = run_recipe(
+        "recipes.train",
+        f"run_dir={tmp_path}",
+        "train.global_batch_size=10",
+        "train.micro_batch_size=4",
+        ok=False,
+        timeout=120,
+    )
     assert "train.global_batch_size=10" in proc.stderr + proc.stdout
     assert "rank" not in (proc.stderr + proc.stdout).lower().split("train.global_batch_size")[0]
 
@@ -54,8 +60,17 @@ def test_resume_on_four_ranks_reproduces_the_uninterrupted_loss_curve(tmp_path):
 def test_transport_inprocess_runs_the_replicas_as_threads_of_the_recipe(tmp_path):
     """`transport=inprocess` from the command line: no worker process, the replicas train in the recipe's own."""
     run = tmp_path / "run"
-    proc = run_train(run, "transport=inprocess", "transport.replicas=2", "launcher.nproc_per_node=1", "algorithm=noloco",
-                     "algorithm.inner_steps=2", "train.steps=4", "train.eval_every=4", "train.checkpoint_every=100")
+    proc = run_train(
+        run,
+        "transport=inprocess",
+        "transport.replicas=2",
+        "launcher.nproc_per_node=1",
+        "algorithm=noloco",
+        "algorithm.inner_steps=2",
+        "train.steps=4",
+        "train.eval_every=4",
+        "train.checkpoint_every=100",
+    )
     assert "2 in-process replicas done" in proc.stdout + proc.stderr
     assert "world 2" not in proc.stdout and not (run / "workers.json").exists()  # no torchrun job was started
     assert sorted(train_losses(run)) == [1, 2, 3, 4]

@@ -9,7 +9,8 @@ from safetensors.torch import load_file
 from decentrain.testing import metrics, run_train
 
 pytestmark = [
-    pytest.mark.integration, pytest.mark.slow,
+    pytest.mark.integration,
+    pytest.mark.slow,
     pytest.mark.timeout(600),  # above the recipe's own 480 s limit (pyproject's default is 300)
     pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="needs deepspeed"),
 ]
@@ -17,9 +18,17 @@ pytestmark = [
 
 def test_noloco_over_zero2_replicas_trains_syncs_and_checkpoints(tmp_path):
     # 4 ranks x micro 2 x accum 2 = 16; H=4 -> outer rounds at steps 4 and 8
-    proc = run_train(tmp_path, "experiment=noloco_zero2_cpu", "train.global_batch_size=16", "train.steps=8",
-                  "train.eval_every=8", "algorithm.inner_steps=4", "algorithm.deadline_s=60", "optim.warmup_steps=2",
-                  timeout=480)  # DeepSpeed probes its op builders with gcc at start-up: minutes on 2 busy cores
+    proc = run_train(
+        tmp_path,
+        "experiment=noloco_zero2_cpu",
+        "train.global_batch_size=16",
+        "train.steps=8",
+        "train.eval_every=8",
+        "algorithm.inner_steps=4",
+        "algorithm.deadline_s=60",
+        "optim.warmup_steps=2",
+        timeout=480,
+    )  # DeepSpeed probes its op builders with gcc at start-up: minutes on 2 busy cores
     assert "2 replicas x 2 shards, deepspeed" in proc.stdout
     rows = metrics(tmp_path)
     losses = [r["train/loss"] for r in rows if "train/loss" in r]
@@ -41,9 +50,17 @@ def test_noloco_over_zero2_replicas_trains_syncs_and_checkpoints(tmp_path):
 
     # ZeRO's partitioned optimizer state is checkpointed by DeepSpeed, one directory per replica
     assert sorted(p.name for p in (tmp_path / "checkpoints/deepspeed").iterdir()) == ["replica_0", "replica_1"]
-    proc = run_train(tmp_path, "experiment=noloco_zero2_cpu", "train.global_batch_size=16", "train.steps=10",
-                  "train.eval_every=10", "algorithm.inner_steps=4", "algorithm.deadline_s=60", "optim.warmup_steps=2",
-                  timeout=480)
+    proc = run_train(
+        tmp_path,
+        "experiment=noloco_zero2_cpu",
+        "train.global_batch_size=16",
+        "train.steps=10",
+        "train.eval_every=10",
+        "algorithm.inner_steps=4",
+        "algorithm.deadline_s=60",
+        "optim.warmup_steps=2",
+        timeout=480,
+    )
     assert "resumed from step 8" in proc.stdout
     rows = metrics(tmp_path)
     resumed = [r["train/loss"] for r in rows if "train/loss" in r][8:]

@@ -32,7 +32,17 @@ DDP4 = [*DDP, "train.global_batch_size=32"]  # 2 nodes x 2 ranks
 NOLOCO = ["experiment=noloco_cpu", "train.steps=40"]
 KILL = ["experiment=ddp_cpu", "train.steps=60", "train.checkpoint_every=10"]
 SWEEP = ["-m", "hydra/launcher=slurm", "launcher=torchrun", *DDP, "optim.lr=1e-3,2e-3"]
-DONE = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL", "DEADLINE"}
+DONE = {
+    "COMPLETED",
+    "FAILED",
+    "CANCELLED",
+    "TIMEOUT",
+    "NODE_FAIL",
+    "OUT_OF_MEMORY",
+    "PREEMPTED",
+    "BOOT_FAIL",
+    "DEADLINE",
+}
 
 
 class Site:
@@ -40,8 +50,12 @@ class Site:
 
     def __init__(self, cluster: LocalSlurm, submit_dir: Path):
         self.cluster, self.dir = cluster, submit_dir
-        self.env = {**cluster.env, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-                    "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+        self.env = {
+            **cluster.env,
+            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+            "HF_HUB_OFFLINE": "1",
+            "OMP_NUM_THREADS": "1",
+        }
         self.jobs: dict[str, int] = {}
         self.local: dict[str, subprocess.Popen] = {}
         self.started = time.monotonic()
@@ -55,15 +69,22 @@ class Site:
     def decentrain(self, name: str, *overrides: str, log: str | None = None) -> None:
         """Start `decentrain <overrides>` in the submit dir (a local reference run, or the Slurm sweep)."""
         with open(self.dir / f"{name}.log", "w") as f:
-            self.local[name] = subprocess.Popen(recipe_command("recipes.train", *overrides), cwd=self.dir,
-                                                env=self.env, stdout=f, stderr=subprocess.STDOUT)
+            self.local[name] = subprocess.Popen(
+                recipe_command("recipes.train", *overrides),
+                cwd=self.dir,
+                env=self.env,
+                stdout=f,
+                stderr=subprocess.STDOUT,
+            )
 
     def finish_local(self, name: str, timeout: float = 1500) -> Path:
         assert self.local[name].wait(timeout=timeout) == 0, (self.dir / f"{name}.log").read_text()[-3000:]
         return self.dir / "runs" / name
 
     def job(self, job_id: int) -> dict[str, str]:
-        out = subprocess.run(["scontrol", "-o", "show", "job", str(job_id)], env=self.env, capture_output=True, text=True)
+        out = subprocess.run(
+            ["scontrol", "-o", "show", "job", str(job_id)], env=self.env, capture_output=True, text=True
+        )
         return dict(kv.split("=", 1) for kv in out.stdout.split() if "=" in kv)
 
     def wait(self, job_id: int, timeout: float = 1500) -> dict[str, str]:
@@ -107,8 +128,15 @@ def site(tmp_path_factory, request):
         wanted = {item.originalname for item in request.session.items}
         if "test_two_jobs_share_a_node" in wanted:  # first, so that both start at once on the idle node
             for i in (0, 1):  # two jobs pinned to one node: they must not meet in each other's rendezvous
-                s.sbatch(f"shared{i}", "sbatch", "--nodes", "1", f"--nodelist={cluster.nodes[1]}",
-                         str(ROOT / "launch/slurm.sbatch"), *DDP)
+                s.sbatch(
+                    f"shared{i}",
+                    "sbatch",
+                    "--nodes",
+                    "1",
+                    f"--nodelist={cluster.nodes[1]}",
+                    str(ROOT / "launch/slurm.sbatch"),
+                    *DDP,
+                )
         if "test_killed_rank_and_requeue_resume" in wanted:
             s.sbatch("kill", *SBATCH, *KILL)  # early, so it runs while its test watches it
             s.decentrain("ref_kill", *KILL, "run_dir=runs/ref_kill")
@@ -130,8 +158,11 @@ def site(tmp_path_factory, request):
             info = s.job(job)
             run = s.dir / f"runs/slurm-{job}"
             world = sorted(worlds(rank_logs(run))) if (run / "logs").exists() else []
-            print(f"\n{name}: job {job} {info.get('JobState')} world {world} run {info.get('RunTime')} "
-                  f"restarts {info.get('Restarts')} nodes {info.get('NodeList')}", file=sys.stderr)
+            print(
+                f"\n{name}: job {job} {info.get('JobState')} world {world} run {info.get('RunTime')} "
+                f"restarts {info.get('Restarts')} nodes {info.get('NodeList')}",
+                file=sys.stderr,
+            )
         for p in s.local.values():
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
@@ -193,7 +224,9 @@ def test_config_error_fails_once(site):
     assert not list((site.dir / f"runs/slurm-{site.jobs['bad_config']}/logs").glob("*.out")), "torchrun started anyway"
 
 
-@pytest.mark.parametrize("name,ref,world", [("one_node", "ref_ddp", 2), ("two_nodes", "ref_ddp4", 4), ("noloco", "ref_noloco", 4)])
+@pytest.mark.parametrize(
+    "name,ref,world", [("one_node", "ref_ddp", 2), ("two_nodes", "ref_ddp4", 4), ("noloco", "ref_noloco", 4)]
+)
 def test_sbatch_matches_local(site, name, ref, world):
     job = site.jobs[name]
     info = site.wait(job)
@@ -205,7 +238,9 @@ def test_sbatch_matches_local(site, name, ref, world):
 
 def test_two_jobs_share_a_node(site):
     infos = [site.wait(site.jobs[f"shared{i}"]) for i in (0, 1)]
-    assert [i["JobState"] for i in infos] == ["COMPLETED", "COMPLETED"], [site.log(site.jobs[f"shared{i}"]) for i in (0, 1)]
+    assert [i["JobState"] for i in infos] == ["COMPLETED", "COMPLETED"], [
+        site.log(site.jobs[f"shared{i}"]) for i in (0, 1)
+    ]
     assert {i["NodeList"] for i in infos} == {site.cluster.nodes[1]}
     (s0, e0), (s1, e1) = [(i["StartTime"], i["EndTime"]) for i in infos]
     assert s1 < e0 and s0 < e1, f"the two jobs did not overlap: {infos}"
@@ -222,15 +257,29 @@ def test_sweep_runs_a_world_per_point(site):
     assert len(re.findall(r"world 2", task_logs)) == 2, task_logs[-3000:]
     for p in points:
         rows = scalars(p)
-        assert len({r["step"] for r in rows if "train/loss" in r}) == len([r for r in rows if "train/loss" in r]), "duplicate ranks"
+        assert len({r["step"] for r in rows if "train/loss" in r}) == len([r for r in rows if "train/loss" in r]), (
+            "duplicate ranks"
+        )
     lr2 = next(p for p in points if yaml.safe_load((p / "config.yaml").read_text())["optim"]["lr"] == 2e-3)
     assert scalars(lr2) == scalars(site.finish_local("ref_ddp"))  # lr=2e-3 is the default: the local DDP run
 
 
 def test_unschedulable_sweep_fails_fast(site):
     t = time.monotonic()
-    out = subprocess.run(recipe_command("recipes.train", "-m", "hydra/launcher=slurm", "launcher=torchrun",
-                                        "hydra.launcher.cpus_per_task=64", "optim.lr=1e-3"), cwd=site.dir, env=site.env,
-                         capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        recipe_command(
+            "recipes.train",
+            "-m",
+            "hydra/launcher=slurm",
+            "launcher=torchrun",
+            "hydra.launcher.cpus_per_task=64",
+            "optim.lr=1e-3",
+        ),
+        cwd=site.dir,
+        env=site.env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode != 0 and "Slurm cannot schedule" in out.stderr, out.stderr[-2000:]
     assert time.monotonic() - t < 240  # no wait for a job: only start-up (slow on a loaded 2-core box)

@@ -22,15 +22,21 @@ from pathlib import Path
 import pytest
 
 from decentrain.core.metrics import metrics_file
-from decentrain.testing import ROOT, metrics
-from decentrain.testing import LocalSlurm, missing_requirements
+from decentrain.testing import ROOT, LocalSlurm, metrics, missing_requirements
 
 why_not = None if os.environ.get("DECENTRAIN_SLURM_TESTS") == "1" else "opt-in: set DECENTRAIN_SLURM_TESTS=1"
 why_not = why_not or missing_requirements()
 pytestmark = [pytest.mark.slurm, pytest.mark.skipif(why_not is not None, reason=why_not or "")]
 
-ARGS = ["experiment=noloco_cpu", "train.steps=400", "algorithm.inner_steps=4", "algorithm.deadline_s=5",
-        "logger.all_ranks=true", "train.eval_every=1000", "train.checkpoint_every=1000"]
+ARGS = [
+    "experiment=noloco_cpu",
+    "train.steps=400",
+    "algorithm.inner_steps=4",
+    "algorithm.deadline_s=5",
+    "logger.all_ranks=true",
+    "train.eval_every=1000",
+    "train.checkpoint_every=1000",
+]
 DONE = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"}
 
 
@@ -56,8 +62,14 @@ def test_a_killed_nodes_step_costs_a_round_and_its_ranks_heal_when_started_again
     cluster.start()
     env = {**cluster.env, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "NPROC": "2"}
     try:
-        sub = subprocess.run(["sbatch", "--no-kill", "--nodes", "2", str(ROOT / "launch/slurm.sbatch"), *ARGS],
-                             cwd=tmp_path, env=env, capture_output=True, text=True, check=True)
+        sub = subprocess.run(
+            ["sbatch", "--no-kill", "--nodes", "2", str(ROOT / "launch/slurm.sbatch"), *ARGS],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         job = int(re.search(r"Submitted batch job (\d+)", sub.stdout).group(1))
         run = tmp_path / f"runs/slurm-{job}"
         while not (run / "hosts.env").exists():
@@ -70,12 +82,21 @@ def test_a_killed_nodes_step_costs_a_round_and_its_ranks_heal_when_started_again
             for pid in pids:
                 os.kill(pid, signal.SIGKILL)
         cmd = f"source {run}/hosts.env; NODE_RANK=1 launch/multinode.sh {' '.join(ARGS)}"
-        rejoin = subprocess.run(["srun", "--jobid", str(job), "--overlap", "-N1", "-n1", "-w", cluster.nodes[1],
-                                 "bash", "-c", cmd], cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
+        rejoin = subprocess.run(
+            ["srun", "--jobid", str(job), "--overlap", "-N1", "-n1", "-w", cluster.nodes[1], "bash", "-c", cmd],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=1800,
+        )
         assert rejoin.returncode == 0, rejoin.stdout[-3000:] + rejoin.stderr[-3000:]
         assert "replaced: rank 2 x1, rank 3 x1" in rejoin.stdout + rejoin.stderr
-        while (state := subprocess.run(["scontrol", "-o", "show", "job", str(job)], env=env, capture_output=True,
-                                       text=True).stdout) and not any(f"JobState={s}" in state for s in DONE):
+        while (
+            state := subprocess.run(
+                ["scontrol", "-o", "show", "job", str(job)], env=env, capture_output=True, text=True
+            ).stdout
+        ) and not any(f"JobState={s}" in state for s in DONE):
             time.sleep(2)
         for rank in (0, 1):  # node 0's ranks finished the run
             rows = metrics(run, metrics_file(rank))

@@ -37,8 +37,16 @@ def test_window_starts_at_the_cap_forgets_old_arrivals_and_misses_widen_it():
     assert seen == sorted(seen) and seen[0] == 1.5 and seen[-1] == 10.0  # grows to the cap, never shrinks
 
 
-@pytest.mark.parametrize("kwargs,field", [({"k": -1}, "k"), ({"window": 0}, "window"), ({"warmup": 5, "window": 4}, "warmup"),
-                                          ({"margin_s": 0.0}, "margin_s"), ({"window": 2.5}, "window")])
+@pytest.mark.parametrize(
+    "kwargs,field",
+    [
+        ({"k": -1}, "k"),
+        ({"window": 0}, "window"),
+        ({"warmup": 5, "window": 4}, "warmup"),
+        ({"margin_s": 0.0}, "margin_s"),
+        ({"window": 2.5}, "window"),
+    ],
+)
 def test_bad_adaptive_deadline_config_names_the_field(kwargs, field):
     with pytest.raises(ValueError, match=f"adaptive_deadline.{field}"):
         AdaptiveDeadlineConfig(**kwargs)

@@ -12,7 +12,7 @@ from benchmarks import harness as H
 def test_mean_std_is_sample_std():
     ms = H.mean_std([1.0, 2.0, 4.0])
     assert ms["mean"] == pytest.approx(7 / 3)
-    assert ms["std"] == pytest.approx(((1 - 7 / 3) ** 2 + (2 - 7 / 3) ** 2 + (4 - 7 / 3) ** 2) ** 0.5 / 2 ** 0.5)
+    assert ms["std"] == pytest.approx(((1 - 7 / 3) ** 2 + (2 - 7 / 3) ** 2 + (4 - 7 / 3) ** 2) ** 0.5 / 2**0.5)
     assert ms["n"] == 3 and H.mean_std([5.0])["std"] == 0.0
     with pytest.raises(ValueError):
         H.mean_std([])
@@ -78,7 +78,7 @@ def test_resume_from_cache_runs_each_job_once(tmp_path):
 
 def test_torn_cache_line_is_skipped(tmp_path):
     p = tmp_path / "c.jsonl"
-    p.write_text(json.dumps({"key": "a", "config": {}, "result": 1}) + "\n{\"key\": \"b\", \"res")
+    p.write_text(json.dumps({"key": "a", "config": {}, "result": 1}) + '\n{"key": "b", "res')
     assert H.RunCache(p).entries == {"a": 1}
 
 
@@ -144,7 +144,9 @@ def test_smoke_run_writes_beside_never_over_committed_results(tmp_path, monkeypa
     monkeypatch.setattr(H, "SMOKE_DIR", tmp_path / "smoke")
     h = H.Harness("t", root / "benchmarks" / "b.py", {}, cache_dir=tmp_path / "cache", root=root, smoke=True)
     paths = h.write({"x": 1.0}, lambda r: "x")
-    assert paths["json"].parent == tmp_path / "smoke" and json.loads(paths["json"].read_text())["not_for_commit"] is True
+    assert (
+        paths["json"].parent == tmp_path / "smoke" and json.loads(paths["json"].read_text())["not_for_commit"] is True
+    )
 
 
 def test_one_command_line_with_smoke_defaults_and_seed_lists():

@@ -12,8 +12,16 @@ import shutil
 
 import pytest
 
-from benchmarks.record import (BASELINES, RESULTS, SCHEMA_ID, check_baseline, figure_at, upgrade_record, validate_baseline,
-                               validate_record)
+from benchmarks.record import (
+    BASELINES,
+    RESULTS,
+    SCHEMA_ID,
+    check_baseline,
+    figure_at,
+    upgrade_record,
+    validate_baseline,
+    validate_record,
+)
 
 RESULT_FILES = sorted(RESULTS.glob("*.json"))
 BASELINE_FILES = sorted(BASELINES.glob("*.json"))
@@ -27,7 +35,9 @@ def test_every_committed_result_is_in_the_one_schema(path):
 @pytest.mark.parametrize("path", RESULT_FILES, ids=lambda p: p.stem)
 def test_every_committed_result_is_within_its_baseline(path):
     baseline = BASELINES / path.name
-    assert baseline.exists(), f"{path.name} has no baseline: add benchmarks/baselines/{path.name} (headline figures, tolerance, why)"
+    assert baseline.exists(), (
+        f"{path.name} has no baseline: add benchmarks/baselines/{path.name} (headline figures, tolerance, why)"
+    )
     assert check_baseline(json.loads(path.read_text()), json.loads(baseline.read_text())) == []
 
 
@@ -80,26 +90,48 @@ def test_schema_violations_are_named():
     bad["compute_s"] = "9122"
     bad["extra"] = 1
     bad["dirty"] = True  # and still not_for_commit False
-    assert sorted(validate_record(bad)) == sorted([
-        "git_sha: expected 40 lowercase hex digits, got '" + rec["git_sha"] + "-dirty'",
-        "hardware.cpu: missing", "compute_s: expected int/float/NoneType, got str", "extra: unknown key",
-        "not_for_commit: a dirty tree's result must be marked not_for_commit"])
+    assert sorted(validate_record(bad)) == sorted(
+        [
+            "git_sha: expected 40 lowercase hex digits, got '" + rec["git_sha"] + "-dirty'",
+            "hardware.cpu: missing",
+            "compute_s: expected int/float/NoneType, got str",
+            "extra: unknown key",
+            "not_for_commit: a dirty tree's result must be marked not_for_commit",
+        ]
+    )
     del bad["figures"]
     assert "figures: missing" in validate_record(bad)
     assert validate_record(True) == ["record: expected dict, got bool"]
 
 
 RESULTS_IO = {  # the layout benchmarks/results_io.py wrote before the one harness
-    "name": "w", "config": {"numel": 4}, "figures": {"ratio": 1.5, "nested": {"x": [1, 2]}},
-    "environment": {"git_sha": "a" * 40 + "-dirty", "python": "3.11.7", "torch": "2.13.0", "transformers": "5.23.0",
-                    "platform": "Linux", "cpu": "x86_64", "cpu_count": 2, "cuda": None}}
+    "name": "w",
+    "config": {"numel": 4},
+    "figures": {"ratio": 1.5, "nested": {"x": [1, 2]}},
+    "environment": {
+        "git_sha": "a" * 40 + "-dirty",
+        "python": "3.11.7",
+        "torch": "2.13.0",
+        "transformers": "5.23.0",
+        "platform": "Linux",
+        "cpu": "x86_64",
+        "cpu_count": 2,
+        "cuda": None,
+    },
+}
 
 
 def test_upgrade_maps_the_results_io_layout_and_is_idempotent():
     new = upgrade_record(RESULTS_IO)
     assert validate_record(new) == []
     assert new["schema"] == SCHEMA_ID and new["git_sha"] == "a" * 40 and new["dirty"] and new["not_for_commit"]
-    assert new["hardware"] == {"cpu": "x86_64", "cpu_count": 2, "platform": "Linux", "cuda": None, "load_avg_at_start": None}
+    assert new["hardware"] == {
+        "cpu": "x86_64",
+        "cpu_count": 2,
+        "platform": "Linux",
+        "cuda": None,
+        "load_avg_at_start": None,
+    }
     assert new["versions"] == {"python": "3.11.7", "torch": "2.13.0", "transformers": "5.23.0"}
     assert new["figures"] == RESULTS_IO["figures"] and new["config"] == RESULTS_IO["config"]
     assert new["compute_s"] is None and "environment" not in new
@@ -107,8 +139,11 @@ def test_upgrade_maps_the_results_io_layout_and_is_idempotent():
 
 
 def test_upgrade_maps_the_old_harness_layout_keeping_its_key_order():
-    old = {k: v for k, v in json.loads((RESULTS / "sapo_round_time.json").read_text()).items()
-           if k not in ("schema", "dirty", "command")}
+    old = {
+        k: v
+        for k, v in json.loads((RESULTS / "sapo_round_time.json").read_text()).items()
+        if k not in ("schema", "dirty", "command")
+    }
     new = upgrade_record(old)
     assert validate_record(new) == [] and new["dirty"] is old["not_for_commit"] and new["command"] is None
     assert [k for k in new if k in old] == list(old)  # a small diff against the committed file
@@ -127,21 +162,48 @@ def test_upgrade_cli_rewrites_files_once(tmp_path, capsys):
     assert main(["--validate", str(p)]) == 1
 
 
-SCRIPTS = [p for p in sorted(RESULTS.parent.glob("*.py"))
-           if p.stem not in ("__init__", "harness", "record", "common", "fault_tolerance_netns", "repro_table",
-                             "ledger", "gpu_efficiency", "protocol", "claims", "scale")]  # helpers
+SCRIPTS = [
+    p
+    for p in sorted(RESULTS.parent.glob("*.py"))
+    if p.stem
+    not in (
+        "__init__",
+        "harness",
+        "record",
+        "common",
+        "fault_tolerance_netns",
+        "repro_table",
+        "ledger",
+        "gpu_efficiency",
+        "protocol",
+        "claims",
+        "scale",
+    )
+]  # helpers
 
 
 @pytest.mark.parametrize("path", SCRIPTS, ids=lambda p: p.stem)
 def test_every_benchmark_takes_its_command_line_from_the_harness(path):
     tree = ast.parse(path.read_text())
-    harness_names = {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module == "benchmarks.harness"
-                     for a in n.names}
+    harness_names = {
+        a.name
+        for n in ast.walk(tree)
+        if isinstance(n, ast.ImportFrom) and n.module == "benchmarks.harness"
+        for a in n.names
+    }
     assert harness_names & {"bench_parser", "config_parser"}, "build the parser with benchmarks.harness"
     assert "Harness" in harness_names or "reanalyse" in harness_names, "write results through benchmarks.harness"
-    private = [f"{n.module}.{a.name}" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
-               and (n.module or "").startswith("benchmarks.") for a in n.names if a.name.startswith("_")]
+    private = [
+        f"{n.module}.{a.name}"
+        for n in ast.walk(tree)
+        if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("benchmarks.")
+        for a in n.names
+        if a.name.startswith("_")
+    ]
     assert not private, f"another script's private helper: {private} (shared pieces go in benchmarks/common.py)"
-    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
-             and n.func.attr == "ArgumentParser"]
+    calls = [
+        n
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "ArgumentParser"
+    ]
     assert not calls, "a hand-made argparse.ArgumentParser: use benchmarks.harness.bench_parser"

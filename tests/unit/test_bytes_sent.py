@@ -21,18 +21,32 @@ STEPS, H = 6, 2
 
 
 def _cfg(algo: dict):
-    return config_from_dict({
-        "algorithm": algo,
-        "model": {"hidden_size": 16, "num_layers": 2, "num_heads": 2, "intermediate_size": 32},
-        "data": {"seq_len": 16, "max_bytes_per_domain": 8000, "domains": ["licenses"]},
-        "train": {"steps": STEPS, "global_batch_size": 8, "micro_batch_size": 2, "eval_every": 100, "eval_batches": 1,
-                  "checkpoint_every": 100, "threads": 1},
-        "logger": {"progress": False, "log_every": 1, "console": False}, "launcher": {"name": "torchrun", "nproc_per_node": None},
-    })
+    return config_from_dict(
+        {
+            "algorithm": algo,
+            "model": {"hidden_size": 16, "num_layers": 2, "num_heads": 2, "intermediate_size": 32},
+            "data": {"seq_len": 16, "max_bytes_per_domain": 8000, "domains": ["licenses"]},
+            "train": {
+                "steps": STEPS,
+                "global_batch_size": 8,
+                "micro_batch_size": 2,
+                "eval_every": 100,
+                "eval_batches": 1,
+                "checkpoint_every": 100,
+                "threads": 1,
+            },
+            "logger": {"progress": False, "log_every": 1, "console": False},
+            "launcher": {"name": "torchrun", "nproc_per_node": None},
+        }
+    )
 
 
 def test_wire_formulas():
-    assert ring_all_reduce_bytes(1000, 1) == 0 and ring_all_reduce_bytes(1000, 2) == 1000 and ring_all_reduce_bytes(1000, 4) == 1500
+    assert (
+        ring_all_reduce_bytes(1000, 1) == 0
+        and ring_all_reduce_bytes(1000, 2) == 1000
+        and ring_all_reduce_bytes(1000, 4) == 1500
+    )
     assert all_gather_bytes_sent(10, 1) == 0 and all_gather_bytes_sent(10, 4) == 30
     assert format_bytes(999) == "999 B" and format_bytes(1_234_567) == "1.2 MB" and format_bytes(2.5e9) == "2.50 GB"
 
@@ -50,10 +64,13 @@ def test_meter_prefers_a_reported_count_and_never_double_counts():
     assert silent.step(None, None) is None and not silent.active
 
 
-@pytest.mark.parametrize("algo, world, per_sync", [
-    ({"name": "diloco", "inner_steps": H}, 2, lambda numel, n: ring_all_reduce_bytes(4 * numel, n)),
-    ({"name": "noloco", "inner_steps": H, "pairing_seed": None, "stall_s": None}, 4, lambda numel, n: 4 * numel),
-])
+@pytest.mark.parametrize(
+    "algo, world, per_sync",
+    [
+        ({"name": "diloco", "inner_steps": H}, 2, lambda numel, n: ring_all_reduce_bytes(4 * numel, n)),
+        ({"name": "noloco", "inner_steps": H, "pairing_seed": None, "stall_s": None}, 4, lambda numel, n: 4 * numel),
+    ],
+)
 def test_in_process_runs_log_bytes_per_sync_and_in_total(tmp_path, algo, world, per_sync):
     from decentrain.algorithms.pretraining.inprocess_replicas import run_replicas_in_process
 
@@ -71,12 +88,20 @@ def test_in_process_runs_log_bytes_per_sync_and_in_total(tmp_path, algo, world, 
 
 
 def test_saving_a_model_does_not_import_deepspeed(tmp_path):
-    code = ("import sys\nfrom transformers import ByT5Tokenizer\nfrom decentrain.models.factory import ModelConfig, build_model, save_model\n"
-            "cfg = ModelConfig(hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32)\n"
-            f"save_model(build_model(cfg, ByT5Tokenizer()), ByT5Tokenizer(), {str(tmp_path / 'm')!r})\n"
-            "print('deepspeed' in sys.modules)\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240,
-                         env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"})
+    code = (
+        "import sys\nfrom transformers import ByT5Tokenizer\n"
+        "from decentrain.models.factory import ModelConfig, build_model, save_model\n"
+        "cfg = ModelConfig(hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32)\n"
+        f"save_model(build_model(cfg, ByT5Tokenizer()), ByT5Tokenizer(), {str(tmp_path / 'm')!r})\n"
+        "print('deepspeed' in sys.modules)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"},
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "False"
     assert "Setting accelerator" not in out.stderr
@@ -108,10 +133,12 @@ def _compressed_noloco():
     from decentrain.algorithms.noloco.compressed_gossip import NoLoCoCompressionConfig
     from decentrain.algorithms.outer.optimizers import OuterOptimizerConfig
 
-    compression = NoLoCoCompressionConfig(enabled=True, chunk_size=16, topk=4, bits=8, state_topk=4, state_bits=8,
-                                          anchor_every=2)  # round 2 re-anchors: an all-gather beside the exchange
-    return NoLoCo, NoLoCoConfig(inner_steps=1, outer_optimizer=OuterOptimizerConfig("noloco", lr=0.5, momentum=0.0),
-                                compression=compression)
+    compression = NoLoCoCompressionConfig(
+        enabled=True, chunk_size=16, topk=4, bits=8, state_topk=4, state_bits=8, anchor_every=2
+    )  # round 2 re-anchors: an all-gather beside the exchange
+    return NoLoCo, NoLoCoConfig(
+        inner_steps=1, outer_optimizer=OuterOptimizerConfig("noloco", lr=0.5, momentum=0.0), compression=compression
+    )
 
 
 @pytest.mark.parametrize("family", [_sparseloco, _compressed_noloco])

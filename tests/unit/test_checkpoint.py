@@ -14,7 +14,12 @@ def _state(step: int) -> dict:
     opt = torch.optim.AdamW(model.parameters(), lr=0.1)
     model(torch.ones(1, 3)).sum().backward()
     opt.step()
-    return {"step": step, "model": model.state_dict(), "optimizer": opt.state_dict(), "extra": {"tags": ["a", 1], "x": 0.5}}
+    return {
+        "step": step,
+        "model": model.state_dict(),
+        "optimizer": opt.state_dict(),
+        "extra": {"tags": ["a", 1], "x": 0.5},
+    }
 
 
 def test_roundtrip_keeps_tensors_ints_and_nested_values(tmp_path):

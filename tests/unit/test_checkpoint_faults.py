@@ -6,7 +6,7 @@ import logging
 import pytest
 import torch
 
-from decentrain.core.checkpoint import CheckpointError, Checkpointer
+from decentrain.core.checkpoint import Checkpointer, CheckpointError
 from decentrain.core.metrics import drop_rows_after
 from decentrain.core.world import World
 
@@ -32,8 +32,10 @@ DAMAGE = {
     "json without state": ("state.json", lambda p: p.write_text("{}")),
     "deleted safetensors": ("tensors.safetensors", lambda p: p.unlink()),
     # Deleting the checksums used to turn verification off, so this bit flip loaded.
-    "flipped bit, checksums deleted": ("checksums.json",
-                                       lambda p: (_flip_last_byte(p.parent / "tensors.safetensors"), p.unlink())),
+    "flipped bit, checksums deleted": (
+        "checksums.json",
+        lambda p: (_flip_last_byte(p.parent / "tensors.safetensors"), p.unlink()),
+    ),
 }
 
 

@@ -44,8 +44,9 @@ def collected(tmp_path_factory) -> dict[str, list[str]]:
         (tree / "tests" / tier).mkdir()
         (tree / "tests" / tier / f"test_probe_{tier}.py").write_text("def test_probe():\n    pass\n")
     selections = [[]] + [["-m", tier] for tier in TIERS]
-    run = subprocess.run([sys.executable, "-c", _COLLECT, json.dumps(selections)], cwd=tree, capture_output=True,
-                         text=True, timeout=300)
+    run = subprocess.run(
+        [sys.executable, "-c", _COLLECT, json.dumps(selections)], cwd=tree, capture_output=True, text=True, timeout=300
+    )
     assert run.returncode == 0, run.stderr[-2000:]
     result = json.loads(run.stdout.splitlines()[-1])
     for name, (code, _) in result.items():

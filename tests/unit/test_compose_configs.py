@@ -25,11 +25,17 @@ CONVERTERS = {
     "hdee": lambda cfg: hdee_config_from_dict(OmegaConf.to_container(cfg, resolve=True)),
     "hdee_merge": recipes.hdee_merge.to_config,
     "rl": recipes.rl.to_config,
-    "sft": lambda cfg: OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(recipes.sft.SFTConfig), OmegaConf.to_container(cfg, resolve=True))),
+    "sft": lambda cfg: OmegaConf.to_object(
+        OmegaConf.merge(OmegaConf.structured(recipes.sft.SFTConfig), OmegaConf.to_container(cfg, resolve=True))
+    ),
 }
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
-TRAIN_GROUPS = [d.name for d in CONF.iterdir() if d.is_dir() and d.name != "hydra" and (CONF / "config.yaml").read_text().count(f"- {d.name}:")]
+TRAIN_GROUPS = [
+    d.name
+    for d in CONF.iterdir()
+    if d.is_dir() and d.name != "hydra" and (CONF / "config.yaml").read_text().count(f"- {d.name}:")
+]
 
 
 def _options(group: str) -> list[str]:
@@ -87,7 +93,9 @@ def test_slurm_sweep_launcher_config_composes():
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=["hydra/launcher=slurm", "run_dir=/tmp/x"], return_hydra_config=True)
+        cfg = compose(
+            config_name="config", overrides=["hydra/launcher=slurm", "run_dir=/tmp/x"], return_hydra_config=True
+        )
     # defaults a CPU cluster accepts: ranks are tasks, no GPU asked, a modest request
     launcher = cfg.hydra.launcher
     assert (launcher.tasks_per_node, launcher.gpus_per_node, launcher.cpus_per_task, launcher.mem_gb) == (2, None, 1, 4)

@@ -4,9 +4,15 @@ import pytest
 import torch
 
 from decentrain.algorithms.outer.compression import (
-    CompressionSpec, ErrorFeedback, compress, decompress, pack_codes, topk_per_chunk, unpack_codes,
+    CompressionSpec,
+    ErrorFeedback,
+    compress,
+    decompress,
+    pack_codes,
+    sent_mask,
+    topk_per_chunk,
+    unpack_codes,
 )
-from decentrain.algorithms.outer.compression import sent_mask
 from decentrain.algorithms.outer.sparse_quantizers import MaxAbs, Statistical
 
 quantize_symmetric, dequantize_symmetric = MaxAbs.quantize, MaxAbs.dequantize

@@ -4,7 +4,11 @@ from decentrain.config import config_from_dict, validate
 
 
 def _raw(**sections):
-    raw = {"algorithm": {"name": "ddp"}, "train": {"steps": 10, "global_batch_size": 8, "micro_batch_size": 4}, "launcher": {"nproc_per_node": 2}}
+    raw = {
+        "algorithm": {"name": "ddp"},
+        "train": {"steps": 10, "global_batch_size": 8, "micro_batch_size": 4},
+        "launcher": {"nproc_per_node": 2},
+    }
     for k, v in sections.items():
         raw[k] = {**raw.get(k, {}), **v}
     return raw
@@ -53,7 +57,10 @@ def test_world_size_must_match_the_launcher():
     cfg = config_from_dict(_raw())
     with pytest.raises(ValueError, match="launcher.nproc_per_node=2"):
         validate(cfg, world_size=4)
-    validate(config_from_dict(_raw(launcher={"name": "torchrun", "nproc_per_node": None}, train={"global_batch_size": 16})), world_size=4)
+    validate(
+        config_from_dict(_raw(launcher={"name": "torchrun", "nproc_per_node": None}, train={"global_batch_size": 16})),
+        world_size=4,
+    )
 
 
 def test_local_launcher_refuses_several_nodes():

@@ -45,9 +45,11 @@ def a_file(tmp_path) -> Path:
 
 REFUSED = [
     ("search.rounds=40", "search.rounds=40"),  # 1 + 2 initial + 39 champions > 36
-    ("search.initial_opponents=[imp,dwarf,imp,dwarf,imp,dwarf,imp,dwarf,imp,dwarf,imp,dwarf,imp,dwarf,imp,"
-     "dwarf,imp,dwarf,imp,dwarf,imp,dwarf,imp,dwarf,imp,dwarf,imp,dwarf,imp,dwarf,imp,dwarf,imp,dwarf,imp]",
-     "search.rounds=3"),
+    (
+        "search.initial_opponents=[imp,dwarf,imp,dwarf,imp,dwarf,imp,dwarf,imp,dwarf,imp,dwarf,imp,dwarf,imp,"
+        "dwarf,imp,dwarf,imp,dwarf,imp,dwarf,imp,dwarf,imp,dwarf,imp,dwarf,imp,dwarf,imp,dwarf,imp,dwarf,imp]",
+        "search.rounds=3",
+    ),
     ("search.axes=[uo,uo]", "search.axes"),
     ("search.iters=1000000000", "search.iters"),
     (("pmars.core_size=1000000000", "redcode.core_size=1000000000"), "core_size=1000000000"),
@@ -112,10 +114,17 @@ def test_limits_no_battle_fits_in_fail_the_probe_before_start(tmp_path):
 def test_a_pmars_that_is_not_pmars_stops_the_recipe_before_any_node_starts(tmp_path):
     endpoint = WarriorEndpoint()
     try:
-        cmd = recipe_command("recipes.dei", "num_nodes=2", "operator.name=openai",
-                             f"nodes=[{{base_url: '{endpoint.url(0)}'}},{{base_url: '{endpoint.url(1)}'}}]",
-                             "search.rounds=1", "search.n_init=1", "search.iters=1", "pmars.binary=/bin/true",
-                             f"run_dir={tmp_path}")
+        cmd = recipe_command(
+            "recipes.dei",
+            "num_nodes=2",
+            "operator.name=openai",
+            f"nodes=[{{base_url: '{endpoint.url(0)}'}},{{base_url: '{endpoint.url(1)}'}}]",
+            "search.rounds=1",
+            "search.n_init=1",
+            "search.iters=1",
+            "pmars.binary=/bin/true",
+            f"run_dir={tmp_path}",
+        )
         proc = subprocess.run(cmd, cwd=ROOT, env=recipe_env(), capture_output=True, text=True, timeout=540)
     finally:
         endpoint.close()
@@ -144,6 +153,7 @@ def test_a_run_dir_this_user_cannot_write_is_refused_before_start(tmp_path):
 
 # -- summarize -----------------------------------------------------------------------------------
 
+
 def _write_node(run_dir: Path, node: int, archive: str, metrics: str = '{"round": 0, "elites": 1}\n') -> None:
     (run_dir / f"node{node}").mkdir(parents=True, exist_ok=True)
     (run_dir / f"node{node}" / "archive.json").write_text(archive)
@@ -153,6 +163,7 @@ def _write_node(run_dir: Path, node: int, archive: str, metrics: str = '{"round"
 def _strict(text: str):
     def refuse(name):
         raise ValueError(f"{name} in summary.json")
+
     return json.loads(text, parse_constant=refuse)
 
 
@@ -164,10 +175,18 @@ def test_summarize_never_writes_a_non_finite_number(tmp_path):
     from decentrain.algorithms.dei.run import summarize
 
     cfg = DEIConfig(num_nodes=2, search=SearchConfig(rounds=1), run_dir=str(tmp_path))
-    _write_node(tmp_path, 0, json.dumps({"rounds": [[{"text": UNPARSABLE, "fitness": 1.5, "cell": [1, 2]}]]}),
-                '{"round": 0, "best_fitness": 1.5}\n')
-    _write_node(tmp_path, 1, json.dumps({"rounds": [[{"text": UNPARSABLE, "fitness": float("inf"), "cell": [0, 0]}]]}),
-                '{"round": 0, "best_fitness": Infinity}\n')
+    _write_node(
+        tmp_path,
+        0,
+        json.dumps({"rounds": [[{"text": UNPARSABLE, "fitness": 1.5, "cell": [1, 2]}]]}),
+        '{"round": 0, "best_fitness": 1.5}\n',
+    )
+    _write_node(
+        tmp_path,
+        1,
+        json.dumps({"rounds": [[{"text": UNPARSABLE, "fitness": float("inf"), "cell": [0, 0]}]]}),
+        '{"round": 0, "best_fitness": Infinity}\n',
+    )
     summary = summarize(cfg, tmp_path)
     assert _strict((tmp_path / "summary.json").read_text()) == summary
     assert summary["merged_own_fitness"] == {"qd_score": 1.5, "coverage": 1 / 36, "cells": 1}
@@ -179,14 +198,22 @@ def test_summarize_skips_and_counts_malformed_entries(tmp_path):
 
     cfg = DEIConfig(num_nodes=4, search=SearchConfig(rounds=1), run_dir=str(tmp_path))
     good = {"text": UNPARSABLE, "fitness": 1.5, "cell": [1, 2]}
-    bad = [{"text": UNPARSABLE, "fitness": float("inf"), "cell": [0, 0]},
-           {"text": UNPARSABLE, "fitness": float("nan"), "cell": [0, 1]},
-           {"text": UNPARSABLE, "fitness": 10**400, "cell": [0, 2]},
-           {"text": 5, "fitness": 1.0, "cell": [0, 3]},
-           {"text": UNPARSABLE, "fitness": 1.0, "cell": [99, 0]},
-           {"text": UNPARSABLE, "fitness": 1.0}, "an elite", None]
-    _write_node(tmp_path, 0, json.dumps({"rounds": [[good, *bad]]}),
-                '{"round": 0, "best_fitness": 1.5}\n{"round": 0, "best_fitness": NaN}\n[1]\n')
+    bad = [
+        {"text": UNPARSABLE, "fitness": float("inf"), "cell": [0, 0]},
+        {"text": UNPARSABLE, "fitness": float("nan"), "cell": [0, 1]},
+        {"text": UNPARSABLE, "fitness": 10**400, "cell": [0, 2]},
+        {"text": 5, "fitness": 1.0, "cell": [0, 3]},
+        {"text": UNPARSABLE, "fitness": 1.0, "cell": [99, 0]},
+        {"text": UNPARSABLE, "fitness": 1.0},
+        "an elite",
+        None,
+    ]
+    _write_node(
+        tmp_path,
+        0,
+        json.dumps({"rounds": [[good, *bad]]}),
+        '{"round": 0, "best_fitness": 1.5}\n{"round": 0, "best_fitness": NaN}\n[1]\n',
+    )
     _write_node(tmp_path, 1, json.dumps({"rounds": "every one"}), '{"round": "zero"}\n')
     _write_node(tmp_path, 2, "[" * 32_000, '{"round": 0, "best_fitness": 1e999}\n')
     _write_node(tmp_path, 5, json.dumps({"rounds": [[good]]}))  # no such node in a 4-node run
@@ -194,8 +221,7 @@ def test_summarize_skips_and_counts_malformed_entries(tmp_path):
     assert _strict((tmp_path / "summary.json").read_text()) == summary
     assert summary["merged_own_fitness"] == {"qd_score": 1.5, "coverage": 1 / 36, "cells": 1}
     assert summary["nodes"] == {"node0": {"round": 0, "best_fitness": 1.5}}
-    assert summary["dropped"] == {"bad_elite": 8, "bad_archive": 2, "bad_metrics_row": 4,
-                                  "elite_not_evaluated": 1}
+    assert summary["dropped"] == {"bad_elite": 8, "bad_archive": 2, "bad_metrics_row": 4, "elite_not_evaluated": 1}
 
 
 def test_summarize_caps_entries_before_reading_them(tmp_path):
@@ -210,8 +236,12 @@ def test_summarize_caps_entries_before_reading_them(tmp_path):
     with open(tmp_path / "node1" / "metrics.jsonl", "r+b") as f:
         f.truncate(17 << 20)
     summary = summarize(cfg, tmp_path)
-    assert summary["dropped"] == {"too_many_elites": 1000 - 36, "bad_archive": 1, "metrics_too_large": 1,
-                                  "elite_not_evaluated": 36}
+    assert summary["dropped"] == {
+        "too_many_elites": 1000 - 36,
+        "bad_archive": 1,
+        "metrics_too_large": 1,
+        "elite_not_evaluated": 36,
+    }
     assert summary["merged_own_fitness"]["cells"] == 36 and summary["nodes_reporting"] == 1
 
 

@@ -38,8 +38,7 @@ ATTACKS = {
     "too_many_headers": (send(b"HTTP/1.1 200 OK\r\n" + b"X-A: b\r\n" * 101 + b"\r\n"), "protocol"),
     "header_line_70kb": (send(b"HTTP/1.1 200 OK\r\nX-A: " + b"a" * 70_000 + b"\r\n\r\n"), "protocol"),
     "garbage_status_line": (send(b"SSH-2.0-OpenSSH_9.6\r\n\r\n"), "protocol"),
-    "bad_chunk_size": (send(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n"),
-                       "protocol"),
+    "bad_chunk_size": (send(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n"), "protocol"),
     "json_nested_32000_deep": (send(ok(b"[" * 32_000)), "not_an_answer"),
     "not_json": (send(ok(b"<html>busy</html>")), "not_an_answer"),
     "answer_over_32kb": (send(chat_answer("x" * 40_000)), "too_large"),
@@ -99,8 +98,9 @@ def test_a_good_answer_is_its_text(key):
 def test_a_redirect_is_refused_and_the_key_goes_nowhere_else(status, key):
     elsewhere = HostileEndpoint(send(chat_answer(WARRIOR)))
     location = f"http://127.0.0.1:{elsewhere.port}/v1/chat/completions"
-    origin = HostileEndpoint(send(f"HTTP/1.1 {status} Moved\r\nLocation: {location}\r\n"
-                                  "Content-Length: 0\r\n\r\n".encode()))
+    origin = HostileEndpoint(
+        send(f"HTTP/1.1 {status} Moved\r\nLocation: {location}\r\nContent-Length: 0\r\n\r\n".encode())
+    )
     try:
         op = _operator(origin.url(), key)
         answers, _ = _timed_call(op)
@@ -114,8 +114,12 @@ def test_a_redirect_is_refused_and_the_key_goes_nowhere_else(status, key):
 
 
 def _cfg(tmp_path, rounds: int = 2) -> DEIConfig:
-    return DEIConfig(num_nodes=1, search=SearchConfig(rounds=rounds, n_init=2, iters=2),
-                     pmars=PMarsConfig(rounds=4), run_dir=str(tmp_path))
+    return DEIConfig(
+        num_nodes=1,
+        search=SearchConfig(rounds=rounds, n_init=2, iters=2),
+        pmars=PMarsConfig(rounds=4),
+        run_dir=str(tmp_path),
+    )
 
 
 def _rows(tmp_path) -> list[dict]:

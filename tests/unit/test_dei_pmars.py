@@ -22,8 +22,25 @@ def pmars() -> str:
 
 
 def _pmars_on_files(binary: str, files: list[Path], seed_pos: int, rounds: int = 10) -> str:
-    cmd = [binary, "-b", "-r", str(rounds), "-s", "8000", "-c", "80000", "-p", "8000", "-l", "100", "-d", "100",
-           "-F", str(seed_pos), *map(str, files)]
+    cmd = [
+        binary,
+        "-b",
+        "-r",
+        str(rounds),
+        "-s",
+        "8000",
+        "-c",
+        "80000",
+        "-p",
+        "8000",
+        "-l",
+        "100",
+        "-d",
+        "100",
+        "-F",
+        str(seed_pos),
+        *map(str, files),
+    ]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=60).stdout
 
 
@@ -33,12 +50,13 @@ def test_canonical_rendering_fights_exactly_as_the_original_text(pmars, tmp_path
     names = sorted(p.stem for p in WARRIORS.glob("*.red"))
     cfg = PMarsConfig(rounds=10)
     for a, b in itertools.combinations(names, 2):
-        original = _pmars_on_files(pmars, [WARRIORS / f"{a}.red", WARRIORS / f"{b}.red"], seed_pos=100 + 7)  # battle(seed=7) places warrior 2 at min_distance + 7
+        # battle(seed=7) places warrior 2 at min_distance + 7
+        original = _pmars_on_files(pmars, [WARRIORS / f"{a}.red", WARRIORS / f"{b}.red"], seed_pos=100 + 7)
         results = [ln for ln in original.splitlines() if ln.startswith("Results:")]
         wa, wb = parse((WARRIORS / f"{a}.red").read_text()).warrior, parse((WARRIORS / f"{b}.red").read_text()).warrior
         ours = battle([wa, wb], cfg, seed=7)
-        w, l, t = (int(x) for x in results[0].split()[1:])
-        assert ours.placings == ((w, t), (l, t)) and ours.losses == (l, w), (a, b, original)
+        won, lost, tied = (int(x) for x in results[0].split()[1:])
+        assert ours.placings == ((won, tied), (lost, tied)) and ours.losses == (lost, won), (a, b, original)
 
 
 def test_battles_are_a_function_of_warriors_and_seed(pmars):
@@ -62,8 +80,10 @@ def test_unreadable_output_is_none():
     assert parse_output("", 2, 10) is None
     assert parse_output("Results: 1 2\n", 2, 10) is None
     assert parse_output("w0 by x scores 3\n  Results: 1 2 3 4\n", 3, 10) is None  # w1, w2 missing
-    three = ("w0 by a scores 1\n  Results: 1 2 3 4\nw1 by b scores 1\n  Results: 0 1 2 7\n"
-             "w2 by c scores 1\n  Results: 3 0 0 7\n")
+    three = (
+        "w0 by a scores 1\n  Results: 1 2 3 4\nw1 by b scores 1\n  Results: 0 1 2 7\n"
+        "w2 by c scores 1\n  Results: 3 0 0 7\n"
+    )
     r = parse_output(three, 3, 10)
     assert r == BattleResult(((1, 2, 3), (0, 1, 2), (3, 0, 0)), (4, 7, 7), 10)
     assert r.share(0) == pytest.approx(3 * (1 + 2 / 2 + 3 / 3) / 10)

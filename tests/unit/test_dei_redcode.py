@@ -45,13 +45,25 @@ def test_labels_equ_org_and_relative_addresses():
     )
 
 
-@pytest.mark.parametrize("op,a,b,expected", [
-    ("DAT", "#", "#", "F"), ("NOP", "$", "$", "F"),
-    ("MOV", "#", "$", "AB"), ("MOV", "$", "#", "B"), ("MOV", "$", "$", "I"), ("SEQ", "@", "$", "I"),
-    ("ADD", "#", "$", "AB"), ("SUB", "$", "#", "B"), ("MUL", "$", "@", "F"),
-    ("SLT", "#", "$", "AB"), ("SLT", "$", "#", "B"),
-    ("JMP", "#", "$", "B"), ("SPL", "$", "$", "B"), ("DJN", "$", "#", "B"),
-])
+@pytest.mark.parametrize(
+    "op,a,b,expected",
+    [
+        ("DAT", "#", "#", "F"),
+        ("NOP", "$", "$", "F"),
+        ("MOV", "#", "$", "AB"),
+        ("MOV", "$", "#", "B"),
+        ("MOV", "$", "$", "I"),
+        ("SEQ", "@", "$", "I"),
+        ("ADD", "#", "$", "AB"),
+        ("SUB", "$", "#", "B"),
+        ("MUL", "$", "@", "F"),
+        ("SLT", "#", "$", "AB"),
+        ("SLT", "$", "#", "B"),
+        ("JMP", "#", "$", "B"),
+        ("SPL", "$", "$", "B"),
+        ("DJN", "$", "#", "B"),
+    ],
+)
 def test_default_modifiers_follow_the_icws94_draft(op, a, b, expected):
     # the same table pMARS applies (its `-r 0` listing of these lines shows these modifiers)
     assert default_modifier(op, a, b) == expected
@@ -62,24 +74,27 @@ def test_a_fenced_answer_is_read_from_its_block_only():
     assert parse(answer).warrior.render().count("MOV.I $0, $1") == 1
 
 
-@pytest.mark.parametrize("text,reason", [
-    ("", "no instructions"),
-    ("x" * 16_001, "too long"),
-    ("\n".join(["MOV 0, 1"] * 101), "too many instructions"),
-    ("\n".join([";c"] * 10) + "\n" + "\n".join(["  "] * 500), "no instructions"),
-    ("MOV 0, 1234567890", "missing operator"),  # a number is at most 9 digits: int() never sees more
-    ("FOR 3\nMOV 0, 1\nROF", "unknown opcode"),  # pMARS's preprocessor is not accepted
-    ("LDP 0, 1", "unknown opcode"),  # p-space is not in the accepted set
-    ("MOV.Q 0, 1", "unknown modifier"),
-    ("MOV 0", "missing operand"),
-    ("MOV 0, 1, 2", "bad operands"),
-    ("JMP nowhere", "unknown label"),
-    ("a MOV 0, 1\na DAT 0", "label defined twice"),
-    ("MOV 0, 1 +", "dangling operator"),
-    ("MOV 0, 1 2", "missing operator"),
-    ("MOV %0, 1", "bad operand"),
-    ("MOV CORESIZE, 1", "unknown label"),  # no predefined constants
-])
+@pytest.mark.parametrize(
+    "text,reason",
+    [
+        ("", "no instructions"),
+        ("x" * 16_001, "too long"),
+        ("\n".join(["MOV 0, 1"] * 101), "too many instructions"),
+        ("\n".join([";c"] * 10) + "\n" + "\n".join(["  "] * 500), "no instructions"),
+        ("MOV 0, 1234567890", "missing operator"),  # a number is at most 9 digits: int() never sees more
+        ("FOR 3\nMOV 0, 1\nROF", "unknown opcode"),  # pMARS's preprocessor is not accepted
+        ("LDP 0, 1", "unknown opcode"),  # p-space is not in the accepted set
+        ("MOV.Q 0, 1", "unknown modifier"),
+        ("MOV 0", "missing operand"),
+        ("MOV 0, 1, 2", "bad operands"),
+        ("JMP nowhere", "unknown label"),
+        ("a MOV 0, 1\na DAT 0", "label defined twice"),
+        ("MOV 0, 1 +", "dangling operator"),
+        ("MOV 0, 1 2", "missing operator"),
+        ("MOV %0, 1", "bad operand"),
+        ("MOV CORESIZE, 1", "unknown label"),  # no predefined constants
+    ],
+)
 def test_refusals_name_a_reason(text, reason):
     result = parse(text)
     assert result.warrior is None and result.error == reason
@@ -94,10 +109,47 @@ def test_limits_apply_before_work():
 
 
 @settings(max_examples=400, deadline=None)
-@given(st.one_of(st.text(max_size=400), st.text(alphabet=string.printable, max_size=400),
-                 st.lists(st.sampled_from(["MOV", "DAT", "spl", "jmp", "#", "$", "@", "<", "}", "{", ">", "*", ",",
-                                           ".AB", ".I", "x:", "lbl", "EQU", "ORG", "END", "-", "+", "7", "8000",
-                                           "\n", " ", ";", "```"]), max_size=60).map("".join)))
+@given(
+    st.one_of(
+        st.text(max_size=400),
+        st.text(alphabet=string.printable, max_size=400),
+        st.lists(
+            st.sampled_from(
+                [
+                    "MOV",
+                    "DAT",
+                    "spl",
+                    "jmp",
+                    "#",
+                    "$",
+                    "@",
+                    "<",
+                    "}",
+                    "{",
+                    ">",
+                    "*",
+                    ",",
+                    ".AB",
+                    ".I",
+                    "x:",
+                    "lbl",
+                    "EQU",
+                    "ORG",
+                    "END",
+                    "-",
+                    "+",
+                    "7",
+                    "8000",
+                    "\n",
+                    " ",
+                    ";",
+                    "```",
+                ]
+            ),
+            max_size=60,
+        ).map("".join),
+    )
+)
 def test_parse_is_total_and_what_it_renders_is_canonical(text):
     result = parse(text)  # never raises
     if result.warrior is not None:

@@ -1,4 +1,5 @@
-"""Sharing elites through the job's store: signed, capped, attributed to the slot's key; a dead peer costs its elites."""
+"""Sharing elites through the job's store: signed, capped, attributed to the slot's key; a dead peer costs its
+elites."""
 
 from __future__ import annotations
 
@@ -45,10 +46,13 @@ def test_a_node_cannot_speak_for_another(store):
     assert a.collect(1) == {1: ["MOV.I $0, $1"]}
 
 
-@pytest.mark.parametrize("elites,reason", [
-    (["x" * 20000] * 4, "too_large"),  # refused on its size, before any parsing
-    ([f"MOV.I $0, ${i}" for i in range(5)], "bad_elites"),  # more than max_elites_per_peer
-])
+@pytest.mark.parametrize(
+    "elites,reason",
+    [
+        (["x" * 20000] * 4, "too_large"),  # refused on its size, before any parsing
+        ([f"MOV.I $0, ${i}" for i in range(5)], "bad_elites"),  # more than max_elites_per_peer
+    ],
+)
 def test_caps_and_counts(elites, reason):
     me = NodeIdentity.generate()
     drops: Counter[str] = Counter()

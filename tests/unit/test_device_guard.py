@@ -96,7 +96,9 @@ def test_noloco_gossip_payload_stays_on_device(dtype, gamma, adaptive, backend):
     with device_guard(META, backend) as calls:
         metrics = _run_rounds(NoLoCo(cfg, _world(backend=backend)), _meta_model(dtype), 4)
     assert metrics["outer/round"] >= 2.0  # adaptive H hears a zero step time (meta reads) and may shorten rounds
-    sent = [devs for op, devs in calls.calls if op in ("isend", "send", "batch_isend_irecv", "all_reduce", "all_gather")]
+    sent = [
+        devs for op, devs in calls.calls if op in ("isend", "send", "batch_isend_irecv", "all_reduce", "all_gather")
+    ]
     assert sent, f"NoLoCo exchanged nothing: {calls.ops}"
 
 

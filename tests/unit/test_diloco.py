@@ -33,7 +33,9 @@ def test_h_below_one_is_rejected_naming_the_field():
         DiLoCoConfig(inner_steps=0)
     with pytest.raises(ValueError, match="algorithm.overlap_steps"):
         StreamingDiLoCoConfig(inner_steps=4, overlap_steps=4)
-    with pytest.raises(ValueError, match="algorithm.outer_optimizer.nesterov=true needs algorithm.outer_optimizer.momentum"):
+    with pytest.raises(
+        ValueError, match="algorithm.outer_optimizer.nesterov=true needs algorithm.outer_optimizer.momentum"
+    ):
         DiLoCoConfig(outer_optimizer=SGDConfig(momentum=0.0, nesterov=True))
     with pytest.raises(ValueError, match="algorithm.quantization='int8'.*allowed"):
         StreamingDiLoCoConfig(quantization="int8")
@@ -54,8 +56,13 @@ def test_diloco_outer_step_is_nesterov_on_the_pseudo_gradient():
 
 def test_streaming_fragments_sync_in_turn_late_by_tau_and_mix_with_alpha():
     model = TwoLayer()
-    cfg = StreamingDiLoCoConfig(inner_steps=4, num_fragments=2, overlap_steps=1, mix_alpha=0.5,
-                                outer_optimizer=SGDConfig(lr=1.0, momentum=0.0, nesterov=False))
+    cfg = StreamingDiLoCoConfig(
+        inner_steps=4,
+        num_fragments=2,
+        overlap_steps=1,
+        mix_alpha=0.5,
+        outer_optimizer=SGDConfig(lr=1.0, momentum=0.0, nesterov=False),
+    )
     algo = StreamingDiLoCo(cfg, World())
     algo.on_train_start(model, None)
     assert algo.offsets == [0, 2]  # fragment 1 (layer 1) at steps ≡ 2, fragment 0 at ≡ 0 (mod 4)

@@ -96,7 +96,8 @@ def test_full_duplex_nccl_exchange_reaches_each_lane_in_the_same_order(monkeypat
         ex.full_duplex()
         return [ex.exchange([torch.full((3,), float(rank + 1) * (r + 1))], (0, 1), r) for r in range(2)]
 
-    results = run_in_threads(rank_main, 2, timeout=30)  # fails if the first exchange deadlocks on NCCL's lazy communicators
+    # fails if the first exchange deadlocks on NCCL's lazy communicators
+    results = run_in_threads(rank_main, 2, timeout=30)
     assert fake.first_calls[0] == fake.first_calls[1]  # both ranks reached the two lanes in one order
     for rank in range(2):
         other = 1 - rank

@@ -14,8 +14,8 @@ from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
 import decentrain.algorithms as algorithms
-from decentrain.algorithms.base import ALGORITHMS
 from decentrain.algorithms import diloco
+from decentrain.algorithms.base import ALGORITHMS
 from decentrain.algorithms.outer.optimizers import FIELD, OUTER_OPTIMIZERS, OuterOptimizerConfig, OuterRule
 from decentrain.algorithms.outer.updates import OuterOptimizer
 from decentrain.algorithms.pretraining import engines
@@ -30,7 +30,8 @@ from decentrain.testing import TINY
 CONF = Path(__file__).resolve().parents[2] / "conf"
 register_configs()
 
-ENGINE_MODULE = '''"""engine=torch_skip_nonfinite: engine=torch, but a step whose gradient norm is not finite is skipped (an example entry)."""
+ENGINE_MODULE = '''"""engine=torch_skip_nonfinite: engine=torch, but a step whose gradient norm is not finite is skipped
+(an example entry)."""
 
 from __future__ import annotations
 
@@ -65,15 +66,16 @@ class SkipNonFiniteEngine(TorchEngine):
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
 '''
-ENGINE_YAML = '''# engine=torch that skips a step whose gradient norm is not finite
+ENGINE_YAML = """# engine=torch that skips a step whose gradient norm is not finite
 defaults:
   - torch_skip_nonfinite_schema
   - _self_
 name: torch_skip_nonfinite
 shards_per_replica: 1
 max_skips: 10
-'''
-ALGORITHM_MODULE = '''"""Local SGD (Stich 2019): every H inner steps the replicas replace their weights by the mean (an example entry)."""
+"""
+ALGORITHM_MODULE = '''"""Local SGD (Stich 2019): every H inner steps the replicas replace their weights by the mean
+(an example entry)."""
 
 from __future__ import annotations
 
@@ -112,14 +114,14 @@ class LocalSGD(InnerOuterAlgorithm):
     def load_outer_state(self, state: dict[str, Any]) -> None:
         pass
 '''
-ALGORITHM_YAML = '''# Local SGD: H inner steps, then every replica takes the mean of the replicas' weights.
+ALGORITHM_YAML = """# Local SGD: H inner steps, then every replica takes the mean of the replicas' weights.
 defaults:
   - local_sgd_schema
   - _self_
 name: local_sgd
 inner_steps: 8
-'''
-OUTER_YAML = '''# RMSprop on the pseudo-gradient.
+"""
+OUTER_YAML = """# RMSprop on the pseudo-gradient.
 defaults:
   - rmsprop_schema
   - _self_
@@ -127,7 +129,7 @@ name: rmsprop
 lr: 0.01
 momentum: 0.0
 alpha: 0.99
-'''
+"""
 
 
 # what adding an outer optimizer appends to decentrain/algorithms/outer/optimizers.py
@@ -158,8 +160,11 @@ def extensions(tmp_path):
     (tmp_path / "engines" / "torch_skip_nonfinite.py").write_text(ENGINE_MODULE)
     (tmp_path / "algos" / "diloco").mkdir(parents=True)
     (tmp_path / "algos" / "diloco" / "local_sgd.py").write_text(ALGORITHM_MODULE)
-    for rel, text in (("engine/torch_skip_nonfinite.yaml", ENGINE_YAML), ("algorithm/local_sgd.yaml", ALGORITHM_YAML),
-                      ("algorithm/outer_optimizer/rmsprop.yaml", OUTER_YAML)):
+    for rel, text in (
+        ("engine/torch_skip_nonfinite.yaml", ENGINE_YAML),
+        ("algorithm/local_sgd.yaml", ALGORITHM_YAML),
+        ("algorithm/outer_optimizer/rmsprop.yaml", OUTER_YAML),
+    ):
         (tmp_path / "conf" / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / "conf" / rel).write_text(text)
     engines.__path__.append(str(tmp_path / "engines"))
@@ -167,14 +172,20 @@ def extensions(tmp_path):
     try:
         # what importing the engines package and decentrain.config do for files in their directories
         assert discover(engines.__name__, [str(tmp_path / "engines")]) == ["torch_skip_nonfinite"]
-        assert discover_marked(algorithms.__name__, tmp_path / "algos", ("@ALGORITHMS.register(",)) == ["diloco.local_sgd"]
+        assert discover_marked(algorithms.__name__, tmp_path / "algos", ("@ALGORITHMS.register(",)) == [
+            "diloco.local_sgd"
+        ]
         OUTER_OPTIMIZERS.register("rmsprop", config=RMSpropConfig)(RMSpropRule)
         register_configs()  # each entry's <name>_schema, as every recipe does at import
         yield tmp_path / "conf"
     finally:
         engines.__path__.remove(str(tmp_path / "engines"))
         diloco.__path__.remove(str(tmp_path / "algos" / "diloco"))
-        for registry, name in ((ENGINES, "torch_skip_nonfinite"), (ALGORITHMS, "local_sgd"), (OUTER_OPTIMIZERS, "rmsprop")):
+        for registry, name in (
+            (ENGINES, "torch_skip_nonfinite"),
+            (ALGORITHMS, "local_sgd"),
+            (OUTER_OPTIMIZERS, "rmsprop"),
+        ):
             registry._entries.pop(name, None)
         for mod in (f"{engines.__name__}.torch_skip_nonfinite", f"{diloco.__name__}.local_sgd"):
             sys.modules.pop(mod, None)
@@ -183,14 +194,30 @@ def extensions(tmp_path):
 def _compose(search: Path, *overrides: str):
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=[*TINY, "run_dir=/tmp/x", "launcher.nproc_per_node=1",
-                                                       f"hydra.searchpath=[file://{search}]", *overrides])
+        cfg = compose(
+            config_name="config",
+            overrides=[
+                *TINY,
+                "run_dir=/tmp/x",
+                "launcher.nproc_per_node=1",
+                f"hydra.searchpath=[file://{search}]",
+                *overrides,
+            ],
+        )
     return config_from_dict(OmegaConf.to_container(cfg, resolve=True))
 
 
 def test_a_new_engine_and_algorithm_are_each_one_module_plus_one_yaml(extensions, tmp_path):
-    cfg = _compose(extensions, "algorithm=local_sgd", "algorithm.inner_steps=2", "engine=torch_skip_nonfinite",
-                   "engine.max_skips=3", "train.steps=4", "train.eval_every=4", "train.checkpoint_every=100")
+    cfg = _compose(
+        extensions,
+        "algorithm=local_sgd",
+        "algorithm.inner_steps=2",
+        "engine=torch_skip_nonfinite",
+        "engine.max_skips=3",
+        "train.steps=4",
+        "train.eval_every=4",
+        "train.checkpoint_every=100",
+    )
     assert type(cfg.algorithm).__name__ == "LocalSGDConfig" and cfg.algorithm.inner_steps == 2
     assert type(cfg.engine).__name__ == "SkipNonFiniteConfig" and cfg.engine.max_skips == 3  # the engine's own field
     validate(cfg, 1)
@@ -200,9 +227,13 @@ def test_a_new_engine_and_algorithm_are_each_one_module_plus_one_yaml(extensions
 
 
 def test_a_new_outer_optimizer_is_one_class_plus_one_yaml(extensions):
-    cfg = _compose(extensions, "algorithm=diloco", "algorithm/outer_optimizer=rmsprop", "algorithm.outer_optimizer.alpha=0.9")
+    cfg = _compose(
+        extensions, "algorithm=diloco", "algorithm/outer_optimizer=rmsprop", "algorithm.outer_optimizer.alpha=0.9"
+    )
     rule = cfg.algorithm.outer_optimizer
     assert type(rule) is RMSpropConfig and (rule.lr, rule.momentum, rule.alpha) == (0.01, 0.0, 0.9)
     assert isinstance(OuterOptimizer([torch.zeros(2)], rule).opt, torch.optim.RMSprop)
     with pytest.raises(ValueError, match=r"^algorithm.outer_optimizer.alpha=1.0 must be"):
-        _compose(extensions, "algorithm=diloco", "algorithm/outer_optimizer=rmsprop", "algorithm.outer_optimizer.alpha=1.0")
+        _compose(
+            extensions, "algorithm=diloco", "algorithm/outer_optimizer=rmsprop", "algorithm.outer_optimizer.alpha=1.0"
+        )

@@ -4,7 +4,6 @@ final summary, and a healed torchft group said nothing at all."""
 
 import logging
 import os
-import sys
 
 import pytest
 
@@ -34,14 +33,22 @@ def test_a_healed_torchft_group_says_from_which_group_at_which_step(monkeypatch,
     monkeypatch.setattr(torchft, "Manager", lambda **kw: made.update(kw) or "manager")
     monkeypatch.setattr(torchft, "ProcessGroupGloo", lambda **kw: None)
     loaded = []
-    donor = build_manager(World(), TorchFTConfig(replica_id=0, lighthouse="http://x:1").replica_group(),
-                          lambda: {"step": 7, "w": 1}, loaded.append)
+    donor = build_manager(
+        World(),
+        TorchFTConfig(replica_id=0, lighthouse="http://x:1").replica_group(),
+        lambda: {"step": 7, "w": 1},
+        loaded.append,
+    )
     assert donor == "manager"
     sent = made["state_dict"]()
     assert sent == {"step": 7, "w": 1, "healed_from_group": 0}
     made.clear()
-    build_manager(World(), TorchFTConfig(replica_id=1, lighthouse="http://x:1").replica_group(), lambda: {}, loaded.append)
+    build_manager(
+        World(), TorchFTConfig(replica_id=1, lighthouse="http://x:1").replica_group(), lambda: {}, loaded.append
+    )
     with caplog.at_level(logging.WARNING):
         made["load_state_dict"](dict(sent))
     assert loaded == [{"step": 7, "w": 1}]  # the tag never reaches the trainer
-    assert "replica group 1 healed from group 0 at step 7" in [r.getMessage().split("] ", 1)[-1] for r in caplog.records]
+    assert "replica group 1 healed from group 0 at step 7" in [
+        r.getMessage().split("] ", 1)[-1] for r in caplog.records
+    ]

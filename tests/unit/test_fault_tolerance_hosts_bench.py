@@ -15,7 +15,8 @@ def _none(rate):
 
 
 def test_the_rate_target_is_decided_only_outside_the_no_fault_runs_spread():
-    assert "cannot mask it" in F.detectable({"none/s0": _none(100.0), "none/s1": _none(105.0)})  # 1.05x: 0.9 outside the band
+    # 1.05x: 0.9 outside the band
+    assert "cannot mask it" in F.detectable({"none/s0": _none(100.0), "none/s1": _none(105.0)})
     assert "neither meet nor miss" in F.detectable({"none/s0": _none(100.0), "none/s1": _none(164.0)})  # 1.64x: inside
     assert "one no-fault run" in F.detectable({"none/s0": _none(100.0), "kill/s0": _none(90.0)})
 
@@ -47,11 +48,16 @@ def _runs(ratios):
     runs = {}
     for s, ratio in enumerate(ratios):
         runs[f"none/s{s}"] = {**_none(100.0), "eval_loss": 1.0}
-        runs[f"kill/s{s}"] = {"survivors": {str(r): {"steps_per_min": 100.0 * ratio, "rolled_back": 0, "rounds_lost": 0}
-                                            for r in F.SURVIVORS},
-                              "eval_loss": 1.0, "replacements": {str(r): {"healed": True, "kill_to_contributing_s": 18.0}
-                                                                 for r in F.DEAD_RANKS}}
-        runs[f"none/s{s}"]["survivors"] = {k: {**v, "rolled_back": 0, "rounds_lost": 0} for k, v in runs[f"none/s{s}"]["survivors"].items()}
+        runs[f"kill/s{s}"] = {
+            "survivors": {
+                str(r): {"steps_per_min": 100.0 * ratio, "rolled_back": 0, "rounds_lost": 0} for r in F.SURVIVORS
+            },
+            "eval_loss": 1.0,
+            "replacements": {str(r): {"healed": True, "kill_to_contributing_s": 18.0} for r in F.DEAD_RANKS},
+        }
+        runs[f"none/s{s}"]["survivors"] = {
+            k: {**v, "rolled_back": 0, "rounds_lost": 0} for k, v in runs[f"none/s{s}"]["survivors"].items()
+        }
     return {"figures": {"runs": runs}}
 
 
@@ -62,4 +68,7 @@ def test_the_rate_target_is_decided_on_the_interval_not_the_point_estimate():
     assert d["verdict"] == "undecided" and not f["targets"]["survivors_ge_0.9_of_no_fault_rate"]
     assert d["ci"][0] + F.RATE_TARGET == pytest.approx(0.877, abs=1e-3) and d["seeds_needed"] == 6
     f = F.figures_of(_runs([0.95, 0.94, 0.96, 0.95]))
-    assert f["decisions"]["survivors_ge_target"]["result"]["verdict"] == "better" and f["targets"]["survivors_ge_0.9_of_no_fault_rate"]
+    assert (
+        f["decisions"]["survivors_ge_target"]["result"]["verdict"] == "better"
+        and f["targets"]["survivors_ge_0.9_of_no_fault_rate"]
+    )

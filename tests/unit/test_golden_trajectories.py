@@ -55,14 +55,24 @@ def one_thread():
 def _pretraining_cfg(algorithm: dict):
     from decentrain.config import config_from_dict
 
-    return config_from_dict({
-        "algorithm": algorithm,
-        "model": {"hidden_size": 16, "num_layers": 2, "num_heads": 2, "intermediate_size": 32},
-        "data": {"seq_len": 16, "max_bytes_per_domain": 8000, "domains": ["golden_text"]},
-        "train": {"steps": STEPS, "global_batch_size": 8, "micro_batch_size": 1, "eval_every": 100, "eval_batches": 1,
-                  "checkpoint_every": 100, "threads": 1, "seed": 0},
-        "logger": {"progress": False, "console": False, "log_every": 1, "all_ranks": True},
-    })
+    return config_from_dict(
+        {
+            "algorithm": algorithm,
+            "model": {"hidden_size": 16, "num_layers": 2, "num_heads": 2, "intermediate_size": 32},
+            "data": {"seq_len": 16, "max_bytes_per_domain": 8000, "domains": ["golden_text"]},
+            "train": {
+                "steps": STEPS,
+                "global_batch_size": 8,
+                "micro_batch_size": 1,
+                "eval_every": 100,
+                "eval_batches": 1,
+                "checkpoint_every": 100,
+                "threads": 1,
+                "seed": 0,
+            },
+            "logger": {"progress": False, "console": False, "log_every": 1, "all_ranks": True},
+        }
+    )
 
 
 def _losses(run_dir: Path, rank: int) -> list[float]:
@@ -83,8 +93,11 @@ def test_pretraining_trajectory_matches_the_golden_one(algo, tmp_path, one_threa
         assert run.result.final_step == STEPS
         losses = _losses(tmp_path, rank)
         assert len(losses) == STEPS, losses
-        check_fixture(FIXTURES / f"{algo}_rank{rank}.json", trajectory(losses, run.weights, world_size=world_size),
-                      command=REGENERATE)
+        check_fixture(
+            FIXTURES / f"{algo}_rank{rank}.json",
+            trajectory(losses, run.weights, world_size=world_size),
+            command=REGENERATE,
+        )
 
 
 def test_sapo_trajectory_matches_the_golden_one(tmp_path, one_thread):
@@ -104,5 +117,8 @@ def test_sapo_trajectory_matches_the_golden_one(tmp_path, one_thread):
     losses = [float(m["loss"]) for m in rows]
     rewards = [float(m["reward"]) for m in rows]
     trained = [int(m["trained_completions"]) for m in rows]
-    check_fixture(FIXTURES / "sapo_silo.json", trajectory(losses, weights, rewards=rewards, trained_completions=trained),
-                  command=REGENERATE)
+    check_fixture(
+        FIXTURES / "sapo_silo.json",
+        trajectory(losses, weights, rewards=rewards, trained_completions=trained),
+        command=REGENERATE,
+    )

@@ -10,8 +10,21 @@ import pytest
 from benchmarks.goodput import ARMS, TARGET, ddp, figures, main, schedule, step_cost, text
 from benchmarks.harness import SMOKE_DIR
 
-JOB = {"seed": 0, "replicas": 8, "rounds": 100, "every": 50, "inner_steps": 5, "step_s": 1.0, "down_rounds": 4.0,
-       "detect_rounds": 0.5, "straggle_rounds": 10.0, "jitter": 0.05, "sync_frac": 0.1, "batch": 4, "seq_len": 32}
+JOB = {
+    "seed": 0,
+    "replicas": 8,
+    "rounds": 100,
+    "every": 50,
+    "inner_steps": 5,
+    "step_s": 1.0,
+    "down_rounds": 4.0,
+    "detect_rounds": 0.5,
+    "straggle_rounds": 10.0,
+    "jitter": 0.05,
+    "sync_frac": 0.1,
+    "batch": 4,
+    "seq_len": 32,
+}
 
 
 def test_each_window_has_one_kill_and_one_2x_to_5x_straggler_fixed_by_the_seed():
@@ -45,10 +58,28 @@ def test_ddp_waits_for_the_slowest_replica_every_step():
 
 
 def _runs(ratios: list[float], loss_ratio: float = 1.0) -> dict:
-    free = [{"useful_tokens": 100.0, "time_s": 10.0, "computed_tokens": 100.0, "dropped_tokens": 0.0, "eval_loss": 2.0 + i / 100,
-             "heal_s": []} for i in range(len(ratios))]
-    fault = [{"useful_tokens": 100.0 * r, "time_s": 10.0, "computed_tokens": 100.0, "dropped_tokens": 100.0 * (1 - r),
-              "eval_loss": (2.0 + i / 100) * loss_ratio, "heal_s": [3.0]} for i, r in enumerate(ratios)]
+    free = [
+        {
+            "useful_tokens": 100.0,
+            "time_s": 10.0,
+            "computed_tokens": 100.0,
+            "dropped_tokens": 0.0,
+            "eval_loss": 2.0 + i / 100,
+            "heal_s": [],
+        }
+        for i in range(len(ratios))
+    ]
+    fault = [
+        {
+            "useful_tokens": 100.0 * r,
+            "time_s": 10.0,
+            "computed_tokens": 100.0,
+            "dropped_tokens": 100.0 * (1 - r),
+            "eval_loss": (2.0 + i / 100) * loss_ratio,
+            "heal_s": [3.0],
+        }
+        for i, r in enumerate(ratios)
+    ]
     return {"faults": fault, "free": free}
 
 

@@ -64,5 +64,10 @@ def test_buckets_respect_size_and_order():
 
 
 def test_buckets_never_mix_dtypes():
-    ts = [torch.zeros(4, dtype=torch.bfloat16), torch.zeros(4, dtype=torch.bfloat16), torch.zeros(2), torch.zeros(4, dtype=torch.bfloat16)]
+    ts = [
+        torch.zeros(4, dtype=torch.bfloat16),
+        torch.zeros(4, dtype=torch.bfloat16),
+        torch.zeros(2),
+        torch.zeros(4, dtype=torch.bfloat16),
+    ]
     assert flatten_buckets(ts, bucket_bytes=1 << 20) == [[0, 1], [2], [3]]

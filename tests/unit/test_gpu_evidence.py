@@ -24,9 +24,21 @@ BATCH = eff.Batch(workers=4, global_batch=64, micro_batch=16)
 
 def test_the_key_moves_with_what_is_computed_and_not_with_how_fast():
     base = ge.ledger_key(cfg(), PRESET, CORPUS_ID, CPU)
-    for speed in ({"compile": "blocks"}, {"log_every": 10}, {"budget_s": 100.0}, {"efficiency": "default"}, {"seeds": 5}):
+    for speed in (
+        {"compile": "blocks"},
+        {"log_every": 10},
+        {"budget_s": 100.0},
+        {"efficiency": "default"},
+        {"seeds": 5},
+    ):
         assert ge.ledger_key(cfg(**speed), PRESET, CORPUS_ID, CPU) == base, speed
-    for setting in ({"steps": 800}, {"global_batch": 128}, {"seq_len": 256}, {"data": "offline"}, {"precision": "bf16"}):
+    for setting in (
+        {"steps": 800},
+        {"global_batch": 128},
+        {"seq_len": 256},
+        {"data": "offline"},
+        {"precision": "bf16"},
+    ):
         assert ge.ledger_key(cfg(**setting), PRESET, CORPUS_ID, CPU)["protocol"] != base["protocol"], setting
     tuned = {**PRESET, "arms": {**PRESET["arms"], "noloco": ["algorithm=noloco", "algorithm.inner_steps=25"]}}
     assert ge.ledger_key(cfg(), tuned, CORPUS_ID, CPU)["protocol"] != base["protocol"]
@@ -50,7 +62,9 @@ def test_corpus_identity_is_the_pinned_hash_or_that_of_the_blocks():
     from decentrain.data.blocks import Corpus
 
     def corpus(x, name="offline", digest=None):
-        return Corpus({"d": {s: torch.full((4, 8), x, dtype=torch.long) for s in ("train", "val", "test")}}, name, digest)
+        return Corpus(
+            {"d": {s: torch.full((4, 8), x, dtype=torch.long) for s in ("train", "val", "test")}}, name, digest
+        )
 
     a, b = ge.corpus_identity("offline", corpus(5)), ge.corpus_identity("offline", corpus(6))
     assert a["hash"].startswith("blocks:") and a != b and a == ge.corpus_identity("offline", corpus(5))
@@ -61,7 +75,12 @@ def test_every_arm_composes_to_the_recipe_config_it_names():
     for arm in PRESET["arms"]:
         tc, raw = ge.compose(ge.arm_overrides(cfg(data="offline"), PRESET, arm, 3, "/tmp/x"))
         assert tc.algorithm.name == ge.algorithm_of(PRESET, arm) and tc.train.seed == 3
-        assert (tc.model.hidden_size, tc.model.num_layers, tc.train.global_batch_size, tc.data.seq_len) == (512, 8, 64, 512)
+        assert (tc.model.hidden_size, tc.model.num_layers, tc.train.global_batch_size, tc.data.seq_len) == (
+            512,
+            8,
+            64,
+            512,
+        )
         assert tc.logger.all_ranks and not tc.resume and tc.train.eval_every == tc.train.steps == 400
     smoke = ge.compose(ge.arm_overrides(cfg(data="offline", smoke=True), PRESET, "noloco", 0, "/tmp/x"))[0]
     assert smoke.algorithm.inner_steps == 2 and smoke.model.hidden_size == 32 and smoke.train.device == "cpu"
@@ -87,30 +106,48 @@ def test_a_run_that_would_overrun_the_budget_is_skipped_and_finished_arms_still_
 
     def fake_run(c, preset, arm, seed, corpus, device):
         clock["t"] += walls[arm]
-        return {"arm": arm, "seed": seed, "bpb": 1.0, "bpb_by_domain": {}, "bytes_sent_per_worker": 1.0,
-                "tokens_per_s": None, "mfu": None, "wall_s": walls[arm], "train_s": walls[arm]}
+        return {
+            "arm": arm,
+            "seed": seed,
+            "bpb": 1.0,
+            "bpb_by_domain": {},
+            "bytes_sent_per_worker": 1.0,
+            "tokens_per_s": None,
+            "mfu": None,
+            "wall_s": walls[arm],
+            "train_s": walls[arm],
+        }
 
     monkeypatch.setattr(ge, "run_arm", fake_run)
     budget = ge.Budget(290.0, clock=lambda: clock["t"])
     records, runs, skipped = ge.run_seeds(cfg(), PRESET, [4, 5], None, CPU, budget)
     # seed 4 takes 170 s; of the 120 s left ddp (30) and diloco (50) fit, noloco's 50 then does not,
     # sparseloco's 40 still does: seed 5 pairs sparseloco with diloco, but has no noloco
-    assert [(r["seed"], sorted(r["arms"])) for r in records] == [(4, sorted(walls)), (5, ["ddp", "diloco", "sparseloco"])]
+    assert [(r["seed"], sorted(r["arms"])) for r in records] == [
+        (4, sorted(walls)),
+        (5, ["ddp", "diloco", "sparseloco"]),
+    ]
     assert len(runs) == 7 and [s.split(":")[0] for s in skipped] == ["seed 5 noloco"]
 
 
 def test_variants_change_only_execution_compile_and_batch():
     base = ge.arm_overrides(cfg(), PRESET, "noloco", 0, "/tmp/x", steps=40)
     threads = eff.variant_overrides(base, "threads_blocks", BATCH)
-    assert {"transport=inprocess", "transport.replicas=4", "launcher.nproc_per_node=1", "train.compile=blocks",
-            "train.steps=40"} <= set(threads)
+    assert {
+        "transport=inprocess",
+        "transport.replicas=4",
+        "launcher.nproc_per_node=1",
+        "train.compile=blocks",
+        "train.steps=40",
+    } <= set(threads)
     procs = eff.variant_overrides(base, "processes_eager", BATCH)
     assert "launcher.nproc_per_node=4" in procs and not any(o.startswith("transport") for o in procs)
     double = eff.variant_overrides(base, "threads_eager_mb2x", BATCH)
     assert {"train.global_batch_size=128", "train.micro_batch_size=32"} <= set(double)
     for name in eff.VARIANTS:  # each is a command line the recipe accepts
-        tc, _ = ge.compose(eff.variant_overrides(ge.arm_overrides(cfg(data="offline"), PRESET, "noloco", 0, "/tmp/x", 40),
-                                                name, BATCH))
+        tc, _ = ge.compose(
+            eff.variant_overrides(ge.arm_overrides(cfg(data="offline"), PRESET, "noloco", 0, "/tmp/x", 40), name, BATCH)
+        )
         assert tc.train.steps == 40
 
 
@@ -127,16 +164,30 @@ def test_an_arm_on_the_pinned_corpus_reads_its_mapped_blocks_and_names_its_hash(
     from decentrain.testing.pinned import tiny_config, tiny_domains, write_source
 
     manifest = prepare(tiny_config(tmp_path / "corpus"), tiny_domains(write_source(tmp_path)))
-    c = cfg(smoke=True, data="pinned", steps=4, global_batch=8, micro_batch=2, seq_len=32, eval_blocks=4, log_every=2,
-            precision="fp32", overrides=[f"data.pinned_dir={tmp_path / 'corpus'}", "data.domains=[alpha,beta]"])
+    c = cfg(
+        smoke=True,
+        data="pinned",
+        steps=4,
+        global_batch=8,
+        micro_batch=2,
+        seq_len=32,
+        eval_blocks=4,
+        log_every=2,
+        precision="fp32",
+        overrides=[f"data.pinned_dir={tmp_path / 'corpus'}", "data.domains=[alpha,beta]"],
+    )
     tc, _ = ge.compose(ge.arm_overrides(c, PRESET, "noloco", 0, tmp_path / "x"))
     corpus = build_corpus(tc.data, build_tokenizer(tc.model))
     assert ge.corpus_identity("pinned", corpus) == {"name": "pinned", "hash": manifest["corpus_hash"]}
     run = ge.run_arm(c, PRESET, "noloco", 0, corpus, CPU)
     assert set(run["bpb_by_domain"]) == {"alpha", "beta"} and 0 < run["bpb"] < 12
     assert run["test_blocks_per_domain"] == {"alpha": 4, "beta": 4} and run["replicas"] == 4
-    assert ge.ledger_key(c, PRESET, ge.corpus_identity("pinned", corpus), CPU)["protocol"] != \
-        ge.ledger_key(ge.EvidenceConfig(**{**c.__dict__, "overrides": []}), PRESET, {"name": "pinned", "hash": "h"}, CPU)["protocol"]
+    assert (
+        ge.ledger_key(c, PRESET, ge.corpus_identity("pinned", corpus), CPU)["protocol"]
+        != ge.ledger_key(
+            ge.EvidenceConfig(**{**c.__dict__, "overrides": []}), PRESET, {"name": "pinned", "hash": "h"}, CPU
+        )["protocol"]
+    )
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA exit")

@@ -23,9 +23,14 @@ def test_sapo_generation_bench_exits_zero_without_cuda(capsys):
 def test_sapo_generation_bench_table_reads_its_figures():
     from benchmarks.sapo_generation import text_table
 
-    fig = {"device": "X", "new_tokens_per_call": 64, "loops": ["bare_fp32", "decentrain"],
-           "bare_fp32_tokens_per_s": {"mean": 1000.0, "std": 10.0}, "decentrain_tokens_per_s": {"mean": 3500.0, "std": 20.0},
-           "speedup_vs_bare_fp32": {"mean": 3.5, "std": 0.1}}
+    fig = {
+        "device": "X",
+        "new_tokens_per_call": 64,
+        "loops": ["bare_fp32", "decentrain"],
+        "bare_fp32_tokens_per_s": {"mean": 1000.0, "std": 10.0},
+        "decentrain_tokens_per_s": {"mean": 3500.0, "std": 20.0},
+        "speedup_vs_bare_fp32": {"mean": 3.5, "std": 0.1},
+    }
     text = text_table(fig)
     assert "3,500" in text and "speedup vs bare fp32 = 3.50" in text and "target >= 3" in text
 
@@ -81,7 +86,7 @@ def test_windows_are_added_until_the_interval_is_within_3_percent():
     stopped = next(n for n in range(1, 61) if stop_reason(pairs[:n], b, elapsed_s=1.0))
     assert stopped >= b.min_windows
     assert "decided" in stop_reason(pairs[:stopped], b, 1.0)
-    assert ratio_interval(pairs[:stopped])["half_width"] <= 0.03 < ratio_interval(pairs[:stopped - 1])["half_width"]
+    assert ratio_interval(pairs[:stopped])["half_width"] <= 0.03 < ratio_interval(pairs[: stopped - 1])["half_width"]
 
 
 def test_identical_windows_stop_at_the_minimum_and_never_before():

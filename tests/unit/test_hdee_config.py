@@ -5,12 +5,16 @@ import sys
 import pytest
 from omegaconf import OmegaConf
 
-from decentrain.testing import tiny_hdee_config
-
 from decentrain.algorithms.hdee.config import (
-    EvalConfig, JobConfig, check_plan, hdee_config_from_dict, load_saved_config, save_config,
+    EvalConfig,
+    JobConfig,
+    check_plan,
+    hdee_config_from_dict,
+    load_saved_config,
+    save_config,
 )
 from decentrain.algorithms.hdee.jobs import Job, child_jobs, run_jobs
+from decentrain.testing import tiny_hdee_config
 
 
 def test_tiny_plan_is_within_budget(tmp_path):
@@ -68,7 +72,12 @@ def test_saved_config_round_trips_with_overrides(tmp_path):
 
 
 def test_child_jobs_replace_the_job_keys(tmp_path):
-    jobs = child_jobs(tiny_hdee_config(tmp_path), "lane", ["job.stage=all", "train.seed=3", f"ensemble_dir={tmp_path}"], "recipes.hdee_train")
+    jobs = child_jobs(
+        tiny_hdee_config(tmp_path),
+        "lane",
+        ["job.stage=all", "train.seed=3", f"ensemble_dir={tmp_path}"],
+        "recipes.hdee_train",
+    )
     assert [j.name for j in jobs] == ["lane0", "lane1", "lane2"]
     tail = jobs[1].argv[4:]
     assert tail[:2] == ["train.seed=3", "job.stage=lane"] and "job.index=1" in tail
@@ -80,13 +89,20 @@ def test_child_jobs_replace_the_job_keys(tmp_path):
 def test_run_jobs_runs_in_parallel_and_names_failures(tmp_path):
     # each job marks itself started and waits until all three have: only jobs that run at once all end
     # well (in a row, the first would wait alone and fail); no wall-clock bound, so a loaded box cannot fail it
-    together = ("import pathlib, sys, time; d = pathlib.Path(sys.argv[1]); (d / sys.argv[2]).touch(); end = time.monotonic() + 120\n"
-                "while len(list(d.glob('started-*'))) < 3:\n"
-                "    if time.monotonic() > end: sys.exit('ran alone: the other jobs never started')\n"
-                "    time.sleep(0.02)")
+    together = (
+        "import pathlib, sys, time; d = pathlib.Path(sys.argv[1]); (d / sys.argv[2]).touch(); "
+        "end = time.monotonic() + 120\n"
+        "while len(list(d.glob('started-*'))) < 3:\n"
+        "    if time.monotonic() > end: sys.exit('ran alone: the other jobs never started')\n"
+        "    time.sleep(0.02)"
+    )
     (tmp_path / "marks").mkdir()
-    jobs = [Job(f"ok{i}", [sys.executable, "-c", together, str(tmp_path / "marks"), f"started-{i}"], tmp_path / f"ok{i}.log")
-            for i in range(3)]
+    jobs = [
+        Job(
+            f"ok{i}", [sys.executable, "-c", together, str(tmp_path / "marks"), f"started-{i}"], tmp_path / f"ok{i}.log"
+        )
+        for i in range(3)
+    ]
     run_jobs(jobs, max_parallel=3, poll_s=0.05)
     bad = Job("lane7", [sys.executable, "-c", "raise SystemExit('boom in lane7')"], tmp_path / "bad.log")
     with pytest.raises(RuntimeError, match=r"(?s)1 of 2 jobs failed: \['lane7'\].*boom in lane7"):
@@ -102,8 +118,10 @@ def test_job_algorithm_and_engine_are_whole_typed_sections(tmp_path):
     def with_job(**job):
         return dataclasses.replace(tiny_hdee_config(tmp_path), job=JobConfig(**job))
 
-    cfg = with_job(algorithm={"name": "noloco", "inner_steps": 3, "outer_optimizer": {"name": "noloco", "lr": 0.5}},
-                   engine=EngineConfig(name="torch"))
+    cfg = with_job(
+        algorithm={"name": "noloco", "inner_steps": 3, "outer_optimizer": {"name": "noloco", "lr": 0.5}},
+        engine=EngineConfig(name="torch"),
+    )
     assert isinstance(cfg.job.algorithm, NoLoCoConfig) and cfg.job.algorithm.inner_steps == 3
     assert cfg.job.algorithm.outer_optimizer.lr == 0.5
     assert with_job(algorithm={"name": "noloco"}).job.algorithm == NoLoCoConfig()  # that algorithm's defaults
@@ -111,9 +129,14 @@ def test_job_algorithm_and_engine_are_whole_typed_sections(tmp_path):
         with_job(algorithm={"name": "noloco", "inner_steps": 0})
     with pytest.raises(ValueError, match=r"^job.algorithm: unknown field\(s\) \['bogus'\]"):
         with_job(algorithm={"name": "diloco", "bogus": 1})
-    with pytest.raises(ValueError, match=r"^job.expert_algorithm was removed; use job.algorithm.name$"):  # the older key
+    with pytest.raises(
+        ValueError, match=r"^job.expert_algorithm was removed; use job.algorithm.name$"
+    ):  # the older key
         hdee_config_from_dict({"job": {"expert_algorithm": "noloco"}})
-    odd = dataclasses.replace(with_job(algorithm={"name": "noloco"}), launcher=dataclasses.replace(tiny_hdee_config(tmp_path).launcher, nproc_per_node=3))
+    odd = dataclasses.replace(
+        with_job(algorithm={"name": "noloco"}),
+        launcher=dataclasses.replace(tiny_hdee_config(tmp_path).launcher, nproc_per_node=3),
+    )
     with pytest.raises(ValueError, match="world size 3 is odd"):
         check_plan(odd)  # before any worker starts
 

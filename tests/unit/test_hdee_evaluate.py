@@ -6,8 +6,6 @@ import pytest
 import torch
 from transformers import ByT5Tokenizer
 
-from decentrain.testing import save_random_experts, tiny_hdee_config
-
 from decentrain.algorithms.hdee import evaluate as ev
 from decentrain.algorithms.hdee.evaluate import EnsembleScorer, check_saved_plan, expert_refs
 from decentrain.algorithms.hdee.mixing import CachedPrior
@@ -15,6 +13,7 @@ from decentrain.core.comm.ensemble import token_logprobs
 from decentrain.core.world import World
 from decentrain.data.blocks import build_corpus
 from decentrain.models.factory import build_model
+from decentrain.testing import save_random_experts, tiny_hdee_config
 
 
 def test_missing_expert_is_named_before_any_work(tmp_path, monkeypatch):
@@ -46,7 +45,9 @@ def test_uniform_and_average_perplexity_match_a_hand_computation(tmp_path):
 
     tok = ByT5Tokenizer()
     blocks = build_corpus(cfg.data, tok).split("test", "arithmetic")[: cfg.eval.max_blocks]
-    logp = torch.stack([token_logprobs(build_model(cfg.model.__class__(pretrained=str(p))), blocks) for p in paths]).double()
+    logp = torch.stack(
+        [token_logprobs(build_model(cfg.model.__class__(pretrained=str(p))), blocks) for p in paths]
+    ).double()
     k, n = logp.shape[0], logp[0].numel()
     # average: log mean_j p_j
     avg = torch.logsumexp(logp, 0) - math.log(k)

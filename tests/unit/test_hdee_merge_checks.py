@@ -40,9 +40,16 @@ def _save(path: Path, seed: int, tokenizer=None, model_tokenizer=None) -> str:
 @pytest.fixture
 def sources(tmp_path) -> MergeConfig:
     """A backbone and two experts, a and b (licenses, arithmetic), all whole and compatible."""
-    return MergeConfig(backbone=_save(tmp_path / "seed", 0), data=DATA, calibration_blocks=2, batch_size=2,
-                       experts=[ExpertSource("a", _save(tmp_path / "a", 1), ["licenses"]),
-                                ExpertSource("b", _save(tmp_path / "b", 2), ["arithmetic"])])
+    return MergeConfig(
+        backbone=_save(tmp_path / "seed", 0),
+        data=DATA,
+        calibration_blocks=2,
+        batch_size=2,
+        experts=[
+            ExpertSource("a", _save(tmp_path / "a", 1), ["licenses"]),
+            ExpertSource("b", _save(tmp_path / "b", 2), ["arithmetic"]),
+        ],
+    )
 
 
 def _tamper(model_dir: str | Path, change) -> None:
@@ -63,12 +70,15 @@ def _refused(match: str, fn, *args, **kwargs) -> str:
 @pytest.fixture
 def no_router_fit(monkeypatch):
     """The router is never fit: refusals come first."""
+
     def fit(*a, **k):
         raise AssertionError("the router was fit")
+
     monkeypatch.setattr(routed, "fit_router", fit)
 
 
 # -- whole: missing, unexpected or mis-shaped tensors (transformers initialises, drops, or raises) --
+
 
 def _drop_half(tensors: dict) -> None:
     for k in sorted(tensors)[::2]:
@@ -83,11 +93,18 @@ def _reshape_one(tensors: dict) -> None:
     tensors["model.norm.weight"] = torch.ones(16)
 
 
-@pytest.mark.parametrize("change, match", [
-    (_drop_half, r"^experts\[1\] \(b\): 6 tensor\(s\) missing: lm_head.weight, model.layers.0.input_layernorm.weight, "),
-    (_add_one, r"^experts\[1\] \(b\): 1 tensor\(s\) unexpected: model.layers.0.mlp.extra_proj.weight$"),
-    (_reshape_one, r"^experts\[1\] \(b\): 1 tensor\(s\) of another shape: model.norm.weight$"),
-], ids=["missing", "unexpected", "mis-shaped"])
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        (
+            _drop_half,
+            r"^experts\[1\] \(b\): 6 tensor\(s\) missing: lm_head.weight, model.layers.0.input_layernorm.weight, ",
+        ),
+        (_add_one, r"^experts\[1\] \(b\): 1 tensor\(s\) unexpected: model.layers.0.mlp.extra_proj.weight$"),
+        (_reshape_one, r"^experts\[1\] \(b\): 1 tensor\(s\) of another shape: model.norm.weight$"),
+    ],
+    ids=["missing", "unexpected", "mis-shaped"],
+)
 def test_an_expert_that_is_not_whole_is_refused_naming_its_tensors(sources, no_router_fit, change, match) -> None:
     _tamper(sources.experts[1].path, change)
     _refused(match, build_routed, sources)
@@ -106,7 +123,10 @@ def test_non_finite_weights_are_refused_naming_the_tensor(sources, no_router_fit
 
 # -- compatible: one vocabulary and one tokenizer, checked from the configs before any weights ----------
 
-def test_an_expert_of_another_vocabulary_is_refused_before_any_weights(sources, no_router_fit, tmp_path, monkeypatch) -> None:
+
+def test_an_expert_of_another_vocabulary_is_refused_before_any_weights(
+    sources, no_router_fit, tmp_path, monkeypatch
+) -> None:
     other = ByT5Tokenizer()
     other.add_tokens(["<domain>"])  # one token more: 385 rows of embedding, the backbone has 384
     sources.experts[1].path = _save(tmp_path / "other_vocab", 3, other)
@@ -117,19 +137,29 @@ def test_an_expert_of_another_vocabulary_is_refused_before_any_weights(sources, 
 def test_an_expert_saved_with_another_tokenizer_is_refused(sources, no_router_fit, tmp_path) -> None:
     # the same 384-row embedding, but its tokenizer maps ids to other tokens: its logits mean other text
     sources.experts[0].path = _save(tmp_path / "other_tok", 3, ByT5Tokenizer(extra_ids=50), build_tokenizer(TINY))
-    _refused(r"^experts\[0\] \(a\): its tokenizer \(ByT5Tokenizer, 309 tokens\) is not the backbone's "
-             r"\(ByT5Tokenizer, 384 tokens\)$", build_routed, sources)
+    _refused(
+        r"^experts\[0\] \(a\): its tokenizer \(ByT5Tokenizer, 309 tokens\) is not the backbone's "
+        r"\(ByT5Tokenizer, 384 tokens\)$",
+        build_routed,
+        sources,
+    )
 
 
 def test_merge_refuses_models_of_another_vocabulary(sources) -> None:
     other = ByT5Tokenizer()
     other.add_tokens(["<domain>"])
     backbone, expert = build_model(TINY, build_tokenizer(TINY)), build_model(TINY, other)
-    _refused(r"^expert 'x': vocab_size=385, the backbone's is 384$", merge, backbone, {"x": expert},
-             {"x": torch.randint(0, 300, (2, 8))})
+    _refused(
+        r"^expert 'x': vocab_size=385, the backbone's is 384$",
+        merge,
+        backbone,
+        {"x": expert},
+        {"x": torch.randint(0, 300, (2, 8))},
+    )
 
 
 # -- sources: a missing directory is one line, not a transformers traceback ------------------------------
+
 
 @pytest.mark.parametrize("which", ["backbone", "expert"])
 def test_a_missing_source_is_one_line(sources, tmp_path, which) -> None:
@@ -144,13 +174,25 @@ def test_a_missing_source_is_one_line(sources, tmp_path, which) -> None:
 
 # -- merge values, refused before work starts ----------------------------------------------------------
 
-@pytest.mark.parametrize("values, match", [
-    ({"ridge_lambda": float("nan")}, r"^ridge_lambda=nan must be a finite number in \(0, inf\)$"),
-    ({"ridge_lambda": float("inf")}, r"^ridge_lambda=inf must be a finite number in \(0, inf\)$"),
-    ({"batch_size": 0}, r"^batch_size=0 must be >= 1$"),
-    ({"experts": [{"name": "a", "path": "x", "domains": ["licenses"]}, {"name": "a", "path": "y", "domains": ["arithmetic"]}]},
-     r"^experts\[1\].name='a' names two experts; each expert needs its own name$"),
-], ids=["ridge_nan", "ridge_inf", "batch_0", "one_name_twice"])
+
+@pytest.mark.parametrize(
+    "values, match",
+    [
+        ({"ridge_lambda": float("nan")}, r"^ridge_lambda=nan must be a finite number in \(0, inf\)$"),
+        ({"ridge_lambda": float("inf")}, r"^ridge_lambda=inf must be a finite number in \(0, inf\)$"),
+        ({"batch_size": 0}, r"^batch_size=0 must be >= 1$"),
+        (
+            {
+                "experts": [
+                    {"name": "a", "path": "x", "domains": ["licenses"]},
+                    {"name": "a", "path": "y", "domains": ["arithmetic"]},
+                ]
+            },
+            r"^experts\[1\].name='a' names two experts; each expert needs its own name$",
+        ),
+    ],
+    ids=["ridge_nan", "ridge_inf", "batch_0", "one_name_twice"],
+)
 def test_bad_merge_values_are_refused_in_one_line(values, match) -> None:
     raw = {"backbone": "seed", "experts": [{"name": "a", "path": "x", "domains": ["licenses"]}], **values}
     _refused(match, typed_config, raw, MergeConfig)  # the recipe's one conversion
@@ -161,7 +203,9 @@ def test_router_layer_naming_no_hidden_state_is_refused_before_any_weights(sourc
 
     monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", lambda *a, **k: pytest.fail("weights read"))
     sources.router_layer = 999
-    _refused(r"^router_layer=999 names no hidden state of the backbone \(1 layers: allowed -2 to 1\)$", build_routed, sources)
+    _refused(
+        r"^router_layer=999 names no hidden state of the backbone \(1 layers: allowed -2 to 1\)$", build_routed, sources
+    )
 
 
 def test_whole_finite_compatible_sources_still_merge(sources) -> None:
@@ -171,17 +215,34 @@ def test_whole_finite_compatible_sources_still_merge(sources) -> None:
 
 # -- routed configs: sizes capped before allocating; routed checkpoints loaded whole and finite ----------
 
+
 def _part(vocab_size: int = 384, **fields) -> dict:
     return hf_config(TINY, vocab_size, **fields).to_diff_dict() | {"model_type": "llama"}
 
 
-@pytest.mark.parametrize("backbone, experts, match", [
-    (_part(vocab_size=2 ** 40), [_part(vocab_size=2 ** 40)], r"^routed config: its config names \d+\.\d GiB of tensors, more than the "),
-    (_part(), [_part(vocab_size=2 ** 40)], r"^routed config: experts\[0\]: vocab_size=1099511627776, the backbone's is 384$"),
-    (_part(num_hidden_layers=2000), [_part()], r"^routed config: backbone: num_hidden_layers=2000 must be an integer in "),
-    (_part(), [_part()] * 300, r"^routed config: 300 experts and 0 calibration classes; at most 256"),
-    ({"model_type": "no_such_model"}, [_part()], r"^routed config: backbone: not a config transformers can build "),
-], ids=["huge_vocab", "other_vocab", "layers", "experts", "unknown_type"])
+@pytest.mark.parametrize(
+    "backbone, experts, match",
+    [
+        (
+            _part(vocab_size=2**40),
+            [_part(vocab_size=2**40)],
+            r"^routed config: its config names \d+\.\d GiB of tensors, more than the ",
+        ),
+        (
+            _part(),
+            [_part(vocab_size=2**40)],
+            r"^routed config: experts\[0\]: vocab_size=1099511627776, the backbone's is 384$",
+        ),
+        (
+            _part(num_hidden_layers=2000),
+            [_part()],
+            r"^routed config: backbone: num_hidden_layers=2000 must be an integer in ",
+        ),
+        (_part(), [_part()] * 300, r"^routed config: 300 experts and 0 calibration classes; at most 256"),
+        ({"model_type": "no_such_model"}, [_part()], r"^routed config: backbone: not a config transformers can build "),
+    ],
+    ids=["huge_vocab", "other_vocab", "layers", "experts", "unknown_type"],
+)
 def test_a_routed_config_is_measured_and_capped_before_allocating(backbone, experts, match) -> None:
     cfg = RoutedExpertsConfig(backbone=backbone, experts=experts, expert_names=[f"e{i}" for i in range(len(experts))])
     _refused(match, RoutedExpertsForCausalLM, cfg)
@@ -195,20 +256,33 @@ def routed_dir(sources, tmp_path) -> Path:
 
 def test_a_routed_checkpoint_naming_a_huge_size_is_refused_before_allocating(routed_dir) -> None:
     config = json.loads((routed_dir / "config.json").read_text())
-    config["experts"][1]["intermediate_size"] = 2 ** 40
+    config["experts"][1]["intermediate_size"] = 2**40
     (routed_dir / "config.json").write_text(json.dumps(config))
-    _refused(r"^routed config: its config names \d+\.\d GiB of tensors", RoutedExpertsForCausalLM.from_pretrained,
-             str(routed_dir))
+    _refused(
+        r"^routed config: its config names \d+\.\d GiB of tensors",
+        RoutedExpertsForCausalLM.from_pretrained,
+        str(routed_dir),
+    )
 
 
-@pytest.mark.parametrize("change, match", [
-    (lambda t: [t.pop(k) for k in sorted(t) if k.startswith("experts.1.")],
-     r"^routed model .*: 1[12] tensor\(s\) missing: experts.1."),
-    (lambda t: t["experts.0.model.norm.weight"].fill_(float("nan")),
-     r"^routed model .*: 1 tensor\(s\) hold NaN or inf: experts.0.model.norm.weight$"),
-    (lambda t: t.__setitem__("router_weight", torch.full_like(t["router_weight"], float("inf"))),
-     r"^routed model .*: 1 tensor\(s\) hold NaN or inf: router_weight$"),
-], ids=["missing_expert_tensors", "nan_expert", "inf_router"])
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        (
+            lambda t: [t.pop(k) for k in sorted(t) if k.startswith("experts.1.")],
+            r"^routed model .*: 1[12] tensor\(s\) missing: experts.1.",
+        ),
+        (
+            lambda t: t["experts.0.model.norm.weight"].fill_(float("nan")),
+            r"^routed model .*: 1 tensor\(s\) hold NaN or inf: experts.0.model.norm.weight$",
+        ),
+        (
+            lambda t: t.__setitem__("router_weight", torch.full_like(t["router_weight"], float("inf"))),
+            r"^routed model .*: 1 tensor\(s\) hold NaN or inf: router_weight$",
+        ),
+    ],
+    ids=["missing_expert_tensors", "nan_expert", "inf_router"],
+)
 def test_a_routed_checkpoint_is_loaded_whole_and_finite(routed_dir, change, match) -> None:
     _tamper(routed_dir, change)
     _refused(match, RoutedExpertsForCausalLM.from_pretrained, str(routed_dir))
@@ -216,6 +290,7 @@ def test_a_routed_checkpoint_is_loaded_whole_and_finite(routed_dir, change, matc
 
 
 # -- hdee_train's budget ----------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("tolerance", [float("nan"), float("inf")])
 def test_budget_tolerance_must_be_a_finite_non_negative_number(tmp_path, tolerance) -> None:
@@ -228,8 +303,11 @@ def test_budget_tolerance_must_be_a_finite_non_negative_number(tmp_path, toleran
     cfg = tiny_hdee_config(tmp_path)
     raw = OmegaConf.to_container(OmegaConf.structured(cfg))
     raw["budget"]["tolerance"] = tolerance
-    _refused(rf"^budget.tolerance={tolerance} must be a finite number in \[0, inf\)$", hdee_config_from_dict, raw)  # hdee_train's
-    _refused(rf"^tolerance={tolerance} must be", check_budget, cfg.plan, baseline_plan(cfg), hf_config(TINY, 384), tolerance)
+    # hdee_train's
+    _refused(rf"^budget.tolerance={tolerance} must be a finite number in \[0, inf\)$", hdee_config_from_dict, raw)
+    _refused(
+        rf"^tolerance={tolerance} must be", check_budget, cfg.plan, baseline_plan(cfg), hf_config(TINY, 384), tolerance
+    )
 
 
 def test_every_refusal_holds_as_an_ordinary_user() -> None:

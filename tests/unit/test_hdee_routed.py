@@ -13,21 +13,25 @@ TINY = ModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=
 def _data(seed=0, n=(40, 30, 50), d=6):
     g = torch.Generator().manual_seed(seed)
     # class i sits along its own direction (the router has no bias column: a linear map through 0)
-    return {f"c{i}": torch.randn(k, d, generator=g, dtype=torch.float64) + 3 * torch.eye(d, dtype=torch.float64)[i]
-            for i, k in enumerate(n)}
+    return {
+        f"c{i}": torch.randn(k, d, generator=g, dtype=torch.float64) + 3 * torch.eye(d, dtype=torch.float64)[i]
+        for i, k in enumerate(n)
+    }
 
 
 def _lstsq(h: torch.Tensor, y: torch.Tensor, lam: float) -> torch.Tensor:
     """Ridge as an ordinary least-squares problem on [H; sqrt(λ) I] against [Y; 0]."""
     d = h.shape[1]
-    a = torch.cat([h, lam ** 0.5 * torch.eye(d, dtype=h.dtype)])
+    a = torch.cat([h, lam**0.5 * torch.eye(d, dtype=h.dtype)])
     b = torch.cat([y, torch.zeros(d, y.shape[1], dtype=y.dtype)])
     return torch.linalg.lstsq(a, b).solution
 
 
 def _fit_direct(data: dict, experts: list[str], lam: float) -> torch.Tensor:
     h = torch.cat(list(data.values()))
-    y = torch.cat([torch.tensor([[float(c == e) for e in experts]] * len(x), dtype=torch.float64) for c, x in data.items()])
+    y = torch.cat(
+        [torch.tensor([[float(c == e) for e in experts]] * len(x), dtype=torch.float64) for c, x in data.items()]
+    )
     return _lstsq(h, y, lam)
 
 
@@ -44,8 +48,11 @@ def test_router_closed_form_equals_a_direct_lstsq_solve():
     w = fit_router(_stats(data), list(data), lam=0.5)
     assert torch.allclose(w, _fit_direct(data, list(data), 0.5), atol=1e-9)
     h = torch.cat(list(data.values()))
-    assert torch.allclose(ridge_weights(h.T @ h, h.T @ torch.ones(len(h), 1, dtype=h.dtype), 0.5),
-                          _lstsq(h, torch.ones(len(h), 1, dtype=h.dtype), 0.5), atol=1e-9)
+    assert torch.allclose(
+        ridge_weights(h.T @ h, h.T @ torch.ones(len(h), 1, dtype=h.dtype), 0.5),
+        _lstsq(h, torch.ones(len(h), 1, dtype=h.dtype), 0.5),
+        atol=1e-9,
+    )
     # The classes here are separable: the router sends most rows to their own class.
     acc = [(route(x, w) == i).double().mean().item() for i, x in enumerate(data.values())]
     assert min(acc) > 0.8
@@ -117,9 +124,11 @@ def test_routed_model_round_trips_through_save_pretrained(tmp_path):
     model.save_pretrained(tmp_path, safe_serialization=True)
     assert (tmp_path / "model.safetensors").exists()
     x = torch.cat(list(calib.values()))
-    for loaded in (RoutedExpertsForCausalLM.from_pretrained(tmp_path),
-                   AutoModelForCausalLM.from_pretrained(tmp_path),
-                   build_model(ModelConfig(pretrained=str(tmp_path)))):
+    for loaded in (
+        RoutedExpertsForCausalLM.from_pretrained(tmp_path),
+        AutoModelForCausalLM.from_pretrained(tmp_path),
+        build_model(ModelConfig(pretrained=str(tmp_path))),
+    ):
         assert isinstance(loaded, RoutedExpertsForCausalLM)
         assert loaded.config.expert_names == ["e0", "e1"] and loaded.config.pooling == "token"
         assert torch.equal(loaded.router_weight, model.router_weight)
@@ -138,7 +147,9 @@ def test_add_and_remove_expert_equal_a_merge_of_the_remaining():
     # Its text leaves too: the same router as merging the remaining two from scratch.
     _, _, _, _, dropped = _routed(n_experts=3)
     dropped.remove_expert("e1", drop_calibration=True)
-    two = merge(backbone, {"e0": experts[0], "e2": experts[2]}, {"e0": calib["e0"], "e2": calib["e2"]}, ridge_lambda=1e-2)
+    two = merge(
+        backbone, {"e0": experts[0], "e2": experts[2]}, {"e0": calib["e0"], "e2": calib["e2"]}, ridge_lambda=1e-2
+    )
     assert torch.allclose(dropped.router_weight, two.router_weight, atol=1e-10)
     x = torch.cat(list(calib.values()))
     with torch.no_grad():

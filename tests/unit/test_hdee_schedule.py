@@ -5,12 +5,12 @@ import json
 import math
 
 import pytest
-from decentrain.testing import tiny_hdee_config
 
 from decentrain.algorithms.hdee.config import expert_config
 from decentrain.algorithms.hdee.train import run_stage
 from decentrain.config import OptimConfig
 from decentrain.core.world import World
+from decentrain.testing import tiny_hdee_config
 
 
 def test_a_lane_may_not_run_past_the_shared_schedule(tmp_path):
@@ -37,11 +37,16 @@ def test_experts_stop_inside_one_schedule_at_the_domain_phase_lr(tmp_path):
     finals = {}
     for schedule in (None, 4):
         cfg = tiny_hdee_config(tmp_path / str(schedule), widths=(64,), steps=2)
-        cfg = dataclasses.replace(cfg, expert_optim=low, logger=dataclasses.replace(cfg.logger, log_every=1),
-                                  plan=dataclasses.replace(cfg.plan, domain_schedule_steps=schedule))
+        cfg = dataclasses.replace(
+            cfg,
+            expert_optim=low,
+            logger=dataclasses.replace(cfg.logger, log_every=1),
+            plan=dataclasses.replace(cfg.plan, domain_schedule_steps=schedule),
+        )
         run_stage(cfg, World())
         finals[schedule] = _final_lr(tmp_path / str(schedule) / cfg.plan.final_experts()[0])
-        assert _final_lr(tmp_path / str(schedule) / "seed-64") == pytest.approx(2e-4)  # the seed keeps `optim`: 0.1 x 2e-3 at its end
+        # the seed keeps `optim`: 0.1 x 2e-3 at its end
+        assert _final_lr(tmp_path / str(schedule) / "seed-64") == pytest.approx(2e-4)
     assert finals[None] == pytest.approx(0.5e-4)  # the end of its own cosine: min_lr_ratio x lr
     assert 0.5e-4 < finals[4] < 1e-4  # still inside the longer cosine
 
@@ -53,7 +58,11 @@ def test_bench_statistics_by_hand():
     assert H.sign_test([-1.0] * 10)["p_two_sided"] == pytest.approx(2 / 1024)
     assert H.sign_test([-1.0, 1.0, 1.0, 0.0]) == {"het_better": 1, "het_worse": 2, "p_two_sided": 1.0}
     # Lanes: easiest two first (3 shares), hardest two last (5 shares).
-    assert H.lanes_by_difficulty({"a": 1, "b": 3, "c": 2, "d": 0.5, "e": 5, "f": 4}) == [["d", "a"], ["c", "b"], ["f", "e"]]
+    assert H.lanes_by_difficulty({"a": 1, "b": 3, "c": 2, "d": 0.5, "e": 5, "f": 4}) == [
+        ["d", "a"],
+        ["c", "b"],
+        ["f", "e"],
+    ]
     # Two seeds, two domains: het better on one domain per seed by log(10/9).
     hom = {"x": {"cached": 10.0}, "y": {"cached": 10.0}}
     runs = [{"perplexity": {"homogeneous": hom, "het_steps": {"x": {"cached": 9.0}, "y": {"cached": 10.0}}}}] * 2
@@ -75,11 +84,18 @@ def test_bench_last_phase_steps_and_shared_runs():
 
     def plan(last):
         lanes = [LaneConfig(domains=[f"a{k}", f"b{k}"], steps=[16, n], intermediate_size=8) for k, n in enumerate(last)]
-        return SimpleNamespace(plan=EnsemblePlan(seeds=[SeedConfig(intermediate_size=8)], lanes=lanes, tokens_per_step=1))
+        return SimpleNamespace(
+            plan=EnsemblePlan(seeds=[SeedConfig(intermediate_size=8)], lanes=lanes, tokens_per_step=1)
+        )
 
     # Every iteration-0 run and the 4-share lane's last run are configured alike in both plans; the
     # 3- and 5-share lanes' last runs are not.
-    assert H.shared_runs(plan([16, 16, 16]), plan([12, 16, 20])) == ["lane0-it0-M", "lane1-it0-M", "lane1-it1-M", "lane2-it0-M"]
+    assert H.shared_runs(plan([16, 16, 16]), plan([12, 16, 20])) == [
+        "lane0-it0-M",
+        "lane1-it0-M",
+        "lane1-it1-M",
+        "lane2-it0-M",
+    ]
     # A run after a differing one is not shared even when its own steps agree.
     het = plan([16, 16, 16])
     het.plan.lanes[0] = LaneConfig(domains=["a0", "b0", "c0"], steps=[12, 16, 16], intermediate_size=8)
@@ -97,8 +113,12 @@ def test_bench_structural_ties_are_neither_wins_nor_losses():
         return {"x": {"cached": x}, "y": {"cached": y}, "z": {"cached": z}}
 
     # x: het better; y: het worse; z: the shared lane's domain, a hair better for het on every seed.
-    runs = [{"perplexity": {"homogeneous": ppl(10.0, 10.0, 10.0), "het_steps": ppl(9.0, 11.0, 10.0 - 1e-6)},
-             "tied_domains": {"het_steps": ["z"]}}] * 3
+    runs = [
+        {
+            "perplexity": {"homogeneous": ppl(10.0, 10.0, 10.0), "het_steps": ppl(9.0, 11.0, 10.0 - 1e-6)},
+            "tied_domains": {"het_steps": ["z"]},
+        }
+    ] * 3
     st = H.budget_stats(runs, "cached")
     assert st["counted_domains"] == ["x", "y"] and st["tied_domains"] == ["z"]
     assert st["wins_per_seed"] == [1, 1, 1] and st["win_share_per_seed"] == [0.5, 0.5, 0.5]
@@ -115,8 +135,13 @@ def test_bench_a_structural_tie_is_dropped_only_where_it_is_a_tie_under_the_weig
     def ppl(x, y, z):
         return {"x": {"cached": x}, "y": {"cached": y}, "z": {"cached": z}}
 
-    runs = [{"perplexity": {"homogeneous": ppl(10.0, 10.0, 10.0), "het_steps": ppl(9.0 + 0.01 * s, 9.5, 10.13)},
-             "tied_domains": {"het_steps": ["z"]}} for s in range(3)]
+    runs = [
+        {
+            "perplexity": {"homogeneous": ppl(10.0, 10.0, 10.0), "het_steps": ppl(9.0 + 0.01 * s, 9.5, 10.13)},
+            "tied_domains": {"het_steps": ["z"]},
+        }
+        for s in range(3)
+    ]
     st = H.budget_stats(runs, "cached")
     assert st["tied_domains"] == [] and st["structural_ties"] == ["z"] and st["counted_domains"] == ["x", "y", "z"]
     assert st["wins_per_seed"] == [2, 2, 2] and st["sign_test"]["het_worse"] == 3
@@ -131,14 +156,17 @@ def test_bench_tied_domains_and_specialisation_gate():
 
     lanes = [LaneConfig(domains=[f"a{k}", f"b{k}"], steps=[16, 16], intermediate_size=8) for k in range(3)]
     cfg = SimpleNamespace(plan=EnsemblePlan(seeds=[SeedConfig(intermediate_size=8)], lanes=lanes, tokens_per_step=1))
-    assert H.tied_domains(cfg, ["lane0-it0-M", "lane1-it0-M", "lane1-it1-M"]) == ["a1", "b1"]  # only a shared FINAL expert ties
+    # only a shared FINAL expert ties
+    assert H.tied_domains(cfg, ["lane0-it0-M", "lane1-it0-M", "lane1-it1-M"]) == ["a1", "b1"]
     # Gate: seed log-ppl 2.0 on both domains of one lane; the expert reaches exp(1.0) +- a little over seeds.
     # Each expert is measured against the seed of its own width: het_sizes' lane 0 is S, from seed-S.
     seed = {"M": {"a0": 2.0, "b0": 2.0}, "S": {"a0": 2.5, "b0": 2.5}}
 
     def runs(vals):
-        return [{"experts": {v: {d: {f"lane0-it1-{H.LANE_SIZES[v][0]}": math.exp(x)} for d in seed["M"]} for v in H.PLANS}}
-                for x in vals]
+        return [
+            {"experts": {v: {d: {f"lane0-it1-{H.LANE_SIZES[v][0]}": math.exp(x)} for d in seed["M"]} for v in H.PLANS}}
+            for x in vals
+        ]
 
     ok = H.specialisation(runs([0.99, 1.0, 1.01]), seed, [["a0", "b0"]], factor=10)  # gain 1.0 (S: 1.5), noise 0.01
     assert ok["passed"] and ok["per_plan"]["het_steps"][0]["gain_over_noise"] == pytest.approx(100)
@@ -182,8 +210,13 @@ def test_ensemble_bench_drops_the_lane_both_plans_share():
     assert E.structural_ties(cfgs["homogeneous"], cfgs["het_steps"]) == ["c_headers", "changelogs"]
     domains = E.eval_domains(cfgs["homogeneous"])
     hom = {d: {w: 10.0 for w in cfgs["homogeneous"].eval.weightings} for d in domains}
-    het = {d: {w: (10.0 - 2e-3 * (1 + i) if d == "changelogs" else 10.5) for i, w in enumerate(hom[d])} for d in domains}
-    perp = [{"homogeneous": hom, "het_steps": het, "het_sizes": hom}, {"homogeneous": hom, "het_steps": het, "het_sizes": hom}]
+    het = {
+        d: {w: (10.0 - 2e-3 * (1 + i) if d == "changelogs" else 10.5) for i, w in enumerate(hom[d])} for d in domains
+    }
+    perp = [
+        {"homogeneous": hom, "het_steps": het, "het_sizes": hom},
+        {"homogeneous": hom, "het_steps": het, "het_sizes": hom},
+    ]
     out = E.analyze(bench, cfgs, perp)
     cached = out["per_plan"]["het_steps"]["cached"]
     assert "changelogs" not in cached["won"] + cached["won_raw"] and cached["won_per_seed"] == [0, 0]

@@ -71,7 +71,8 @@ def test_a_token_of_another_launcher_rank_or_job_is_refused():
     _launched_world(store, key)
     donor = _open_donor(store, key)
     inc, _ = key.claim(store, JOB, 3)
-    _, other_launcher = LauncherKey(b"o" * 32).claim(_store(), JOB, 3)  # a worker cannot certify: it never holds the secret
+    # a worker cannot certify: it never holds the secret
+    _, other_launcher = LauncherKey(b"o" * 32).claim(_store(), JOB, 3)
     _member(store, key, 3, inc, other_launcher).request_heal(0)
     assert donor.heal_requests() == []
     _, rank1 = key.claim(_store(), JOB, 1)  # rank 1's token, as rank 3
@@ -127,7 +128,8 @@ def test_a_job_secret_shorter_than_16_bytes_fails_in_one_line():
 WORKER = """
 import json, os, sys
 keep = ("DECENTRAIN_", "TORCHELASTIC_RUN_ID", "RANK")
-open(sys.argv[1] + "." + os.environ["RANK"], "w").write(json.dumps({k: v for k, v in os.environ.items() if k.startswith(keep)}))
+env = {k: v for k, v in os.environ.items() if k.startswith(keep)}
+open(sys.argv[1] + "." + os.environ["RANK"], "w").write(json.dumps(env))
 """
 
 
@@ -149,7 +151,8 @@ def test_the_launcher_gives_workers_the_public_key_and_their_token_never_the_sec
 
 
 def test_a_replacement_asks_no_rank_whose_incarnation_a_launcher_replaced():
-    """A lost host takes several ranks: their old progress keys must not make them donors (each would cost an attempt)."""
+    """A lost host takes several ranks: their old progress keys must not make them donors (each would cost an
+    attempt)."""
     from decentrain.algorithms.noloco.healing import Healer
 
     store, key = _store(), LauncherKey(b"s" * 32)
@@ -163,6 +166,7 @@ def test_a_replacement_asks_no_rank_whose_incarnation_a_launcher_replaced():
 
 
 # -- issue 40: what a store client can read, a requester that dies mid-request, garbage incarnation records --
+
 
 def test_a_store_client_that_copies_the_store_gets_no_heal_and_the_real_replacement_does():
     """At 78c329b the launcher's token of each incarnation sat in its store record: a client that copied it
@@ -212,5 +216,8 @@ def test_bad_incarnation_records_block_no_claim(garbage):
 def test_the_forged_and_replayed_requests_are_refused_as_an_ordinary_user_too():
     from decentrain.testing import rerun_unprivileged
 
-    rerun_unprivileged(__file__, "forged_incarnation_record or replayed_heal_request or another_launcher "
-                                 "or copies_the_store or dies_between or bad_incarnation_records")
+    rerun_unprivileged(
+        __file__,
+        "forged_incarnation_record or replayed_heal_request or another_launcher "
+        "or copies_the_store or dies_between or bad_incarnation_records",
+    )

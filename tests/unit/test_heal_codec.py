@@ -81,8 +81,16 @@ def test_heal_requests_are_honoured_only_from_ranks_the_launcher_restarted():
     inc, token = key.claim(store, "job", 2)  # the launcher restarted rank 2 once
     donor = Membership(store, rank=0, world_size=4, authority=check)
     donor.heal_requests()  # requests before this process are stale
-    for rank, i, tok in ((2, inc, token), (2, inc, token), (3, 1, token), (2, 2, token), (1, 5, "")):  # 1 real, 1 duplicate, 3 forged
-        Membership(store, rank=rank, world_size=4, incarnation=i, authority=IncarnationCheck("job", check.public_hex, tok)).request_heal(0)
+    for rank, i, tok in (
+        (2, inc, token),
+        (2, inc, token),
+        (3, 1, token),
+        (2, 2, token),
+        (1, 5, ""),
+    ):  # 1 real, 1 duplicate, 3 forged
+        Membership(
+            store, rank=rank, world_size=4, incarnation=i, authority=IncarnationCheck("job", check.public_hex, tok)
+        ).request_heal(0)
     assert donor.heal_requests() == [(2, 1)]
 
 

@@ -52,7 +52,9 @@ def test_hub_id_online_is_asked_once_and_its_answer_is_the_message(tmp_path, mon
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     asked = []
     problem = "and the hub cannot be reached (ConnectError)"
-    with pytest.raises(ValueError, match=r"model.pretrained=decentrain-tests/no-such-model: no such local directory, and the hub"):
+    with pytest.raises(
+        ValueError, match=r"model.pretrained=decentrain-tests/no-such-model: no such local directory, and the hub"
+    ):
         check_model_source("decentrain-tests/no-such-model", "model.pretrained", lambda r: asked.append(r) or problem)
     assert asked == ["decentrain-tests/no-such-model"]
     check_model_source("decentrain-tests/no-such-model", "model.pretrained", lambda r: None)  # the hub knows it: fine
@@ -67,8 +69,11 @@ def test_existing_dir_and_byte_tokenizer_pass_and_a_file_fails(tmp_path):
 
 
 def _raw(**sections):
-    raw = {"algorithm": {"name": "ddp"}, "train": {"steps": 10, "global_batch_size": 8, "micro_batch_size": 4},
-           "launcher": {"nproc_per_node": 2}}
+    raw = {
+        "algorithm": {"name": "ddp"},
+        "train": {"steps": 10, "global_batch_size": 8, "micro_batch_size": 4},
+        "launcher": {"nproc_per_node": 2},
+    }
     for k, v in sections.items():
         raw[k] = {**raw.get(k, {}), **v}
     return raw
@@ -83,7 +88,9 @@ def test_validate_refuses_a_missing_pretrained_dir(tmp_path):
 def test_missing_data_file_is_named_with_a_close_match(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "corpus.txt").write_text("text\n")
-    cfg = config_from_dict(_raw(data={"source": "hf", "hf_path": "text", "domains": ["hf"], "hf_data_files": ["corpus.tx"]}))
+    cfg = config_from_dict(
+        _raw(data={"source": "hf", "hf_path": "text", "domains": ["hf"], "hf_data_files": ["corpus.tx"]})
+    )
     with pytest.raises(ValueError, match=r"^data.hf_data_files: corpus.tx matches no file; did you mean corpus.txt"):
         validate(cfg, world_size=2)
 
@@ -91,7 +98,9 @@ def test_missing_data_file_is_named_with_a_close_match(tmp_path, monkeypatch):
 def test_a_text_file_too_short_for_one_block_fails_at_config_time(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "two.txt").write_text("hello world\nsecond line\n")
-    cfg = config_from_dict(_raw(data={"source": "hf", "hf_path": "text", "domains": ["hf"], "hf_data_files": ["two.txt"]}))
+    cfg = config_from_dict(
+        _raw(data={"source": "hf", "hf_path": "text", "domains": ["hf"], "hf_data_files": ["two.txt"]})
+    )
     with pytest.raises(ValueError, match="too few for train/val/test splits"):
         validate(cfg, world_size=2)
 
@@ -102,36 +111,51 @@ def test_offline_corpus_too_small_names_the_knob():
         validate(cfg, world_size=2)
 
 
-@pytest.mark.parametrize("args, expected", [
-    (["train.stepz=10"], "train.stepz is not a config key; did you mean train.steps"),
-    (["trian.steps=3"], "trian.steps is not a config key; did you mean train"),
-    (["algorithm=diloco", "algorithm.outer_lr=0.3"], "algorithm.outer_lr was removed; use algorithm.outer_optimizer.lr"),
-    (["algorithm=noloco", "algorithm.inner_stepz=3"], "did you mean algorithm.inner_steps"),
-    (["-m", "optim.lr=1e-3,2e-3", "optim.lrr=3"], "optim.lrr is not a config key"),
-    (["algorithm=nolocco"], "algorithm=nolocco is not an option; did you mean noloco"),
-    (["experiment=noloco_cpux"], "experiment=noloco_cpux is not an option; did you mean noloco_cpu"),
-    (["algorithm=ddp,dilocco"], "algorithm=dilocco is not an option"),
-])
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["train.stepz=10"], "train.stepz is not a config key; did you mean train.steps"),
+        (["trian.steps=3"], "trian.steps is not a config key; did you mean train"),
+        (
+            ["algorithm=diloco", "algorithm.outer_lr=0.3"],
+            "algorithm.outer_lr was removed; use algorithm.outer_optimizer.lr",
+        ),
+        (["algorithm=noloco", "algorithm.inner_stepz=3"], "did you mean algorithm.inner_steps"),
+        (["-m", "optim.lr=1e-3,2e-3", "optim.lrr=3"], "optim.lrr is not a config key"),
+        (["algorithm=nolocco"], "algorithm=nolocco is not an option; did you mean noloco"),
+        (["experiment=noloco_cpux"], "experiment=noloco_cpux is not an option; did you mean noloco_cpu"),
+        (["algorithm=ddp,dilocco"], "algorithm=dilocco is not an option"),
+    ],
+)
 def test_unknown_keys_and_options_name_close_matches(args, expected):
     problem = check_overrides(conf_dir(), "config", args)
     assert problem is not None and expected in problem
     assert "_schema" not in problem and "+" not in problem
 
 
-@pytest.mark.parametrize("args", [
-    ["train.steps=10", "algorithm=noloco", "algorithm.inner_steps=3", "model=qwen2_tiny"],
-    ["+train.extra_thing=1"],  # Hydra's explicit append: the user asked for it
-    ["experiment=noloco_cpu", "launcher.nproc_per_node=2", "hydra.run.dir=x"],
-    ["algorithm/outer_optimizer=heavy_ball", "algorithm=diloco"],
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["train.steps=10", "algorithm=noloco", "algorithm.inner_steps=3", "model=qwen2_tiny"],
+        ["+train.extra_thing=1"],  # Hydra's explicit append: the user asked for it
+        ["experiment=noloco_cpu", "launcher.nproc_per_node=2", "hydra.run.dir=x"],
+        ["algorithm/outer_optimizer=heavy_ball", "algorithm=diloco"],
+    ],
+)
 def test_good_overrides_pass(args):
     assert check_overrides(conf_dir(), "config", args) is None
 
 
 def _cli(*args, cwd):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
-    return subprocess.run([sys.executable, "-c", "from decentrain.cli import main; main()", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=240)
+    return subprocess.run(
+        [sys.executable, "-c", "from decentrain.cli import main; main()", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
 
 
 def test_cli_unknown_key_is_one_stderr_line_and_exit_1(tmp_path):

@@ -49,8 +49,9 @@ def test_a_dead_job_store_stops_every_host_launcher_and_its_workers_with_one_lin
 
     def host(node: int) -> None:
         try:
-            launch_survivors([str(tmp_path / f"up{node}")], 1, tmp_path, module="waiter",
-                             slot=HostSlot(addr, node, 2, "job"))
+            launch_survivors(
+                [str(tmp_path / f"up{node}")], 1, tmp_path, module="waiter", slot=HostSlot(addr, node, 2, "job")
+            )
         except RuntimeError as e:
             errors[node] = e
 
@@ -77,14 +78,19 @@ def test_a_dead_job_store_stops_every_host_launcher_and_its_workers_with_one_lin
 
 def test_a_host_started_for_a_node_rank_again_starts_replacements(tmp_path, monkeypatch):
     """The second launcher of node 1 (a machine started in a dead host's place) gets incarnation 1."""
-    (tmp_path / "once.py").write_text("import os, sys\nopen(sys.argv[1] + '.' + os.environ['RANK'], 'w')"
-                                      ".write(os.environ['DECENTRAIN_INCARNATION'])\n")
+    (tmp_path / "once.py").write_text(
+        "import os, sys\nopen(sys.argv[1] + '.' + os.environ['RANK'], 'w')"
+        ".write(os.environ['DECENTRAIN_INCARNATION'])\n"
+    )
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
     monkeypatch.setenv(SECRET_ENV, "s" * 32)
     store, addr = start_store(tmp_path)
     try:
         for attempt in ("a", "b"):
-            assert launch_survivors([str(tmp_path / attempt)], 2, module="once", slot=HostSlot(addr, 1, 2, "job")) == {2: 0, 3: 0}
+            assert launch_survivors([str(tmp_path / attempt)], 2, module="once", slot=HostSlot(addr, 1, 2, "job")) == {
+                2: 0,
+                3: 0,
+            }
         assert [(tmp_path / f"{a}.{r}").read_text() for a in "ab" for r in (2, 3)] == ["0", "0", "1", "1"]
         from decentrain.core.shared_store import peek
 
@@ -122,8 +128,9 @@ def test_bad_incarnation_records_stop_no_worker_and_the_replacement_starts(tmp_p
 
     def host() -> None:
         try:
-            codes.update(launch_survivors([str(out)], 2, module="fail_once", max_restarts=1,
-                                          slot=HostSlot(addr, 1, 2, "job")))
+            codes.update(
+                launch_survivors([str(out)], 2, module="fail_once", max_restarts=1, slot=HostSlot(addr, 1, 2, "job"))
+            )
         except RuntimeError as e:
             errors.append(e)
 

@@ -34,8 +34,9 @@ def _name(path: Path) -> str:
 
 
 MODULES = {_name(p): p for p in sorted(PKG.rglob("*.py"))}
-FAMILIES = sorted(d.name for d in (PKG / "algorithms").iterdir()
-                  if d.is_dir() and d.name not in SHARED and not d.name.startswith("_"))
+FAMILIES = sorted(
+    d.name for d in (PKG / "algorithms").iterdir() if d.is_dir() and d.name not in SHARED and not d.name.startswith("_")
+)
 
 
 def _parents(mod: str) -> list[str]:
@@ -56,15 +57,29 @@ def _imported(mod: str, tree: ast.AST) -> set[str]:
                 anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
                 base = ".".join(anchor + ([base] if base else []))
             found.add(base)
-            found |= {f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" in MODULES}  # from pkg import submodule
-        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "discover"
-              and MODULES[mod].name == "__init__.py"):  # core/registry.discover: the package imports each of its modules
+            # from pkg import submodule
+            found |= {f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" in MODULES}
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id == "discover"
+            and MODULES[mod].name == "__init__.py"
+        ):  # core/registry.discover: the package imports each of its modules
             found |= {m for m in MODULES if m.rpartition(".")[0] == mod and not m.rpartition(".")[2].startswith("_")}
-        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "discover_marked"
-              and isinstance(node.args[2], ast.Tuple)):  # core/registry.discover_marked: modules holding a marker
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id == "discover_marked"
+            and isinstance(node.args[2], ast.Tuple)
+        ):  # core/registry.discover_marked: modules holding a marker
             markers = [c.value for c in node.args[2].elts if isinstance(c, ast.Constant)]
-            found |= {m for m, p in MODULES.items() if any(k in p.read_text() for k in markers) and p != MODULES[mod]
-                      and not any(part.startswith("_") for part in m.split("."))}
+            found |= {
+                m
+                for m, p in MODULES.items()
+                if any(k in p.read_text() for k in markers)
+                and p != MODULES[mod]
+                and not any(part.startswith("_") for part in m.split("."))
+            }
     return found
 
 
@@ -103,7 +118,9 @@ def test_the_static_graph_sees_the_imports():
     assert "decentrain.core.registry" in closure("decentrain.algorithms.ddp.ddp")  # via base
     assert set(FAMILIES) >= {"ddp", "diloco", "noloco", "sapo", "hdee"}
     # a package that discovers its modules (core/registry.discover) imports every one of them
-    assert "decentrain.algorithms.pretraining.transports.torchft_groups" in closure("decentrain.algorithms.pretraining.run")
+    assert "decentrain.algorithms.pretraining.transports.torchft_groups" in closure(
+        "decentrain.algorithms.pretraining.run"
+    )
     assert "decentrain.algorithms.sparseloco.sparseloco" in closure("decentrain.config")  # discover_marked
 
 
@@ -117,8 +134,14 @@ def test_nothing_below_the_recipes_imports_the_composition_root(mod):
     assert not bad, f"{mod} imports {sorted(bad)} (transitively)"
 
 
-@pytest.mark.parametrize("mod", sorted(m for m in MODULES if m.startswith(("decentrain.core", "decentrain.models",
-                                                                           "decentrain.data", "decentrain.tasks"))))
+@pytest.mark.parametrize(
+    "mod",
+    sorted(
+        m
+        for m in MODULES
+        if m.startswith(("decentrain.core", "decentrain.models", "decentrain.data", "decentrain.tasks"))
+    ),
+)
 def test_core_models_data_tasks_import_no_algorithm(mod):
     bad = _under(closure(mod), "decentrain.algorithms")
     assert not bad, f"{mod} imports {sorted(bad)} (transitively)"
@@ -164,7 +187,8 @@ for m in sys.argv[1:]:
         if (e.name or "").split(".")[0] in ("decentrain", "recipes"):
             raise
         skipped.append([m, e.name])
-print(json.dumps({"loaded": sorted(k for k in sys.modules if k.startswith(("decentrain", "recipes"))), "skipped": skipped}))
+loaded = sorted(k for k in sys.modules if k.startswith(("decentrain", "recipes")))
+print(json.dumps({"loaded": loaded, "skipped": skipped}))
 """
 
 # makes the probe's interpreter behave as if hivemind were not installed
@@ -188,8 +212,16 @@ def test_what_python_loads_matches_the_static_graph():
     """Import every module of a layer in a fresh interpreter (all layers at once) and check what came with it."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     layers = ["core", "pretraining", "outer", *FAMILIES]
-    procs = {layer: subprocess.Popen([sys.executable, "-c", _PROBE, *_layer_modules(layer)], env=env, text=True,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE) for layer in layers}
+    procs = {
+        layer: subprocess.Popen(
+            [sys.executable, "-c", _PROBE, *_layer_modules(layer)],
+            env=env,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        for layer in layers
+    }
     try:
         results = {layer: (proc.communicate(timeout=300), proc.returncode) for layer, proc in procs.items()}
     finally:
@@ -212,8 +244,9 @@ def test_the_probe_skips_a_module_whose_extra_is_missing():
     """A `.[dev]`-only venv has no hivemind: SAPO's DHT guard is skipped there, its layer still checked."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     mods = ["decentrain.algorithms.sapo.dht_guard", "decentrain.core.config_checks"]
-    run = subprocess.run([sys.executable, "-c", _NO_HIVEMIND + _PROBE, *mods], env=env, text=True, capture_output=True,
-                         timeout=300)
+    run = subprocess.run(
+        [sys.executable, "-c", _NO_HIVEMIND + _PROBE, *mods], env=env, text=True, capture_output=True, timeout=300
+    )
     assert run.returncode == 0, run.stderr[-2000:]
     out = json.loads(run.stdout.splitlines()[-1])
     assert [m for m, _ in out["skipped"]] == ["decentrain.algorithms.sapo.dht_guard"]

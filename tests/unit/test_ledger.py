@@ -1,4 +1,5 @@
-"""benchmarks/ledger.py: seeds appended across sessions pool under their key, once each, and stay undecided until they suffice."""
+"""benchmarks/ledger.py: seeds appended across sessions pool under their key, once each, and stay undecided until
+they suffice."""
 
 import json
 
@@ -21,8 +22,9 @@ def test_seeds_pool_across_appends_and_the_verdict_waits_for_enough_of_them(tmp_
     assert one["seeds"] == [0] and one["comparisons"][0]["verdict"] == "undecided"
     assert "one seed" in one["comparisons"][0]["why"]
     # a second session, a second batch: the pool holds both and the rule decides
-    ledger.append("ev", KEY, [seed(1, noloco=1.31, diloco=1.41), seed(2, noloco=1.29, diloco=1.40)],
-                  provenance={"dirty": False})
+    ledger.append(
+        "ev", KEY, [seed(1, noloco=1.31, diloco=1.41), seed(2, noloco=1.29, diloco=1.40)], provenance={"dirty": False}
+    )
     three = ledger.pooled("ev", KEY, better, rule={"margin": 0.01})
     row = three["comparisons"][0]
     assert three["seeds"] == [0, 1, 2] and row["n"] == 3 and row["verdict"] == "better"
@@ -69,7 +71,10 @@ def test_pairs_use_only_seeds_holding_both_arms_and_higher_is_better_reads_the_o
     assert row["seeds"] == [0, 2, 3] and seen["con"] == [0.5, 0.7, 0.9] and seen["base"] == [0.4, 0.59, 0.81]
     assert seen["rule"] == {"claim": "better", "lower_is_better": False}
     # with the real rule: a higher accuracy on every seed is "better"
-    assert ledger.pooled("ev", KEY, [Comparison("a", "b", "better", higher_is_better=True)])["comparisons"][0]["verdict"] == "better"
+    assert (
+        ledger.pooled("ev", KEY, [Comparison("a", "b", "better", higher_is_better=True)])["comparisons"][0]["verdict"]
+        == "better"
+    )
 
 
 def test_a_rule_that_refuses_the_seeds_reads_undecided_with_its_reason(tmp_path):
@@ -107,8 +112,12 @@ def test_each_line_is_self_describing_json(tmp_path):
 def test_eight_seeds_decide_both_claims_under_the_real_rule(tmp_path):
     ledger = Ledger(tmp_path)
     noise = [0.004, -0.003, 0.002, -0.001, 0.003, -0.004, 0.001, -0.002]
-    ledger.append("ev", KEY, [seed(s, a=1.300 + noise[s], b=1.400 + 0.5 * noise[s], c=1.302 - noise[s]) for s in range(8)])
-    out = ledger.pooled("ev", KEY, [Comparison("a", "b", "better"), Comparison("c", "a", "reaches"), Comparison("a", "b", "reaches")])
+    ledger.append(
+        "ev", KEY, [seed(s, a=1.300 + noise[s], b=1.400 + 0.5 * noise[s], c=1.302 - noise[s]) for s in range(8)]
+    )
+    out = ledger.pooled(
+        "ev", KEY, [Comparison("a", "b", "better"), Comparison("c", "a", "reaches"), Comparison("a", "b", "reaches")]
+    )
     better, reaches, far = out["comparisons"]
     assert better["n"] == 8 and better["verdict"] == "better" and better["supported"]
     assert reaches["verdict"] == "reaches" and reaches["supported"]  # 0.15 % apart, inside the 1 % margin

@@ -28,13 +28,19 @@ def test_one_shard_per_replica_keeps_the_world_as_the_outer_world():
     assert layout.outer is world and (layout.replica, layout.shard, layout.replicas) == (1, 0, 2)
 
 
-@pytest.mark.parametrize("kwargs,field", [
-    ({"name": "deepspeed", "zero_stage": 3}, "engine.zero_stage=3"),
-    ({"name": "deepspeed", "zero_stage": 0}, "engine.zero_stage=0"),
-    ({"name": "torch", "shards_per_replica": 2}, "engine.shards_per_replica=2"),
-    ({"name": "megatron"}, "engine.name='megatron'"),
-    ({"name": "torch", "zero_stage": 2}, "engine: unknown field.s. .'zero_stage'.; allowed: .'name', 'shards_per_replica'."),  # deepspeed's
-])
+@pytest.mark.parametrize(
+    "kwargs,field",
+    [
+        ({"name": "deepspeed", "zero_stage": 3}, "engine.zero_stage=3"),
+        ({"name": "deepspeed", "zero_stage": 0}, "engine.zero_stage=0"),
+        ({"name": "torch", "shards_per_replica": 2}, "engine.shards_per_replica=2"),
+        ({"name": "megatron"}, "engine.name='megatron'"),
+        (
+            {"name": "torch", "zero_stage": 2},
+            "engine: unknown field.s. .'zero_stage'.; allowed: .'name', 'shards_per_replica'.",
+        ),  # deepspeed's
+    ],
+)
 def test_engine_config_refusals_name_the_field(kwargs, field):
     with pytest.raises(ValueError, match=field.replace("[", r"\[")):
         ENGINES.config(kwargs)

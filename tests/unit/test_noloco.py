@@ -25,7 +25,9 @@ def test_bad_config_is_rejected_naming_the_field():
 def test_alone_the_outer_step_is_momentum_on_own_drift():
     model = torch.nn.Linear(1, 1, bias=False)
     model.weight.data.fill_(1.0)
-    algo = NoLoCo(NoLoCoConfig(inner_steps=1, outer_optimizer=OuterOptimizerConfig("noloco", lr=0.5, momentum=0.5)), World())
+    algo = NoLoCo(
+        NoLoCoConfig(inner_steps=1, outer_optimizer=OuterOptimizerConfig("noloco", lr=0.5, momentum=0.5)), World()
+    )
     algo.on_train_start(model, None)
     model.weight.data.fill_(3.0)  # θ̄ = θ = 3, φ = 1: m = 0.5·2 = 1, φ = 2, θ = 2
     algo.after_optimizer_step(1, model, None)
@@ -40,7 +42,9 @@ def test_alone_the_outer_step_is_momentum_on_own_drift():
 def test_gamma_not_beta_uses_the_general_form():
     model = torch.nn.Linear(1, 1, bias=False)
     model.weight.data.fill_(1.0)
-    algo = NoLoCo(NoLoCoConfig(inner_steps=1, outer_optimizer=OuterOptimizerConfig("noloco", 0.5, 0.5), gamma=0.2), World())
+    algo = NoLoCo(
+        NoLoCoConfig(inner_steps=1, outer_optimizer=OuterOptimizerConfig("noloco", 0.5, 0.5), gamma=0.2), World()
+    )
     algo.on_train_start(model, None)
     model.weight.data.fill_(3.0)  # alone: mean φ = φ, mean Δ = 1 − 3 = −2: δ = −0.5·(−2) = 1
     algo.after_optimizer_step(1, model, None)

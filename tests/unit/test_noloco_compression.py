@@ -4,7 +4,12 @@ import pytest
 import torch
 
 from decentrain.algorithms.noloco import NoLoCo, NoLoCoConfig
-from decentrain.algorithms.noloco.compressed_gossip import CompressedGossip, Decoded, NoLoCoCompressionConfig, step_direction
+from decentrain.algorithms.noloco.compressed_gossip import (
+    CompressedGossip,
+    Decoded,
+    NoLoCoCompressionConfig,
+    step_direction,
+)
 from decentrain.algorithms.outer.optimizers import OuterOptimizerConfig
 from decentrain.core.world import World
 from decentrain.testing import run_in_threads
@@ -17,12 +22,15 @@ def test_step_direction_by_hand():
     assert step_direction(torch.tensor([1.0, 2.0]), torch.tensor([0.0, 4.0]), []).tolist() == [1.0, 2.0]  # alone: own c
 
 
-@pytest.mark.parametrize("aggregation, expected", [("mean_over_senders", [1.0, 2.0, 3.0]), ("sum_over_replicas", [0.5, 1.0, 3.0])])
+@pytest.mark.parametrize(
+    "aggregation, expected", [("mean_over_senders", [1.0, 2.0, 3.0]), ("sum_over_replicas", [0.5, 1.0, 3.0])]
+)
 def test_learning_term_averages_each_index_over_its_senders(aggregation, expected):
     """Own c sent indices 0 and 2, the partner's index 1 and 2: an index one side sent moves by its full value."""
-    gossip = CompressedGossip(NoLoCoCompressionConfig(enabled=True, chunk_size=4, topk=2, bits=8, state_topk=2,
-                                                      aggregation=aggregation),
-                              torch.zeros(3))
+    gossip = CompressedGossip(
+        NoLoCoCompressionConfig(enabled=True, chunk_size=4, topk=2, bits=8, state_topk=2, aggregation=aggregation),
+        torch.zeros(3),
+    )
     own = Decoded(torch.tensor([1.0, 0.0, 2.0]), torch.tensor([1.0, 0.0, 1.0]), torch.zeros(3))
     partner = Decoded(torch.tensor([0.0, 2.0, 4.0]), torch.tensor([0.0, 1.0, 1.0]), torch.zeros(3))
     assert gossip.learning_term([own, partner]).tolist() == expected
@@ -39,14 +47,17 @@ def test_lossless_messages_give_uncompressed_noloco_pseudo_gradient():
     assert torch.allclose(g_hat, phi[0] - sum(theta) / 3, atol=1e-6)
 
 
-@pytest.mark.parametrize("kw, msg", [
-    ({"bits": 3}, r"algorithm.compression.bits=3 is unknown"),
-    ({"state_bits": 1}, r"algorithm.compression.state_bits=1 is unknown"),
-    ({"topk": 0}, r"algorithm.compression.topk=0 must be a finite number in \[1, 4096\]"),
-    ({"anchor_every": -1}, r"algorithm.compression.anchor_every=-1"),
-    ({"ef_decay": 2.0}, r"algorithm.compression.ef_decay=2"),
-    ({"chunk_size": 1.5}, r"algorithm.compression.chunk_size=1.5 must be an integer"),
-])
+@pytest.mark.parametrize(
+    "kw, msg",
+    [
+        ({"bits": 3}, r"algorithm.compression.bits=3 is unknown"),
+        ({"state_bits": 1}, r"algorithm.compression.state_bits=1 is unknown"),
+        ({"topk": 0}, r"algorithm.compression.topk=0 must be a finite number in \[1, 4096\]"),
+        ({"anchor_every": -1}, r"algorithm.compression.anchor_every=-1"),
+        ({"ef_decay": 2.0}, r"algorithm.compression.ef_decay=2"),
+        ({"chunk_size": 1.5}, r"algorithm.compression.chunk_size=1.5 must be an integer"),
+    ],
+)
 def test_compression_config_errors_name_the_field(kw, msg):
     with pytest.raises(ValueError, match=msg):
         NoLoCoCompressionConfig(**kw)
@@ -64,7 +75,9 @@ def test_compression_refuses_the_general_form_and_a_stallable_anchor():
 
 
 def test_a_payload_that_fails_decoding_is_reported_not_raised():
-    gossip = CompressedGossip(NoLoCoCompressionConfig(enabled=True, chunk_size=8, topk=2, state_topk=2), torch.zeros(20))
+    gossip = CompressedGossip(
+        NoLoCoCompressionConfig(enabled=True, chunk_size=8, topk=2, state_topk=2), torch.zeros(20)
+    )
     c, s, _ = gossip.messages(torch.randn(20), torch.randn(20), round_idx=3)
     assert gossip.decode_pair(c, s, 3)[0] is not None
     assert "round" in gossip.decode_pair(c, s, 4)[1]  # a replayed round
@@ -74,9 +87,13 @@ def test_a_payload_that_fails_decoding_is_reported_not_raised():
 
 
 def _cfg():
-    return NoLoCoConfig(inner_steps=3, outer_optimizer=OuterOptimizerConfig("noloco", lr=0.7, momentum=0.5),
-                        compression=NoLoCoCompressionConfig(enabled=True, chunk_size=16, topk=2, bits=4, state_topk=4,
-                                                            ef_decay=0.9, anchor_every=2))
+    return NoLoCoConfig(
+        inner_steps=3,
+        outer_optimizer=OuterOptimizerConfig("noloco", lr=0.7, momentum=0.5),
+        compression=NoLoCoCompressionConfig(
+            enabled=True, chunk_size=16, topk=2, bits=4, state_topk=4, ef_decay=0.9, anchor_every=2
+        ),
+    )
 
 
 def _run(steps, state=None, drop=None):
@@ -125,9 +142,13 @@ def test_two_replicas_over_the_in_process_transport_keep_one_anchor_and_mix():
     from decentrain.core.comm.inprocess_transport import InProcessHub
 
     hub = InProcessHub(2)
-    cfg = NoLoCoConfig(inner_steps=1, outer_optimizer=OuterOptimizerConfig("noloco", lr=0.5, momentum=0.0),
-                       compression=NoLoCoCompressionConfig(enabled=True, chunk_size=16, topk=16, bits=8, state_topk=16,
-                                                           state_bits=8, anchor_every=2, ef_decay=1.0))
+    cfg = NoLoCoConfig(
+        inner_steps=1,
+        outer_optimizer=OuterOptimizerConfig("noloco", lr=0.5, momentum=0.0),
+        compression=NoLoCoCompressionConfig(
+            enabled=True, chunk_size=16, topk=16, bits=8, state_topk=16, state_bits=8, anchor_every=2, ef_decay=1.0
+        ),
+    )
 
     def replica(rank):
         model = torch.nn.Linear(4, 4, bias=False)
@@ -144,7 +165,8 @@ def test_two_replicas_over_the_in_process_transport_keep_one_anchor_and_mix():
     (w0, a0, m0), (w1, a1, m1) = run_in_threads(replica, 2)
     assert torch.equal(a0, a1) and not torch.equal(a0, torch.ones(16))  # re-anchored after round 2, identically
     assert all(m["outer/partner_missed"] == 0.0 and m["outer/payload_dropped"] == 0.0 for m in m0 + m1)
-    # k = C and 8-bit: near lossless, so the step is NoLoCo's: round 1 φ_i = 1 − 0.5·(φ_i − θ̄) with θ̄ = 1.15 -> both 1.075
+    # k = C and 8-bit: near lossless, so the step is NoLoCo's:
+    # round 1 φ_i = 1 − 0.5·(φ_i − θ̄) with θ̄ = 1.15 -> both 1.075
     # round 2 (θ_i = 1.075 + 0.2·(i+1)): θ̄ = 1.375, φ = 1.075 + 0.5·0.3 = 1.225 on both replicas
     assert torch.allclose(w0, torch.full((4, 4), 1.225), atol=2e-3) and torch.allclose(w1, w0, atol=2e-3)
     assert m0[1]["outer/bytes_sent"] > m0[0]["outer/bytes_sent"]  # the re-anchor round adds its all-gather share
@@ -156,8 +178,9 @@ def _four_replicas(compression, rounds=8):
     from decentrain.core.comm.inprocess_transport import InProcessHub
 
     hub = InProcessHub(4)
-    cfg = NoLoCoConfig(inner_steps=1, outer_optimizer=OuterOptimizerConfig("noloco", lr=0.7, momentum=0.5),
-                       compression=compression)
+    cfg = NoLoCoConfig(
+        inner_steps=1, outer_optimizer=OuterOptimizerConfig("noloco", lr=0.7, momentum=0.5), compression=compression
+    )
 
     def replica(rank):
         # identical start, as after the start-up broadcast, from a generator of its own: the replicas are
@@ -190,8 +213,9 @@ def test_lossless_compression_tracks_noloco_through_the_real_exchange_at_four_re
     each round's residual)."""
     from decentrain.core.comm.pairing import gossip_groups
 
-    lossless = NoLoCoCompressionConfig(enabled=True, chunk_size=136, topk=136, bits=8, state_topk=136, state_bits=8,
-                                       anchor_every=3)
+    lossless = NoLoCoCompressionConfig(
+        enabled=True, chunk_size=136, topk=136, bits=8, state_topk=136, state_bits=8, anchor_every=3
+    )
     plain = _four_replicas(NoLoCoCompressionConfig())
     packed = _four_replicas(lossless)
     assert len({tuple(gossip_groups(r, 4, 0)) for r in range(8)}) > 1  # partners change
@@ -204,14 +228,16 @@ def test_lossless_compression_tracks_noloco_through_the_real_exchange_at_four_re
         assert all(m["outer/partner_missed"] == 0.0 and m["outer/payload_dropped"] == 0.0 for m in packed[rank][1])
     # replicas disagree (gossip, not an all-reduce), so the consensus term had something to carry
     finals = [packed[rank][0][-1] for rank in range(4)]
-    assert min((a - b).abs().max() for i, a in enumerate(finals) for b in finals[i + 1:]) > 1e-3
+    assert min((a - b).abs().max() for i, a in enumerate(finals) for b in finals[i + 1 :]) > 1e-3
 
 
 def test_lossy_compression_at_four_replicas_mixes_real_differences():
     """Default-like message sizes (6 % of Δ at 2 bits, 3 % of φ − A at 4 bits) over changing pairs: nothing dropped,
     the replicas' slow weights differ from each other (at N = 2 they would stay identical and φ_j − φ_i be 0), and
     each replica's φ − A is non-zero from the second round on, re-anchored or not."""
-    lossy = NoLoCoCompressionConfig(enabled=True, chunk_size=136, topk=8, bits=2, state_topk=4, state_bits=4, anchor_every=3)
+    lossy = NoLoCoCompressionConfig(
+        enabled=True, chunk_size=136, topk=8, bits=2, state_topk=4, state_bits=4, anchor_every=3
+    )
     packed = _four_replicas(lossy)
     for rank in range(4):
         assert all(m["outer/payload_dropped"] == 0.0 and m["outer/partner_missed"] == 0.0 for m in packed[rank][1])

@@ -1,12 +1,26 @@
 """The NoLoCo benchmark's own arithmetic on the protocol: replica averaging, curve means, steps to DiLoCo's best
-final loss, the inner lr checked once, every arm tuned over all its outer settings, and decisions from the fixed rules."""
+final loss, the inner lr checked once, every arm tuned over all its outer settings, and decisions from the fixed
+rules."""
 
 import math
 
 import pytest
 import torch
-from benchmarks.noloco_convergence import (ARMS, INNER_AT, RULES, SPACES, TUNED, analyse, average_state, first_step_at, mean_curve,
-                                           readme_row, steps_to_best, tune)
+
+from benchmarks.noloco_convergence import (
+    ARMS,
+    INNER_AT,
+    RULES,
+    SPACES,
+    TUNED,
+    analyse,
+    average_state,
+    first_step_at,
+    mean_curve,
+    readme_row,
+    steps_to_best,
+    tune,
+)
 from benchmarks.protocol import Axis, recompute
 
 pytestmark = pytest.mark.unit
@@ -34,10 +48,12 @@ def test_first_step_at_interpolates():
 
 
 def test_steps_to_best_targets_the_lower_of_the_reference_finals():
-    curves = {"noloco_H": [{"step": 10, "val_loss": 3.0}, {"step": 20, "val_loss": 2.0}],
-              "diloco_2H": [{"step": 10, "val_loss": 3.2}, {"step": 20, "val_loss": 2.6}],
-              "diloco_H": [{"step": 10, "val_loss": 3.1}, {"step": 20, "val_loss": 2.5}],
-              "ddp": [{"step": 10, "val_loss": 3.5}, {"step": 20, "val_loss": 2.8}]}
+    curves = {
+        "noloco_H": [{"step": 10, "val_loss": 3.0}, {"step": 20, "val_loss": 2.0}],
+        "diloco_2H": [{"step": 10, "val_loss": 3.2}, {"step": 20, "val_loss": 2.6}],
+        "diloco_H": [{"step": 10, "val_loss": 3.1}, {"step": 20, "val_loss": 2.5}],
+        "ddp": [{"step": 10, "val_loss": 3.5}, {"step": 20, "val_loss": 2.8}],
+    }
     out = steps_to_best(curves, ["diloco_2H", "diloco_H"])
     assert out["target_val_loss"] == 2.5
     assert out["steps"]["noloco_H"] == pytest.approx(15.0)
@@ -71,12 +87,23 @@ def _job(arm, setting, n, seed, inner_lr):
 def test_tune_checks_the_inner_lr_once_then_brackets_every_arm_on_two_seeds():
     at = {"noloco_H": (1.4, 0.8), "diloco_2H": (0.7, 0.3), "diloco_H": (2.0, 0.1)}
     hz = _BowlHarness(at)
-    plan = {"tuning_seeds": [100, 101], "finalists": 4, "max_rounds": 8, "parallel": 1, "spaces": {**SPACES, "inner": {
-        "inner_lr": Axis((7.5e-4, 1.5e-3, 3e-3, 6e-3), (3e-3,))}}}
+    plan = {
+        "tuning_seeds": [100, 101],
+        "finalists": 4,
+        "max_rounds": 8,
+        "parallel": 1,
+        "spaces": {**SPACES, "inner": {"inner_lr": Axis((7.5e-4, 1.5e-3, 3e-3, 6e-3), (3e-3,))}},
+    }
     out = tune(hz, _job, 8, plan)
     assert out["inner_lr"] == 3e-3 and out["inner"]["bracketed"]
-    inner = [j for j in hz.jobs if j["arm"] == INNER_AT[0] and j["outer_optimizer"]["lr"] == 0.7 and j["outer_optimizer"]["momentum"] == 0.3
-             and j["inner_lr"] != 3e-3]
+    inner = [
+        j
+        for j in hz.jobs
+        if j["arm"] == INNER_AT[0]
+        and j["outer_optimizer"]["lr"] == 0.7
+        and j["outer_optimizer"]["momentum"] == 0.3
+        and j["inner_lr"] != 3e-3
+    ]
     assert inner  # the inner-lr ladder ran at DiLoCo 2H's paper point
     for a in TUNED:
         w = out["arms"][a]["winner"]
@@ -90,24 +117,52 @@ def test_tune_checks_the_inner_lr_once_then_brackets_every_arm_on_two_seeds():
 
 def _result(test, val=None):
     curve = [{"step": 16, "val_loss": test + 0.5}, {"step": 32, "val_loss": val if val is not None else test}]
-    return {"final_test_loss": test, "final_test_ppl": math.exp(test), "final_val_loss": val or test,
-            "final_test_loss_avg_model": test, "test_loss_replica_spread": 0.0, "train_s": 1.0, "val_curve": curve,
-            "params": 1000, "corpus": None}
+    return {
+        "final_test_loss": test,
+        "final_test_ppl": math.exp(test),
+        "final_val_loss": val or test,
+        "final_test_loss_avg_model": test,
+        "test_loss_replica_spread": 0.0,
+        "train_s": 1.0,
+        "val_curve": curve,
+        "params": 1000,
+        "corpus": None,
+    }
 
 
 def test_analyse_decides_each_comparison_from_the_fixed_rules():
     seeds = list(range(8))
     shift = {"noloco_H": -0.05, "diloco_2H": 0.0, "diloco_H": 0.0, "ddp": -0.2}
     res = {(8, a, s): _result(2.5 + shift[a] + 0.01 * (s % 3)) for a in ARMS for s in seeds}
-    tuning = {"arms": {a: {"winner": {"lr": 0.7, "momentum": 0.5, **({"nesterov": False} if a != "noloco_H" else {})},
-                           "winner_values": [2.5, 2.51]} for a in TUNED}}
-    fits = {"emulated/pair": {"alpha_s": 0.01, "beta_bytes_per_s": 1e7}, "emulated/ring": {"alpha_s": 0.01, "beta_bytes_per_s": 1e7}}
+    tuning = {
+        "arms": {
+            a: {
+                "winner": {"lr": 0.7, "momentum": 0.5, **({"nesterov": False} if a != "noloco_H" else {})},
+                "winner_values": [2.5, 2.51],
+            }
+            for a in TUNED
+        }
+    }
+    fits = {
+        "emulated/pair": {"alpha_s": 0.01, "beta_bytes_per_s": 1e7},
+        "emulated/ring": {"alpha_s": 0.01, "beta_bytes_per_s": 1e7},
+    }
     rules = {k: vars(v).copy() for k, v in RULES.items()}
     cell = analyse(res, 8, seeds, 1000, 8, 32, 1024, fits, tuning, rules)
     d = cell["decisions"]
-    assert d["noloco_H_vs_diloco_2H"]["result"]["verdict"] == "better" and d["noloco_H_vs_ddp"]["result"]["verdict"] == "worse"
+    assert (
+        d["noloco_H_vs_diloco_2H"]["result"]["verdict"] == "better"
+        and d["noloco_H_vs_ddp"]["result"]["verdict"] == "worse"
+    )
     assert all(recompute(x) == x["result"] for x in d.values())
-    assert cell["arms"]["diloco_2H"]["outer_optimizer"] == {"name": "sgd", "lr": 0.7, "momentum": 0.5, "nesterov": False}
-    rec = {"config": {"protocol": {"noloco_H": 8, "diloco_2H": 16}, "seeds": seeds, "tuning": {"seeds": [100, 101]}},
-           "figures": {"cells": {"N=8": cell}, "steps": 32, "tokens_per_param": 21.0, "unmet": []}}
+    assert cell["arms"]["diloco_2H"]["outer_optimizer"] == {
+        "name": "sgd",
+        "lr": 0.7,
+        "momentum": 0.5,
+        "nesterov": False,
+    }
+    rec = {
+        "config": {"protocol": {"noloco_H": 8, "diloco_2H": 16}, "seeds": seeds, "tuning": {"seeds": [100, 101]}},
+        "figures": {"cells": {"N=8": cell}, "steps": 32, "tokens_per_param": 21.0, "unmet": []},
+    }
     assert "N=8 **better**" in readme_row(rec)

@@ -59,9 +59,16 @@ def test_noloco_rule_is_the_papers_step_bit_for_bit() -> None:
         assert torch.equal(outer.opt.buffers()[0], ref_m[0])
 
 
-@pytest.mark.parametrize("cfg", [SGDConfig(lr=0.7, momentum=0.9, nesterov=True), SGDConfig(lr=0.5, momentum=0.8, nesterov=False),
-                                 OuterOptimizerConfig("noloco", 0.7, 0.5), AdamConfig(lr=0.01, momentum=0.9)],
-                         ids=lambda c: f"{c.name}-{getattr(c, 'nesterov', None)}")
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        SGDConfig(lr=0.7, momentum=0.9, nesterov=True),
+        SGDConfig(lr=0.5, momentum=0.8, nesterov=False),
+        OuterOptimizerConfig("noloco", 0.7, 0.5),
+        AdamConfig(lr=0.01, momentum=0.9),
+    ],
+    ids=lambda c: f"{c.name}-{getattr(c, 'nesterov', None)}",
+)
 def test_every_rule_resumes_exactly(cfg) -> None:
     a = OuterOptimizer([t(1.0, -2.0, 0.5)], cfg)
     a.step([t(0.4, -0.8, 0.1)])
@@ -78,21 +85,31 @@ def test_resuming_under_another_outer_optimizer_is_refused() -> None:
         OuterOptimizer([t(1.0)], OuterOptimizerConfig("noloco", momentum=0.5)).load_state_dict(a.state_dict())
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"name": "lion"}, "algorithm.outer_optimizer.name='lion' is unknown; allowed: "),
-    ({"lr": 0.0}, "algorithm.outer_optimizer.lr=0.0 must be a finite number in (0, 4]"),
-    ({"lr": float("nan")}, "algorithm.outer_optimizer.lr=nan must be"),
-    ({"momentum": 1.0}, "algorithm.outer_optimizer.momentum=1.0 must be a finite number in [0, 1)"),
-    ({"momentum": 0.0, "nesterov": True}, "algorithm.outer_optimizer.nesterov=true needs algorithm.outer_optimizer.momentum > 0"),
-    # each rule owns its fields: another rule's key is refused, naming the rule's own
-    ({"name": "noloco", "nesterov": False}, "algorithm.outer_optimizer: unknown field(s) ['nesterov']; allowed: "
-                                           "['lr', 'momentum', 'name']"),
-    ({"name": "sgd", "beta2": 0.99}, "algorithm.outer_optimizer: unknown field(s) ['beta2']; allowed: "
-                                     "['lr', 'momentum', 'name', 'nesterov']"),
-    ({"name": "noloco", "momentum": -0.1}, "algorithm.outer_optimizer.momentum=-0.1 must be"),
-    ({"name": "adam", "lr": 1.5}, "algorithm.outer_optimizer.lr=1.5 must be a finite number in (0, 1]"),
-    ({"name": "adam", "beta2": 1.0}, "algorithm.outer_optimizer.beta2=1.0 must be a finite number in [0, 1)"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"name": "lion"}, "algorithm.outer_optimizer.name='lion' is unknown; allowed: "),
+        ({"lr": 0.0}, "algorithm.outer_optimizer.lr=0.0 must be a finite number in (0, 4]"),
+        ({"lr": float("nan")}, "algorithm.outer_optimizer.lr=nan must be"),
+        ({"momentum": 1.0}, "algorithm.outer_optimizer.momentum=1.0 must be a finite number in [0, 1)"),
+        (
+            {"momentum": 0.0, "nesterov": True},
+            "algorithm.outer_optimizer.nesterov=true needs algorithm.outer_optimizer.momentum > 0",
+        ),
+        # each rule owns its fields: another rule's key is refused, naming the rule's own
+        (
+            {"name": "noloco", "nesterov": False},
+            "algorithm.outer_optimizer: unknown field(s) ['nesterov']; allowed: ['lr', 'momentum', 'name']",
+        ),
+        (
+            {"name": "sgd", "beta2": 0.99},
+            "algorithm.outer_optimizer: unknown field(s) ['beta2']; allowed: ['lr', 'momentum', 'name', 'nesterov']",
+        ),
+        ({"name": "noloco", "momentum": -0.1}, "algorithm.outer_optimizer.momentum=-0.1 must be"),
+        ({"name": "adam", "lr": 1.5}, "algorithm.outer_optimizer.lr=1.5 must be a finite number in (0, 1]"),
+        ({"name": "adam", "beta2": 1.0}, "algorithm.outer_optimizer.beta2=1.0 must be a finite number in [0, 1)"),
+    ],
+)
 def test_bad_values_fail_in_one_line_naming_field_and_range(kwargs, message) -> None:
     with pytest.raises(ValueError) as e:
         OuterOptimizerConfig.convert(kwargs)
@@ -105,7 +122,9 @@ def test_every_family_takes_the_section_and_the_old_flat_keys_fail_naming_the_ne
     for old, new in (("outer_lr", "lr"), ("outer_momentum", "momentum"), ("nesterov", "nesterov")):
         with pytest.raises(ValueError, match=rf"^algorithm.{old} was removed; use algorithm.outer_optimizer.{new} \("):
             ALGORITHMS.config({"name": "diloco", old: 0.5})
-    with pytest.raises(ValueError, match=r"^job.algorithm.outer_lr was removed; use job.algorithm.outer_optimizer.lr \("):
+    with pytest.raises(
+        ValueError, match=r"^job.algorithm.outer_lr was removed; use job.algorithm.outer_optimizer.lr \("
+    ):
         ALGORITHMS.config({"name": "noloco", "outer_lr": 0.5}, where="job.algorithm")
     with pytest.raises(ValueError, match="algorithm.gamma=0.2 .* allowed: algorithm.outer_optimizer.name=noloco"):
         NoLoCoConfig(gamma=0.2, outer_optimizer=OuterOptimizerConfig("sgd"))
@@ -124,8 +143,9 @@ def test_streaming_diloco_builds_one_outer_optimizer_per_fragment() -> None:
             self.model = torch.nn.Module()
             self.model.layers = torch.nn.ModuleList([Layer(), Layer()])
 
-    cfg = StreamingDiLoCoConfig(inner_steps=2, num_fragments=2, overlap_steps=0,
-                                outer_optimizer=SGDConfig(lr=0.5, momentum=0.9, nesterov=False))
+    cfg = StreamingDiLoCoConfig(
+        inner_steps=2, num_fragments=2, overlap_steps=0, outer_optimizer=SGDConfig(lr=0.5, momentum=0.9, nesterov=False)
+    )
     algo = StreamingDiLoCo(cfg, World())
     algo.on_train_start(Model(), None)
     assert len(algo.outers) == 2
@@ -165,8 +185,9 @@ def test_every_outer_optimizer_yaml_composes_into_every_family(choice) -> None:
             assert type(cfg.algorithm.outer_optimizer) is OUTER_OPTIMIZERS.get(values["name"]).config_cls
 
 
-@pytest.mark.parametrize("rule", [OuterOptimizerConfig("noloco", 0.7, 0.5), AdamConfig(lr=0.01, momentum=0.9)],
-                         ids=lambda c: c.name)
+@pytest.mark.parametrize(
+    "rule", [OuterOptimizerConfig("noloco", 0.7, 0.5), AdamConfig(lr=0.01, momentum=0.9)], ids=lambda c: c.name
+)
 def test_noloco_outer_state_resumes_bit_for_bit(rule) -> None:
     def replica():
         model = torch.nn.Linear(3, 1, bias=False)
@@ -192,6 +213,7 @@ def test_noloco_outer_state_resumes_bit_for_bit(rule) -> None:
 # default name, sgd: NoLoCo silently stepped Nesterov SGD. On g = 1 from φ = 0, η = 0.7, μ = 0.5:
 #   NoLoCo's rule  m ← μ·m − η·g ; φ ← φ + m :    φ = −0.7, then −0.7 + (−0.35 − 0.7) = −1.75
 #   Nesterov SGD   b ← μ·b + g ; φ ← φ − η·(g + μ·b): φ = −1.05, then −1.05 − 0.7·1.75 = −2.275
+
 
 def two_outer_steps_on_unit_gradient(cfg) -> float:
     outer = OuterOptimizer([torch.zeros(1)], cfg)
@@ -225,11 +247,16 @@ def follow_the_removed_key_message(family: str, old: str, value: float):
 
 
 NOLOCO_SPELLINGS = {
-    "config_from_dict": lambda: __import__("decentrain.config", fromlist=["config_from_dict"]).config_from_dict(
-        {"algorithm": {"name": "noloco", "outer_optimizer": {"lr": 0.7}}}).algorithm,
+    "config_from_dict": lambda: (
+        __import__("decentrain.config", fromlist=["config_from_dict"])
+        .config_from_dict({"algorithm": {"name": "noloco", "outer_optimizer": {"lr": 0.7}}})
+        .algorithm
+    ),
     "dataclass_dict": lambda: NoLoCoConfig(outer_optimizer={"lr": 0.7}),
     "dataclass_unnamed_section": lambda: NoLoCoConfig(outer_optimizer=OuterOptimizerConfig(lr=0.7, momentum=0.5)),
-    "hdee_job_algorithm": lambda: ALGORITHMS.config({"name": "noloco", "outer_optimizer": {"lr": 0.7}}, where="job.algorithm"),
+    "hdee_job_algorithm": lambda: ALGORITHMS.config(
+        {"name": "noloco", "outer_optimizer": {"lr": 0.7}}, where="job.algorithm"
+    ),
     "hydra_override": lambda: hydra_algorithm("algorithm=noloco", "algorithm.outer_optimizer.lr=0.7"),
     "hydra_section_override": lambda: hydra_algorithm("algorithm=noloco", "algorithm.outer_optimizer={lr: 0.7}"),
     "removed_key_message": lambda: follow_the_removed_key_message("noloco", "outer_lr", 0.7),
@@ -261,7 +288,9 @@ def test_every_family_with_an_outer_optimizer_is_checked() -> None:
     from decentrain.algorithms.base import ALGORITHMS
     from decentrain.config import LOOP_ALGORITHM_MODULES  # noqa: F401  (registers every loop algorithm)
 
-    with_outer = {n for n in ALGORITHMS.names() if "outer_optimizer" in ALGORITHMS.get(n).config_cls.__dataclass_fields__}
+    with_outer = {
+        n for n in ALGORITHMS.names() if "outer_optimizer" in ALGORITHMS.get(n).config_cls.__dataclass_fields__
+    }
     assert with_outer == set(FAMILY_PHI)
 
 
@@ -275,7 +304,9 @@ def test_every_family_keeps_its_rule_on_every_spelling(family, spelling) -> None
         algo = config_from_dict({"algorithm": {"name": family, "outer_optimizer": {"lr": 0.5}}}).algorithm
     elif spelling == "dataclass":
         default = ALGORITHMS.get(family).config_cls().outer_optimizer
-        algo = ALGORITHMS.get(family).config_cls(outer_optimizer=OuterOptimizerConfig(lr=0.5, momentum=default.momentum))
+        algo = ALGORITHMS.get(family).config_cls(
+            outer_optimizer=OuterOptimizerConfig(lr=0.5, momentum=default.momentum)
+        )
     else:
         algo = hydra_algorithm(f"algorithm={family}", "algorithm.outer_optimizer.lr=0.5")
     assert algo.outer_optimizer.name == ALGORITHMS.get(family).config_cls().outer_optimizer.name

@@ -115,14 +115,29 @@ def test_noloco_overlap_late_partner_costs_that_round_only():
 def _cfg(algo: str, **train):
     from decentrain.config import config_from_dict
 
-    return config_from_dict({
-        "algorithm": {"name": algo, "inner_steps": 2, "overlap": True, **({"stall_s": None} if algo == "noloco" else {})},
-        "model": {"hidden_size": 16, "num_layers": 1, "num_heads": 2, "intermediate_size": 32},
-        "data": {"seq_len": 16, "max_bytes_per_domain": 8000, "domains": ["licenses"]},
-        "train": {"steps": 8, "global_batch_size": 2, "micro_batch_size": 1, "eval_every": 100, "eval_batches": 1,
-                  "checkpoint_every": 100, "threads": 1, **train},
-        "logger": {"progress": False, "console": False, "log_every": 1},
-    })
+    return config_from_dict(
+        {
+            "algorithm": {
+                "name": algo,
+                "inner_steps": 2,
+                "overlap": True,
+                **({"stall_s": None} if algo == "noloco" else {}),
+            },
+            "model": {"hidden_size": 16, "num_layers": 1, "num_heads": 2, "intermediate_size": 32},
+            "data": {"seq_len": 16, "max_bytes_per_domain": 8000, "domains": ["licenses"]},
+            "train": {
+                "steps": 8,
+                "global_batch_size": 2,
+                "micro_batch_size": 1,
+                "eval_every": 100,
+                "eval_batches": 1,
+                "checkpoint_every": 100,
+                "threads": 1,
+                **train,
+            },
+            "logger": {"progress": False, "console": False, "log_every": 1},
+        }
+    )
 
 
 @pytest.mark.parametrize("algo", ["diloco", "noloco"])

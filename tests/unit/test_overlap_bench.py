@@ -31,7 +31,8 @@ def test_link_time_is_latency_per_message_plus_bytes_over_rate(monkeypatch):
     links = [EmulatedLink(hub.transport(r), 12.5e6, 100e6, 0.05, LinkClock(scale=1.0)) for r in range(2)]
     assert links[0].ring_time() == pytest.approx(2 * 0.05 + 1.0)  # N=2 ring: 2 messages, S uploaded
     assert links[0].link_seconds == pytest.approx(1.1)
-    fast = [EmulatedLink(hub.transport(r), 12.5e6, 100e6, 0.05, LinkClock(scale=11.0)) for r in range(2)]  # 1.1 s played as 0.1 s
+    # 1.1 s played as 0.1 s
+    fast = [EmulatedLink(hub.transport(r), 12.5e6, 100e6, 0.05, LinkClock(scale=11.0)) for r in range(2)]
     flats = [torch.ones(3), torch.full((3,), 2.0)]
     clock = FakeTime()  # an injected clock: what is waited is counted, whatever the box's load
     monkeypatch.setattr(bench, "time", clock)
@@ -39,7 +40,8 @@ def test_link_time_is_latency_per_message_plus_bytes_over_rate(monkeypatch):
     assert clock.slept == []  # starting a sync does not wait for the link
     for w in works:
         w.wait()
-    assert clock.slept[0] == pytest.approx(0.1) and clock.slept[1] == 0.0  # the first wait plays the link; both end then
+    # the first wait plays the link; both end then
+    assert clock.slept[0] == pytest.approx(0.1) and clock.slept[1] == 0.0
     assert flats[0].tolist() == [3.0, 3.0, 3.0]
 
 
@@ -57,8 +59,13 @@ def test_link_clock_plays_the_first_sync_as_a_share_of_a_round():
 
 
 def _result(final, utilisation, evals):
-    return {"final_eval": final, "utilisation": utilisation, "sync_over_round": 0.6, "evals": evals,
-            "replicas": [{"step_wall_s": [1.0] * 10}]}
+    return {
+        "final_eval": final,
+        "utilisation": utilisation,
+        "sync_over_round": 0.6,
+        "evals": evals,
+        "replicas": [{"step_wall_s": [1.0] * 10}],
+    }
 
 
 def test_each_arm_is_timed_to_the_no_overlap_runs_final_loss_and_the_delay_cost_is_reported():
@@ -73,7 +80,9 @@ def test_each_arm_is_timed_to_the_no_overlap_runs_final_loss_and_the_delay_cost_
     assert row["off"]["wall_to_target_s"]["mean"] == 10.0 and row["on"]["wall_to_target_s"] is None
     assert row["on"]["reached_target"] == 0 and row["speedup_to_target"] is None
     assert row["utilisation_gain"]["mean"] == pytest.approx(0.4)
-    assert row["loss_cost_of_delay"]["mean"] == pytest.approx(0.1) and row["loss_cost_of_delay_pct"]["mean"] == pytest.approx(5.0)
+    assert row["loss_cost_of_delay"]["mean"] == pytest.approx(0.1) and row["loss_cost_of_delay_pct"][
+        "mean"
+    ] == pytest.approx(5.0)
     on_ok = _result(1.9, 0.9, [(3, 2.0), (10, 1.9)])
     row = summarise({"m/off": [off], "m/on": [on_ok]}, ["m"], [0])["m"]
     assert row["speedup_to_target"]["mean"] == pytest.approx(10 / 3)

@@ -173,8 +173,14 @@ def test_a_pack_fits_its_cap_and_unpacks_to_a_verified_corpus(built, tmp_path):
 def test_data_pinned_maps_the_same_blocks_as_packing_the_documents(built):
     tmp, _, manifest = built
     tok = ByT5Tokenizer()
-    cfg = DataConfig(source="pinned", pinned_dir=str(tmp / "corpus"), domains=["alpha", "beta"], seq_len=32,
-                     max_bytes_per_domain=None, corpus_hash=manifest["corpus_hash"][:12])
+    cfg = DataConfig(
+        source="pinned",
+        pinned_dir=str(tmp / "corpus"),
+        domains=["alpha", "beta"],
+        seq_len=32,
+        max_bytes_per_domain=None,
+        corpus_hash=manifest["corpus_hash"][:12],
+    )
     corpus = build_corpus(cfg, tok)
     assert corpus.label == f"pinned {manifest['corpus_hash']}"
     assert corpus.identity == {"name": "pinned", "hash": manifest["corpus_hash"], "note": None}
@@ -195,7 +201,9 @@ def test_bits_per_byte_of_byte_tokens_is_the_loss_in_bits_without_eos():
     from decentrain.models.factory import ModelConfig, build_model
 
     tok = ByT5Tokenizer()
-    model = build_model(ModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, max_seq_len=64), tok)
+    model = build_model(
+        ModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, max_seq_len=64), tok
+    )
     blocks = {"d": torch.randint(3, 259, (4, 16))}
     loss, bpb = evaluate_bits(model, blocks, 2, torch.device("cpu"), token_bytes=token_byte_lengths(tok))
     assert bpb["d"] == pytest.approx(loss["d"] / math.log(2), rel=1e-5)
@@ -208,9 +216,11 @@ def test_html_becomes_readable_text_without_scripts_menus_or_markup():
     pytest.importorskip("inscriptis")
     from decentrain.data.pinned_domains import html_text
 
-    page = (b"<html><head><title>t</title><script>var x = 1;</script></head><body><nav>Home | Next</nav>"
-            b"<div role='main'><h1>contextvars</h1><p>This module provides <code>ContextVar</code> objects.</p>"
-            b"<pre>var: ContextVar[int] = ContextVar('var', default=42)</pre></div></body></html>")
+    page = (
+        b"<html><head><title>t</title><script>var x = 1;</script></head><body><nav>Home | Next</nav>"
+        b"<div role='main'><h1>contextvars</h1><p>This module provides <code>ContextVar</code> objects.</p>"
+        b"<pre>var: ContextVar[int] = ContextVar('var', default=42)</pre></div></body></html>"
+    )
     text = html_text(page)
     assert "This module provides ContextVar objects." in text and "default=42" in text
     assert "var x = 1" not in text and "Home | Next" not in text and "<" not in text
@@ -220,8 +230,10 @@ def test_html_becomes_readable_text_without_scripts_menus_or_markup():
 def test_a_wordnet_synset_line_becomes_lemmas_and_gloss():
     from decentrain.data.pinned_domains import wordnet_line
 
-    line = ("00001930 03 n 02 physical_entity 0 thing(a) 1 007 @ 00001740 n 0000 ~ 00002452 n 0000 "
-            "| an entity that has physical existence  ")
+    line = (
+        "00001930 03 n 02 physical_entity 0 thing(a) 1 007 @ 00001740 n 0000 ~ 00002452 n 0000 "
+        "| an entity that has physical existence  "
+    )
     assert wordnet_line(line) == "physical entity, thing (noun): an entity that has physical existence"
     assert wordnet_line("  1 This software and database is being provided") is None
     assert wordnet_line("garbage | without fields") is None

@@ -35,12 +35,15 @@ def test_one_rank_per_gpu_is_nccl():
     assert (p.shared, p.backend, p.gpus, p.device(1)) == (False, "nccl", 2, torch.device("cuda", 1))
 
 
-@pytest.mark.parametrize("device,ranks,gpus,backend,words", [
-    ("cuda", 2, 0, None, ["train.device=cuda", "2 local rank", "device_count()=0", "train.device=cpu"]),
-    ("cpu", 2, 1, "nccl", ["nccl", "2 local rank", "gloo"]),
-    ("cuda", 4, 2, "nccl", ["4 local ranks on 2 GPU", "at most 2"]),
-    ("tpu", 1, 0, None, ["train.device='tpu'", "allowed"]),
-])
+@pytest.mark.parametrize(
+    "device,ranks,gpus,backend,words",
+    [
+        ("cuda", 2, 0, None, ["train.device=cuda", "2 local rank", "device_count()=0", "train.device=cpu"]),
+        ("cpu", 2, 1, "nccl", ["nccl", "2 local rank", "gloo"]),
+        ("cuda", 4, 2, "nccl", ["4 local ranks on 2 GPU", "at most 2"]),
+        ("tpu", 1, 0, None, ["train.device='tpu'", "allowed"]),
+    ],
+)
 def test_impossible_layouts_are_refused_naming_counts_and_fix(device, ranks, gpus, backend, words):
     with pytest.raises(ValueError) as e:
         plan_placement(device, ranks, gpus, backend)

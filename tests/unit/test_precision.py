@@ -5,8 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from decentrain.algorithms.pretraining.precision import (apply_compile, autocast, resolve_precision, transformer_blocks,
-                                                         weight_dtype)
+from decentrain.algorithms.pretraining.precision import (
+    apply_compile,
+    autocast,
+    resolve_precision,
+    transformer_blocks,
+    weight_dtype,
+)
 from decentrain.core.metrics import LoggerConfig, Throughput, flops_per_token, mfu, peak_flops
 from decentrain.models.factory import ModelConfig, build_model
 
@@ -59,7 +64,9 @@ def test_flops_formula_and_mfu_by_hand():
 
 
 def test_throughput_reads_tokens_per_second_and_mfu():
-    t = Throughput(tokens_per_rank_step=1000, tokens_global_step=4000, flops_per_tok=1e6, peak=1e10, device=torch.device("cpu"))
+    t = Throughput(
+        tokens_per_rank_step=1000, tokens_global_step=4000, flops_per_tok=1e6, peak=1e10, device=torch.device("cpu")
+    )
     assert t.read() == {}
     for _ in range(2):
         with t.measure():
@@ -82,19 +89,31 @@ def test_model_flops_per_token_excludes_the_embedding_table():
 
 
 def _trainer(tmp_path, **train):
-    from decentrain.algorithms.ddp.ddp import DDP, DDPConfig
+    from decentrain.algorithms.ddp.ddp import DDP
     from decentrain.algorithms.pretraining.trainer import Trainer
     from decentrain.config import LoopConfig, TrainConfig
     from decentrain.core.world import World
     from decentrain.data.blocks import DataConfig, build_corpus
     from decentrain.models.factory import build_tokenizer
 
-    cfg = TrainConfig(model=TINY, data=DataConfig(domains=["licenses"], seq_len=32, max_bytes_per_domain=20_000),
-                      train=LoopConfig(steps=2, global_batch_size=4, micro_batch_size=2, eval_batches=2, **train))
+    cfg = TrainConfig(
+        model=TINY,
+        data=DataConfig(domains=["licenses"], seq_len=32, max_bytes_per_domain=20_000),
+        train=LoopConfig(steps=2, global_batch_size=4, micro_batch_size=2, eval_batches=2, **train),
+    )
     tok = build_tokenizer(cfg.model)
     world = World()
-    return Trainer(cfg.train, world, DDP(cfg.algorithm, world), build_model(cfg.model, tok), build_corpus(cfg.data, tok), tmp_path,
-                   engine=cfg.engine, optim=cfg.optim, logger=cfg.logger)
+    return Trainer(
+        cfg.train,
+        world,
+        DDP(cfg.algorithm, world),
+        build_model(cfg.model, tok),
+        build_corpus(cfg.data, tok),
+        tmp_path,
+        engine=cfg.engine,
+        optim=cfg.optim,
+        logger=cfg.logger,
+    )
 
 
 def test_train_step_and_eval_never_sync_the_host_per_micro_batch(tmp_path, monkeypatch):
@@ -117,7 +136,9 @@ def test_train_step_and_eval_never_sync_the_host_per_micro_batch(tmp_path, monke
     assert set(out) == {"licenses"} and out["licenses"] > 0
 
 
-@pytest.mark.parametrize("precision,dtype", [("bf16_autocast", torch.float32), ("bf16", torch.bfloat16), ("auto", torch.float32)])
+@pytest.mark.parametrize(
+    "precision,dtype", [("bf16_autocast", torch.float32), ("bf16", torch.bfloat16), ("auto", torch.float32)]
+)
 def test_precision_sets_master_weights_and_adamw_state(tmp_path, precision, dtype):
     trainer = _trainer(tmp_path, precision=precision)
     trainer.train_step(trainer.model)

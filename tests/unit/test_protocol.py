@@ -6,8 +6,21 @@ import math
 import pytest
 from scipy import stats
 
-from benchmarks.protocol import (Axis, DecisionRule, check_seeds, consistency, decide, decision, decisions_in, detectable,
-                                 grid_search, power_of, preregister, recompute, seeds_needed)
+from benchmarks.protocol import (
+    Axis,
+    DecisionRule,
+    check_seeds,
+    consistency,
+    decide,
+    decision,
+    decisions_in,
+    detectable,
+    grid_search,
+    power_of,
+    preregister,
+    recompute,
+    seeds_needed,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -121,8 +134,12 @@ def test_the_screen_runs_only_the_finalists_on_the_second_seed_and_ladder_ends_a
 def test_invalid_points_are_skipped_and_choices_have_no_edge():
     nest = Axis((False, True), start=(False, True), ordered=False)
     bowl = Bowl(lr=0.7, m=0.0)
-    t = grid_search(bowl, {"lr": LR, "momentum": MOM, "nesterov": nest}, [1, 2],
-                    valid=lambda s: not (s["nesterov"] and s["momentum"] == 0))
+    t = grid_search(
+        bowl,
+        {"lr": LR, "momentum": MOM, "nesterov": nest},
+        [1, 2],
+        valid=lambda s: not (s["nesterov"] and s["momentum"] == 0),
+    )
     assert not any(s["nesterov"] and s["momentum"] == 0 for s, _ in bowl.cells)
     assert t["bracketed"] and t["winner"]["lr"] == 0.7 and t["winner"]["momentum"] == 0.0
 
@@ -168,7 +185,12 @@ def test_every_committed_decision_is_its_own_values_under_its_own_rule():
     for path in sorted(RESULTS.glob("*.json")):
         for entry in decisions_in(json.loads(path.read_text())["figures"]):
             again, stored = recompute(entry), entry["result"]
-            assert again["verdict"] == stored["verdict"] and again["supported"] == stored["supported"], (path.name, entry["name"])
-            assert again["ci"] == pytest.approx(stored["ci"]) and again["mean_diff"] == pytest.approx(stored["mean_diff"])
+            assert again["verdict"] == stored["verdict"] and again["supported"] == stored["supported"], (
+                path.name,
+                entry["name"],
+            )
+            assert again["ci"] == pytest.approx(stored["ci"]) and again["mean_diff"] == pytest.approx(
+                stored["mean_diff"]
+            )
             seen += 1
     assert seen > 0

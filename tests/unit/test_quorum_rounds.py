@@ -14,8 +14,19 @@ import torch
 import torch.distributed as dist
 
 from decentrain.algorithms.diloco import DiLoCoConfig
-from decentrain.algorithms.outer.quorum import (Delivery, GraceConfig, Member, RoundRecord, RoundsConfig, close,
-                                                decode_delivery, decode_record, due, token_scales, LATE_RULES)
+from decentrain.algorithms.outer.quorum import (
+    LATE_RULES,
+    Delivery,
+    GraceConfig,
+    Member,
+    RoundRecord,
+    RoundsConfig,
+    close,
+    decode_delivery,
+    decode_record,
+    due,
+    token_scales,
+)
 from decentrain.algorithms.outer.quorum_board import Board, Outage, RealClock, SimClock, SimulationError, use_board
 from decentrain.algorithms.sparseloco import SparseLoCoConfig
 from decentrain.core.comm.deadline import adaptive_deadline
@@ -86,14 +97,20 @@ def test_the_grace_deadline_is_the_existing_median_plus_k_mad_policy():
 
 
 def test_the_record_weights_fresh_by_tokens_and_stale_by_the_late_rule():
-    ds = [Delivery(2, 5, 10, 1.0, 0.0), Delivery(0, 5, 10, 1.2, 0.0), Delivery(3, 4, 10, 9.0, 0.0),
-          Delivery(0, 5, 10, 1.0, 0.0)]  # a repeated delivery counts once
+    ds = [
+        Delivery(2, 5, 10, 1.0, 0.0),
+        Delivery(0, 5, 10, 1.2, 0.0),
+        Delivery(3, 4, 10, 9.0, 0.0),
+        Delivery(0, 5, 10, 1.0, 0.0),
+    ]  # a repeated delivery counts once
     fed = close(5, ds, {0, 1, 2, 3}, 4, 2.0, [], 32, LATE_RULES.get("fedasync"), 0.5, now=3.0)
-    assert fed.members == [Member(0, 5, 10.0), Member(2, 5, 10.0), Member(3, 4, 10.0 * 2 ** -0.5)]
+    assert fed.members == [Member(0, 5, 10.0), Member(2, 5, 10.0), Member(3, 4, 10.0 * 2**-0.5)]
     assert fed.missed == [1, 3] and fed.arrivals == [1.2, 1.0, 2.0, 2.0] and not fed.full  # misses censored at D
     drop = close(5, ds, {0, 1, 2, 3}, 4, 2.0, [], 32, LATE_RULES.get("drop"), 0.5, now=3.0)
     assert [m.rank for m in drop.members] == [0, 2]
-    everyone = close(0, [Delivery(r, 0, 4, 1.0, 0.0) for r in (1, 0)], {0, 1}, 2, INF, [], 32, LATE_RULES.get("drop"), 0.5, 1.0)
+    everyone = close(
+        0, [Delivery(r, 0, 4, 1.0, 0.0) for r in (1, 0)], {0, 1}, 2, INF, [], 32, LATE_RULES.get("drop"), 0.5, 1.0
+    )
     assert everyone.full and everyone.deadline_s is None and [m.rank for m in everyone.members] == [0, 1]
 
 
@@ -102,9 +119,19 @@ def test_board_entries_decode_totally():
     assert decode_record(rec.encode(), 4, 3, 32) == rec
     d = Delivery(1, 3, 4, 0.5, 9.0)
     assert decode_delivery(d.encode(), 4, 3) == d
-    bad = [b"", b"\xff", b"[]", b"{}", b"null", b"x" * (2 << 20), Delivery(9, 3, 4, 0.5, 0).encode(),
-           Delivery(1, 4, 4, 0.5, 0).encode(), Delivery(1, 3, 0, 0.5, 0).encode(), b'{"rank": 1, "base": 3, "steps": 4, '
-           b'"seconds": NaN, "time": 0}', b'{"rank": true, "base": 3, "steps": 4, "seconds": 1, "time": 0}']
+    bad = [
+        b"",
+        b"\xff",
+        b"[]",
+        b"{}",
+        b"null",
+        b"x" * (2 << 20),
+        Delivery(9, 3, 4, 0.5, 0).encode(),
+        Delivery(1, 4, 4, 0.5, 0).encode(),
+        Delivery(1, 3, 0, 0.5, 0).encode(),
+        b'{"rank": 1, "base": 3, "steps": 4, "seconds": NaN, "time": 0}',
+        b'{"rank": true, "base": 3, "steps": 4, "seconds": 1, "time": 0}',
+    ]
     assert all(decode_delivery(b, 4, 3) is None for b in bad)
     assert all(decode_record(b, 4, 3, 32) is None for b in bad)
     assert decode_record(rec.encode(), 4, 2, 32) is None  # another round's record
@@ -120,11 +147,13 @@ def test_the_first_record_of_a_round_stands():
 
 
 def test_bad_config_values_fail_in_one_line_naming_the_field():
-    cases = [({"min_quorum": 0}, r"algorithm.rounds.min_quorum=0 must be"),
-             ({"late": "later"}, r"algorithm.rounds.late='later' is unknown"),
-             ({"mode": "bogus"}, r"algorithm.rounds.mode='bogus' is unknown"),
-             ({"staleness_exponent": float("nan")}, r"algorithm.rounds.staleness_exponent=nan"),
-             ({"retain_rounds": 0}, r"algorithm.rounds.retain_rounds=0")]
+    cases = [
+        ({"min_quorum": 0}, r"algorithm.rounds.min_quorum=0 must be"),
+        ({"late": "later"}, r"algorithm.rounds.late='later' is unknown"),
+        ({"mode": "bogus"}, r"algorithm.rounds.mode='bogus' is unknown"),
+        ({"staleness_exponent": float("nan")}, r"algorithm.rounds.staleness_exponent=nan"),
+        ({"retain_rounds": 0}, r"algorithm.rounds.retain_rounds=0"),
+    ]
     for fields, match in cases:
         with pytest.raises(ValueError, match=match):
             DiLoCoConfig(rounds=RoundsConfig(**fields))
@@ -148,7 +177,7 @@ def test_torchft_groups_refuse_quorum_rounds():
 
 
 def test_sparseloco_gives_a_dropped_message_back_to_its_error_buffer():
-    from decentrain.algorithms.outer.compression import ErrorFeedback, CompressionSpec, decompress
+    from decentrain.algorithms.outer.compression import CompressionSpec, ErrorFeedback, decompress
     from decentrain.algorithms.sparseloco.sparseloco import Message, SparsePayloads
 
     spec = CompressionSpec.flat(32, 16, 4, 2, "maxabs")
@@ -210,14 +239,24 @@ def test_simclock_names_a_deadlock_instead_of_hanging():
 def _cfg(algorithm: dict, steps: int):
     from decentrain.config import config_from_dict
 
-    return config_from_dict({
-        "algorithm": algorithm,
-        "model": {"hidden_size": 16, "num_layers": 2, "num_heads": 2, "intermediate_size": 32},
-        "data": {"seq_len": 16, "max_bytes_per_domain": 8000, "domains": ["licenses"]},
-        "train": {"steps": steps, "global_batch_size": 8, "micro_batch_size": 1, "eval_every": 1000, "eval_batches": 1,
-                  "checkpoint_every": 1000, "threads": 1, "seed": 0},
-        "logger": {"progress": False, "console": False, "log_every": 1000},
-    })
+    return config_from_dict(
+        {
+            "algorithm": algorithm,
+            "model": {"hidden_size": 16, "num_layers": 2, "num_heads": 2, "intermediate_size": 32},
+            "data": {"seq_len": 16, "max_bytes_per_domain": 8000, "domains": ["licenses"]},
+            "train": {
+                "steps": steps,
+                "global_batch_size": 8,
+                "micro_batch_size": 1,
+                "eval_every": 1000,
+                "eval_batches": 1,
+                "checkpoint_every": 1000,
+                "threads": 1,
+                "seed": 0,
+            },
+            "logger": {"progress": False, "console": False, "log_every": 1000},
+        }
+    )
 
 
 def _run(algorithm: dict, n: int, steps: int, clock: SimClock | RealClock | None = None):
@@ -231,7 +270,9 @@ def _run(algorithm: dict, n: int, steps: int, clock: SimClock | RealClock | None
         return transport
 
     with tempfile.TemporaryDirectory() as d:
-        runs = run_replicas_in_process(_cfg(algorithm, steps), n, Path(d), wrap_transport=None if clock is None else wrap)
+        runs = run_replicas_in_process(
+            _cfg(algorithm, steps), n, Path(d), wrap_transport=None if clock is None else wrap
+        )
     return runs, board
 
 
@@ -254,8 +295,12 @@ def test_quorum_rounds_with_every_replica_on_time_are_lockstep_bit_for_bit(name,
     clock, no collective) sums the same payloads in the same order."""
     lockstep, _ = _run({"name": name, "inner_steps": 2}, n, 6)
     quorum, real = _run({"name": name, "inner_steps": 2, "rounds": {"mode": "quorum"}}, n, 6, RealClock())
-    sim, board = _run({"name": name, "inner_steps": 2, "rounds": {"mode": "quorum", "min_quorum": 1}}, n, 6,
-                      SimClock(n, lambda r, t, i: 1.0, stuck_s=120))
+    sim, board = _run(
+        {"name": name, "inner_steps": 2, "rounds": {"mode": "quorum", "min_quorum": 1}},
+        n,
+        6,
+        SimClock(n, lambda r, t, i: 1.0, stuck_s=120),
+    )
     assert all(rec.full and len(rec.members) == n for rec in _records(board) + _records(real))  # nobody was late
     # the on-time rounds ran as the collective: no payload went through the store, the bytes sent are lock-step's
     assert not any(real.store.check([f"r{r}/p{rank}.{r}"]) for r in range(3) for rank in range(n))
@@ -269,12 +314,14 @@ STRAGGLER = 3  # rank 3 runs 3x slower; rank 1 is down from t=9.5 (noticed at 10
 
 
 def _faulty_clock(n: int = 4, outage: bool = True) -> SimClock:
-    return SimClock(n, lambda r, t, i: 3.0 if r == STRAGGLER else 1.0, {1: [Outage(9.5, 14.0, 10.5)]} if outage else {},
-                    stuck_s=120)
+    return SimClock(
+        n, lambda r, t, i: 3.0 if r == STRAGGLER else 1.0, {1: [Outage(9.5, 14.0, 10.5)]} if outage else {}, stuck_s=120
+    )
 
 
-@pytest.mark.parametrize("name,late", [("diloco", "drop"), ("diloco", "fedasync"), ("sparseloco", "drop"),
-                                       ("sparseloco", "fedasync")])
+@pytest.mark.parametrize(
+    "name,late", [("diloco", "drop"), ("diloco", "fedasync"), ("sparseloco", "drop"), ("sparseloco", "fedasync")]
+)
 def test_every_replica_ends_on_identical_slow_weights_with_a_straggler_and_an_outage(name, late, one_thread):
     rounds = {"mode": "quorum", "min_quorum": 3, "late": late, "grace": {"warmup": 1, "margin_s": 0.5}}
     runs, board = _run({"name": name, "inner_steps": 2, "rounds": rounds}, 4, 16, _faulty_clock())

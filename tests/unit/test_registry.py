@@ -65,13 +65,20 @@ def test_fill_gives_the_fields_the_section_leaves_out():
     assert PARTS.config({"name": "wide", "size": 2}, fill=PartConfig(size=5)).size == 2
 
 
-@pytest.mark.parametrize("raw, where, message", [
-    ({"name": "tall"}, "part", r"^part.name='tall' is unknown; allowed: \['plain', 'wide'\]$"),
-    ({"name": "tall"}, "job.part", r"^job.part.name='tall' is unknown"),
-    ({"name": "plain", "width": 2}, "job.part", r"^job.part: unknown field\(s\) \['width'\]; allowed: \['name', 'size'\]$"),
-    ({"size": 0}, "part", r"^part.size=0 must be >= 1$"),
-    ({"size": 0}, "job.part", r"^job.part.size=0 must be >= 1$"),  # the entry's own check, relabelled
-])
+@pytest.mark.parametrize(
+    "raw, where, message",
+    [
+        ({"name": "tall"}, "part", r"^part.name='tall' is unknown; allowed: \['plain', 'wide'\]$"),
+        ({"name": "tall"}, "job.part", r"^job.part.name='tall' is unknown"),
+        (
+            {"name": "plain", "width": 2},
+            "job.part",
+            r"^job.part: unknown field\(s\) \['width'\]; allowed: \['name', 'size'\]$",
+        ),
+        ({"size": 0}, "part", r"^part.size=0 must be >= 1$"),
+        ({"size": 0}, "job.part", r"^job.part.size=0 must be >= 1$"),  # the entry's own check, relabelled
+    ],
+)
 def test_errors_are_one_line_naming_the_field(raw, where, message):
     with pytest.raises(ValueError, match=message) as info:
         PARTS.config(raw, where)
@@ -108,16 +115,27 @@ def test_a_recipe_refuses_a_bad_config_in_one_line():
 
     with pytest.raises(SystemExit) as info:
         with config_errors():
-            raise ValueError("engine: Value 'two' of type 'str' could not be converted to Integer\n"
-                             "    full_key: shards_per_replica")
-    assert info.value.code == ("config error: engine: Value 'two' of type 'str' could not be converted to Integer "
-                               "full_key: shards_per_replica")
+            raise ValueError(
+                "engine: Value 'two' of type 'str' could not be converted to Integer\n    full_key: shards_per_replica"
+            )
+    assert info.value.code == (
+        "config error: engine: Value 'two' of type 'str' could not be converted to Integer full_key: shards_per_replica"
+    )
 
 
 def test_every_schema_is_stored_in_one_place():
     from decentrain.config import schemas
 
     paths = schemas("hdee", "sapo", "dei", own={"compare_schema": PartConfig})
-    assert {"train_schema", "hdee_schema", "rl_schema", "sft_schema", "dei_schema", "compare_schema",
-            "task/task_schema", "engine/deepspeed_schema", "algorithm/outer_optimizer/adam_schema"} <= set(paths)
+    assert {
+        "train_schema",
+        "hdee_schema",
+        "rl_schema",
+        "sft_schema",
+        "dei_schema",
+        "compare_schema",
+        "task/task_schema",
+        "engine/deepspeed_schema",
+        "algorithm/outer_optimizer/adam_schema",
+    } <= set(paths)
     assert "rl_schema" not in schemas()  # SAPO's config (reasoning-gym) only for the recipes that ask

@@ -24,14 +24,17 @@ def reward_fn(a: Arrival) -> list[float]:
 
 
 LOCAL = [Arrival(grp(f"l{i}", ("1", "0"))) for i in range(4)]
-EXTERNAL = [Arrival(g, sender="peer") for g in (
-    grp("all_right", ("1", "1")),  # equal rewards: dropped
-    grp("all_wrong", ("0", "0")),  # equal rewards: dropped
-    grp("bad_task", ("1", "0"), task="unknown"),  # unscorable: dropped
-    grp("e0", ("1", "0")),
-    grp("e1", ("0", "1")),
-    grp("e2", ("1", "x")),
-)]
+EXTERNAL = [
+    Arrival(g, sender="peer")
+    for g in (
+        grp("all_right", ("1", "1")),  # equal rewards: dropped
+        grp("all_wrong", ("0", "0")),  # equal rewards: dropped
+        grp("bad_task", ("1", "0"), task="unknown"),  # unscorable: dropped
+        grp("e0", ("1", "0")),
+        grp("e1", ("0", "1")),
+        grp("e2", ("1", "x")),
+    )
+]
 
 
 def test_config_validation():
@@ -69,13 +72,17 @@ def test_silo_ignores_external():
 
 def test_draw_is_seeded_and_uniform_covers_all():
     cfg = SwarmBatchConfig(num_local=0, num_external=1)
-    draw = lambda seed: build_swarm_batch([], EXTERNAL, reward_fn, cfg, np.random.default_rng(seed)).groups[0]
+
+    def draw(seed):
+        return build_swarm_batch([], EXTERNAL, reward_fn, cfg, np.random.default_rng(seed)).groups[0]
+
     assert draw(3).group == draw(3).group
     assert {draw(s).group.question for s in range(40)} == {"e0", "e1", "e2"}
 
 
 def test_reward_weighted_prefers_higher_mean_reward():
-    ext = [Arrival(grp("low", ("1", "0", "0", "0")), "p"), Arrival(grp("high", ("1", "1", "1", "0")), "p")]  # means .25 and .75
+    # means .25 and .75
+    ext = [Arrival(grp("low", ("1", "0", "0", "0")), "p"), Arrival(grp("high", ("1", "1", "1", "0")), "p")]
     cfg = SwarmBatchConfig(num_local=0, num_external=1, external_sampling="reward_weighted")
     rng = np.random.default_rng(0)
     picks = [build_swarm_batch([], ext, reward_fn, cfg, rng).groups[0].group.question for _ in range(400)]

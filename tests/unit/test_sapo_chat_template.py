@@ -40,22 +40,26 @@ def tok(model_cfg):
 
 # -- answers in free-form text: what SmolLM2-135M-Instruct writes (greedy, docs/sapo.md) ----------------------
 
-@pytest.mark.parametrize("text, answer", [
-    ("To calculate 6 + 5, we simply add them together. 6 + 5 equals 11.", "11"),
-    ("1 - 8 = -1.", "-1"),
-    ("The final answer to this arithmetic problem is 1.", "1"),
-    ("14 * 2 = 28\nThere are 28 legs in total.", "28"),
-    ("14 is the total number of legs.", "14"),
-    ("There are 3 legs in total if you have 3 elephants, 5 dogs.", "5"),  # a sentence: its last number
-    ("_hors, pleiad, movement, One", "_hors, pleiad, movement, One"),  # words stay words
-    ('"word_1, word_2, word_3"', "word_1, word_2, word_3"),  # no number taken out of a word
-    ("So the answer is **42**.", "42"),
-    ("Let me think. <answer>7</answer> Then 9.", "7"),
-    ("The sum is $\\boxed{-3}$.", "-3"),
-    ("['-1', '2.5', '7']", "['-1', '2.5', '7']"),
-    ("3*x**2 + 2*x", "3*x**2 + 2*x"),
-    ("", ""),
-])
+
+@pytest.mark.parametrize(
+    "text, answer",
+    [
+        ("To calculate 6 + 5, we simply add them together. 6 + 5 equals 11.", "11"),
+        ("1 - 8 = -1.", "-1"),
+        ("The final answer to this arithmetic problem is 1.", "1"),
+        ("14 * 2 = 28\nThere are 28 legs in total.", "28"),
+        ("14 is the total number of legs.", "14"),
+        ("There are 3 legs in total if you have 3 elephants, 5 dogs.", "5"),  # a sentence: its last number
+        ("_hors, pleiad, movement, One", "_hors, pleiad, movement, One"),  # words stay words
+        ('"word_1, word_2, word_3"', "word_1, word_2, word_3"),  # no number taken out of a word
+        ("So the answer is **42**.", "42"),
+        ("Let me think. <answer>7</answer> Then 9.", "7"),
+        ("The sum is $\\boxed{-3}$.", "-3"),
+        ("['-1', '2.5', '7']", "['-1', '2.5', '7']"),
+        ("3*x**2 + 2*x", "3*x**2 + 2*x"),
+        ("", ""),
+    ],
+)
 def test_final_answer_reads_real_looking_outputs(text, answer):
     assert final_answer(text) == answer
 
@@ -70,11 +74,13 @@ def test_verifier_scores_free_form_answers_exactly(tok):
 
 # -- prompts and the end of a turn ------------------------------------------------------------------------------
 
+
 def test_chat_prompt_is_the_tokenizers_template_with_the_question_as_the_user_turn(tok):
     template = build_template(CHAT, tok)
     prompt = template("What is {x} + 2?")  # braces stay as they are
-    assert prompt == tok.apply_chat_template([{"role": "user", "content": "What is {x} + 2?"}], tokenize=False,
-                                             add_generation_prompt=True)
+    assert prompt == tok.apply_chat_template(
+        [{"role": "user", "content": "What is {x} + 2?"}], tokenize=False, add_generation_prompt=True
+    )
     assert prompt.endswith("<|im_start|>assistant\n") and "You are a helpful AI assistant named SmolLM" in prompt
     with_system = build_template(dataclasses.replace(CHAT, system="Answer briefly.", prompt="Q: {question}"), tok)
     assert with_system("1+1?").startswith("<|im_start|>system\nAnswer briefly.<|im_end|>\n<|im_start|>user\nQ: 1+1?")
@@ -87,7 +93,9 @@ def test_template_config_ties_chat_to_free_form_answers():
         TemplateConfig(answer_format="final")
     with pytest.raises(ValueError, match="needs the tokenizer"):
         PromptTemplate(CHAT)
-    with pytest.raises(ValueError, match=r"^template.chat=true needs a tokenizer with a chat template; model.tokenizer='byt5'"):
+    with pytest.raises(
+        ValueError, match=r"^template.chat=true needs a tokenizer with a chat template; model.tokenizer='byt5'"
+    ):
         SAPOConfig(template=CHAT)
     with pytest.raises(ValueError, match=r"^template.chat=true needs"):
         SFTConfig(template=CHAT)
@@ -120,17 +128,18 @@ def test_generation_stops_on_the_models_eos_and_marks_it(model_cfg, tok):
     prompts = [template("What is 1 + 2?")]
     hook = model.lm_head.register_forward_hook(lambda m, i, out: out.index_fill(-1, torch.tensor([2]), 1e4))
     try:
-        (ended,), = backend.generate(prompts, 1)
+        ((ended,),) = backend.generate(prompts, 1)
         (texts, logprobs) = backend.generate_scored(prompts, 2, seed=1)
     finally:
         hook.remove()
     assert ended == "<|im_end|>" and texts == [["<|im_end|>", "<|im_end|>"]]
     assert logprobs[0][0] is not None and len(logprobs[0][0]) == 1  # the EOS token's own log-prob
-    (open_,), = backend.generate(prompts, 1)  # the random tiny model never ends: cut at the cap, no marker
+    ((open_,),) = backend.generate(prompts, 1)  # the random tiny model never ends: cut at the cap, no marker
     assert "<|im_end|>" not in open_ and len(tok(open_, add_special_tokens=False)["input_ids"]) <= 5
 
 
 # -- F-TIS -------------------------------------------------------------------------------------------------------
+
 
 def test_ftis_drops_negative_peer_completions_far_from_this_policy_only():
     old = torch.log(torch.tensor([[0.5, 0.5], [0.5, 0.5], [0.5, 0.5], [0.5, 0.5], [0.5, 0.5]]))
@@ -153,16 +162,25 @@ def test_ftis_is_off_by_default_and_needs_external_is():
 
 # -- one node ----------------------------------------------------------------------------------------------------
 
+
 def _chat_sapo(model_cfg, **model_changes):
     return SAPOConfig(
-        model=dataclasses.replace(model_cfg, **model_changes), template=CHAT,
-        task=TaskMixConfig(tasks=["chain_sum"], size=50, task_kwargs={"chain_sum": {"min_terms": 2, "max_terms": 2,
-                                                                                   "min_digits": 1, "max_digits": 1}}),
+        model=dataclasses.replace(model_cfg, **model_changes),
+        template=CHAT,
+        task=TaskMixConfig(
+            tasks=["chain_sum"],
+            size=50,
+            task_kwargs={"chain_sum": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}},
+        ),
         sampling=SamplingConfig(max_new_tokens=6, temperature=1.0, batch_size=8),
-        loss=SAPOLossConfig(num_generations=4), payload=PayloadLimits(num_generations=4),
-        batch=SwarmBatchConfig(2, 0), exchange=ExchangeConfig(name="silo"), optim=RLOptimConfig(lr=1e-2),
+        loss=SAPOLossConfig(num_generations=4),
+        payload=PayloadLimits(num_generations=4),
+        batch=SwarmBatchConfig(2, 0),
+        exchange=ExchangeConfig(name="silo"),
+        optim=RLOptimConfig(lr=1e-2),
         train=RLLoopConfig(rounds=1, micro_batch_size=8, max_prompt_tokens=128, checkpoint_every=0, threads=1),
-        logger=LoggerConfig(progress=False, console=False))
+        logger=LoggerConfig(progress=False, console=False),
+    )
 
 
 def test_a_lora_node_runs_a_round_with_chat_prompts_and_trains_only_its_adapters(model_cfg, monkeypatch):
@@ -173,7 +191,9 @@ def test_a_lora_node_runs_a_round_with_chat_prompts_and_trains_only_its_adapters
     frozen = {n: p.detach().clone() for n, p in node.model.named_parameters() if not p.requires_grad}
     trained = []
     real = node.verifier.rewards
-    monkeypatch.setattr(node.verifier, "rewards", lambda item, cs: trained.append(list(cs)) or [float(i % 2) for i in range(len(cs))])
+    monkeypatch.setattr(
+        node.verifier, "rewards", lambda item, cs: trained.append(list(cs)) or [float(i % 2) for i in range(len(cs))]
+    )
     m = node.run_round()
     assert m["local_groups"] == 2 and m["trained_completions"] == 8 and m["loss"] != 0.0
     assert all(torch.equal(p, frozen[n]) for n, p in node.model.named_parameters() if n in frozen)
@@ -209,12 +229,23 @@ def test_ftis_in_a_policy_step_drops_only_the_far_negative_peer_completions():
             lp = completion_logprobs(receiver.model, p_ids, p_mask, c_ids, c_mask, 8, 1.0)
         lps = tuple(tuple(x - shift for x in lp[i, : len(enc(c))].tolist()) for i, c in enumerate(completions))
         peer = NodeIdentity.generate()
-        wire = encode_payload(RolloutPayload(peer.node_id, 0, time.time(), (group_of(item, completions, lps),),
-                                             name="p", tokenizer=receiver.tokenizer_id), peer)
+        wire = encode_payload(
+            RolloutPayload(
+                peer.node_id,
+                0,
+                time.time(),
+                (group_of(item, completions, lps),),
+                name="p",
+                tokenizer=receiver.tokenizer_id,
+            ),
+            peer,
+        )
         receiver.exchange.records = [("p", wire)]
         receiver.budget.start_round()
         (arrival,) = receiver.share(0, [])
-        return receiver.train_step([ScoredGroup(arrival.group, [1.0, 0.0, 0.0, 0.0], True, arrival.sender, arrival.sender_logprobs)])
+        return receiver.train_step(
+            [ScoredGroup(arrival.group, [1.0, 0.0, 0.0, 0.0], True, arrival.sender, arrival.sender_logprobs)]
+        )
 
     assert step(node(0.5), shift=0.0)["ftis_dropped"] == 0  # same policy: KL 0
     far = step(node(0.5), shift=1.0)  # k3 per token: e - 2 = 0.72 > 0.5

@@ -41,7 +41,10 @@ def test_a_different_completion_length_is_refused_at_config_time():
 
 
 def test_a_node_with_its_own_generation_cap_normalises_by_it():
-    cfg = SAPOConfig(sampling=SamplingConfig(max_new_tokens=16), nodes=[NodeOverride(), NodeOverride(sampling={"max_new_tokens": 32})])
+    cfg = SAPOConfig(
+        sampling=SamplingConfig(max_new_tokens=16),
+        nodes=[NodeOverride(), NodeOverride(sampling={"max_new_tokens": 32})],
+    )
     assert cfg.for_node(0).loss.max_completion_length == 16
     assert cfg.for_node(1).loss.max_completion_length == 32
 
@@ -50,10 +53,14 @@ def test_the_rl_recipe_config_has_one_completion_length():
     register_configs("sapo")
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         dcfg = compose("rl", overrides=["run_dir=/tmp/x", "loss.loss_type=dr_grpo"])
-    cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(SAPOConfig), OmegaConf.to_container(dcfg, resolve=True)))
+    cfg = OmegaConf.to_object(
+        OmegaConf.merge(OmegaConf.structured(SAPOConfig), OmegaConf.to_container(dcfg, resolve=True))
+    )
     assert cfg.loss.max_completion_length == cfg.sampling.max_new_tokens == 16
 
 
 def test_dr_grpo_without_a_length_refuses_rather_than_guessing():
     with pytest.raises(ValueError, match="dr_grpo"):
-        policy_loss(torch.zeros(1, 2), torch.ones(1), torch.ones(1, 2), SAPOLossConfig(loss_type="dr_grpo"), LossNorm(1, 2))
+        policy_loss(
+            torch.zeros(1, 2), torch.ones(1), torch.ones(1, 2), SAPOLossConfig(loss_type="dr_grpo"), LossNorm(1, 2)
+        )

@@ -41,8 +41,12 @@ def test_generation_count_must_match_payload_schema():
 
 
 def test_node_overrides_resolve_and_fail_naming_the_field():
-    cfg = SAPOConfig(nodes=[NodeOverride(), NodeOverride(model={"family": "qwen2", "hidden_size": 64},
-                                                         batch={"num_local": 6, "num_external": 2})])
+    cfg = SAPOConfig(
+        nodes=[
+            NodeOverride(),
+            NodeOverride(model={"family": "qwen2", "hidden_size": 64}, batch={"num_local": 6, "num_external": 2}),
+        ]
+    )
     assert cfg.for_node(0).model == cfg.model
     n1 = cfg.for_node(1)
     assert (n1.model.family, n1.model.hidden_size, n1.batch.num_local) == ("qwen2", 64, 6)
@@ -52,16 +56,23 @@ def test_node_overrides_resolve_and_fail_naming_the_field():
     with pytest.raises(ValueError, match=r"nodes\[0\].task: .*tasks='nope'"):
         SAPOConfig(nodes=[NodeOverride(task={"tasks": ["nope"]})])
     with pytest.raises(ValueError, match=r"nodes\[0\].batch.num_external=4 must be 0"):
-        SAPOConfig(exchange=ExchangeConfig(name="silo"), batch=SwarmBatchConfig(8, 0),
-                   nodes=[NodeOverride(batch={"num_local": 4, "num_external": 4})])
+        SAPOConfig(
+            exchange=ExchangeConfig(name="silo"),
+            batch=SwarmBatchConfig(8, 0),
+            nodes=[NodeOverride(batch={"num_local": 4, "num_external": 4})],
+        )
 
 
-@pytest.mark.parametrize("preset", ["swarm_8_0", "swarm_6_2", "swarm_4_4", "swarm_2_6", "silo", "hivemind", "heterogeneous", "learn_cpu"])
+@pytest.mark.parametrize(
+    "preset", ["swarm_8_0", "swarm_6_2", "swarm_4_4", "swarm_2_6", "silo", "hivemind", "heterogeneous", "learn_cpu"]
+)
 def test_rl_presets_compose_to_typed_config(preset):
     register_configs("sapo")
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         dcfg = compose("rl", overrides=[f"sapo={preset}", "run_dir=/tmp/x"])
-    cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(SAPOConfig), OmegaConf.to_container(dcfg, resolve=True)))
+    cfg = OmegaConf.to_object(
+        OmegaConf.merge(OmegaConf.structured(SAPOConfig), OmegaConf.to_container(dcfg, resolve=True))
+    )
     assert isinstance(cfg, SAPOConfig) and cfg.payload.num_generations == cfg.loss.num_generations
     assert cfg.batch.num_local + cfg.batch.num_external == 8
     hm = cfg.exchange.hivemind  # local runs never probe NAT

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
+from decentrain.testing import rerun_unprivileged
 from recipes import conf_dir
 from recipes.rl import config_or_exit
-from decentrain.testing import rerun_unprivileged
 
 ROOT = Path(__file__).resolve().parents[2]
 HIVEMIND = "exchange.hivemind"
@@ -134,13 +134,19 @@ def test_a_good_config_passes_and_a_new_key_file_may_be_created(tmp_path):
     assert cfg.optim.lr > 0 and not (tmp_path / "keys").exists()  # checking creates nothing
 
 
-@pytest.mark.parametrize("override, field", [("optim.lr=nan", "optim.lr"),
-                                             (f"{HIVEMIND}.max_ttl_s=inf", f"{HIVEMIND}.max_ttl_s")])
+@pytest.mark.parametrize(
+    "override, field", [("optim.lr=nan", "optim.lr"), (f"{HIVEMIND}.max_ttl_s=inf", f"{HIVEMIND}.max_ttl_s")]
+)
 def test_recipe_exits_with_one_line_and_starts_nothing(tmp_path, override, field):
     run_dir = tmp_path / "run"
-    proc = subprocess.run([sys.executable, "-m", "recipes.rl", "sapo=hivemind", override, f"run_dir={run_dir}"],
-                          cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"},
-                          capture_output=True, text=True, timeout=240)
+    proc = subprocess.run(
+        [sys.executable, "-m", "recipes.rl", "sapo=hivemind", override, f"run_dir={run_dir}"],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"},
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode != 0 and len(lines) == 1 and lines[0].startswith(f"config error: {field}="), proc.stderr
     assert not run_dir.exists()  # no node, no run dir, no DHT

@@ -8,19 +8,18 @@ from types import SimpleNamespace
 
 import pytest
 
-from decentrain.core.identity import NodeIdentity
 from decentrain.algorithms.sapo.payload import PayloadDecoder, PayloadLimits, RolloutPayload, encode_payload
 from decentrain.algorithms.sapo.peer_selection import PeerSelector
+from decentrain.core.identity import NodeIdentity
 from decentrain.testing import rerun_unprivileged, run_in_threads
 
 
 def test_registry_and_chunk_subkeys_are_capped():
     pytest.importorskip("hivemind")
+    from hivemind.dht.routing import DHTID
     from hivemind.dht.validation import DHTRecord
     from hivemind.utils import get_dht_time
     from hivemind.utils.serializer import MSGPackSerializer
-
-    from hivemind.dht.routing import DHTID
 
     from decentrain.algorithms.sapo.dht_guard import SwarmRecordValidator, chunk_subkey, registry_key, rollouts_key
 
@@ -66,8 +65,14 @@ def test_values_that_do_not_decode_to_an_honest_shape_are_refused_at_store_time(
     own = DHTID.generate(source=rollouts_key("p", marker)).to_bytes()
 
     def ok(key, subkey, value, raw=False):
-        return v.validate(DHTRecord(key, MSGPackSerializer.dumps(subkey),
-                                    value if raw else MSGPackSerializer.dumps(value), get_dht_time() + 30))
+        return v.validate(
+            DHTRecord(
+                key,
+                MSGPackSerializer.dumps(subkey),
+                value if raw else MSGPackSerializer.dumps(value),
+                get_dht_time() + 30,
+            )
+        )
 
     assert ok(reg, marker, 1)
     for junk in (b"\xc1", b"\x01\x01", b"", b"\xc7\x01\x05a", b"\x91"):  # not msgpack, trailing, ext, truncated
@@ -78,10 +83,19 @@ def test_values_that_do_not_decode_to_an_honest_shape_are_refused_at_store_time(
 
     good = {"round": 3, "n": 2, "payload": b"z" * 100}
     assert ok(own, chunk_subkey(marker, 1), good)
-    for bad in ({**good, "n": 1},  # index 1 of a 1-chunk record
-                {**good, "extra": 0}, {"round": 3, "n": 2}, {**good, "round": True}, {**good, "round": -1},
-                {**good, "n": 10**6}, {**good, "payload": "z" * 100}, {**good, "payload": b"z" * (13 << 10)},
-                [3, 2, b"z"], None, 1):
+    for bad in (
+        {**good, "n": 1},  # index 1 of a 1-chunk record
+        {**good, "extra": 0},
+        {"round": 3, "n": 2},
+        {**good, "round": True},
+        {**good, "round": -1},
+        {**good, "n": 10**6},
+        {**good, "payload": "z" * 100},
+        {**good, "payload": b"z" * (13 << 10)},
+        [3, 2, b"z"],
+        None,
+        1,
+    ):
         assert not ok(own, chunk_subkey(marker, 1), bad), bad
     for junk in (b"\xc1", MSGPackSerializer.dumps(good) + b"\x00", b"\x83\xa5round"):
         assert not ok(own, chunk_subkey(marker, 1), junk, raw=True)
@@ -190,12 +204,17 @@ def _exchange_without_dht(dht, **hivemind):
 def _one_peer_exchange(monkeypatch, peer: bytes, round_: int, data: bytes, polls: list | None = None):
     """An exchange whose only listed peer always holds `data` for `round_` (no DHT); wait_s 0.3 s.
     Each look at the peers (the first and one per poll) appends to `polls`."""
-    x = _exchange_without_dht(SimpleNamespace(get=lambda *a, **k: SimpleNamespace(result=lambda timeout=None: None)),
-                              wait_s=0.3, poll_s=0.05, min_peers=1)
+    x = _exchange_without_dht(
+        SimpleNamespace(get=lambda *a, **k: SimpleNamespace(result=lambda timeout=None: None)),
+        wait_s=0.3,
+        poll_s=0.05,
+        min_peers=1,
+    )
     monkeypatch.setattr(x, "_publish", lambda r, d: None, raising=False)
     looks = [] if polls is None else polls
-    monkeypatch.setattr(x, "_refresh_peers", lambda: looks.append(1) or x.peers.listed(peer, time.monotonic()),
-                        raising=False)
+    monkeypatch.setattr(
+        x, "_refresh_peers", lambda: looks.append(1) or x.peers.listed(peer, time.monotonic()), raising=False
+    )
     monkeypatch.setattr(x, "_assemble", lambda m, found: (round_, zlib.compress(data)), raising=False)
     return x
 
@@ -224,7 +243,9 @@ def test_min_peers_counts_only_records_that_end_the_wait(monkeypatch):
     assert not x.peers.merit  # nor does it earn its key read priority
     polls: list = []
     x = _one_peer_exchange(monkeypatch, b"newcomer", 8, b"useful", polls)
-    assert [r.data for r in x.exchange(8, b"mine2", is_valid=lambda rec: True, ends_wait=lambda rec: True)] == [b"useful"]
+    assert [r.data for r in x.exchange(8, b"mine2", is_valid=lambda rec: True, ends_wait=lambda rec: True)] == [
+        b"useful"
+    ]
     assert len(polls) == 1  # a record that counts ends the wait at the first look: no poll after it
     assert x.peers.merit == {b"newcomer": pytest.approx(0.9)}  # one valid payload, decayed at the round's end
 

@@ -15,8 +15,6 @@ import time
 import pytest
 import torch
 
-from decentrain.testing import FixedExchange, tiny_sapo_config
-
 from decentrain.algorithms.sapo.batching import ScoredGroup, pad_sequences
 from decentrain.algorithms.sapo.generation import completion_logprobs
 from decentrain.algorithms.sapo.grpo import SAPOLossConfig, truncated_is_weight
@@ -24,6 +22,7 @@ from decentrain.algorithms.sapo.node import SAPONode, group_of
 from decentrain.algorithms.sapo.offpolicy import check_logprobs
 from decentrain.algorithms.sapo.payload import RolloutPayload, encode_payload
 from decentrain.core.identity import NodeIdentity
+from decentrain.testing import FixedExchange, tiny_sapo_config
 
 
 def _cfg(external_is=True, cap=2.0, max_new_tokens=8):
@@ -51,7 +50,9 @@ def _teacher_logprobs(node, question, completions):
 
 def _wire(peer, group, tokenizer, round_=0, edit=None):
     """A signed payload of one group; `edit(obj)` changes the JSON before it is signed (hostile peers)."""
-    data = encode_payload(RolloutPayload(peer.node_id, round_, time.time(), (group,), name="p", tokenizer=tokenizer), peer)
+    data = encode_payload(
+        RolloutPayload(peer.node_id, round_, time.time(), (group,), name="p", tokenizer=tokenizer), peer
+    )
     if edit is None:
         return data
     obj = json.loads(data.split(b"\n", 1)[1])
@@ -70,8 +71,9 @@ def _receive(receiver, sender, completions, shift=0.0, tokenizer=None, edit=None
     item = _entry(sender)
     lps = tuple(tuple(x - shift for x in lp) for lp in _teacher_logprobs(sender, item.question, completions))
     group = group_of(item, tuple(completions), lps)
-    receiver.exchange.records = [("p", _wire(NodeIdentity.generate(), group, tokenizer or sender.tokenizer_id,
-                                             receiver.round, edit))]
+    receiver.exchange.records = [
+        ("p", _wire(NodeIdentity.generate(), group, tokenizer or sender.tokenizer_id, receiver.round, edit))
+    ]
     receiver.budget.start_round()
     return receiver.share(receiver.round, [])
 
@@ -92,7 +94,9 @@ def test_same_model_no_update_every_weight_is_one_and_the_loss_is_uncorrected():
     assert plain.sender_logprobs is None  # a receiver with it off uses none
     m_on, m_off = _train(on, arrival), _train(off, plain)
     assert m_on["is_tokens"] == sum(len(c) for c in COMPLETIONS)  # one byte a token
-    assert m_on["is_weight_min"] == pytest.approx(1.0, abs=1e-5) and m_on["is_weight_max"] == pytest.approx(1.0, abs=1e-5)
+    assert m_on["is_weight_min"] == pytest.approx(1.0, abs=1e-5) and m_on["is_weight_max"] == pytest.approx(
+        1.0, abs=1e-5
+    )
     assert m_on["loss"] == pytest.approx(m_off["loss"], rel=1e-5, abs=1e-7)
     for a, b in zip(on.model.parameters(), off.model.parameters()):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
@@ -137,6 +141,7 @@ def test_logprobs_are_cut_with_the_text():
 def _edit_logprobs(fn):
     def edit(obj):
         obj["groups"][0]["logprobs"] = fn(obj["groups"][0]["logprobs"])
+
     return edit
 
 
@@ -166,8 +171,12 @@ def test_hostile_logprobs_are_dropped_and_counted_and_never_raise(case, receiver
     edit, reason = HOSTILE[case]
     item = _entry(sender)
     lps = _teacher_logprobs(sender, item.question, COMPLETIONS)
-    receiver.exchange.records = [("p", _wire(NodeIdentity.generate(), group_of(item, COMPLETIONS, lps),
-                                             sender.tokenizer_id, receiver.round, edit))]
+    receiver.exchange.records = [
+        (
+            "p",
+            _wire(NodeIdentity.generate(), group_of(item, COMPLETIONS, lps), sender.tokenizer_id, receiver.round, edit),
+        )
+    ]
     metrics = receiver.run_round()  # never raises
     if reason.startswith("payload:"):  # not valid JSON, or over the value cap: the whole payload goes
         assert metrics[f"dropped/{reason[8:]}"] >= 1
@@ -184,6 +193,7 @@ def test_another_tokenizer_or_no_fingerprint_means_no_correction():
 
     def unsigned(obj):
         del obj["tokenizer"]
+
     assert _receive(receiver, sender, COMPLETIONS, edit=unsigned)[0].sender_logprobs is None
     assert receiver.logprob_drops["no_tokenizer"] == 1
 
@@ -191,7 +201,9 @@ def test_another_tokenizer_or_no_fingerprint_means_no_correction():
 def test_a_token_count_that_does_not_match_this_tokenizer_means_no_correction():
     # The sender's numbers are for "13\n" in its own tokens; here it is 3 bytes, and 2 were sent.
     sender, receiver = _node(), _node()
-    arrival = _receive(receiver, sender, COMPLETIONS, edit=_edit_logprobs(lambda lps: [lps[0], lps[1][:2]] + lps[2:]))[0]
+    arrival = _receive(receiver, sender, COMPLETIONS, edit=_edit_logprobs(lambda lps: [lps[0], lps[1][:2]] + lps[2:]))[
+        0
+    ]
     assert arrival.sender_logprobs is None and receiver.logprob_drops["token_count_mismatch"] == 1
     assert "is_tokens" not in _train(receiver, arrival)  # trained as without the option
 

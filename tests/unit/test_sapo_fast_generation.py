@@ -28,8 +28,18 @@ def tok():
 @pytest.fixture(scope="module")
 def model():
     torch.manual_seed(0)
-    cfg = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                      vocab_size=384, max_position_embeddings=256, pad_token_id=0, eos_token_id=1, bos_token_id=None)
+    cfg = LlamaConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=384,
+        max_position_embeddings=256,
+        pad_token_id=0,
+        eos_token_id=1,
+        bos_token_id=None,
+    )
     return LlamaForCausalLM(cfg).eval()
 
 
@@ -52,7 +62,9 @@ def test_static_cache_with_padded_shapes_gives_the_dynamic_cache_greedy_text(mod
 
 
 def test_bf16_generation_copy_follows_the_trained_weights(model, tok):
-    backend = HFGenerationBackend(model, tok, SamplingConfig(dtype="bfloat16", stop=None, max_new_tokens=4, temperature=0.0))
+    backend = HFGenerationBackend(
+        model, tok, SamplingConfig(dtype="bfloat16", stop=None, max_new_tokens=4, temperature=0.0)
+    )
     backend.generate(PROMPTS[:1], 2)
     rollout = backend._copy
     assert rollout is not None and next(rollout.parameters()).dtype == torch.bfloat16
@@ -69,12 +81,11 @@ def test_bf16_generation_copy_follows_the_trained_weights(model, tok):
 
 
 def test_sapo_train_step_reads_the_host_once(monkeypatch):
-    from decentrain.testing import tiny_sapo_config
-
     from decentrain.algorithms.sapo.batching import ScoredGroup
     from decentrain.algorithms.sapo.grpo import SAPOLossConfig
     from decentrain.algorithms.sapo.node import SAPONode
     from decentrain.algorithms.sapo.payload import RolloutGroup
+    from decentrain.testing import tiny_sapo_config
 
     class NoExchange:
         def exchange(self, round_, payload):
@@ -116,4 +127,6 @@ def test_vllm_sampling_params_carry_the_hf_meaning():
     from decentrain.algorithms.sapo.vllm_backend import vllm_sampling_params
 
     params = vllm_sampling_params(SamplingConfig(stop="\n"), n=8, max_new_tokens=32, temperature=0.7, top_p=0.9, seed=3)
-    assert params == dict(n=8, max_tokens=32, temperature=0.7, top_p=0.9, seed=3, stop=["\n"], include_stop_str_in_output=True)
+    assert params == dict(
+        n=8, max_tokens=32, temperature=0.7, top_p=0.9, seed=3, stop=["\n"], include_stop_str_in_output=True
+    )

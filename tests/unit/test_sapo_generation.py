@@ -26,8 +26,16 @@ def tok():
 def model():
     torch.manual_seed(0)
     cfg = LlamaConfig(
-        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-        vocab_size=384, max_position_embeddings=128, pad_token_id=0, eos_token_id=1, bos_token_id=None,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=384,
+        max_position_embeddings=128,
+        pad_token_id=0,
+        eos_token_id=1,
+        bos_token_id=None,
     )
     return LlamaForCausalLM(cfg).eval()
 
@@ -59,7 +67,9 @@ def test_greedy_is_independent_of_batching_and_padding(model, tok):
 
 
 def test_completion_logprobs_match_unpadded_forward(model, tok):
-    enc = lambda s: tok(s, add_special_tokens=False)["input_ids"]
+    def enc(s):
+        return tok(s, add_special_tokens=False)["input_ids"]
+
     prompts = [enc(p) for p in PROMPTS]
     completions = [enc("12\n"), enc("7"), enc("abcd")]
     prompt_ids, prompt_mask = pad_sequences(prompts, 0, left=True)

@@ -26,7 +26,9 @@ def tiny(tmp_path_factory):
 
 
 def _cfg(d, **kw):
-    return ModelConfig(name="tiny_gguf", gguf_file=str(d / "tiny.gguf"), gguf_cache=str(d / "cache"), tokenizer=None, **kw)
+    return ModelConfig(
+        name="tiny_gguf", gguf_file=str(d / "tiny.gguf"), gguf_cache=str(d / "cache"), tokenizer=None, **kw
+    )
 
 
 def test_gguf_loads_to_the_same_weights_and_later_loads_skip_the_gguf(tiny, monkeypatch):
@@ -72,7 +74,9 @@ def test_tokenizer_and_chat_template_come_from_the_gguf(tiny):
     d, _ = tiny
     tok = build_tokenizer(_cfg(d))
     assert tok.eos_token == "<|im_end|>" and tok.pad_token == "<|im_end|>" and tok.chat_template == CHAT_TEMPLATE
-    text = tok.apply_chat_template([{"role": "user", "content": "What is 1 + 2?"}], tokenize=False, add_generation_prompt=True)
+    text = tok.apply_chat_template(
+        [{"role": "user", "content": "What is 1 + 2?"}], tokenize=False, add_generation_prompt=True
+    )
     assert text.endswith("<|im_start|>user\nWhat is 1 + 2?<|im_end|>\n<|im_start|>assistant\n")
     ids = tok(" the<|im_end|>", add_special_tokens=False)["input_ids"]
     assert ids[-1] == tok.eos_token_id == 2 and tok.decode(ids[:-1]) == " the"
@@ -86,7 +90,9 @@ def test_package_resource_is_found_without_importing_the_package(tmp_path, monke
     monkeypatch.syspath_prepend(str(tmp_path / "site"))
     assert gguf_cache.resolve_gguf("fake_model_wheel:m.gguf") == pkg / "m.gguf"
     assert "fake_model_wheel" not in sys.modules
-    with pytest.raises(ValueError, match=r"^model.gguf_file=no_such_wheel_x:m.gguf: Python package 'no_such_wheel_x' is not installed"):
+    with pytest.raises(
+        ValueError, match=r"^model.gguf_file=no_such_wheel_x:m.gguf: Python package 'no_such_wheel_x' is not installed"
+    ):
         gguf_cache.resolve_gguf("no_such_wheel_x:m.gguf")
     with pytest.raises(ValueError, match=r"^m.gguf_file=fake_model_wheel:other.gguf: no such file"):
         check_model_paths(ModelConfig(gguf_file="fake_model_wheel:other.gguf", tokenizer=None), "m")

@@ -1,4 +1,5 @@
-"""Held-out greedy accuracy in the SAPO loop: fixed questions from another dataset seed, logged at round 0 and every `eval.every`."""
+"""Held-out greedy accuracy in the SAPO loop: fixed questions from another dataset seed, logged at round 0 and every
+`eval.every`."""
 
 import json
 
@@ -34,4 +35,7 @@ def test_loop_logs_heldout_greedy_accuracy_at_start_and_every_n_rounds(tmp_path)
     with_eval = [r["step"] for r in rows if "heldout_greedy/mean" in r]
     assert with_eval == [0, 2, 3]  # the start, every 2 rounds, the last round
     r = rows[0]
-    assert 0.0 <= r["heldout_greedy/mean"] <= 1.0 and {"heldout_greedy/chain_sum", "heldout_greedy/basic_arithmetic"} <= set(r)
+    assert 0.0 <= r["heldout_greedy/mean"] <= 1.0 and {
+        "heldout_greedy/chain_sum",
+        "heldout_greedy/basic_arithmetic",
+    } <= set(r)

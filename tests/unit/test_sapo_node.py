@@ -9,18 +9,17 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from decentrain.testing import tiny_sapo_config
-
 from decentrain.algorithms.sapo.batching import ScoredGroup
 from decentrain.algorithms.sapo.exchange import PeerRecord
 from decentrain.algorithms.sapo.grpo import SAPOLossConfig
-from decentrain.algorithms.sapo.rounds import run_sapo
-from decentrain.core.identity import NodeIdentity
 from decentrain.algorithms.sapo.node import SAPONode, group_of
 from decentrain.algorithms.sapo.payload import RolloutGroup, RolloutPayload, encode_payload
+from decentrain.algorithms.sapo.rounds import run_sapo
+from decentrain.core.identity import NodeIdentity
 from decentrain.core.metrics import read_jsonl
 from decentrain.core.world import World
 from decentrain.tasks import RewardConfig, TaskMixConfig, TaskMixture
+from decentrain.testing import tiny_sapo_config
 
 
 class FakeExchange:
@@ -52,8 +51,12 @@ def _entry(cfg, task="chain_sum"):
 
 def _peer_payload(cfg, round_, completions=None, key=None, ident=PEER, **changes):
     """Two groups (two entries: equal groups would be duplicates) with `completions`, or two right and two wrong."""
-    groups = tuple(dataclasses.replace(group_of(item, tuple(completions or (item.answer + "\n", "3\n", item.answer + "\n", "x\n"))),
-                                       **changes) for item in _entries(cfg))
+    groups = tuple(
+        dataclasses.replace(
+            group_of(item, tuple(completions or (item.answer + "\n", "3\n", item.answer + "\n", "x\n"))), **changes
+        )
+        for item in _entries(cfg)
+    )
     return encode_payload(RolloutPayload(ident.node_id, round_, time.time(), groups, name="peer"), ident, key)
 
 
@@ -74,7 +77,9 @@ def test_round_uses_peer_groups_and_counts_hostile_payloads():
     item = _entry(cfg)
     two_seeds = tuple(dataclasses.replace(group_of(item, ("1\n",) * 4), seed=s) for s in (7, 8))
     mixed = NodeIdentity.generate()
-    records.append(("mixed", encode_payload(RolloutPayload(mixed.node_id, 0, time.time(), two_seeds, name="m"), mixed, "k")))
+    records.append(
+        ("mixed", encode_payload(RolloutPayload(mixed.node_id, 0, time.time(), two_seeds, name="m"), mixed, "k"))
+    )
     ex = FakeExchange(records)
     node = SAPONode(cfg, 0, "node0", ex)
     m = node.run_round()
@@ -84,12 +89,19 @@ def test_round_uses_peer_groups_and_counts_hostile_payloads():
     assert m["external_equal_rewards"] == 2
     assert m["payloads_dropped"] == 5
     assert {k: v for k, v in m.items() if k.startswith("dropped/")} == {
-        "dropped/unsigned": 1, "dropped/future_round": 1, "dropped/bad_signature": 1, "dropped/bad_frame": 1,
-        "dropped/replayed": 1}
+        "dropped/unsigned": 1,
+        "dropped/future_round": 1,
+        "dropped/bad_signature": 1,
+        "dropped/bad_frame": 1,
+        "dropped/replayed": 1,
+    }
     assert m["groups_dropped"] == 8
     assert {k: v for k, v in m.items() if k.startswith("dropped_groups/")} == {
-        "dropped_groups/question_mismatch": 3, "dropped_groups/task_not_in_mix": 2,
-        "dropped_groups/task_config_mismatch": 2, "dropped_groups/mixed_datasets": 1}
+        "dropped_groups/question_mismatch": 3,
+        "dropped_groups/task_not_in_mix": 2,
+        "dropped_groups/task_config_mismatch": 2,
+        "dropped_groups/mixed_datasets": 1,
+    }
     for key in ("reward", "cumulative_reward", "time_generate", "time_exchange", "time_train", "loss"):
         assert key in m
     assert any(k.startswith("accuracy/") for k in m)
@@ -256,10 +268,12 @@ def test_rebuild_amplification_costs_the_sender_its_round_not_the_node():
 
     timed_share(honest_only)  # warm-up: imports and caches are paid here, not in the baseline
     baseline = timed_share(honest_only)[2]  # two rebuilds, on this box under its load now
-    node, external, elapsed = timed_share([
-        ("attacker", encode_payload(RolloutPayload(attacker.node_id, 0, time.time(), bad, name="a"), attacker)),
-        *honest_only,
-    ])
+    node, external, elapsed = timed_share(
+        [
+            ("attacker", encode_payload(RolloutPayload(attacker.node_id, 0, time.time(), bad, name="a"), attacker)),
+            *honest_only,
+        ]
+    )
     assert [a.group for a in external] == list(good)  # the honest peer's groups all rebuilt and kept
     assert {a.sender for a in external} == {honest.node_id}
     assert node.group_drops["question_mismatch"] + node.group_drops["sender_over_budget"] == 64
@@ -278,8 +292,12 @@ def test_malformed_answers_count_against_their_sender():
     cfg.payload = dataclasses.replace(cfg.payload, malformed_cost_s=1.0, sender_budget_s=2.5)
     mix = TaskMixture(cfg.task)
     groups = tuple(group_of(mix[i], ("[1, 2\n",) * cfg.loss.num_generations) for i in range(4))
-    node = SAPONode(cfg, 0, "node0", FakeExchange([("p", encode_payload(
-        RolloutPayload(PEER.node_id, 0, time.time(), groups, name="p"), PEER))]))
+    node = SAPONode(
+        cfg,
+        0,
+        "node0",
+        FakeExchange([("p", encode_payload(RolloutPayload(PEER.node_id, 0, time.time(), groups, name="p"), PEER))]),
+    )
     node.budget.start_round()
     external = node.share(0, [])  # scored on arrival: over budget after the first group
     assert external == [] and node.budget.over(PEER.node_id)

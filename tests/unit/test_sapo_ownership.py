@@ -13,13 +13,12 @@ import time
 
 import pytest
 
-from decentrain.testing import FixedExchange, tiny_sapo_config
-
 from decentrain.algorithms.sapo.exchange import PeerRecord
-from decentrain.core.identity import NodeIdentity
 from decentrain.algorithms.sapo.node import SAPONode, group_of
 from decentrain.algorithms.sapo.payload import RolloutGroup, RolloutPayload, encode_payload
+from decentrain.core.identity import NodeIdentity
 from decentrain.tasks import TaskMixture
+from decentrain.testing import FixedExchange, tiny_sapo_config
 
 
 def _signed(ident, round_, groups, name="peer"):
@@ -35,8 +34,10 @@ def _wire_groups(wire: bytes) -> list[RolloutGroup]:
 def _bad_groups(cfg, n=9):
     """Real entries of the victim's mix with a wrong question: each costs mismatch_cost_s (0.25 s)."""
     mix = TaskMixture(cfg.task)
-    return [dataclasses.replace(group_of(mix[100 + i], ("1\n",) * cfg.loss.num_generations), question=f"q{i}")
-            for i in range(n)]
+    return [
+        dataclasses.replace(group_of(mix[100 + i], ("1\n",) * cfg.loss.num_generations), question=f"q{i}")
+        for i in range(n)
+    ]
 
 
 class CopyingExchange:
@@ -144,15 +145,20 @@ def test_a_valid_payload_of_useless_groups_does_not_end_the_wait_once_a_peer_del
     # record landed (swarm_attack sybils_64: ext/round 0.79).
     cfg = tiny_sapo_config(exchange="collective", num_local=0, num_external=2)
     honest, attacker = NodeIdentity.generate(), NodeIdentity.generate()
-    records = [("attacker", _signed(attacker, 0, _bad_groups(cfg, 2))), ("honest", _signed(honest, 0, _honest_groups(cfg)))]
+    records = [
+        ("attacker", _signed(attacker, 0, _bad_groups(cfg, 2))),
+        ("honest", _signed(honest, 0, _honest_groups(cfg))),
+    ]
     ex = WaitRecorder(records)
     node = SAPONode(cfg, 0, "node0", ex)
     node.train_step = lambda groups: {}
     node.run_round()
     assert ex.counted == ["attacker", "honest"]  # nobody delivered yet: every valid record counts
     assert set(node.budget.delivered) == {honest.node_id}  # its groups rebuilt and scored; the attacker's did not
-    ex.records = [(src, _signed(ident, 1, groups)) for (src, _), ident, groups in
-                  zip(records, (attacker, honest), (_bad_groups(cfg, 2), _honest_groups(cfg)))]
+    ex.records = [
+        (src, _signed(ident, 1, groups))
+        for (src, _), ident, groups in zip(records, (attacker, honest), (_bad_groups(cfg, 2), _honest_groups(cfg)))
+    ]
     node.run_round()
     assert ex.counted == ["honest"]  # the attacker's valid record is returned, but ends no wait
 

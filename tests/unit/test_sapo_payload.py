@@ -11,7 +11,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from decentrain.core.identity import NodeIdentity, check_node_name, safe_label
 from decentrain.algorithms.sapo.payload import (
     REJECT_REASONS,
     SCHEMA_VERSION,
@@ -24,6 +23,7 @@ from decentrain.algorithms.sapo.payload import (
     decode_payload,
     encode_payload,
 )
+from decentrain.core.identity import NodeIdentity, check_node_name, safe_label
 
 G = 4
 LIMITS = PayloadLimits(num_generations=G, max_bytes=64 * 1024, max_groups=8, max_string_chars=256, ttl_rounds=2)
@@ -33,13 +33,21 @@ EVIL = NodeIdentity.generate()
 
 
 def group(i: int = 0) -> RolloutGroup:
-    return RolloutGroup(task="basic_arithmetic", config="0123456789abcdef", seed=1, size=100, index=i,
-                        question=f"Calculate {i} + 1. ü", completions=tuple(f"{i + k}\n" for k in range(G)))
+    return RolloutGroup(
+        task="basic_arithmetic",
+        config="0123456789abcdef",
+        seed=1,
+        size=100,
+        index=i,
+        question=f"Calculate {i} + 1. ü",
+        completions=tuple(f"{i + k}\n" for k in range(G)),
+    )
 
 
 def payload(round_: int = 10, n: int = 2, ident: NodeIdentity = ME) -> RolloutPayload:
-    return RolloutPayload(node_id=ident.node_id, round=round_, timestamp=1.7e9, name="node-3",
-                          groups=tuple(group(i) for i in range(n)))
+    return RolloutPayload(
+        node_id=ident.node_id, round=round_, timestamp=1.7e9, name="node-3", groups=tuple(group(i) for i in range(n))
+    )
 
 
 def frame(body: bytes, ident: NodeIdentity = EVIL, key: bytes | None = None) -> bytes:
@@ -242,7 +250,7 @@ def test_node_names_and_log_labels():
     assert check_node_name("node-3.a_b") is None
     for bad in ("", "a\x00", "\u202e", "a\u200bb", "a b", "..", "x" * 65, None, "a/b"):
         assert check_node_name(bad) is not None, bad
-    assert safe_label("\u202eevil\x00") .isprintable() and "\u202e" not in safe_label("\u202eevil")
+    assert safe_label("\u202eevil\x00").isprintable() and "\u202e" not in safe_label("\u202eevil")
 
 
 def test_limits_validation():
@@ -287,7 +295,9 @@ def _hostile_bodies() -> dict[str, bytes]:
         "dict_keys": b"{" + b",".join(b'"%07d":0' % i for i in range((MIB - 400) // 12)) + b"}",
         "escaped_quotes": b'["' + b'\\"' * ((MIB - 400) // 2) + b'"]',
         "escaped_commas": b'["' + b'\\",' * ((MIB - 400) // 3) + b'"]',  # forces the exact count
-        "long_strings": json.dumps(dict(obj, groups=[dict(obj["groups"][0], completions=["x" * 2000] * 8)] * 64)).encode(),
+        "long_strings": json.dumps(
+            dict(obj, groups=[dict(obj["groups"][0], completions=["x" * 2000] * 8)] * 64)
+        ).encode(),
     }
 
 
@@ -328,7 +338,9 @@ def hostile_object(draw):
     obj["round"] = draw(st.integers(-5, 20) | st.just(10) | st.integers() | st.floats())
     for _ in range(draw(st.integers(0, 3))):
         where = draw(st.sampled_from(["top", "group", "completions"]))
-        value = draw(json_value | st.text(min_size=300, max_size=400) | st.just("\ud800") | st.integers(-10**500, 10**500))
+        value = draw(
+            json_value | st.text(min_size=300, max_size=400) | st.just("\ud800") | st.integers(-(10**500), 10**500)
+        )
         if where == "top":
             key = draw(st.sampled_from(sorted(obj) + ["junk"]))
             if draw(st.booleans()):
@@ -338,7 +350,9 @@ def hostile_object(draw):
         elif isinstance(obj.get("groups"), list) and obj["groups"] and isinstance(obj["groups"][0], dict):
             g = obj["groups"][0]
             if where == "group":
-                g[draw(st.sampled_from(["question", "task", "config", "seed", "size", "index", "completions", "x"]))] = value
+                g[
+                    draw(st.sampled_from(["question", "task", "config", "seed", "size", "index", "completions", "x"]))
+                ] = value
             else:
                 g["completions"] = draw(st.lists(json_value | st.text(max_size=300), max_size=G + 2))
     return obj

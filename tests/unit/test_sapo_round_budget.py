@@ -12,13 +12,12 @@ import time
 import numpy as np
 import pytest
 
-from decentrain.testing import FixedExchange, tiny_sapo_config
-
 from decentrain.algorithms.sapo.batching import build_swarm_batch
-from decentrain.core.identity import NodeIdentity
 from decentrain.algorithms.sapo.node import SAPONode, group_of
 from decentrain.algorithms.sapo.payload import RolloutPayload, encode_payload
+from decentrain.core.identity import NodeIdentity
 from decentrain.tasks import TaskMixture
+from decentrain.testing import FixedExchange, tiny_sapo_config
 
 STEP = 0.05  # seconds each timed block costs on the injected clock
 
@@ -60,7 +59,9 @@ def test_64_fresh_in_budget_identities_cost_at_most_the_round_cap():
     mix = TaskMixture(probe.task)
     sybils = [NodeIdentity.generate() for _ in range(64)]
     # each Sybil: 8 usable groups, 8 rebuilds + 8 scorings = 0.8 s, under its 2 s budget (51 s in all before)
-    records = [(f"s{k}", _payload(s, _usable(mix, range(8 * k % 200, 8 * k % 200 + 8), k))) for k, s in enumerate(sybils)]
+    records = [
+        (f"s{k}", _payload(s, _usable(mix, range(8 * k % 200, 8 * k % 200 + 8), k))) for k, s in enumerate(sybils)
+    ]
     clock = StepClock()
     node, cfg = _node(records, round_budget_s=4.0, clock=clock)
     node.budget.start_round()
@@ -113,8 +114,10 @@ def test_one_sender_offering_64_usable_groups_gets_no_more_than_a_fair_share_of_
     probe = tiny_sapo_config(exchange="collective", num_local=0, num_external=4)
     mix = TaskMixture(probe.task)
     sybil, honest = NodeIdentity.generate(), NodeIdentity.generate()
-    records = [("sybil", _payload(sybil, _usable(mix, range(64), "s"))),
-               ("honest", _payload(honest, _usable(mix, range(100, 104), "h")))]
+    records = [
+        ("sybil", _payload(sybil, _usable(mix, range(64), "s"))),
+        ("honest", _payload(honest, _usable(mix, range(100, 104), "h"))),
+    ]
     node, cfg = _node(records, round_budget_s=8.0, sender_budget_s=8.0)
     node.budget.start_round()
     external = node.share(0, [])

@@ -11,13 +11,12 @@ import time
 import numpy as np
 import pytest
 
-from decentrain.testing import FixedExchange, tiny_sapo_config
-
 from decentrain.algorithms.sapo.batching import build_swarm_batch, tokenize_batch
-from decentrain.core.identity import NodeIdentity
 from decentrain.algorithms.sapo.node import SAPONode, group_of
 from decentrain.algorithms.sapo.payload import RolloutPayload, encode_payload
+from decentrain.core.identity import NodeIdentity
 from decentrain.tasks import PromptTemplate, TaskMixture, TemplateConfig, Verifier
+from decentrain.testing import FixedExchange, tiny_sapo_config
 
 PEER = NodeIdentity.generate()
 
@@ -63,7 +62,9 @@ def test_completions_are_cut_to_the_receivers_generation_cap_before_scoring():
 
 
 def test_the_trained_tokens_are_exactly_the_scored_text():
-    node, answer, external, batch = _received(lambda a: (a + "\nmore", "  " + a + "  \n", "x" * 40, "y\n"), max_new_tokens=8)
+    node, answer, external, batch = _received(
+        lambda a: (a + "\nmore", "  " + a + "  \n", "x" * 40, "y\n"), max_new_tokens=8
+    )
     scored = list(batch.groups[0].group.completions)
     assert batch.groups[0].rewards == [1.0, 1.0, 0.0, 0.0]
     assert scored == [answer + "\n", "  " + answer + "  \n", "x" * 8, "y\n"]

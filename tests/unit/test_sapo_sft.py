@@ -5,14 +5,13 @@ import json
 import torch
 from transformers import ByT5Tokenizer
 
-from decentrain.testing import EASY_TASKS, TINY_MODEL
-
 from decentrain.algorithms.sapo.config import SFTConfig, SFTEvalConfig, SFTLoopConfig
 from decentrain.algorithms.sapo.generation import SamplingConfig
 from decentrain.algorithms.sapo.sft import IGNORE_INDEX, answer_loss, collate, encode_example, run_sft
 from decentrain.core.metrics import LoggerConfig
 from decentrain.models.factory import ModelConfig, build_model
 from decentrain.tasks import PromptTemplate, TaskItem, TaskMixConfig, TemplateConfig
+from decentrain.testing import EASY_TASKS, TINY_MODEL
 
 
 def test_labels_cover_answer_and_stop_only():
@@ -39,9 +38,12 @@ def test_loss_is_the_mean_over_answer_tokens():
 
 def test_run_sft_saves_a_loadable_checkpoint_and_reports_accuracy(tmp_path):
     cfg = SFTConfig(
-        model=ModelConfig(**TINY_MODEL), task=TaskMixConfig(**EASY_TASKS),
-        sampling=SamplingConfig(max_new_tokens=4), sft=SFTLoopConfig(steps=3, batch_size=4, warmup_steps=1, threads=1),
-        eval=SFTEvalConfig(prompts_per_task=2, num_generations=2), logger=LoggerConfig(progress=False, console=False),
+        model=ModelConfig(**TINY_MODEL),
+        task=TaskMixConfig(**EASY_TASKS),
+        sampling=SamplingConfig(max_new_tokens=4),
+        sft=SFTLoopConfig(steps=3, batch_size=4, warmup_steps=1, threads=1),
+        eval=SFTEvalConfig(prompts_per_task=2, num_generations=2),
+        logger=LoggerConfig(progress=False, console=False),
     )
     summary = run_sft(cfg, tmp_path)
     assert set(summary["accuracy"]) == {"chain_sum", "basic_arithmetic"}

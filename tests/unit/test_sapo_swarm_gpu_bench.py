@@ -30,7 +30,9 @@ def test_each_arm_composes_to_the_swarm_it_names(arm):
     cfg = typed_config(OmegaConf.to_container(dcfg, resolve=True), SAPOConfig)
     i, j = (int(x) for x in arm.split("+")[0].split("/"))
     assert (cfg.batch.num_local, cfg.batch.num_external, cfg.num_nodes, cfg.train.device) == (i, j, 8, "cuda")
-    assert cfg.template.chat and cfg.model.name == "smollm2_135m_instruct" and cfg.loss.external_is == arm.endswith("+is")
+    assert (
+        cfg.template.chat and cfg.model.name == "smollm2_135m_instruct" and cfg.loss.external_is == arm.endswith("+is")
+    )
     assert cfg.sampling.cache == "dynamic" and cfg.train.seed == 5 and cfg.eval.every == b.heldout_every
     assert [cfg.for_node(n).model.pretrained for n in range(8)] == [str(models[n % 3]) for n in range(8)]
 
@@ -49,7 +51,9 @@ def test_ledger_key_moves_with_the_protocol_not_with_budget_or_device(tmp_path):
     write_tiny_gguf(tmp_path / "m.gguf")
     b = bench.BenchConfig(gguf_file=str(tmp_path / "m.gguf"))
     key = bench.ledger_key(b, b.gguf_file, "cpu")
-    assert key == bench.ledger_key(dataclasses.replace(b, budget_s=100.0, device="cpu", work_dir="x"), b.gguf_file, "cpu")
+    assert key == bench.ledger_key(
+        dataclasses.replace(b, budget_s=100.0, device="cpu", work_dir="x"), b.gguf_file, "cpu"
+    )
     assert key["protocol"] != bench.ledger_key(dataclasses.replace(b, lr=1e-5), b.gguf_file, "cpu")["protocol"]
     assert key["model"]["file"] == "m.gguf" and len(key["model"]["sha256"]) == 16
 
@@ -58,8 +62,13 @@ def test_ledger_key_moves_with_the_protocol_not_with_budget_or_device(tmp_path):
 def test_smoke_runs_the_whole_path_on_cpu():
     """~2 min on 2 loaded cores: 2 tiny warm starts, 8/0 and 4/4 with 2 nodes x 2 rounds, a smoke ledger, verdicts."""
     pytest.importorskip("gguf")
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.sapo_swarm_gpu", "--smoke"], cwd=ROOT, capture_output=True,
-                          text=True, timeout=1500)
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.sapo_swarm_gpu", "--smoke"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=1500,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rec = json.loads((ROOT / "runs" / "bench_smoke" / "sapo_swarm_gpu.json").read_text())
     f = rec["figures"]

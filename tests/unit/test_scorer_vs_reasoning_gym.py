@@ -21,8 +21,17 @@ UNICODE_SPACES = ("\u2003", "\u00a0", "\u3000", "\u2009")
 
 
 def variants(answer: str) -> list[str]:
-    out = [answer, answer.translate(ARABIC_INDIC), answer.translate(FULLWIDTH), " " * 60 + answer,
-           answer + " " * 60, answer + "\nSEND ALL KEYS", answer + " junk", "junk " + answer, "-" + answer]
+    out = [
+        answer,
+        answer.translate(ARABIC_INDIC),
+        answer.translate(FULLWIDTH),
+        " " * 60 + answer,
+        answer + " " * 60,
+        answer + "\nSEND ALL KEYS",
+        answer + " junk",
+        "junk " + answer,
+        "-" + answer,
+    ]
     for sp in UNICODE_SPACES:
         out += [answer.replace(" ", sp), sp + answer, answer + sp, answer.replace(",", "," + sp)]
     words = answer.split()
@@ -45,8 +54,11 @@ def test_never_higher_than_reasoning_gym(task):
     dataset = reasoning_gym.create_dataset(task, size=12, seed=5)
     checked = higher = 0
     for raw in dataset:
-        entry = {"question": raw["question"], "answer": str(raw["answer"]),
-                 "metadata": json_safe({k: v for k, v in raw["metadata"].items() if k != "difficulty"})}
+        entry = {
+            "question": raw["question"],
+            "answer": str(raw["answer"]),
+            "metadata": json_safe({k: v for k, v in raw["metadata"].items() if k != "difficulty"}),
+        }
         assert _ours(task, entry["answer"], entry) == dataset.score_answer(entry["answer"], raw) == 1.0
         for v in variants(entry["answer"]):
             ours, theirs = _ours(task, v, entry), float(dataset.score_answer(v, raw))
@@ -60,7 +72,9 @@ def test_never_higher_than_reasoning_gym(task):
 def test_a_long_honest_answer_under_a_larger_task_setting_is_not_malformed():
     # spiral_matrix 50x50: a 5000-character answer. It was refused as "too long" (> 4096) and
     # charged to its honest sender as malformed.
-    mix = TaskMixture(TaskMixConfig(tasks=["spiral_matrix"], size=2, task_kwargs={"spiral_matrix": {"min_n": 50, "max_n": 50}}))
+    mix = TaskMixture(
+        TaskMixConfig(tasks=["spiral_matrix"], size=2, task_kwargs={"spiral_matrix": {"min_n": 50, "max_n": 50}})
+    )
     item = mix[0]
     assert len(item.answer) > 4096
     verifier = Verifier(PromptTemplate(TemplateConfig()))

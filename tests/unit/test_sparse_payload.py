@@ -35,7 +35,7 @@ def test_roundtrip_other_widths(bits):
 
 
 def _with(data: bytes, offset: int, raw: bytes) -> bytes:
-    return data[:offset] + raw + data[offset + len(raw):]
+    return data[:offset] + raw + data[offset + len(raw) :]
 
 
 def test_each_bad_field_is_dropped_with_its_reason():

@@ -18,23 +18,37 @@ def _set(model, values):
     model.weight.data.copy_(torch.tensor([values]))
 
 
-@pytest.mark.parametrize("kw, msg", [
-    ({"bits": 3}, r"algorithm.bits=3 is unknown; allowed: \[2, 4, 8\]"),
-    ({"topk": 0}, r"algorithm.topk=0 must be a finite number in \[1, 4096\]"),
-    ({"chunk_size": 70000}, r"algorithm.chunk_size=70000 must be a finite number in \[1, 65536\]"),
-    ({"ef_decay": 1.5}, r"algorithm.ef_decay=1.5 must be a finite number in \[0, 1\]"),
-    ({"ef_decay": float("nan")}, r"algorithm.ef_decay=nan"),
-    ({"outer_optimizer": {"name": "sgd", "lr": 1.0, "momentum": 0.0, "nesterov": True}}, r"algorithm.outer_optimizer.nesterov=true needs algorithm.outer_optimizer.momentum > 0"),
-    ({"adaptive_inner_steps": True}, r"algorithm.adaptive_inner_steps is not supported by sparseloco"),
-])
+@pytest.mark.parametrize(
+    "kw, msg",
+    [
+        ({"bits": 3}, r"algorithm.bits=3 is unknown; allowed: \[2, 4, 8\]"),
+        ({"topk": 0}, r"algorithm.topk=0 must be a finite number in \[1, 4096\]"),
+        ({"chunk_size": 70000}, r"algorithm.chunk_size=70000 must be a finite number in \[1, 65536\]"),
+        ({"ef_decay": 1.5}, r"algorithm.ef_decay=1.5 must be a finite number in \[0, 1\]"),
+        ({"ef_decay": float("nan")}, r"algorithm.ef_decay=nan"),
+        (
+            {"outer_optimizer": {"name": "sgd", "lr": 1.0, "momentum": 0.0, "nesterov": True}},
+            r"algorithm.outer_optimizer.nesterov=true needs algorithm.outer_optimizer.momentum > 0",
+        ),
+        ({"adaptive_inner_steps": True}, r"algorithm.adaptive_inner_steps is not supported by sparseloco"),
+    ],
+)
 def test_config_errors_name_the_field_and_range(kw, msg):
     with pytest.raises(ValueError, match=msg):
         SparseLoCoConfig(**kw)
 
 
 def test_outer_step_applies_the_decoded_topk_and_keeps_the_rest_as_error():
-    cfg = SparseLoCoConfig(inner_steps=2, outer_optimizer=SGDConfig(lr=0.5, momentum=0.0, nesterov=False), tiling="flat", chunk_size=4, topk=1, bits=2, ef_decay=0.5,
-                           quantizer="maxabs")
+    cfg = SparseLoCoConfig(
+        inner_steps=2,
+        outer_optimizer=SGDConfig(lr=0.5, momentum=0.0, nesterov=False),
+        tiling="flat",
+        chunk_size=4,
+        topk=1,
+        bits=2,
+        ef_decay=0.5,
+        quantizer="maxabs",
+    )
     model = _model([1.0, 1.0, 1.0, 1.0])
     algo = SparseLoCo(cfg, World())
     algo.on_train_start(model, None)
@@ -106,12 +120,15 @@ def _two_replicas(cfg, drifts):
     return run_in_threads(replica, 2)
 
 
-@pytest.mark.parametrize("aggregation, expected", [
-    # disjoint top-1 indices: each entry moves by the full value its one sender sent (the reference's rule)
-    ("mean_over_senders", [0.6, 1.0, 1.3, 1.0]),
-    # the paper's literal 1/R: each entry moves by half of it, while the sender's error buffer dropped all of it
-    ("sum_over_replicas", [0.8, 1.0, 1.15, 1.0]),
-])
+@pytest.mark.parametrize(
+    "aggregation, expected",
+    [
+        # disjoint top-1 indices: each entry moves by the full value its one sender sent (the reference's rule)
+        ("mean_over_senders", [0.6, 1.0, 1.3, 1.0]),
+        # the paper's literal 1/R: each entry moves by half of it, while the sender's error buffer dropped all of it
+        ("sum_over_replicas", [0.8, 1.0, 1.15, 1.0]),
+    ],
+)
 def test_disjoint_indices_move_by_what_their_sender_sent(aggregation, expected):
     cfg = SparseLoCoConfig(inner_steps=1, chunk_size=4, topk=1, bits=8, aggregation=aggregation)
     w0, w1 = _two_replicas(cfg, [[0.4, 0.0, 0.0, 0.0], [0.0, 0.0, -0.3, 0.0]])
@@ -125,15 +142,26 @@ def test_an_index_both_replicas_sent_moves_by_their_mean():
 
 
 def test_unknown_aggregation_names_the_field():
-    with pytest.raises(ValueError, match=r"algorithm.aggregation='median' is unknown; allowed: \['mean_over_senders', 'sum_over_replicas'\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"algorithm.aggregation='median' is unknown; allowed: \['mean_over_senders', 'sum_over_replicas'\]",
+    ):
         SparseLoCoConfig(aggregation="median")
 
 
 def test_defaults_are_the_reference_codes():
-    """templar's hparams: 64×64 tiles per tensor, top-64 per tile, 2-bit statistical quantiser, β 0.95, α 1, mean over senders."""
+    """templar's hparams: 64×64 tiles per tensor, top-64 per tile, 2-bit statistical quantiser, β 0.95, α 1, mean over
+    senders."""
     cfg = SparseLoCoConfig()
-    assert (cfg.tiling, cfg.tile_size, cfg.topk, cfg.bits, cfg.quantizer, cfg.ef_decay, cfg.aggregation) == \
-        ("tensor", 64, 64, 2, "statistical", 0.95, "mean_over_senders")
+    assert (cfg.tiling, cfg.tile_size, cfg.topk, cfg.bits, cfg.quantizer, cfg.ef_decay, cfg.aggregation) == (
+        "tensor",
+        64,
+        64,
+        2,
+        "statistical",
+        0.95,
+        "mean_over_senders",
+    )
     assert (cfg.outer_optimizer.name, cfg.outer_optimizer.lr, cfg.outer_optimizer.momentum) == ("sgd", 1.0, 0.0)
 
 
@@ -145,23 +173,26 @@ def test_tensor_tiling_sends_the_same_share_of_every_tensor():
     assert [(g.n, g.length, g.k) for g in algo.spec.groups] == [(4, 64 * 48, 48), (2, 64, 1)]
     delta = torch.randn(128 * 96 + 128)  # Δ = φ − θ
     with torch.no_grad():
-        model.weight.sub_(delta[:128 * 96].view(128, 96))
-        model.bias.sub_(delta[128 * 96:])
+        model.weight.sub_(delta[: 128 * 96].view(128, 96))
+        model.bias.sub_(delta[128 * 96 :])
     m = algo.after_optimizer_step(1, model, None)
     assert m["outer/payload_bytes"] == 32 + 2 * (4 * 48 + 2) + 4 * 2 * 5 + -(-(4 * 48 + 2) * 2 // 8)
     sent = ((algo.ef.error - delta).abs() > 1e-3).float()  # e = Δ − D(c): only what was sent differs from Δ
-    w, b = sent[:128 * 96].view(128, 96), sent[128 * 96:]
+    w, b = sent[: 128 * 96].view(128, 96), sent[128 * 96 :]
     for rows in (slice(0, 64), slice(64, 128)):
         for cols in (slice(0, 48), slice(48, 96)):
             assert w[rows, cols].sum() == 48
     assert b[:64].sum() == 1 and b[64:].sum() == 1
 
 
-@pytest.mark.parametrize("kw, msg", [
-    ({"tiling": "rows"}, r"algorithm.tiling='rows' is unknown; allowed: \['flat', 'tensor'\]"),
-    ({"quantizer": "lloyd"}, r"algorithm.quantizer='lloyd' is unknown; allowed: \['maxabs', 'statistical'\]"),
-    ({"topk": 5000}, r"algorithm.topk=5000 must be a finite number in \[1, 4096\]"),
-])
+@pytest.mark.parametrize(
+    "kw, msg",
+    [
+        ({"tiling": "rows"}, r"algorithm.tiling='rows' is unknown; allowed: \['flat', 'tensor'\]"),
+        ({"quantizer": "lloyd"}, r"algorithm.quantizer='lloyd' is unknown; allowed: \['maxabs', 'statistical'\]"),
+        ({"topk": 5000}, r"algorithm.topk=5000 must be a finite number in \[1, 4096\]"),
+    ],
+)
 def test_layout_config_errors_name_the_field(kw, msg):
     with pytest.raises(ValueError, match=msg):
         SparseLoCoConfig(**kw)

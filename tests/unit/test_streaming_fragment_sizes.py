@@ -3,7 +3,6 @@
 import argparse
 
 import pytest
-import torch
 
 from benchmarks.comm_sync import fragment_sizes, summarise, wire
 from decentrain.algorithms.diloco.streaming import StreamingDiLoCo, StreamingDiLoCoConfig
@@ -35,10 +34,14 @@ def test_streaming_diloco_reports_its_real_fragment_sizes():
 
 def test_fragment_rows_count_the_bytes_actually_reduced():
     assert wire("fragment", 4, 1000) == (6.0, 1500.0)  # ring over what was sent, not payload / P
-    rows = [{"link": "loopback", "method": "fragment", "n": n, "numel": 1000, "bytes": 1200, "times": [0.1 * n]}
-            for n in (2, 4)]
+    rows = [
+        {"link": "loopback", "method": "fragment", "n": n, "numel": 1000, "bytes": 1200, "times": [0.1 * n]}
+        for n in (2, 4)
+    ]
     s = summarise(rows, argparse.Namespace(rate="100mbit", fragments=4))
     assert [r["upload_bytes"] for r in s["rows"]] == [1200.0, 1800.0]
     fit = s["fits"]["loopback/fragment"]
     m, b = wire("fragment", 100, 1200)
-    assert s["extrapolated_s"]["loopback/fragment/N=100"] == pytest.approx(fit["alpha_s"] * m + b / fit["beta_bytes_per_s"])
+    assert s["extrapolated_s"]["loopback/fragment/N=100"] == pytest.approx(
+        fit["alpha_s"] * m + b / fit["beta_bytes_per_s"]
+    )

@@ -50,19 +50,31 @@ def test_tail_injection_completions_carry_text_after_the_stop_string():
 
 
 def _run(rounds, ext, crashes=0, window=10.0):
-    return {"rounds": rounds, "window_s": window, "external_per_round": ext, "crashes": crashes,
-            "files_created": [], "rss_peak_mib": 100.0, "rss_growth_mib": 1.0}
+    return {
+        "rounds": rounds,
+        "window_s": window,
+        "external_per_round": ext,
+        "crashes": crashes,
+        "files_created": [],
+        "rss_peak_mib": 100.0,
+        "rss_growth_mib": 1.0,
+    }
 
 
 def test_summary_ratios_are_per_seed_and_the_target_needs_mean_ratios_and_no_crash():
-    runs = {"none": [_run(100, 2.0), _run(50, 1.0)],
-            "ok_attack": [_run(95, 1.9), _run(50, 1.0)],
-            "slow_attack": [_run(50, 2.0), _run(50, 1.0)],
-            "crash_attack": [_run(100, 2.0, crashes=1), _run(50, 1.0)]}
+    runs = {
+        "none": [_run(100, 2.0), _run(50, 1.0)],
+        "ok_attack": [_run(95, 1.9), _run(50, 1.0)],
+        "slow_attack": [_run(50, 2.0), _run(50, 1.0)],
+        "crash_attack": [_run(100, 2.0, crashes=1), _run(50, 1.0)],
+    }
     s = sa.summarize(runs)
     assert s["ok_attack"]["rounds_ratio_mean"] == pytest.approx(0.975) and s["ok_attack"]["ok"]
     assert s["slow_attack"]["rounds_ratio_min"] == pytest.approx(0.5) and not s["slow_attack"]["ok"]
     assert not s["crash_attack"]["ok"] and s["crash_attack"]["crashes"] == 1
     table = sa._table(s)
-    assert table.count("\n") == 1 + len(runs) and "| slow_attack | 2 | 0.75 ± 0.35 (0.50) | 1.00 ± 0.00 (1.00) | 0.75" in table
+    assert (
+        table.count("\n") == 1 + len(runs)
+        and "| slow_attack | 2 | 0.75 ± 0.35 (0.50) | 1.00 ± 0.00 (1.00) | 0.75" in table
+    )
     assert s["ok_attack"]["external_per_s_ratio_mean"] == pytest.approx((0.95 * 0.95 + 1) / 2)

@@ -38,8 +38,10 @@ TESTING_KIT = Path(decentrain.__file__).parent / "testing"  # test_layering: not
 def _evaluating_call(f: ast.expr) -> str:
     if isinstance(f, ast.Name) and f.id in _EVALUATING_BUILTINS | _EVALUATING_CALLS:
         return f.id
-    if isinstance(f, ast.Attribute) and (f.attr in _EVALUATING_CALLS or (
-            f.attr in _EVALUATING_BUILTINS and isinstance(f.value, ast.Name) and f.value.id == "builtins")):
+    if isinstance(f, ast.Attribute) and (
+        f.attr in _EVALUATING_CALLS
+        or (f.attr in _EVALUATING_BUILTINS and isinstance(f.value, ast.Name) and f.value.id == "builtins")
+    ):
         return f.attr
     return ""
 
@@ -71,14 +73,18 @@ def test_the_library_calls_no_interpreter():
 def test_discovery_imports_only_the_package_s_own_module_names():
     """The exempt call: its argument is `package.<name>` with <name> from pkgutil.iter_modules of the package's path."""
     src = (Path(decentrain.__file__).parent / "core" / "registry.py").read_text()
-    calls = [n for n in ast.walk(ast.parse(src)) if isinstance(n, ast.Call) and _evaluating_call(n.func) == "import_module"]
+    calls = [
+        n for n in ast.walk(ast.parse(src)) if isinstance(n, ast.Call) and _evaluating_call(n.func) == "import_module"
+    ]
     assert len(calls) == 1 and ast.unparse(calls[0].args[0]) == "f'{package}.{name}'"
     assert "for info in pkgutil.iter_modules(list(path))" in src  # discover: the package's module list
     assert 'for path in sorted(root.rglob("*.py"))' in src  # discover_marked: the package's own files
 
 
 def test_the_grep_catches_what_it_looks_for():
-    tree = ast.parse("x = eval(s)\nds.score_answer(a, e)\nbuiltins.exec(s)\nast.literal_eval(s)\nm.eval()\nre.compile(p)\n")
+    tree = ast.parse(
+        "x = eval(s)\nds.score_answer(a, e)\nbuiltins.exec(s)\nast.literal_eval(s)\nm.eval()\nre.compile(p)\n"
+    )
     calls = [_evaluating_call(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)]
     assert sorted(filter(None, calls)) == ["eval", "exec", "literal_eval", "score_answer"]
     assert "sympy" in _EVALUATING_MODULES
@@ -146,8 +152,21 @@ def test_parsers_are_strict_and_capped():
             parse_literal(bad)
     xs = frozenset({"x", "y"})
     assert parse_polynomial("2*x**2 - x*x + 3 - 3 + y*2*-1", xs) == {(("x", 2),): 1, (("y", 1),): -2}
-    for bad in ("x^2", "(x + 1)**2", "x/2", "2.0*x", "z", "x**9999", "x ** y", "x +", "2 3", "9**9**9",
-                "__import__('os')", "ilcm.__globals__", "9" * 70):
+    for bad in (
+        "x^2",
+        "(x + 1)**2",
+        "x/2",
+        "2.0*x",
+        "z",
+        "x**9999",
+        "x ** y",
+        "x +",
+        "2 3",
+        "9**9**9",
+        "__import__('os')",
+        "ilcm.__globals__",
+        "9" * 70,
+    ):
         with pytest.raises(Malformed):
             parse_polynomial(bad, xs)
     entry = {"answer": "a", "metadata": {}}
@@ -165,7 +184,9 @@ def test_parsers_are_strict_and_capped():
 
 
 def test_unvetted_tasks_are_refused_at_config_time():
-    with pytest.raises(ValueError, match=r"tasks='composite' is not a vetted task \(no pure answer parser\); allowed: \[.*'chain_sum'"):
+    with pytest.raises(
+        ValueError, match=r"tasks='composite' is not a vetted task \(no pure answer parser\); allowed: \[.*'chain_sum'"
+    ):
         TaskMixConfig(tasks=["composite"])
     with pytest.raises(ValueError, match="twice"):
         TaskMixConfig(tasks=["chain_sum", "chain_sum"])

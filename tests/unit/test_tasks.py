@@ -68,7 +68,11 @@ def test_sample_uses_the_given_rng():
 
 def test_json_safe_converts_non_json_types():
     assert json_safe({"t": (1, 2), "s": {3}, "n": np.int64(4), "f": float("nan"), "o": object()}) == {
-        "t": [1, 2], "s": [3], "n": 4, "f": None, "o": None
+        "t": [1, 2],
+        "s": [3],
+        "n": 4,
+        "f": None,
+        "o": None,
     }
 
 

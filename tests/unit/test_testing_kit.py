@@ -14,8 +14,17 @@ import pytest
 from decentrain.testing import free_port, run_in_threads
 
 TESTS = Path(__file__).resolve().parents[1]
-OLD_HELPERS = {"dist_helpers", "recipe_helpers", "ft_helpers", "slurm_helpers", "sapo_helpers", "hdee_helpers",
-               "trainer_helpers", "device_guard", "privilege"}
+OLD_HELPERS = {
+    "dist_helpers",
+    "recipe_helpers",
+    "ft_helpers",
+    "slurm_helpers",
+    "sapo_helpers",
+    "hdee_helpers",
+    "trainer_helpers",
+    "device_guard",
+    "privilege",
+}
 KIT = {"free_port", "run_ranks", "run_in_threads", "run_in_fresh_process", "run_recipe", "lighthouse", "average"}
 
 
@@ -33,21 +42,30 @@ def test_tests_import_the_kit_one_way():
                 if top in OLD_HELPERS or top == "tests":
                     bad.append(f"{path.relative_to(TESTS)}:{node.lineno} from {node.module}")
             elif isinstance(node, ast.Import):
-                bad += [f"{path.relative_to(TESTS)}:{node.lineno} import {a.name}" for a in node.names
-                        if a.name.split(".")[0] in OLD_HELPERS | {"tests"}]
+                bad += [
+                    f"{path.relative_to(TESTS)}:{node.lineno} import {a.name}"
+                    for a in node.names
+                    if a.name.split(".")[0] in OLD_HELPERS | {"tests"}
+                ]
     assert not bad, "import the test kit as `from decentrain.testing import ...`:\n" + "\n".join(bad)
 
 
 def test_no_test_file_defines_a_kit_helper_again():
-    twice = [f"{p.relative_to(TESTS)}: def {node.name}" for p in _test_files() for node in ast.walk(ast.parse(p.read_text()))
-             if isinstance(node, ast.FunctionDef) and node.name in KIT]
+    twice = [
+        f"{p.relative_to(TESTS)}: def {node.name}"
+        for p in _test_files()
+        for node in ast.walk(ast.parse(p.read_text()))
+        if isinstance(node, ast.FunctionDef) and node.name in KIT
+    ]
     assert not twice, "these live in decentrain.testing:\n" + "\n".join(twice)
 
 
 def test_the_kit_loads_lazily():
     """`free_port` alone brings no torchft, hivemind or SAPO stack with it."""
-    code = ("import sys; from decentrain.testing import free_port; free_port(); "
-            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torchft', 'hivemind', 'reasoning_gym')))")
+    code = (
+        "import sys; from decentrain.testing import free_port; free_port(); "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torchft', 'hivemind', 'reasoning_gym')))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "[]"

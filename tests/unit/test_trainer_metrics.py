@@ -3,8 +3,6 @@ that falls between two log lines still counts its bytes (they add up) and its re
 
 from __future__ import annotations
 
-import pytest
-
 from decentrain.core.metrics import read_jsonl
 
 
@@ -33,14 +31,25 @@ def test_trainer_logs_the_bytes_of_syncs_between_log_lines(tmp_path):
             return {"outer/bytes_sent": 100.0, "outer/round": float(step // 2)} if step % 2 == 0 else {}
 
     model = ModelConfig(hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32, max_seq_len=16)
-    cfg = TrainConfig(model=model, data=DataConfig(domains=["licenses"], seq_len=16, max_bytes_per_domain=8_000),
-                      train=LoopConfig(steps=6, global_batch_size=2, micro_batch_size=2, eval_every=100, eval_batches=1,
-                                       checkpoint_every=100),
-                      logger=LoggerConfig(progress=False, console=False, log_every=4))
+    cfg = TrainConfig(
+        model=model,
+        data=DataConfig(domains=["licenses"], seq_len=16, max_bytes_per_domain=8_000),
+        train=LoopConfig(
+            steps=6, global_batch_size=2, micro_batch_size=2, eval_every=100, eval_batches=1, checkpoint_every=100
+        ),
+        logger=LoggerConfig(progress=False, console=False, log_every=4),
+    )
     tok = build_tokenizer(cfg.model)
     world = World()
-    trainer = Trainer(cfg.train, world, SyncEveryTwo(cfg.algorithm, world), build_model(cfg.model, tok),
-                      build_corpus(cfg.data, tok), tmp_path, logger=cfg.logger)
+    trainer = Trainer(
+        cfg.train,
+        world,
+        SyncEveryTwo(cfg.algorithm, world),
+        build_model(cfg.model, tok),
+        build_corpus(cfg.data, tok),
+        tmp_path,
+        logger=cfg.logger,
+    )
     logger = MetricsLogger(cfg.logger, tmp_path, 0)
     trainer.fit(logger)
     logger.close()

@@ -25,8 +25,9 @@ from decentrain.tasks import PromptTemplate, TaskMixConfig, TaskMixture, Templat
 from decentrain.tasks.vetted import VETTED_TASKS
 from decentrain.testing import rerun_unprivileged
 
-_CATCH_WARNINGS_SYS = ("[c for c in ().__class__.__base__.__subclasses__() if c.__name__=='catch_warnings']"
-                       "[0].__init__.__globals__['sys']")
+_CATCH_WARNINGS_SYS = (
+    "[c for c in ().__class__.__base__.__subclasses__() if c.__name__=='catch_warnings'][0].__init__.__globals__['sys']"
+)
 _ILCM_SYS = "ilcm.__globals__['sys']"  # names sympy's parser leaves alone
 # Switch the old worker's audit hook off and make its `_score` return 1.0 for anything.
 _FORGE = ".modules['__main__'].__dict__.update({'_DENIED': (), '_DENIED_PREFIXES': ('~',), 'float': id})"
@@ -69,7 +70,7 @@ def hostile(task: str, tmp: Path, port: int, pid: int) -> list[str]:
         f"[{forge}, {free_fd}, __import__('os').kill({pid_}, 9)]",
         f'__import__("os").system("touch {tmp}/system")',
         f'open("{tmp}/opened", "w")',
-        f'exec("open(\'{tmp}/exec\', \'w\')")',
+        f"exec(\"open('{tmp}/exec', 'w')\")",
     ]
     return [f"<answer>{a}</answer>" for a in attacks]
 
