@@ -37,7 +37,9 @@ INIT_LOCK = threading.Lock()
 
 
 @contextlib.contextmanager
-def lighthouse(min_replicas: int = 2, join_timeout_ms: int = 60_000, heartbeat_timeout_ms: int = 5_000) -> Iterator[str]:
+def lighthouse(
+    min_replicas: int = 2, join_timeout_ms: int = 60_000, heartbeat_timeout_ms: int = 5_000
+) -> Iterator[str]:
     """A torchft LighthouseServer on a free port for the block; yields its address.
 
     The first quorum waits for every heartbeating group (up to `join_timeout_ms`); a group counts as
@@ -46,8 +48,12 @@ def lighthouse(min_replicas: int = 2, join_timeout_ms: int = 60_000, heartbeat_t
     """
     from torchft.coordination import LighthouseServer
 
-    server = LighthouseServer(bind="[::]:0", min_replicas=min_replicas, join_timeout_ms=join_timeout_ms,
-                              heartbeat_timeout_ms=heartbeat_timeout_ms)
+    server = LighthouseServer(
+        bind="[::]:0",
+        min_replicas=min_replicas,
+        join_timeout_ms=join_timeout_ms,
+        heartbeat_timeout_ms=heartbeat_timeout_ms,
+    )
     try:
         yield server.address()
     finally:
@@ -120,8 +126,13 @@ class MiniTrainer:
         self.step, self.position = 0, 0
 
     def state(self) -> dict[str, Any]:
-        return {"step": self.step, "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                "sampler": {"position": self.position}, "algorithm": self.algorithm.state_dict()}
+        return {
+            "step": self.step,
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "sampler": {"position": self.position},
+            "algorithm": self.algorithm.state_dict(),
+        }
 
     def load(self, state: dict[str, Any]) -> None:
         self.model.load_state_dict(state["model"])
@@ -132,12 +143,19 @@ class MiniTrainer:
 
     def batch(self) -> torch.Tensor:
         # every group and rank reads its own data, a function of (where it is, who it is) only
-        g = torch.Generator().manual_seed(10_000 * (self.replica_id * self.world.world_size + self.world.rank) + self.position)
+        g = torch.Generator().manual_seed(
+            10_000 * (self.replica_id * self.world.world_size + self.world.rank) + self.position
+        )
         self.position += 1
         return torch.randn(4, 3, generator=g)
 
-    def run(self, steps: int, events: Events, record: Callable[[int, "MiniTrainer"], None],
-            ready: Callable[[], None] = lambda: None) -> dict[str, Any]:
+    def run(
+        self,
+        steps: int,
+        events: Events,
+        record: Callable[[int, "MiniTrainer"], None],
+        ready: Callable[[], None] = lambda: None,
+    ) -> dict[str, Any]:
         algo = self.algorithm
         algo.attach_trainer_state(self.state, self.load)
         model = algo.wrap_model(self.model)  # builds the manager: from here on the group heartbeats
@@ -162,14 +180,21 @@ class MiniTrainer:
             algo.manager.shutdown(wait=False)
             raise
         algo.on_train_end(self.model)
-        return {"model": {k: v.clone() for k, v in self.model.state_dict().items()}, "step": self.step,
-                "position": self.position, "manager_step": algo.manager.current_step(), "algorithm": algo,
-                "state": copy.deepcopy(self.state())}  # what the Trainer checkpoints, for whole-job restarts
+        return {
+            "model": {k: v.clone() for k, v in self.model.state_dict().items()},
+            "step": self.step,
+            "position": self.position,
+            "manager_step": algo.manager.current_step(),
+            "algorithm": algo,
+            "state": copy.deepcopy(self.state()),
+        }  # what the Trainer checkpoints, for whole-job restarts
 
 
 def diloco_global_state(algo) -> dict[str, torch.Tensor]:
     """Each fragment's global (last synced) weights: what every replica must agree on after a sync."""
-    return {f"{i}/{k}": v.clone() for i, f in enumerate(algo.diloco._fragments) for k, v in f.original_parameters.items()}
+    return {
+        f"{i}/{k}": v.clone() for i, f in enumerate(algo.diloco._fragments) for k, v in f.original_parameters.items()
+    }
 
 
 @dataclass
@@ -193,8 +218,13 @@ class Replica:
 
     def _group(self, attempt: int) -> list[dict[str, Any]]:
         store = dist.TCPStore("localhost", 0, is_master=True, wait_for_workers=False)
-        ft = TorchFTConfig(replicas=3, replica_id=self.replica_id, lighthouse=self.lighthouse, timeout_s=self.timeout_s,
-                           quorum_timeout_s=self.timeout_s)
+        ft = TorchFTConfig(
+            replicas=3,
+            replica_id=self.replica_id,
+            lighthouse=self.lighthouse,
+            timeout_s=self.timeout_s,
+            quorum_timeout_s=self.timeout_s,
+        )
         group = ft.replica_group(store_addr="localhost", store_port=store.port)
 
         def rank_main(rank: int) -> dict[str, Any]:
@@ -208,8 +238,12 @@ class Replica:
             trainer = MiniTrainer(algo, world, self.replica_id, init_seed=attempt * 7 + 1)
             if self.resume is not None:  # as Trainer.maybe_resume: before the algorithm starts
                 trainer.load(self.resume[rank])
-            return trainer.run(self.steps, self.events, lambda step, t: self.record(self.replica_id, rank, step, t),
-                               ready=lambda: self._ready(attempt))
+            return trainer.run(
+                self.steps,
+                self.events,
+                lambda step, t: self.record(self.replica_id, rank, step, t),
+                ready=lambda: self._ready(attempt),
+            )
 
         with ThreadPoolExecutor(max_workers=self.world_size) as pool:
             futures = [pool.submit(rank_main, r) for r in range(self.world_size)]
@@ -227,7 +261,9 @@ class Replica:
         raise RuntimeError("ran out of attempts")
 
 
-def run_replicas(replicas: list[Replica], gates: list[threading.Event | None] | None = None) -> list[list[dict[str, Any]]]:
+def run_replicas(
+    replicas: list[Replica], gates: list[threading.Event | None] | None = None
+) -> list[list[dict[str, Any]]]:
     """Run the groups to the end; a group with a gate starts once the gate is set (a late joiner).
 
     The groups without a gate take their first quorum together: every rank of each waits, once its

@@ -48,11 +48,14 @@ def test_ddp_recovery_heals_from_live_peer():
     initial weights, heals (weights, AdamW, sampler position, step) and ends bit-equal to group 0."""
     events = Events(fail_at={(0, 2)})
     with lighthouse() as lh:
-        results = run_replicas([Replica(0, lh, DDPConfig(), steps=5),
-                                Replica(1, lh, DDPConfig(), steps=5, events=events)])
+        results = run_replicas(
+            [Replica(0, lh, DDPConfig(), steps=5), Replica(1, lh, DDPConfig(), steps=5, events=events)]
+        )
     assert events.counts["failure"] == 1
     assert_equal_states(results)
-    assert results[0][0]["position"] == results[1][0]["position"] == 5  # the healed group read on from the peer's position
+    assert (
+        results[0][0]["position"] == results[1][0]["position"] == 5
+    )  # the healed group read on from the peer's position
     assert results[1][0]["step"] == 5 and results[1][0]["algorithm"].dropped_steps == 0
     assert results[0][0]["algorithm"].dropped_steps == 0  # the survivor lost no step
 
@@ -62,8 +65,12 @@ def test_ddp_recovery_multi_rank():
     the two-rank group (intra-group mean, then across groups) heals rank by rank from group 0."""
     events = Events(fail_at={(0, 2), (1, 2)})
     with lighthouse() as lh:
-        results = run_replicas([Replica(0, lh, DDPConfig(), steps=4, world_size=2),
-                                Replica(1, lh, DDPConfig(), steps=4, world_size=2, events=events)])
+        results = run_replicas(
+            [
+                Replica(0, lh, DDPConfig(), steps=4, world_size=2),
+                Replica(1, lh, DDPConfig(), steps=4, world_size=2, events=events),
+            ]
+        )
     assert events.counts["failure"] == 2
     assert_equal_states(results)
     for r in range(2):  # the two ranks of a group hold the same weights (intra-group mean)
@@ -75,8 +82,12 @@ def test_ddp_survivor_goes_on_alone():
     without it once its heartbeat stops, loses no committed step and trains to the end."""
     events = Events(fail_at={(0, 2)})
     with lighthouse(min_replicas=1) as lh:
-        results = run_replicas([Replica(0, lh, DDPConfig(), steps=6),
-                                Replica(1, lh, DDPConfig(), steps=6, events=events, attempts=1, give_up=True)])
+        results = run_replicas(
+            [
+                Replica(0, lh, DDPConfig(), steps=6),
+                Replica(1, lh, DDPConfig(), steps=6, events=events, attempts=1, give_up=True),
+            ]
+        )
     survivor = results[0][0]
     assert results[1] == []  # group 1 is gone for good
     assert survivor["step"] == 6 and survivor["algorithm"].dropped_steps <= 1

@@ -22,7 +22,9 @@ pytestmark = pytest.mark.dist
 
 
 def streaming(tau: int = 1, alpha: float = 0.5) -> StreamingDiLoCoConfig:
-    return StreamingDiLoCoConfig(inner_steps=4, num_fragments=2, overlap_steps=tau, mix_alpha=alpha, fragments=FRAGMENTS)
+    return StreamingDiLoCoConfig(
+        inner_steps=4, num_fragments=2, overlap_steps=tau, mix_alpha=alpha, fragments=FRAGMENTS
+    )
 
 
 def assert_equal_global(results) -> None:
@@ -57,7 +59,11 @@ def test_diloco_healthy_global_state_equal_every_sync():
     assert_equal_after_every_sync(seen)
     assert all(g[0]["manager_step"] == 3 for g in results)
     sums = [g[0]["algorithm"].after_optimizer_step(6, None, None)["ft/global_sum"] for g in results]
-    assert sums[0] == sums[1] == float(sum(t.double().sum() for t in diloco_global_state(results[0][0]["algorithm"]).values()))
+    assert (
+        sums[0]
+        == sums[1]
+        == float(sum(t.double().sum() for t in diloco_global_state(results[0][0]["algorithm"]).values()))
+    )
     torch.testing.assert_close(results[0][0]["model"], results[1][0]["model"], rtol=0, atol=0)  # synced last step
 
 
@@ -78,8 +84,9 @@ def test_diloco_recovery_heals_outer_state():
             rows.append((trainer.algorithm.manager.current_step(), trainer.algorithm.manager.num_participants()))
 
     with lighthouse() as lh:
-        results = run_replicas([Replica(0, lh, cfg, steps=8, record=record),
-                                Replica(1, lh, cfg, steps=8, events=events, record=record)])
+        results = run_replicas(
+            [Replica(0, lh, cfg, steps=8, record=record), Replica(1, lh, cfg, steps=8, events=events, record=record)]
+        )
     assert events.counts["failure"] == 1
     assert_equal_global(results)
     restarted = list(attempts.values())[-1]
@@ -97,8 +104,9 @@ def test_streaming_diloco_recovery_mid_fragment():
     group 1 dies between fragment syncs and heals at the next fragment's quorum."""
     events = Events(fail_at={(0, 3)})
     with lighthouse() as lh:
-        results = run_replicas([Replica(0, lh, streaming(), steps=8),
-                                Replica(1, lh, streaming(), steps=8, events=events)])
+        results = run_replicas(
+            [Replica(0, lh, streaming(), steps=8), Replica(1, lh, streaming(), steps=8, events=events)]
+        )
     assert events.counts["failure"] == 1
     assert_equal_global(results)
     assert results[0][0]["algorithm"].failed_syncs == 0
@@ -123,8 +131,7 @@ def test_streaming_diloco_upscale():
 
     cfg = streaming(tau=0, alpha=0.0)
     with lighthouse(min_replicas=2) as lh:
-        results = run_replicas([Replica(i, lh, cfg, steps=12, record=record) for i in range(3)],
-                               gates=[None, None, go])
+        results = run_replicas([Replica(i, lh, cfg, steps=12, record=record) for i in range(3)], gates=[None, None, go])
     assert_equal_global(results)
     joined = min(seen[2])  # the first sync the late group took part in
     assert_equal_after_every_sync(seen, replicas=(0, 1, 2), first=joined)
@@ -168,5 +175,7 @@ def test_streaming_diloco_whole_job_resume_is_exact(tmp_path):
     resumed = run(8, resume=saved)
     for a, b in zip(straight, resumed):
         torch.testing.assert_close(b[0]["model"], a[0]["model"], rtol=0, atol=0)
-        torch.testing.assert_close(diloco_global_state(b[0]["algorithm"]), diloco_global_state(a[0]["algorithm"]), rtol=0, atol=0)
+        torch.testing.assert_close(
+            diloco_global_state(b[0]["algorithm"]), diloco_global_state(a[0]["algorithm"]), rtol=0, atol=0
+        )
         assert b[0]["manager_step"] == a[0]["manager_step"] and b[0]["position"] == a[0]["position"]

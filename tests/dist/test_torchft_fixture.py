@@ -57,16 +57,22 @@ class Layers(nn.Module):
 
 
 def config() -> StreamingDiLoCoConfig:
-    return StreamingDiLoCoConfig(inner_steps=6, num_fragments=2, overlap_steps=0, mix_alpha=0.0,
-                                 fragments=[["layers.0.weight"], ["layers.1.weight"]],
-                                 outer_optimizer=SGDConfig(lr=2.0, momentum=0.0, nesterov=False))
+    return StreamingDiLoCoConfig(
+        inner_steps=6,
+        num_fragments=2,
+        overlap_steps=0,
+        mix_alpha=0.0,
+        fragments=[["layers.0.weight"], ["layers.1.weight"]],
+        outer_optimizer=SGDConfig(lr=2.0, momentum=0.0, nesterov=False),
+    )
 
 
 def attempt(replica_id: int, lighthouse: str, fail_at: int | None) -> dict[str, Any]:
     """One run of a replica group's loop as torchft's MockDiLoCoTrainer.train_loop, on TorchFTDiLoCo."""
     store = dist.TCPStore("localhost", 0, is_master=True, wait_for_workers=False)
-    ft = TorchFTConfig(replicas=2, replica_id=replica_id, lighthouse=lighthouse, min_replicas=2, timeout_s=20,
-                       quorum_timeout_s=20)
+    ft = TorchFTConfig(
+        replicas=2, replica_id=replica_id, lighthouse=lighthouse, min_replicas=2, timeout_s=20, quorum_timeout_s=20
+    )
     group = ft.replica_group(store_addr="localhost", store_port=store.port)
     algo = FT_ALGORITHMS.get("streaming_diloco")(config(), World(), group, 10**6)
     model = Layers()
@@ -77,8 +83,9 @@ def attempt(replica_id: int, lighthouse: str, fail_at: int | None) -> dict[str, 
         optimizer.load_state_dict(state["optimizer"])
         algo.load_state_dict(state["algorithm"])
 
-    algo.attach_trainer_state(lambda: {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                                       "algorithm": algo.state_dict()}, load)
+    algo.attach_trainer_state(
+        lambda: {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "algorithm": algo.state_dict()}, load
+    )
     algo.on_train_start(model, optimizer)
     history: dict[int, dict] = {}
     global_history: dict[int, dict] = {}
@@ -92,8 +99,10 @@ def attempt(replica_id: int, lighthouse: str, fail_at: int | None) -> dict[str, 
                 break
             if step not in seen:
                 seen.add(step)
-                global_history[local] = {f"layers.{i}.weight": next(iter(f.original_parameters.values())).tolist()
-                                         for i, f in enumerate(algo.diloco._fragments)}  # noqa: SLF001
+                global_history[local] = {
+                    f"layers.{i}.weight": next(iter(f.original_parameters.values())).tolist()
+                    for i, f in enumerate(algo.diloco._fragments)
+                }  # noqa: SLF001
             for p in model.parameters():
                 p.grad = torch.full_like(p, 2.0)
             optimizer.step()  # TorchFTDiLoCo's hooks: quorum, heal, fragment sync
@@ -128,4 +137,9 @@ def test_streaming_diloco_failure_recovery_matches_torchft_fixture():
             assert sorted(got[key]) == sorted(want), (replica, key)
             for local, params in want.items():
                 for name, values in params.items():  # bit for bit: the fixture's values are exact in fp32
-                    assert torch.equal(torch.tensor(got[key][local][name]), torch.tensor(values)), (replica, key, local, name)
+                    assert torch.equal(torch.tensor(got[key][local][name]), torch.tensor(values)), (
+                        replica,
+                        key,
+                        local,
+                        name,
+                    )

@@ -22,14 +22,24 @@ ALGO = {
 def _cfg(algo: str):
     from decentrain.config import config_from_dict
 
-    return config_from_dict({
-        "algorithm": ALGO[algo],
-        "model": {"hidden_size": 16, "num_layers": 2, "num_heads": 2, "intermediate_size": 32},
-        "data": {"seq_len": 16, "max_bytes_per_domain": 8000, "domains": ["licenses"]},
-        "train": {"steps": STEPS, "global_batch_size": 8, "micro_batch_size": 1, "eval_every": 100, "eval_batches": 1,
-                  "checkpoint_every": 100, "threads": 1},
-        "logger": {"progress": False, "log_every": 1}, "launcher": {"name": "torchrun", "nproc_per_node": None},
-    })
+    return config_from_dict(
+        {
+            "algorithm": ALGO[algo],
+            "model": {"hidden_size": 16, "num_layers": 2, "num_heads": 2, "intermediate_size": 32},
+            "data": {"seq_len": 16, "max_bytes_per_domain": 8000, "domains": ["licenses"]},
+            "train": {
+                "steps": STEPS,
+                "global_batch_size": 8,
+                "micro_batch_size": 1,
+                "eval_every": 100,
+                "eval_batches": 1,
+                "checkpoint_every": 100,
+                "threads": 1,
+            },
+            "logger": {"progress": False, "log_every": 1},
+            "launcher": {"name": "torchrun", "nproc_per_node": None},
+        }
+    )
 
 
 def _multi_process(world, algo, root):

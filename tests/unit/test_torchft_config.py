@@ -18,8 +18,13 @@ CONF = Path(__file__).resolve().parents[2] / "conf"
 
 
 def cfg(algorithm: dict, transport: dict | None = None, launcher: dict | None = None):
-    return config_from_dict({"algorithm": algorithm, "transport": {"name": "torchft", **(transport or {})},
-                             "launcher": {"nproc_per_node": 1, **(launcher or {})}})
+    return config_from_dict(
+        {
+            "algorithm": algorithm,
+            "transport": {"name": "torchft", **(transport or {})},
+            "launcher": {"nproc_per_node": 1, **(launcher or {})},
+        }
+    )
 
 
 def test_torchft_settings_live_in_the_transport_section_and_fail_in_one_line():
@@ -35,11 +40,14 @@ def test_torchft_settings_live_in_the_transport_section_and_fail_in_one_line():
         config_from_dict({"transport": {"name": "torch", "replicas": 2}})  # only torchft's section has them
 
 
-@pytest.mark.parametrize("old, new", [
-    ({"fault_tolerance": "torchft"}, "launcher.fault_tolerance was removed; use transport=torchft"),
-    ({"replicas": 2}, "launcher.replicas was removed; use transport.replicas"),
-    ({"torchft": {"lighthouse": "http://h:1"}}, "launcher.torchft was removed; use transport=torchft"),
-])
+@pytest.mark.parametrize(
+    "old, new",
+    [
+        ({"fault_tolerance": "torchft"}, "launcher.fault_tolerance was removed; use transport=torchft"),
+        ({"replicas": 2}, "launcher.replicas was removed; use transport.replicas"),
+        ({"torchft": {"lighthouse": "http://h:1"}}, "launcher.torchft was removed; use transport=torchft"),
+    ],
+)
 def test_the_old_launcher_keys_fail_naming_where_they_went(old, new):
     from decentrain.config import check_overrides, register_configs
 
@@ -70,8 +78,12 @@ def test_runs_torchft_cannot_carry_are_refused_by_the_variants_own_checks():
     with pytest.raises(ValueError, match=r"algorithm.rounds.mode=quorum runs on the transport's board"):
         check(cfg({"name": "diloco", "rounds": {"mode": "quorum"}}), 1)  # before any worker, not in one
     with pytest.raises(ValueError, match=r"engine.name='deepspeed' with transport=torchft; allowed: torch"):
-        check(config_from_dict({"algorithm": {"name": "ddp"}, "transport": {"name": "torchft"},
-                                "engine": {"name": "deepspeed"}}), 1)
+        check(
+            config_from_dict(
+                {"algorithm": {"name": "ddp"}, "transport": {"name": "torchft"}, "engine": {"name": "deepspeed"}}
+            ),
+            1,
+        )
     check(cfg({"name": "ddp"}, launcher={"nproc_per_node": 2}), 2)  # DDP: any ranks per group
 
 
@@ -98,13 +110,22 @@ def test_the_trainer_is_handed_the_groups_sampler(tmp_path):
     from decentrain.data.blocks import ShardedSampler, build_corpus
     from decentrain.models.factory import build_model, build_tokenizer
 
-    base = {"model": {"hidden_size": 16, "num_layers": 2, "num_heads": 2, "intermediate_size": 32},
-            "data": {"seq_len": 16, "max_bytes_per_domain": 8000, "domains": ["licenses"]},
-            "train": {"global_batch_size": 4, "micro_batch_size": 2}}
+    base = {
+        "model": {"hidden_size": 16, "num_layers": 2, "num_heads": 2, "intermediate_size": 32},
+        "data": {"seq_len": 16, "max_bytes_per_domain": 8000, "domains": ["licenses"]},
+        "train": {"global_batch_size": 4, "micro_batch_size": 2},
+    }
     run = config_from_dict({**base, "transport": {"name": "torchft", "replica_id": 1, "lighthouse": "http://h:1"}})
     tok = build_tokenizer(run.model)
-    trainer = Trainer(run.train, World(), DDP(run.algorithm, World()), build_model(run.model, tok),
-                      build_corpus(run.data, tok), tmp_path, sampler=transport_spec(run).sampler(run, World()))
+    trainer = Trainer(
+        run.train,
+        World(),
+        DDP(run.algorithm, World()),
+        build_model(run.model, tok),
+        build_corpus(run.data, tok),
+        tmp_path,
+        sampler=transport_spec(run).sampler(run, World()),
+    )
     whole = ShardedSampler(len(trainer.train_blocks), 8, 0, 1, run.train.seed).next_indices().tolist()
     assert trainer.sampler.next_indices().tolist() == whole[4:]
     plain = config_from_dict(base)
@@ -114,11 +135,20 @@ def test_the_trainer_is_handed_the_groups_sampler(tmp_path):
 def test_the_replica_groups_command_sets_the_transport_fields_once():
     from decentrain.algorithms.pretraining.torchft.launch import replica_group_command
 
-    argv = ["transport=torchft", "transport.replica_id=7", "transport.lighthouse=http://old:1", "run_dir=/x",
-            "train.steps=4"]
+    argv = [
+        "transport=torchft",
+        "transport.replica_id=7",
+        "transport.lighthouse=http://old:1",
+        "run_dir=/x",
+        "train.steps=4",
+    ]
     cmd = replica_group_command(argv, 1, 2, "/runs/a", "http://h:9", max_restarts=3)
-    assert cmd[-4:] == ["run_dir=/runs/a/replica_1", "hydra.run.dir=/runs/a/replica_1", "transport.replica_id=1",
-                        "transport.lighthouse=http://h:9"]
+    assert cmd[-4:] == [
+        "run_dir=/runs/a/replica_1",
+        "hydra.run.dir=/runs/a/replica_1",
+        "transport.replica_id=1",
+        "transport.lighthouse=http://h:9",
+    ]
     assert "transport.replica_id=7" not in cmd and "run_dir=/x" not in cmd and "train.steps=4" in cmd
     assert "--nproc-per-node=2" in cmd and "--max-restarts=3" in cmd
 
@@ -133,8 +163,17 @@ def test_the_heal_channel_round_trips_state_and_refuses_pickles():
     opt = torch.optim.AdamW(model.parameters())
     model(torch.randn(4, 3)).sum().backward()
     opt.step()
-    state = {"user": {"default": {"step": 7, "model": model.state_dict(), "optimizer": opt.state_dict(),
-                                  "sampler": {"epoch": 0, "position": 56}}}, "torchft": {"step": 7, "batches_committed": 14}}
+    state = {
+        "user": {
+            "default": {
+                "step": 7,
+                "model": model.state_dict(),
+                "optimizer": opt.state_dict(),
+                "sampler": {"epoch": 0, "position": 56},
+            }
+        },
+        "torchft": {"step": 7, "batches_committed": 14},
+    }
     t = SafeHealHTTP(timedelta(seconds=10))
     try:
         t.send_checkpoint([1], 7, state, timedelta(seconds=10))

@@ -28,7 +28,9 @@ def _compose(*overrides: str, search: Path | None = None):
     GlobalHydra.instance().clear()
     extra = [f"hydra.searchpath=[file://{search}]"] if search else []
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=[*TINY, "run_dir=/tmp/x", "launcher.nproc_per_node=1", *extra, *overrides])
+        cfg = compose(
+            config_name="config", overrides=[*TINY, "run_dir=/tmp/x", "launcher.nproc_per_node=1", *extra, *overrides]
+        )
     return config_from_dict(OmegaConf.to_container(cfg, resolve=True))
 
 
@@ -45,12 +47,18 @@ def test_torch_is_the_default_and_a_named_transport_is_its_own_config_class():
     assert type(cfg.transport).__name__ == "InProcessConfig"
 
 
-@pytest.mark.parametrize("overrides,message", [
-    (["transport=torchft", "algorithm=noloco"], "transport=torchft does not support algorithm.name='noloco'"),
-    (["transport=inprocess", "transport.replicas=3", "algorithm=noloco"], "world size 3 is odd"),
-    (["transport=inprocess", "algorithm=ddp"], "transport.name=inprocess with algorithm.name=ddp"),
-    (["transport=inprocess", "transport.replicas=3", "algorithm=diloco"], "does not divide into transport.replicas=3"),
-])
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (["transport=torchft", "algorithm=noloco"], "transport=torchft does not support algorithm.name='noloco'"),
+        (["transport=inprocess", "transport.replicas=3", "algorithm=noloco"], "world size 3 is odd"),
+        (["transport=inprocess", "algorithm=ddp"], "transport.name=inprocess with algorithm.name=ddp"),
+        (
+            ["transport=inprocess", "transport.replicas=3", "algorithm=diloco"],
+            "does not divide into transport.replicas=3",
+        ),
+    ],
+)
 def test_a_run_the_transport_cannot_carry_fails_in_one_line_naming_the_field(overrides, message):
     with pytest.raises(ValueError, match=message):
         validate(_compose(*overrides), 1)
@@ -59,7 +67,9 @@ def test_a_run_the_transport_cannot_carry_fails_in_one_line_naming_the_field(ove
 def test_unknown_fields_and_transports_fail_naming_the_field():
     with pytest.raises(ValueError, match=r"transport: unknown field\(s\) \['replicas'\]"):
         config_from_dict({"transport": {"name": "torch", "replicas": 2}})
-    with pytest.raises(ValueError, match=r"transport.name='carrier_pigeon' is unknown; allowed: \['inprocess', 'torch', 'torchft'\]"):
+    with pytest.raises(
+        ValueError, match=r"transport.name='carrier_pigeon' is unknown; allowed: \['inprocess', 'torch', 'torchft'\]"
+    ):
         config_from_dict({"transport": {"name": "carrier_pigeon"}})
     with pytest.raises(ValueError, match=r"transport.replicas=0"):
         config_from_dict({"transport": {"name": "inprocess", "replicas": 0}})
@@ -132,9 +142,18 @@ def solo(tmp_path):
 
 
 def test_a_new_transport_is_one_module_plus_one_yaml_and_trains_end_to_end(solo, tmp_path):
-    cfg = _compose("transport=solo", "algorithm=diloco", "algorithm.inner_steps=2", "train.steps=4",
-                   "train.eval_every=4", "train.checkpoint_every=100", search=solo)
-    assert transport_spec(cfg) is TRANSPORTS.get("solo") and cfg.transport.deadline_s == 2.0  # the YAML's value, the module's class
+    cfg = _compose(
+        "transport=solo",
+        "algorithm=diloco",
+        "algorithm.inner_steps=2",
+        "train.steps=4",
+        "train.eval_every=4",
+        "train.checkpoint_every=100",
+        search=solo,
+    )
+    assert (
+        transport_spec(cfg) is TRANSPORTS.get("solo") and cfg.transport.deadline_s == 2.0
+    )  # the YAML's value, the module's class
     validate(cfg, 1)
     with pytest.raises(ValueError, match="transport.name=solo runs one replica; got a world of 2"):
         transport_spec(cfg).check(cfg, 2)

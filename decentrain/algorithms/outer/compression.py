@@ -89,7 +89,7 @@ def tensor_tiles(shape: Sequence[int], offset: int, tile: int, k: int) -> TileGr
     h = largest_divisor_at_most(rows, tile) if len(shape) > 1 else 1
     w = largest_divisor_at_most(cols, tile)
     pos = torch.arange(rows * cols).view(rows // h, h, cols // w, w).permute(0, 2, 1, 3).reshape(-1, h * w) + offset
-    return TileGroup(pos.shape[0], h * w, min(h * w, max(1, round(k * h * w / tile ** 2))), pos)
+    return TileGroup(pos.shape[0], h * w, min(h * w, max(1, round(k * h * w / tile**2))), pos)
 
 
 def flat_chunks(numel: int, chunk: int, k: int) -> TileGroup:
@@ -127,8 +127,9 @@ class CompressionSpec:
         return cls(numel, (flat_chunks(numel, chunk, k),), bits, quantizer)
 
     @classmethod
-    def tiled(cls, shapes: Sequence[Sequence[int]], k: int, bits: int, quantizer: str = "statistical",
-              tile: int = TILE) -> "CompressionSpec":
+    def tiled(
+        cls, shapes: Sequence[Sequence[int]], k: int, bits: int, quantizer: str = "statistical", tile: int = TILE
+    ) -> "CompressionSpec":
         groups, offset = [], 0
         for shape in shapes:
             groups.append(tensor_tiles(shape, offset, tile, k))
@@ -165,7 +166,8 @@ class CompressionSpec:
 
 @dataclass
 class SparseChunks:
-    """One compressed message, per tile group: k sorted indices and k b-bit codes per tile, the quantiser's parameters."""
+    """One compressed message, per tile group: k sorted indices and k b-bit codes per tile, the quantiser's
+    parameters."""
 
     idx: list[Tensor]  # int64 [n, k] per group, strictly increasing along dim 1, each < length
     codes: list[Tensor]  # uint8 [n, k] per group, each < 2^bits
@@ -275,5 +277,7 @@ class ErrorFeedback:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         error = state["error"]
         if tuple(error.shape) != (self.spec.numel,):
-            raise ValueError(f"error-feedback buffer has shape {tuple(error.shape)}, the model needs ({self.spec.numel},)")
+            raise ValueError(
+                f"error-feedback buffer has shape {tuple(error.shape)}, the model needs ({self.spec.numel},)"
+            )
         self.error.copy_(error.float())

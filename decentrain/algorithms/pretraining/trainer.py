@@ -23,12 +23,24 @@ import torch
 from decentrain.algorithms.base import Algorithm
 from decentrain.algorithms.pretraining.config import LoopConfig
 from decentrain.algorithms.pretraining.engines import ENGINES, EngineConfig, OptimConfig, build_optimizer  # noqa: F401 (re-exported)
-from decentrain.algorithms.pretraining.precision import (apply_compile, autocast, resolve_precision, set_tf32,
-                                                         weight_dtype)
+from decentrain.algorithms.pretraining.precision import (
+    apply_compile,
+    autocast,
+    resolve_precision,
+    set_tf32,
+    weight_dtype,
+)
 from decentrain.core.checkpoint import Checkpointer
 from decentrain.core.mesh import ReplicaLayout, replica_layout
-from decentrain.core.metrics import (CommMeter, LoggerConfig, MetricsLogger, Throughput, accumulate_metrics,
-                                     flops_per_token, peak_flops)
+from decentrain.core.metrics import (
+    CommMeter,
+    LoggerConfig,
+    MetricsLogger,
+    Throughput,
+    accumulate_metrics,
+    flops_per_token,
+    peak_flops,
+)
 from decentrain.core.world import World
 from decentrain.data.blocks import Corpus, ShardedSampler
 
@@ -55,8 +67,14 @@ def set_rng_state(state: dict, device: torch.device) -> None:
 
 
 @torch.no_grad()
-def evaluate_bits(model: torch.nn.Module, blocks: dict[str, torch.Tensor], micro_batch: int, device: torch.device,
-                  precision: str = "fp32", token_bytes: torch.Tensor | None = None) -> tuple[dict[str, float], dict[str, float]]:
+def evaluate_bits(
+    model: torch.nn.Module,
+    blocks: dict[str, torch.Tensor],
+    micro_batch: int,
+    device: torch.device,
+    precision: str = "fp32",
+    token_bytes: torch.Tensor | None = None,
+) -> tuple[dict[str, float], dict[str, float]]:
     """Mean next-token loss per domain (nats per token) and, given the bytes each token id stands for,
     bits per byte per domain: the summed NLL of the tokens that are text / ln 2 / their bytes (nanochat's
     rule; the EOS between documents is no text). This replica only: evaluation never communicates.
@@ -78,7 +96,9 @@ def evaluate_bits(model: torch.nn.Module, blocks: dict[str, torch.Tensor], micro
             total += out.loss.float()
             if token_bytes is not None:
                 target = b[:, 1:]
-                nll = torch.nn.functional.cross_entropy(out.logits[:, :-1].float().flatten(0, 1), target.flatten(), reduction="none")
+                nll = torch.nn.functional.cross_entropy(
+                    out.logits[:, :-1].float().flatten(0, 1), target.flatten(), reduction="none"
+                )
                 size = token_bytes[target.flatten()]
                 nll_bits += (nll * (size > 0)).sum().double() / math.log(2)
                 n_bytes += size.sum().double()
@@ -90,8 +110,13 @@ def evaluate_bits(model: torch.nn.Module, blocks: dict[str, torch.Tensor], micro
     return dict(zip(blocks, values)), dict(zip(blocks, bpb))
 
 
-def evaluate(model: torch.nn.Module, blocks: dict[str, torch.Tensor], micro_batch: int, device: torch.device,
-             precision: str = "fp32") -> dict[str, float]:
+def evaluate(
+    model: torch.nn.Module,
+    blocks: dict[str, torch.Tensor],
+    micro_batch: int,
+    device: torch.device,
+    precision: str = "fp32",
+) -> dict[str, float]:
     """Mean next-token loss per domain (evaluate_bits without the bytes)."""
     return evaluate_bits(model, blocks, micro_batch, device, precision)[0]
 
@@ -124,18 +149,36 @@ class TrainResult:
     eval_loss: dict[str, float]
     seconds: float
     bytes_sent: int | None = None  # this replica's, over the whole run (resumed runs included); None: unknown
-    eval_bpb: dict[str, float] = field(default_factory=dict)  # bits per byte per domain (empty: the corpus has no byte counts)
+    eval_bpb: dict[str, float] = field(
+        default_factory=dict
+    )  # bits per byte per domain (empty: the corpus has no byte counts)
 
 
 class Trainer:
     """The loop over one run's steps, configured by its own sections: `train` (the loop),
     `engine` and `optim` (handed to the engine), `logger` (log interval, peak FLOP/s)."""
 
-    def __init__(self, loop: LoopConfig, world: World, algorithm: Algorithm, model: torch.nn.Module, corpus: Corpus,
-                 run_dir: Path, layout: ReplicaLayout | None = None, *, engine: EngineConfig | None = None,
-                 optim: OptimConfig | None = None, logger: LoggerConfig | None = None, resume: bool = True,
-                 sampler: Callable[[int], ShardedSampler] | None = None):
-        engine, optim, self.logger_cfg = ENGINES.config(engine or EngineConfig()), optim or OptimConfig(), logger or LoggerConfig()
+    def __init__(
+        self,
+        loop: LoopConfig,
+        world: World,
+        algorithm: Algorithm,
+        model: torch.nn.Module,
+        corpus: Corpus,
+        run_dir: Path,
+        layout: ReplicaLayout | None = None,
+        *,
+        engine: EngineConfig | None = None,
+        optim: OptimConfig | None = None,
+        logger: LoggerConfig | None = None,
+        resume: bool = True,
+        sampler: Callable[[int], ShardedSampler] | None = None,
+    ):
+        engine, optim, self.logger_cfg = (
+            ENGINES.config(engine or EngineConfig()),
+            optim or OptimConfig(),
+            logger or LoggerConfig(),
+        )
         self.loop, self.world, self.algorithm, self.resume = loop, world, algorithm, resume
         self.run_dir = run_dir
         self.precision = resolve_precision(loop.precision, world.device)
@@ -150,21 +193,32 @@ class Trainer:
         # the batch order over the training blocks: each rank its slice of one seeded order, unless the transport
         # gives its own (torchft's replica groups each read their own slice: TransportSpec.sampler)
         n = len(self.train_blocks)
-        self.sampler = (sampler(n) if sampler else
-                        ShardedSampler(n, loop.global_batch_size, world.rank, world.world_size, loop.seed))
+        self.sampler = (
+            sampler(n)
+            if sampler
+            else ShardedSampler(n, loop.global_batch_size, world.rank, world.world_size, loop.seed)
+        )
         self.accum = loop.global_batch_size // (world.world_size * loop.micro_batch_size)
         layout = layout or replica_layout(world, 1)
         self.engine = ENGINES.get(engine.name)(engine, optim, loop, layout, self.model, self.accum)
         self.engine.checkpoint_dir = run_dir / "checkpoints"
-        self.checkpointer = Checkpointer(run_dir / "checkpoints", world.rank, world.world_size, keep=loop.keep_checkpoints)
+        self.checkpointer = Checkpointer(
+            run_dir / "checkpoints", world.rank, world.world_size, keep=loop.keep_checkpoints
+        )
         self.step = 0
         self.step_times: list[float] = []
         self.bytes_meter = CommMeter()
         seq = self.train_blocks.shape[1]
         tokens_rank = loop.global_batch_size // world.world_size * seq
         name = torch.cuda.get_device_name(world.device) if world.device.type == "cuda" else ""
-        self.throughput = Throughput(tokens_rank, loop.global_batch_size * seq, model_flops_per_token(self.model, seq),
-                                     peak_flops(name, self.logger_cfg.peak_flops), world.device, device_share=world.device_share)
+        self.throughput = Throughput(
+            tokens_rank,
+            loop.global_batch_size * seq,
+            model_flops_per_token(self.model, seq),
+            peak_flops(name, self.logger_cfg.peak_flops),
+            world.device,
+            device_share=world.device_share,
+        )
         if loop.compile == "blocks":  # in place, after the optimizer saw the parameters, before wrapping (torchtitan)
             apply_compile(self.model, "blocks")
 
@@ -218,15 +272,19 @@ class Trainer:
         bad = [n for n, ok in zip(names, finite) if not ok]
         if not self.engine.all_ranks_agree(not bad):  # never let a NaN model replace the last good checkpoint
             where = f"in {bad[:3]}" if bad else "on another rank of this replica"
-            raise FloatingPointError(f"step {self.step}: non-finite weights {where}; stopping without saving, "
-                                     f"the last good checkpoint is kept ({self.checkpointer.root})")
+            raise FloatingPointError(
+                f"step {self.step}: non-finite weights {where}; stopping without saving, "
+                f"the last good checkpoint is kept ({self.checkpointer.root})"
+            )
         self.engine.save_sharded(self.step)  # first: a complete per-rank checkpoint implies the sharded one
         self.checkpointer.save(self.step, {"step": self.step, **self.state_dict()})
 
     def check_finite_loss(self, loss: float) -> None:
         if not math.isfinite(loss):
-            raise FloatingPointError(f"step {self.step}: train loss is {loss}; stopping without saving, the last good "
-                                     f"checkpoint is kept ({self.checkpointer.root}). Lower optim.lr or check the data")
+            raise FloatingPointError(
+                f"step {self.step}: train loss is {loss}; stopping without saving, the last good "
+                f"checkpoint is kept ({self.checkpointer.root}). Lower optim.lr or check the data"
+            )
 
     # -- the loop ---------------------------------------------------------------------
     def train_step(self, model: torch.nn.Module) -> torch.Tensor:
@@ -277,13 +335,19 @@ class Trainer:
             with self.throughput.measure():
                 loss_t = self.train_step(model)
                 self.step += 1
-                metrics = accumulate_metrics(metrics, self._with_bytes(
-                    self.algorithm.after_optimizer_step(self.step, self.engine.outer_model, self.engine.optimizer)))
+                metrics = accumulate_metrics(
+                    metrics,
+                    self._with_bytes(
+                        self.algorithm.after_optimizer_step(self.step, self.engine.outer_model, self.engine.optimizer)
+                    ),
+                )
                 self.engine.weights_changed()
                 stop = self.algorithm.should_stop(self.step, cfg.steps)
                 final = self.step == cfg.steps or stop
                 if final:  # an overlapped outer step still in flight lands before the final evaluation
-                    metrics = accumulate_metrics(metrics, self._with_bytes(self.algorithm.drain(self.engine.outer_model)))
+                    metrics = accumulate_metrics(
+                        metrics, self._with_bytes(self.algorithm.drain(self.engine.outer_model))
+                    )
                     self.engine.weights_changed()
                 log_now = self.step % self.logger_cfg.log_every == 0 or final or self.step == last
                 evaluating = self.step % cfg.eval_every == 0 or final
@@ -296,21 +360,38 @@ class Trainer:
             if log_now:
                 logger.advance(1, loss=loss)
                 totals = {"comm/bytes_sent_total": float(self.bytes_meter.total)} if self.bytes_meter.active else {}
-                totals["time/train_s"] = time.perf_counter() - start_time  # wall time since fit() began (curves vs time)
-                logger.log(self.step, {"train/loss": loss, "lr": self.engine.lr(), **metrics, **totals, **self.throughput.read()})
+                totals["time/train_s"] = (
+                    time.perf_counter() - start_time
+                )  # wall time since fit() began (curves vs time)
+                logger.log(
+                    self.step,
+                    {"train/loss": loss, "lr": self.engine.lr(), **metrics, **totals, **self.throughput.read()},
+                )
                 metrics = {}
             else:
                 logger.advance(1)
             self.step_times.append(time.perf_counter() - tick)  # eval and checkpoints excluded
             if evaluating:
-                eval_loss, eval_bpb = evaluate_bits(self.model, self.val_blocks, cfg.micro_batch_size, self.world.device,
-                                                    self.precision, self.token_bytes)
+                eval_loss, eval_bpb = evaluate_bits(
+                    self.model,
+                    self.val_blocks,
+                    cfg.micro_batch_size,
+                    self.world.device,
+                    self.precision,
+                    self.token_bytes,
+                )
                 logger.log(self.step, eval_metrics(eval_loss, eval_bpb))
             if saving:
                 self.save()
         self.algorithm.on_train_end(self.engine.outer_model)
-        return TrainResult(self.step, loss, eval_loss, time.perf_counter() - start_time,
-                           self.bytes_meter.total if self.bytes_meter.active else None, eval_bpb)
+        return TrainResult(
+            self.step,
+            loss,
+            eval_loss,
+            time.perf_counter() - start_time,
+            self.bytes_meter.total if self.bytes_meter.active else None,
+            eval_bpb,
+        )
 
     def _with_bytes(self, metrics: dict[str, float]) -> dict[str, float]:
         """A step's metrics plus `comm/bytes_sent`, what this replica sent in that step (summed per log line)."""

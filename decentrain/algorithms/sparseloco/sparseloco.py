@@ -52,8 +52,16 @@ import torch
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from decentrain.algorithms.base import ALGORITHMS
-from decentrain.algorithms.outer.compression import (AGGREGATIONS, BITS, MAX_CHUNK, CompressionSpec, ErrorFeedback,
-                                                      SparseChunks, decompress, sent_mask)
+from decentrain.algorithms.outer.compression import (
+    AGGREGATIONS,
+    BITS,
+    MAX_CHUNK,
+    CompressionSpec,
+    ErrorFeedback,
+    SparseChunks,
+    decompress,
+    sent_mask,
+)
 from decentrain.algorithms.outer.optimizers import OuterOptimizerConfig
 from decentrain.algorithms.outer.quorum import RoundsConfig, rounds_config
 from decentrain.algorithms.outer.rounds import RoundStrategy, build_rounds, check_rounds
@@ -73,7 +81,8 @@ class SparseLoCoConfig(InnerOuterConfig):
     inner_steps: int = 30  # H (the paper sweeps 15–100)
     # plain SGD at α = 1: the EF buffer replaces outer momentum (algorithm.outer_optimizer turns it back on)
     outer_optimizer: OuterOptimizerConfig = field(
-        default_factory=lambda: OuterOptimizerConfig("sgd", lr=1.0, momentum=0.0))  # sgd: no Nesterov at μ = 0
+        default_factory=lambda: OuterOptimizerConfig("sgd", lr=1.0, momentum=0.0)
+    )  # sgd: no Nesterov at μ = 0
     ef_decay: float = 0.95  # β of e ← β·e + Δ
     tiling: str = "tensor"  # 64×64 tiles per tensor (reference), or "flat": chunks of chunk_size over all parameters
     tile_size: int = 64  # tile side (tiling: tensor)
@@ -97,7 +106,7 @@ class SparseLoCoConfig(InnerOuterConfig):
         QUANTIZERS.get(self.quantizer, field="algorithm.quantizer")
         check_range("algorithm.tile_size", self.tile_size, 1, 256)
         check_range("algorithm.chunk_size", self.chunk_size, 1, MAX_CHUNK)
-        check_range("algorithm.topk", self.topk, 1, self.chunk_size if self.tiling == "flat" else self.tile_size ** 2)
+        check_range("algorithm.topk", self.topk, 1, self.chunk_size if self.tiling == "flat" else self.tile_size**2)
         if self.bits not in BITS:
             raise ValueError(f"algorithm.bits={self.bits} is unknown; allowed: {list(BITS)}")
         for f in ("tile_size", "chunk_size", "topk", "bits"):
@@ -116,7 +125,9 @@ def _tensor_tiles(cfg: SparseLoCoConfig, shapes: list[torch.Size]) -> Compressio
 @TILINGS.register("flat")
 def _flat_chunks(cfg: SparseLoCoConfig, shapes: list[torch.Size]) -> CompressionSpec:
     numel = sum(s.numel() for s in shapes)
-    return CompressionSpec.flat(numel, min(cfg.chunk_size, numel), min(cfg.topk, cfg.chunk_size, numel), cfg.bits, cfg.quantizer)
+    return CompressionSpec.flat(
+        numel, min(cfg.chunk_size, numel), min(cfg.topk, cfg.chunk_size, numel), cfg.bits, cfg.quantizer
+    )
 
 
 @dataclass
@@ -141,12 +152,18 @@ class SparsePayloads:
         gathered = a.transport.all_gather_bytes(msg.data, max_bytes=payload_bytes(a.spec))
         sent = a.transport.stats.bytes_sent - before
         mean, dropped = self._mean([(data, 1.0, a.round) for data in gathered])
-        return mean, {"outer/payload_bytes": float(len(msg.data)), "outer/bytes_sent": float(sent),
-                      "outer/payload_dropped": float(dropped)}
+        return mean, {
+            "outer/payload_bytes": float(len(msg.data)),
+            "outer/bytes_sent": float(sent),
+            "outer/payload_dropped": float(dropped),
+        }
 
     def merge(self, parts: list[tuple[bytes, float, int]]) -> tuple[torch.Tensor, dict[str, float]]:
         mean, dropped = self._mean(parts)
-        return mean, {"outer/payload_bytes": float(payload_bytes(self.algo.spec)), "outer/payload_dropped": float(dropped)}
+        return mean, {
+            "outer/payload_bytes": float(payload_bytes(self.algo.spec)),
+            "outer/payload_dropped": float(dropped),
+        }
 
     def _mean(self, parts: list[tuple[bytes, float, int]]) -> tuple[torch.Tensor, int]:
         """Decode in order, scale, aggregate; a message that does not decode is dropped and counted."""
@@ -183,13 +200,24 @@ class SparseLoCo(InnerOuterAlgorithm):
         self.ef = ErrorFeedback(self.spec, self.cfg.ef_decay, self.world.device)
         self.aggregate = AGGREGATIONS.get(self.cfg.aggregation)
         self.dropped = 0  # payloads dropped over the run
-        self.sync: RoundStrategy = build_rounds(self.cfg.rounds, self.world.rank, self.world.world_size, self.transport,
-                                                SparsePayloads(self))
+        self.sync: RoundStrategy = build_rounds(
+            self.cfg.rounds, self.world.rank, self.world.world_size, self.transport, SparsePayloads(self)
+        )
         self.sync.start()
         if self.world.is_main:
-            logger.info("sparseloco: %d parameters, %s tiling (%d tiles), %d kept, %d-bit %s: %d payload bytes vs %d dense fp32 "
-                        "(%.1fx)", numel, self.cfg.tiling, sum(g.n for g in self.spec.groups), self.spec.kept, self.spec.bits,
-                        self.cfg.quantizer, payload_bytes(self.spec), 4 * numel, 4 * numel / payload_bytes(self.spec))
+            logger.info(
+                "sparseloco: %d parameters, %s tiling (%d tiles), %d kept, %d-bit %s: "
+                "%d payload bytes vs %d dense fp32 (%.1fx)",
+                numel,
+                self.cfg.tiling,
+                sum(g.n for g in self.spec.groups),
+                self.spec.kept,
+                self.spec.bits,
+                self.cfg.quantizer,
+                payload_bytes(self.spec),
+                4 * numel,
+                4 * numel / payload_bytes(self.spec),
+            )
 
     @classmethod
     def check_world(cls, cfg: SparseLoCoConfig, world_size: int) -> None:
@@ -198,14 +226,20 @@ class SparseLoCo(InnerOuterAlgorithm):
     def outer_step(self, model: torch.nn.Module) -> dict[str, float]:
         delta = _flatten_dense_tensors(self.outer.pseudo_gradient(self.params))
         chunks = self.ef.step(delta)
-        synced = self.sync.exchange(Message(chunks, encode(chunks, self.spec, self.round)), self.inner_count, self.round)
+        synced = self.sync.exchange(
+            Message(chunks, encode(chunks, self.spec, self.round)), self.inner_count, self.round
+        )
         for mean in synced.updates:  # lockstep: one; quorum: every round closed since this replica's last sync
             self.outer.step(_unflatten_dense_tensors(mean, self.outer.slow))
         self.outer.copy_to(self.params)
         self.round += len(synced.updates) - 1  # the loop counts one
         norm = synced.updates[-1].norm().item() if synced.updates else 0.0
-        return {"outer/pseudo_grad_norm": norm, "outer/error_norm": self.ef.error.norm().item(), **synced.metrics,
-                "outer/round": float(self.round + 1)}
+        return {
+            "outer/pseudo_grad_norm": norm,
+            "outer/error_norm": self.ef.error.norm().item(),
+            **synced.metrics,
+            "outer/round": float(self.round + 1),
+        }
 
     def should_stop(self, step: int, total_steps: int) -> bool:
         return super().should_stop(step, total_steps) or self.sync.stops(self.round, total_steps, self.cfg.inner_steps)

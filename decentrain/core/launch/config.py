@@ -34,7 +34,8 @@ class LauncherConfig:
     MOVED: ClassVar[dict[str, str]] = {
         "fault_tolerance": "transport=torchft",
         "replicas": "transport.replicas (with transport=torchft)",
-        "torchft": "transport=torchft, whose section holds those fields (transport.lighthouse, ...)"}
+        "torchft": "transport=torchft, whose section holds those fields (transport.lighthouse, ...)",
+    }
 
     @classmethod
     def convert(cls, raw: Mapping[str, Any], where: str = FIELD, default: "LauncherConfig | None" = None):
@@ -59,8 +60,10 @@ class LocalConfig(LauncherConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.nnodes != 1:
-            raise ValueError(f"launcher.nnodes={self.nnodes}: launcher=local starts workers on this machine only; "
-                             "for several nodes use launch/multinode.sh (torchrun, launcher=torchrun)")
+            raise ValueError(
+                f"launcher.nnodes={self.nnodes}: launcher=local starts workers on this machine only; "
+                "for several nodes use launch/multinode.sh (torchrun, launcher=torchrun)"
+            )
 
 
 @dataclass
@@ -87,8 +90,9 @@ class HostsConfig(LauncherConfig):
         if not 0 <= self.node_rank < self.nnodes:
             raise ValueError(f"launcher.node_rank={self.node_rank} must be in [0, launcher.nnodes={self.nnodes})")
         if not self.job_id or not self.job_id.replace("-", "").replace("_", "").replace(".", "").isalnum():
-            raise ValueError(f"launcher.job_id={self.job_id!r} must be a non-empty id ([A-Za-z0-9._-]), "
-                             "the same on every host")
+            raise ValueError(
+                f"launcher.job_id={self.job_id!r} must be a non-empty id ([A-Za-z0-9._-]), the same on every host"
+            )
         if self.nproc_per_node is None:
             raise ValueError("launcher.nproc_per_node=null: launcher=hosts starts the ranks itself; give the count")
 
@@ -99,8 +103,9 @@ class Launcher:
     config_cls: type[LauncherConfig] = LauncherConfig
 
     @classmethod
-    def launch(cls, argv: list[str], cfg: LauncherConfig, *, module: str, run_dir: str | os.PathLike,
-               survivors: bool) -> None:
+    def launch(
+        cls, argv: list[str], cfg: LauncherConfig, *, module: str, run_dir: str | os.PathLike, survivors: bool
+    ) -> None:
         """Start one job's `launcher.nproc_per_node` workers (`python -m <module> <argv>`) and wait for them.
 
         `survivors` (the algorithm's `survives_peer_loss`) on one node: `launch_survivors`, so a dead worker
@@ -133,15 +138,29 @@ class Torchrun(Launcher):
 @LAUNCHERS.register("hosts", config=HostsConfig)
 class Hosts(Launcher):
     @classmethod
-    def launch(cls, argv: list[str], cfg: HostsConfig, *, module: str, run_dir: str | os.PathLike,
-               survivors: bool) -> None:
+    def launch(
+        cls, argv: list[str], cfg: HostsConfig, *, module: str, run_dir: str | os.PathLike, survivors: bool
+    ) -> None:
         """Survivors: this host's launcher is a client of the job store, so a dead host costs its partners a
         round and a host started in its place heals its ranks. Others: torch elastic, `job_id` the rendezvous id."""
         from decentrain.core.launch.launcher import HostSlot, launch_survivors, launch_workers  # torch's launcher API
 
         if survivors:
-            launch_survivors(argv, cfg.nproc_per_node, run_dir, module=module, max_restarts=cfg.max_restarts,
-                             slot=HostSlot(cfg.store, cfg.node_rank, cfg.nnodes, cfg.job_id))
+            launch_survivors(
+                argv,
+                cfg.nproc_per_node,
+                run_dir,
+                module=module,
+                max_restarts=cfg.max_restarts,
+                slot=HostSlot(cfg.store, cfg.node_rank, cfg.nnodes, cfg.job_id),
+            )
         else:
-            launch_workers(argv, cfg.nproc_per_node, cfg.nnodes, cfg.rdzv_endpoint, cfg.max_restarts, module=module,
-                           run_id=cfg.job_id)
+            launch_workers(
+                argv,
+                cfg.nproc_per_node,
+                cfg.nnodes,
+                cfg.rdzv_endpoint,
+                cfg.max_restarts,
+                module=module,
+                run_id=cfg.job_id,
+            )

@@ -45,8 +45,16 @@ def check_placement(device: str, nproc_per_node: int | None) -> Placement:
     return plan_placement(device, local_ranks, visible_gpus())
 
 
-def launch_workers(argv: list[str], nproc_per_node: int, nnodes: int = 1, rdzv_endpoint: str = "localhost:0",
-                   max_restarts: int = 0, *, module: str, run_id: str | None = None) -> None:
+def launch_workers(
+    argv: list[str],
+    nproc_per_node: int,
+    nnodes: int = 1,
+    rdzv_endpoint: str = "localhost:0",
+    max_restarts: int = 0,
+    *,
+    module: str,
+    run_id: str | None = None,
+) -> None:
     """Run `python -m <module> <argv>` on `nproc_per_node` ranks here, as torchrun would.
 
     Raises torch's ChildFailedError (with each failed rank's exit code) if a worker fails.
@@ -94,8 +102,16 @@ def run_on_ranks(fn: Callable[..., Any], nproc: int, *args: Any) -> dict[int, An
 
     For benchmarks and tools that run a Python function (not a module) on several ranks.
     """
-    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=uuid.uuid4().hex[:12],
-                          rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=0.2)
+    config = LaunchConfig(
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=nproc,
+        run_id=uuid.uuid4().hex[:12],
+        rdzv_backend="c10d",
+        rdzv_endpoint="localhost:0",
+        max_restarts=0,
+        monitor_interval=0.2,
+    )
     return elastic_launch(config, fn)(*args)
 
 
@@ -109,9 +125,17 @@ class HostSlot:
     job_id: str  # the same on every host of the job
 
 
-def launch_survivors(argv: list[str], nproc: int, run_dir: str | os.PathLike | None = None, *, module: str,
-                     host: str = "127.0.0.1", max_restarts: int = 0, poll_s: float = 0.2,
-                     slot: HostSlot | None = None) -> dict[int, int]:
+def launch_survivors(
+    argv: list[str],
+    nproc: int,
+    run_dir: str | os.PathLike | None = None,
+    *,
+    module: str,
+    host: str = "127.0.0.1",
+    max_restarts: int = 0,
+    poll_s: float = 0.2,
+    slot: HostSlot | None = None,
+) -> dict[int, int]:
     """Run `python -m <module> <argv>` on `nproc` local ranks that survive each other's death.
 
     A worker that fails is started again, up to `max_restarts` times per rank, as a replacement
@@ -145,11 +169,20 @@ def launch_survivors(argv: list[str], nproc: int, run_dir: str | os.PathLike | N
         return token
 
     def start(rank: int, token: str) -> None:
-        env = {**os.environ, "MASTER_ADDR": addr, "MASTER_PORT": str(port), "RANK": str(rank),
-               "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank - first), "LOCAL_WORLD_SIZE": str(nproc),
-               "GROUP_RANK": str(first // nproc), "TORCHELASTIC_USE_AGENT_STORE": "True",
-               "TORCHELASTIC_RESTART_COUNT": "0", "DECENTRAIN_INCARNATION": str(incarnation[rank]),
-               **key.worker_env(run_id, token)}
+        env = {
+            **os.environ,
+            "MASTER_ADDR": addr,
+            "MASTER_PORT": str(port),
+            "RANK": str(rank),
+            "WORLD_SIZE": str(world),
+            "LOCAL_RANK": str(rank - first),
+            "LOCAL_WORLD_SIZE": str(nproc),
+            "GROUP_RANK": str(first // nproc),
+            "TORCHELASTIC_USE_AGENT_STORE": "True",
+            "TORCHELASTIC_RESTART_COUNT": "0",
+            "DECENTRAIN_INCARNATION": str(incarnation[rank]),
+            **key.worker_env(run_id, token),
+        }
         env.pop(SECRET_ENV, None)  # the launchers' secret stays with them
         procs[rank] = subprocess.Popen([sys.executable, "-u", "-m", module, *argv], env=env)
         if run_dir is not None:
@@ -172,8 +205,13 @@ def launch_survivors(argv: list[str], nproc: int, run_dir: str | os.PathLike | N
                 # on one host a replacement needs a live local peer; on several, peers may live elsewhere
                 if code != 0 and restarts[rank] < max_restarts and (running or slot is not None):
                     restarts[rank] += 1
-                    log.warning("rank %d failed (%s); starting replacement %d of %d", rank,
-                                describe_exits({rank: code}), restarts[rank], max_restarts)
+                    log.warning(
+                        "rank %d failed (%s); starting replacement %d of %d",
+                        rank,
+                        describe_exits({rank: code}),
+                        restarts[rank],
+                        max_restarts,
+                    )
                     try:
                         start(rank, claim(rank))
                     except RuntimeError as e:  # no record could be claimed: this rank stays down, the others run on
@@ -182,8 +220,11 @@ def launch_survivors(argv: list[str], nproc: int, run_dir: str | os.PathLike | N
                 else:
                     codes[rank] = code
                     if code != 0:  # said when it happens, not only in the summary at the end
-                        log.warning("worker died (%s); %d worker(s) still running, its partners skip it from their "
-                                    "next round", describe_exits({rank: code}), len(running))
+                        log.warning(
+                            "worker died (%s); %d worker(s) still running, its partners skip it from their next round",
+                            describe_exits({rank: code}),
+                            len(running),
+                        )
     except BaseException:  # Ctrl-C, a kill of the launcher, the job store gone: take the workers down with it
         stop_all(procs.values())
         raise
@@ -209,8 +250,10 @@ def check_store(store: TCPStore, addr: str, port: int) -> None:
         store.check(["launcher/alive"])
     except (RuntimeError, OSError) as e:  # DistNetworkError is a RuntimeError
         first_line = (str(e).splitlines() or ["no answer"])[0]
-        raise RuntimeError(f"the job store at {addr}:{port} is gone ({first_line}); stopped this host's workers: "
-                           "start the job store and the job again with resume=true to continue from the last checkpoints") from e
+        raise RuntimeError(
+            f"the job store at {addr}:{port} is gone ({first_line}); stopped this host's workers: "
+            "start the job store and the job again with resume=true to continue from the last checkpoints"
+        ) from e
 
 
 def describe_exits(codes: dict[int, int]) -> str:

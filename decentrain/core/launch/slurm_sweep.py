@@ -18,10 +18,20 @@ log = logging.getLogger(__name__)
 
 # submitit parameter -> sbatch flag, for the resources that decide whether a job fits
 SBATCH_FLAGS = {
-    "nodes": "--nodes", "tasks_per_node": "--ntasks-per-node", "cpus_per_task": "--cpus-per-task",
-    "gpus_per_node": "--gpus-per-node", "gpus_per_task": "--gpus-per-task", "cpus_per_gpu": "--cpus-per-gpu",
-    "mem_per_cpu": "--mem-per-cpu", "mem_per_gpu": "--mem-per-gpu", "partition": "--partition", "qos": "--qos",
-    "account": "--account", "constraint": "--constraint", "exclude": "--exclude", "gres": "--gres",
+    "nodes": "--nodes",
+    "tasks_per_node": "--ntasks-per-node",
+    "cpus_per_task": "--cpus-per-task",
+    "gpus_per_node": "--gpus-per-node",
+    "gpus_per_task": "--gpus-per-task",
+    "cpus_per_gpu": "--cpus-per-gpu",
+    "mem_per_cpu": "--mem-per-cpu",
+    "mem_per_gpu": "--mem-per-gpu",
+    "partition": "--partition",
+    "qos": "--qos",
+    "account": "--account",
+    "constraint": "--constraint",
+    "exclude": "--exclude",
+    "gres": "--gres",
     "timeout_min": "--time",
 }
 
@@ -44,8 +54,9 @@ def check_schedulable(params: dict[str, Any]) -> str:
         raise RuntimeError("hydra/launcher=slurm: sbatch is not on PATH (run the sweep on a Slurm login node)") from e
     reply = (out.stderr or out.stdout).strip().splitlines()
     if out.returncode != 0:
-        raise RuntimeError(f"hydra/launcher=slurm: Slurm cannot schedule {' '.join(cmd[2:-2])}: "
-                           f"{reply[-1] if reply else 'sbatch --test-only failed'} "
-                           "(set hydra.launcher.{cpus_per_task,mem_gb,gpus_per_node,tasks_per_node,partition} to what a node has)")
+        raise RuntimeError(
+            f"hydra/launcher=slurm: Slurm cannot schedule {' '.join(cmd[2:-2])}: "
+            f"{reply[-1] if reply else 'sbatch --test-only failed'} "
+            "(set hydra.launcher.{cpus_per_task,mem_gb,gpus_per_node,tasks_per_node,partition} to what a node has)"
+        )
     return reply[-1] if reply else ""
-

@@ -6,7 +6,12 @@ each with its own `check_world`; `launch` starts the lighthouse and one torchrun
 `heal_http.SafeHealHTTP` moves heal state pickle-free. Every setting is the `transport` section's.
 """
 
-from decentrain.algorithms.pretraining.torchft.manager import (FT_ALGORITHMS, ReplicaGroup, build_manager,
-                                                               replica_sampler, torchft_available)
+from decentrain.algorithms.pretraining.torchft.manager import (
+    FT_ALGORITHMS,
+    ReplicaGroup,
+    build_manager,
+    replica_sampler,
+    torchft_available,
+)
 
 __all__ = ["FT_ALGORITHMS", "ReplicaGroup", "build_manager", "replica_sampler", "torchft_available"]

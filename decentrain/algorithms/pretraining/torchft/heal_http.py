@@ -33,8 +33,10 @@ class SafeHealHTTP(HTTPTransport):
 
     def send_checkpoint(self, dst_ranks: list[int], step: int, state_dict: Any, timeout: timedelta) -> None:
         skeleton, blob = encode_state(state_dict)
-        wire = {"skeleton": torch.frombuffer(bytearray(skeleton), dtype=torch.uint8),
-                "blob": torch.frombuffer(bytearray(blob), dtype=torch.uint8)}
+        wire = {
+            "skeleton": torch.frombuffer(bytearray(skeleton), dtype=torch.uint8),
+            "blob": torch.frombuffer(bytearray(blob), dtype=torch.uint8),
+        }
         super().send_checkpoint(dst_ranks, step, wire, timeout)
 
     @classmethod

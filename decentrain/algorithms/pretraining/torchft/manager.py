@@ -47,7 +47,9 @@ class ReplicaGroup:
     store_port: int | None = None
 
 
-def replica_sampler(num_blocks: int, batch_per_group: int, world: World, group: ReplicaGroup, seed: int) -> ShardedSampler:
+def replica_sampler(
+    num_blocks: int, batch_per_group: int, world: World, group: ReplicaGroup, seed: int
+) -> ShardedSampler:
     """Each replica group reads its own slice of one seeded order (train.global_batch_size is per group).
 
     Every group advances the shared position by the same amount per step, so a healed group
@@ -60,8 +62,13 @@ def replica_sampler(num_blocks: int, batch_per_group: int, world: World, group: 
 HEALED_FROM = "healed_from_group"  # the donor's replica id, added to the heal state it sends
 
 
-def build_manager(world: World, group: ReplicaGroup, state_dict: Callable[[], Any], load_state_dict: Callable[[Any], None],
-                  use_async_quorum: bool = False):
+def build_manager(
+    world: World,
+    group: ReplicaGroup,
+    state_dict: Callable[[], Any],
+    load_state_dict: Callable[[Any], None],
+    use_async_quorum: bool = False,
+):
     """torchft.Manager for this rank; its gloo group spans the same rank of every live replica group.
 
     The intra-group store is torchrun's unless the group names one. The heal state
@@ -99,11 +106,15 @@ def build_manager(world: World, group: ReplicaGroup, state_dict: Callable[[], An
         connect_timeout=timeout,
         checkpoint_transport=SafeHealHTTP(timeout),  # torchft's name for its heal channel
     )
-    log.info("torchft manager: replica group %d of %d, lighthouse %s", group.replica_id, group.replicas,
-             group.lighthouse)
+    log.info(
+        "torchft manager: replica group %d of %d, lighthouse %s", group.replica_id, group.replicas, group.lighthouse
+    )
     return manager
 
 
 def ft_metrics(manager) -> dict[str, float]:
-    return {"ft/participants": float(manager.num_participants()), "ft/committed_steps": float(manager.current_step()),
-            "ft/batches_committed": float(manager.batches_committed())}
+    return {
+        "ft/participants": float(manager.num_participants()),
+        "ft/committed_steps": float(manager.current_step()),
+        "ft/batches_committed": float(manager.batches_committed()),
+    }

@@ -37,27 +37,42 @@ class InProcessSpec(TransportSpec):
     @classmethod
     def check(cls, cfg, world_size: int) -> None:
         if world_size != 1:
-            raise ValueError(f"transport.name=inprocess runs its replicas in one process; got a world of {world_size} "
-                             "processes (use transport.replicas, not launcher.nproc_per_node)")
+            raise ValueError(
+                f"transport.name=inprocess runs its replicas in one process; got a world of {world_size} "
+                "processes (use transport.replicas, not launcher.nproc_per_node)"
+            )
         n = cfg.transport.replicas
         if not hasattr(ALGORITHMS.get(cfg.algorithm.name), "transport") and n > 1:
-            raise ValueError(f"transport.name=inprocess with algorithm.name={cfg.algorithm.name}: it has no transport; "
-                             "allowed: an outer algorithm (diloco, noloco, ...)")
+            raise ValueError(
+                f"transport.name=inprocess with algorithm.name={cfg.algorithm.name}: it has no transport; "
+                "allowed: an outer algorithm (diloco, noloco, ...)"
+            )
         ALGORITHMS.get(cfg.algorithm.name).check_world(cfg.algorithm, n)
         if cfg.train.global_batch_size % (n * cfg.train.micro_batch_size):
-            raise ValueError(f"train.global_batch_size={cfg.train.global_batch_size} does not divide into transport.replicas"
-                             f"={n} x train.micro_batch_size={cfg.train.micro_batch_size}")
+            raise ValueError(
+                f"train.global_batch_size={cfg.train.global_batch_size} does not divide into transport.replicas"
+                f"={n} x train.micro_batch_size={cfg.train.micro_batch_size}"
+            )
 
     @classmethod
     def connect(cls, world: World, cfg: TransportConfig) -> InProcessTransport:
-        raise ValueError("transport.name=inprocess: the replicas share one hub; pretraining/inprocess_replicas.py builds them")
+        raise ValueError(
+            "transport.name=inprocess: the replicas share one hub; pretraining/inprocess_replicas.py builds them"
+        )
 
     @classmethod
     def launch(cls, cfg, overrides: list[str], run_dir: Path, module: str) -> bool:
-        from decentrain.algorithms.pretraining.inprocess_replicas import run_replicas_in_process  # it imports this package
+        from decentrain.algorithms.pretraining.inprocess_replicas import (
+            run_replicas_in_process,
+        )  # it imports this package
 
         run_dir.mkdir(parents=True, exist_ok=True)
         runs = run_replicas_in_process(cfg, cfg.transport.replicas, run_dir, deadline_s=cfg.transport.deadline_s)
-        log.info("[decentrain] %s: %d in-process replicas done, train loss %s; metrics in %s", cfg.algorithm.name,
-                 len(runs), [round(r.result.train_loss, 4) for r in runs], run_dir)
+        log.info(
+            "[decentrain] %s: %d in-process replicas done, train loss %s; metrics in %s",
+            cfg.algorithm.name,
+            len(runs),
+            [round(r.result.train_loss, 4) for r in runs],
+            run_dir,
+        )
         return True

@@ -27,6 +27,11 @@ class TorchSpec(TransportSpec):
         if (cfg.launcher.world_size or 1) <= 1:
             return False
         argv = [*overrides, f"run_dir={run_dir}", f"hydra.run.dir={run_dir}"]
-        LAUNCHERS.get(cfg.launcher.name).launch(argv, cfg.launcher, module=module, run_dir=str(run_dir),
-                                                survivors=ALGORITHMS.get(cfg.algorithm.name).survives_peer_loss)
+        LAUNCHERS.get(cfg.launcher.name).launch(
+            argv,
+            cfg.launcher,
+            module=module,
+            run_dir=str(run_dir),
+            survivors=ALGORITHMS.get(cfg.algorithm.name).survives_peer_loss,
+        )
         return True

@@ -22,8 +22,12 @@ from typing import Callable
 
 from decentrain.algorithms.base import Algorithm
 from decentrain.algorithms.pretraining.torchft.launch import launch_replica_groups
-from decentrain.algorithms.pretraining.torchft.manager import (FT_ALGORITHMS, ReplicaGroup, replica_sampler,
-                                                               torchft_available)
+from decentrain.algorithms.pretraining.torchft.manager import (
+    FT_ALGORITHMS,
+    ReplicaGroup,
+    replica_sampler,
+    torchft_available,
+)
 from decentrain.algorithms.pretraining.transports.base import FIELD, TRANSPORTS, TransportConfig, TransportSpec
 from decentrain.core.config_checks import check_range
 from decentrain.core.world import World
@@ -60,15 +64,29 @@ class TorchFTConfig(TransportConfig):
         """Which group this torchrun job is; the local launcher sets `replica_id` and `lighthouse` for it.
         `store_addr`/`store_port`: the group's own key-value store (None: torchrun's)."""
         if self.replica_id is None or self.lighthouse is None:
-            raise ValueError(f"{FIELD}=torchft under torchrun needs {FIELD}.replica_id and {FIELD}.lighthouse "
-                             "(the local launcher sets both; see docs/fault_tolerance.md)")
-        return ReplicaGroup(self.replica_id, self.replicas, self.lighthouse, self.min_replicas, self.timeout_s,
-                            self.quorum_timeout_s, store_addr, store_port)
+            raise ValueError(
+                f"{FIELD}=torchft under torchrun needs {FIELD}.replica_id and {FIELD}.lighthouse "
+                "(the local launcher sets both; see docs/fault_tolerance.md)"
+            )
+        return ReplicaGroup(
+            self.replica_id,
+            self.replicas,
+            self.lighthouse,
+            self.min_replicas,
+            self.timeout_s,
+            self.quorum_timeout_s,
+            store_addr,
+            store_port,
+        )
 
     def lighthouse_options(self) -> dict[str, int]:
         """torchft's LighthouseServer arguments, for a lighthouse the local launcher starts."""
-        return {"min_replicas": self.min_replicas, "join_timeout_ms": self.join_timeout_ms,
-                "quorum_tick_ms": self.quorum_tick_ms, "heartbeat_timeout_ms": self.heartbeat_timeout_ms}
+        return {
+            "min_replicas": self.min_replicas,
+            "join_timeout_ms": self.join_timeout_ms,
+            "quorum_tick_ms": self.quorum_tick_ms,
+            "heartbeat_timeout_ms": self.heartbeat_timeout_ms,
+        }
 
 
 @TRANSPORTS.register("torchft", config=TorchFTConfig)
@@ -79,8 +97,10 @@ class TorchFTSpec(TransportSpec):
             raise ValueError(f"{FIELD}=torchft needs torchft: pip install 'decentrain[ft]'")
         name = cfg.algorithm.name
         if name not in FT_ALGORITHMS:
-            raise ValueError(f"{FIELD}=torchft does not support algorithm.name={name!r}; "
-                             f"allowed: {FT_ALGORITHMS.names()} (noloco survives a dead peer on its own)")
+            raise ValueError(
+                f"{FIELD}=torchft does not support algorithm.name={name!r}; "
+                f"allowed: {FT_ALGORITHMS.names()} (noloco survives a dead peer on its own)"
+            )
         if cfg.engine.name != "torch":
             raise ValueError(f"engine.name={cfg.engine.name!r} with {FIELD}=torchft; allowed: torch")
         FT_ALGORITHMS.get(name).check_world(cfg.algorithm, world_size)  # world_size: the ranks of one group
@@ -102,6 +122,14 @@ class TorchFTSpec(TransportSpec):
     @classmethod
     def launch(cls, cfg, overrides: list[str], run_dir: Path, module: str) -> bool:
         t = cfg.transport
-        launch_replica_groups(overrides, t.replicas, cfg.launcher.nproc_per_node or 1, str(run_dir), t.lighthouse,
-                              t.lighthouse_options(), cfg.launcher.max_restarts, module=module)
+        launch_replica_groups(
+            overrides,
+            t.replicas,
+            cfg.launcher.nproc_per_node or 1,
+            str(run_dir),
+            t.lighthouse,
+            t.lighthouse_options(),
+            cfg.launcher.max_restarts,
+            module=module,
+        )
         return True
