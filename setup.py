@@ -19,8 +19,12 @@ class BuildPyWithConf(build_py):
     def run(self) -> None:
         super().run()
         if not self.editable_mode:  # an editable install reads conf/ in the checkout
-            shutil.copytree(CONF, Path(self.build_lib) / "decentrain" / "conf", dirs_exist_ok=True,
-                            ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+            shutil.copytree(
+                CONF,
+                Path(self.build_lib) / "decentrain" / "conf",
+                dirs_exist_ok=True,
+                ignore=shutil.ignore_patterns("__pycache__", "*.pyc"),
+            )
 
 
 setup(cmdclass={"build_py": BuildPyWithConf})
