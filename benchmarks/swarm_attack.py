@@ -56,19 +56,11 @@ from pathlib import Path
 
 from benchmarks.harness import RESULTS, Harness, bench_parser, own_flags, parse, read_live_jsonl, save_figure, seed_list
 from decentrain.testing import dht_attacks as shapes
+from decentrain.testing.recipes import TINY_RL
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = [
-    "model.hidden_size=32",
-    "model.num_layers=2",
-    "model.intermediate_size=64",
-    "model.num_heads=4",
-    "sampling.max_new_tokens=4",
-    "loss.num_generations=4",
-    "train.micro_batch_size=16",
-    "train.threads=1",
-    "task.size=100",
-    "logger.progress=false",
+TINY = [  # the test kit's tiny SAPO node, run long and quiet
+    *TINY_RL,
     "logger.console=false",
     "batch.num_local=2",
     "batch.num_external=2",
