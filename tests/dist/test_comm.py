@@ -32,7 +32,7 @@ def test_pair_exchange_returns_the_partner_mean_on_4_ranks():
 def _late_partner(world):
     """Rank 1 is late for round 0: it enters it only once rank 0 has given up on it (a store key, not a
     sleep: on a loaded box a sleeping rank can still be first), and rank 0 enters round 1 only once
-    rank 1's late round-0 message has landed in rank 0's orphaned buffer."""
+    rank 1's late round-0 message has landed in rank 0's orphaned buffer (`drain`, an event)."""
     from torch.distributed.distributed_c10d import _get_default_store
 
     store = _get_default_store()
@@ -44,6 +44,9 @@ def _late_partner(world):
     if world.rank == 0:
         store.set("rank0_gave_up_round0", "1")
         store.wait(["rank1_sent_round0"])
+        # rank 1 returning from round 0 means its send completed, not that rank 0's receiver thread has
+        # seen it yet (CI once caught rank 0 one step early): wait on that event, not on luck
+        assert ex.drain(60.0)
     else:
         store.set("rank1_sent_round0", "1")
     ex.deadline_s = 60.0  # round 1 must succeed on both sides, whenever each enters it
