@@ -18,7 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 from decentrain.algorithms.hdee.config import hdee_config_from_dict, load_saved_config
 from decentrain.algorithms.hdee.evaluate import EnsembleScorer, check_saved_plan, expert_refs, format_table
 from decentrain.core.world import init_world
-from recipes import config_errors, recipe
+from recipes import config_errors, recipe, run
 
 
 @recipe("hdee", "hdee")
@@ -44,4 +44,4 @@ def main(dcfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -23,7 +23,7 @@ from decentrain.algorithms.hdee.checkpoints import CheckpointError
 from decentrain.algorithms.hdee.merge import MergeConfig, build_routed, check_merge, from_ensemble, save_routed
 from decentrain.core.comm.ensemble import token_logprobs
 from decentrain.data.blocks import build_corpus
-from recipes import config_errors, recipe, typed_config
+from recipes import config_errors, recipe, run, typed_config
 
 
 def score(model, tokenizer, cfg: MergeConfig) -> dict:
@@ -78,4 +78,4 @@ def main(dcfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -29,7 +29,7 @@ from decentrain.algorithms.hdee.train import run_stage
 from decentrain.core.launch.config import LAUNCHERS
 from decentrain.core.launch.launcher import check_placement, exit_survivor
 from decentrain.core.world import init_world, read_launch_env
-from recipes import config_errors, recipe
+from recipes import config_errors, recipe, run
 
 MODULE = "recipes.hdee_train"
 
@@ -86,4 +86,4 @@ def main(dcfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)
