@@ -219,3 +219,22 @@ def test_an_arm_ends_by_its_result_file_not_by_its_log(tmp_path, monkeypatch, ca
     monkeypatch.setattr(compare.subprocess, "Popen", fake_arm(writes_result=False))
     with pytest.raises(SystemExit, match="exit 0 but no result.json"):  # the first run's result is not this one's
         compare.run_arm(cfg, "ddp", tmp_path)
+
+
+def test_the_bench_n2_preset_is_the_committed_record_s_winners():
+    # a re-run that picks other winners must regenerate the preset (--preset-from), or compare would show
+    # settings no record stands behind
+    import json
+
+    import yaml
+
+    from benchmarks.compressed_sync import compare_preset
+    from benchmarks.record import RESULTS
+    from recipes import conf_dir
+
+    record = json.loads((RESULTS / "compressed_sync.json").read_text())
+    committed = yaml.safe_load((conf_dir() / "compare" / "bench_n2.yaml").read_text())
+    fresh = compare_preset(record, 2)
+    assert {k: v for k, v in committed.items() if k != "arms"} == {k: v for k, v in fresh.items() if k != "arms"}
+    for arm, settings in fresh["arms"].items():
+        assert committed["arms"][arm] == settings
