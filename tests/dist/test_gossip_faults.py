@@ -1,6 +1,7 @@
 """PairExchange against dead and lying partners: each case once crashed, hung or averaged garbage."""
 
 import os
+import select
 import signal
 import time
 
@@ -67,7 +68,7 @@ def _hostile(world, case):
     "case,counter", [("bigger", 0), ("smaller", 0), ("nan", 2), ("checksum", 1), ("wrong_round", 0)]
 )
 def test_a_bad_partner_message_is_dropped_and_counted_not_crashed_or_averaged(case, counter):
-    (first, second, counts), liar_round1 = run_ranks(_hostile, 2, case, timeout=60)
+    (first, second, counts), liar_round1 = run_ranks(_hostile, 2, case)
     assert first is None  # this round's mix skipped: nothing of the bad message was averaged
     assert counts[counter] == 1 and sum(counts) == 1
     assert second == [[2.0] * 4, [0.0, 1.0, 2.0]]  # round 1 with the partner honest again averages normally
@@ -75,9 +76,19 @@ def test_a_bad_partner_message_is_dropped_and_counted_not_crashed_or_averaged(ca
 
 
 def test_a_body_without_header_times_out_and_the_next_round_is_skipped_not_waited_for():
-    (first, second, counts), liar_round1 = run_ranks(_hostile, 2, "no_header", timeout=60)
+    (first, second, counts), liar_round1 = run_ranks(_hostile, 2, "no_header")
     assert first is None and counts[3] == 1  # round 0: deadline, no crash on the 1000-float body
     assert second is None and liar_round1 is None and counts[4] == 1  # round 1: both learn of the skip at once
+
+
+def _exited(pid: int, timeout_s: float = 120.0) -> bool:
+    """Wait for `pid` (a sibling rank, not our child) to exit: its pidfd turns readable once the kernel has
+    closed the process's files, its gloo sockets included (an event, not a sleep)."""
+    fd = os.pidfd_open(pid)
+    try:
+        return bool(select.select([fd], [], [], timeout_s)[0])
+    finally:
+        os.close(fd)
 
 
 def _one_dies(world, rounds, kill_after, deadline):
@@ -86,9 +97,16 @@ def _one_dies(world, rounds, kill_after, deadline):
     for t in range(rounds):
         if t == kill_after:
             # every rank has finished the rounds before (rank 3's last sends included): it dies between rounds
+            if world.rank == 3:
+                world.store.set("rank3_pid", str(os.getpid()))
             dist.barrier(group=world.group)
             if world.rank == 3:
                 os.kill(os.getpid(), signal.SIGKILL)
+            # and is dead, its sockets closed, before anyone's next round. Else a survivor may post to it before
+            # it is gone (a dying process closes its files only after unmapping its memory, slow on a loaded
+            # box): if that wait ends at the 5 s deadline, the survivor enters its next round a deadline
+            # late, and a healthy partner who entered it on time gives up on it at the same 5 s
+            assert _exited(int(world.store.get("rank3_pid")))
         group = group_of(world.rank, gossip_groups(t, world.world_size, seed=3))
         out = average(ex, [torch.full((8,), float(world.rank))], group, t)
         done.append((group, out is None))
@@ -97,7 +115,7 @@ def _one_dies(world, rounds, kill_after, deadline):
 
 @pytest.mark.parametrize("deadline", [None, 5.0])
 def test_survivors_of_a_sigkilled_partner_keep_averaging_with_the_others(deadline):
-    results = run_ranks(_one_dies, 4, 8, 1, deadline, timeout=90, expect_dead=(3,))
+    results = run_ranks(_one_dies, 4, 8, 1, deadline, expect_dead=(3,))
     for rank in (0, 1, 2):
         done, failures, timeouts = results[rank]
         assert len(done) == 8  # every round ran: the dead partner cost rounds, not the run
