@@ -49,7 +49,7 @@ def _late_in_round_3(world):
 
 
 def test_late_partner_is_dropped_at_the_learnt_deadline_and_counted():
-    (dropped, waited, early, deadline), _ = run_ranks(_late_in_round_3, 2, timeout=60)
+    (dropped, waited, early, deadline), _ = run_ranks(_late_in_round_3, 2)
     assert dropped and early == 1
     # the learnt deadline (median of this run's arrivals + 0.3 s; ~0.4 s on an idle box) and the wait it
     # cost, both far below the 20 s cap: bounded by half the cap, not by an idle box's timings
