@@ -26,5 +26,5 @@ def _save_and_load(world, root):
 
 
 def test_each_rank_saves_and_reloads_its_own_model(tmp_path):
-    for files, same in run_ranks(_save_and_load, 2, str(tmp_path), timeout=120):
+    for files, same in run_ranks(_save_and_load, 2, str(tmp_path)):
         assert "config.json" in files and "model.safetensors" in files and same
