@@ -132,6 +132,7 @@ def _compressed_rows() -> list[str | None]:
 
 
 def _legacy_compressed_row(name: str, paper: str, old: dict) -> str | None:
+    """A superseded compressed_sync record's row (one N, only the outer lr tuned), its verdict pending."""
     parts = "; ".join(
         f"{v} {claims._short(x['result'])}"
         + (
