@@ -24,7 +24,7 @@ host's share of the CPU taken (else the survivors would speed up on the freed co
 replacement's start-up (a fresh Python + torch) competes with the survivors on top of them,
 which lowers their rate (a conservative bias for the target).
 
-    python -m benchmarks.fault_tolerance_hosts --seeds 3    # as root: the committed run, ~7 min on 2 quiet cores
+    python -m benchmarks.fault_tolerance_hosts --seeds 8    # as root: the committed run, ~24 min on 2 quiet cores
     python -m benchmarks.fault_tolerance_hosts --reanalyse  # the figures and the decision again from the record
     # smoke (the replacement may come too late):
     python -m benchmarks.fault_tolerance_hosts --seeds 1 --steps 400 --allow-dirty
