@@ -97,6 +97,16 @@ def legacy_compressed(rec: dict) -> dict[str, Any]:
     }
 
 
+def legacy_compressed_pending() -> list[tuple[str, dict[str, Any]]]:
+    """(name, legacy_compressed) of each superseded compressed_sync record whose N the protocol record
+    (compressed_sync.json with `cells`) has not reached yet: those Ns are still pending."""
+    rec = _load("compressed_sync")
+    done = {c["ranks"] for c in rec["figures"]["cells"].values()} if rec and "cells" in rec["figures"] else set()
+    olds = ((n, _load(n)) for n in ("compressed_sync", "compressed_sync_n4"))
+    pending = [(n, legacy_compressed(r)) for n, r in olds if r and "cells" not in r["figures"]]
+    return [(n, old) for n, old in pending if old["ranks"] not in done]
+
+
 # -- the claims ----------------------------------------------------------------------------------------
 def noloco_claim() -> dict[str, Any] | None:
     rec = _load("noloco_convergence")
@@ -159,17 +169,7 @@ def sparseloco_claims() -> list[dict[str, Any]]:
                     ),
                 }
             )
-    protocol_run = rec is not None and "cells" in rec["figures"]
-    done = {c["ranks"] for c in rec["figures"]["cells"].values()} if protocol_run else set()
-    olds = [  # an N the protocol run has not reached yet: its superseded record, pending
-        old
-        for old in (
-            legacy_compressed(r)
-            for r in map(_load, ("compressed_sync", "compressed_sync_n4"))
-            if r and "cells" not in r["figures"]
-        )
-        if old["ranks"] not in done
-    ]
+    olds = [old for _, old in legacy_compressed_pending()]
     if not olds:
         return out
     parts = []

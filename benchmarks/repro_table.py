@@ -102,13 +102,12 @@ def _legacy_noloco_row(rec: dict) -> str:
 def _compressed_rows() -> list[str | None]:
     """compressed_sync per N: the protocol's record (one record, every N it has reached) and, for an N it has not
     reached yet, the superseded record of that N read under the rule."""
-    paper, out, done = "SparseLoCo reaches DiLoCo's loss at ~146x fewer bytes than fp32", [], set()
+    paper, out = "SparseLoCo reaches DiLoCo's loss at ~146x fewer bytes than fp32", []
     rec = _load("compressed_sync")
     if rec and "cells" in rec["figures"]:
         from benchmarks.compressed_sync import headline
 
         for key, cell in rec["figures"]["cells"].items():
-            done.add(cell["ranks"])
             d = cell["decisions"].get("sparseloco_reaches_diloco")
             verdict = protocol.recompute(d)["verdict"] if d else "-"
             ratio = cell["arms"].get("sparseloco", {}).get("payload_ratio_run") or 0
@@ -122,13 +121,7 @@ def _compressed_rows() -> list[str | None]:
                     "python -m benchmarks.compressed_sync --data pinned --parallel 2",
                 )
             )
-    for name in ("compressed_sync", "compressed_sync_n4"):
-        rec = _load(name)
-        if rec and "cells" not in rec["figures"]:
-            old = claims.legacy_compressed(rec)
-            if old["ranks"] not in done:
-                out.append(_legacy_compressed_row(name, paper, old))
-    return out
+    return out + [_legacy_compressed_row(name, paper, old) for name, old in claims.legacy_compressed_pending()]
 
 
 def _legacy_compressed_row(name: str, paper: str, old: dict) -> str | None:
