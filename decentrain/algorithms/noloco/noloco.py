@@ -197,18 +197,24 @@ class NoLoCo(InnerOuterAlgorithm):
 
         A rank that was stopped or slow and is BEHIND+ rounds behind the median of the others would
         never pair again (everyone skips a rank that far behind), so it skips those rounds' inner
-        steps and exchanges (one header each, so no partner waits on it) and rejoins at the live
-        round. It keeps its own weights: the next mix pulls them towards its partner's.
+        steps and exchanges (one header each, so no partner waits on it) and rejoins one round past
+        the live round. Not at it: the live ranks finish the round they are on while this rank runs
+        its next inner steps, so a rank rejoining at `live` arrives after its partner left and is
+        skipped as "already past" again, round after round, less than BEHIND rounds behind (seen in
+        CI). One round ahead, it waits for its partner instead (bounded by the deadline). It keeps
+        its own weights: the next mix pulls them towards its partner's.
         """
         live = self.transport.live_round()
         if live is None or live - self.round < BEHIND:
             return 0
-        for r in range(self.round, live):
+        target = live + 1
+        for r in range(self.round, target):
             self.transport.skip_round(group_of(self.world.rank, self._groups(r)), r)
-        jumped = live - self.round
-        log.warning("round %d: %d rounds behind the live ranks; jumping to round %d", self.round, jumped, live)
+        jumped = target - self.round
+        behind = live - self.round
+        log.warning("round %d: %d rounds behind the live ranks; jumping to round %d", self.round, behind, target)
         self.steps_skipped += (jumped - 1) * self.cfg.inner_steps  # this round's inner steps were run
-        self.round = live - 1  # after_optimizer_step counts this outer step: the next round is `live`
+        self.round = target - 1  # after_optimizer_step counts this outer step: the next round is `target`
         return jumped
 
     def heal(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
