@@ -172,11 +172,13 @@ def _corpus(cfg):
     return _CORPUS[key]
 
 
-def _loss(model, corpus, split: str, n: int) -> float:
-    from decentrain.algorithms.pretraining.trainer import evaluate
+def _loss(model, corpus, split: str, n: int) -> tuple[float, float | None]:
+    """Mean next-token loss and bits per byte over the domains (None without the tokens' byte lengths)."""
+    from decentrain.algorithms.pretraining.trainer import evaluate_bits
 
     blocks = {d: corpus.split(split, d)[:n] for d in corpus.blocks}
-    return float(sum(evaluate(model, blocks, 8, torch.device("cpu")).values()) / len(blocks))
+    loss, bpb = evaluate_bits(model, blocks, 8, torch.device("cpu"), token_bytes=corpus.token_bytes)
+    return float(sum(loss.values()) / len(blocks)), (float(sum(bpb.values()) / len(blocks)) if bpb else None)
 
 
 def average_state(states: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
@@ -237,19 +239,23 @@ def train_run(job: dict[str, Any]) -> dict[str, Any]:
             corpus_named = corpus_named or corpus_of(rows)
     model = build_model(cfg.model, build_tokenizer(cfg.model))
     corpus, n = _corpus(cfg), job["final_blocks"]
-    per = {"val": [], "test": []}
+    per, bits = {"val": [], "test": []}, []
     for r in runs:
         model.load_state_dict(r.weights)
         for split in per:
-            per[split].append(_loss(model, corpus, split, n))
+            loss, bpb = _loss(model, corpus, split, n)
+            per[split].append(loss)
+            if split == "test":
+                bits.append(bpb)
     model.load_state_dict(average_state([r.weights for r in runs]))
-    avg = {split: _loss(model, corpus, split, n) for split in per}
+    avg = {split: _loss(model, corpus, split, n)[0] for split in per}
     return {
         "val_curve": mean_curve(curves),  # all replicas' mean
         "final_val_loss": sum(per["val"]) / len(runs),
         "final_test_loss": sum(per["test"]) / len(runs),
         # the paper's statistic: perplexity of each replica's model, averaged over the replicas
         "final_test_ppl": sum(math.exp(x) for x in per["test"]) / len(runs),
+        "final_test_bpb": None if None in bits else sum(bits) / len(runs),  # names the text's unit, not the tokens'
         "final_val_loss_avg_model": avg["val"],
         "final_test_loss_avg_model": avg["test"],
         "test_loss_replica_spread": max(per["test"]) - min(per["test"]),
@@ -364,6 +370,10 @@ def analyse(
                     "train_s",
                 )
             },
+            # runs cached before the bits were recorded have none: the arm then reports none
+            "final_test_bpb": mean_std([r["final_test_bpb"] for r in rs])
+            if all(r.get("final_test_bpb") is not None for r in rs)
+            else None,
             "bytes_per_step": bps,
             "wan_s_per_step": wps,
             "mb_sent_per_node": bps * steps / 1e6,
@@ -691,6 +701,7 @@ def text(rec: dict) -> str:
                 f"{label:10s} {_opt(r['outer_optimizer']):>22s} {fmt(r['final_test_loss']):>24s} "
                 f"{fmt(r['final_test_ppl'], 3):>18s} {fmt(r['final_test_loss_avg_model']):>17s} "
                 f"{r['mb_sent_per_node']:8.1f} {r['wan_sync_s']:7.1f}  {tvs}"
+                + (f"; test bpb {fmt(r['final_test_bpb'], 4)}" if r.get("final_test_bpb") else "")
             )
         lines.append("")
     lines += ["departures from the paper's protocol:"] + [f"  - {d}" for d in f["departures"]]

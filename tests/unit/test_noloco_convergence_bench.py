@@ -166,3 +166,9 @@ def test_analyse_decides_each_comparison_from_the_fixed_rules():
         "figures": {"cells": {"N=8": cell}, "steps": 32, "tokens_per_param": 21.0, "unmet": []},
     }
     assert "N=8 **better**" in readme_row(rec)
+    assert cell["arms"]["ddp"]["final_test_bpb"] is None  # results cached before bits were recorded have none
+    for a in ARMS:
+        for s in seeds:
+            res[(8, a, s)]["final_test_bpb"] = 1.5 + 0.1 * s
+    bpb = analyse(res, 8, seeds, 1000, 8, 32, 1024, fits, tuning, rules)["arms"]["ddp"]["final_test_bpb"]
+    assert bpb["values"] == [1.5 + 0.1 * s for s in seeds]
