@@ -221,9 +221,9 @@ def test_an_arm_ends_by_its_result_file_not_by_its_log(tmp_path, monkeypatch, ca
         compare.run_arm(cfg, "ddp", tmp_path)
 
 
-def test_the_bench_n2_preset_is_the_committed_record_s_winners():
+def test_each_bench_preset_is_the_committed_record_s_winners():
     # a re-run that picks other winners must regenerate the preset (--preset-from), or compare would show
-    # settings no record stands behind
+    # settings no record stands behind. Every N the record has decided has its preset, bench_n<N>
     import json
 
     import yaml
@@ -233,8 +233,11 @@ def test_the_bench_n2_preset_is_the_committed_record_s_winners():
     from recipes import conf_dir
 
     record = json.loads((RESULTS / "compressed_sync.json").read_text())
-    committed = yaml.safe_load((conf_dir() / "compare" / "bench_n2.yaml").read_text())
-    fresh = compare_preset(record, 2)
-    assert {k: v for k, v in committed.items() if k != "arms"} == {k: v for k, v in fresh.items() if k != "arms"}
-    for arm, settings in fresh["arms"].items():
-        assert committed["arms"][arm] == settings
+    ranks = sorted(c["ranks"] for c in record["figures"]["cells"].values())
+    assert 2 in ranks
+    for n in ranks:
+        committed = yaml.safe_load((conf_dir() / "compare" / f"bench_n{n}.yaml").read_text())
+        fresh = compare_preset(record, n)
+        assert {k: v for k, v in committed.items() if k != "arms"} == {k: v for k, v in fresh.items() if k != "arms"}
+        for arm, settings in fresh["arms"].items():
+            assert committed["arms"][arm] == settings, (n, arm)
