@@ -2,10 +2,13 @@
 
 import importlib.util
 import json
+import os
+from pathlib import Path
 
 import pytest
 from safetensors.torch import load_file
 
+from decentrain.algorithms.pretraining.engines.deepspeed import extension_build_lock
 from decentrain.testing import metrics, run_train
 
 pytestmark = [
@@ -16,7 +19,17 @@ pytestmark = [
 ]
 
 
+def plant_stale_build_lock() -> None:
+    """What a rank killed mid-build of DeepSpeed's comm op leaves: torch's lock file, no process
+    behind it. Before engines/deepspeed.load_comm_op every later run waited on it forever."""
+    ext_dir = Path(os.environ["TORCH_EXTENSIONS_DIR"])  # the machine's cache, set in conftest
+    with extension_build_lock(ext_dir):  # no decentrain rank is building while we plant it
+        (ext_dir / "deepspeed_shm_comm").mkdir(exist_ok=True)
+        (ext_dir / "deepspeed_shm_comm" / "lock").touch()
+
+
 def test_noloco_over_zero2_replicas_trains_syncs_and_checkpoints(tmp_path):
+    plant_stale_build_lock()
     # 4 ranks x micro 2 x accum 2 = 16; H=4 -> outer rounds at steps 4 and 8
     proc = run_train(
         tmp_path,

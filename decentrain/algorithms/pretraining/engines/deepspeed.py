@@ -6,6 +6,8 @@ rank, so the outer algorithms can average them as usual.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import importlib.util
 import os
 import shutil
@@ -47,6 +49,35 @@ class _ReplicaMPU:
         return 0
 
 
+@contextlib.contextmanager
+def extension_build_lock(ext_dir: Path):
+    """Held while a decentrain process builds or loads a JIT op in `ext_dir`: an flock, which
+    the kernel releases when its holder dies, so a killed rank never leaves it taken."""
+    ext_dir.mkdir(parents=True, exist_ok=True)
+    with open(ext_dir / "decentrain-build.lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        yield
+
+
+def load_comm_op(ext_dir: Path) -> None:
+    """Build (or load) DeepSpeed's CPU comm op before `deepspeed.initialize` does.
+
+    torch's cpp_extension guards a JIT build with a lock *file* (FileBaton) that names no owner:
+    a process killed mid-build (a preemption, a timeout) leaves it behind, and every later run
+    on the machine waits on it forever, silently. Holding `extension_build_lock`, no decentrain
+    process is building, so a lock file found there is stale and removed. One rank builds, the
+    others then load its .so; initialize's own load returns the module this process already
+    holds (OpBuilder caches loaded ops). A foreign process building into the same
+    TORCH_EXTENSIONS_DIR without our lock is not covered; our default dir is our own.
+    """
+    from deepspeed.comm.torch import build_shm_op
+
+    with extension_build_lock(ext_dir):
+        with contextlib.suppress(FileNotFoundError):
+            (ext_dir / "deepspeed_shm_comm" / "lock").unlink()
+        build_shm_op()  # None where the accelerator has no such op (CUDA): nothing to build
+
+
 def _singleton_groups(world_size: int, rank: int) -> dist.ProcessGroup:
     # new_group is collective over the whole world: every rank creates every group, in order
     groups = [dist.new_group([r]) for r in range(world_size)]
@@ -83,6 +114,8 @@ class DeepSpeedEngine(Engine):
         # the first initialize JIT-builds a comm op (~40 s on CPU); cache it across runs
         os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache/decentrain/torch_extensions"))
         import deepspeed
+
+        load_comm_op(Path(os.environ["TORCH_EXTENSIONS_DIR"]))
 
         world_size = layout.replicas * layout.shards
         global_rank = layout.replica * layout.shards + layout.shard
