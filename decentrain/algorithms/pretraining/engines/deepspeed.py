@@ -7,7 +7,6 @@ rank, so the outer algorithms can average them as usual.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import importlib.util
 import os
 import shutil
@@ -17,6 +16,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from filelock import FileLock  # a dependency of torch itself
 
 from decentrain.algorithms.pretraining.engines.base import ENGINES, Engine, EngineConfig, build_optimizer
 from decentrain.core.mesh import ReplicaLayout
@@ -49,14 +49,12 @@ class _ReplicaMPU:
         return 0
 
 
-@contextlib.contextmanager
-def extension_build_lock(ext_dir: Path):
-    """Held while a decentrain process builds or loads a JIT op in `ext_dir`: an flock, which
-    the kernel releases when its holder dies, so a killed rank never leaves it taken."""
+def extension_build_lock(ext_dir: Path) -> FileLock:
+    """Held while a decentrain process builds or loads a JIT op in `ext_dir`: an flock
+    (filelock), which the kernel releases when its holder dies, so a killed rank never
+    leaves it taken."""
     ext_dir.mkdir(parents=True, exist_ok=True)
-    with open(ext_dir / "decentrain-build.lock", "w") as held:
-        fcntl.flock(held, fcntl.LOCK_EX)
-        yield
+    return FileLock(str(ext_dir / "decentrain-build.lock"))
 
 
 def load_comm_op(ext_dir: Path) -> None:
