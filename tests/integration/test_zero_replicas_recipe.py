@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
-from decentrain.algorithms.pretraining.engines.deepspeed import extension_build_lock
+from decentrain.algorithms.pretraining.engines.deepspeed import COMM_OP, extension_build_lock
 from decentrain.testing import metrics, run_train
 
 pytestmark = [
@@ -19,17 +19,18 @@ pytestmark = [
 ]
 
 
-def plant_stale_build_lock() -> None:
+def plant_stale_build_lock() -> Path:
     """What a rank killed mid-build of DeepSpeed's comm op leaves: torch's lock file, no process
     behind it. Before engines/deepspeed.load_comm_op every later run waited on it forever."""
-    ext_dir = Path(os.environ["TORCH_EXTENSIONS_DIR"])  # the machine's cache, set in conftest
-    with extension_build_lock(ext_dir):  # no decentrain rank is building while we plant it
-        (ext_dir / "deepspeed_shm_comm").mkdir(exist_ok=True)
-        (ext_dir / "deepspeed_shm_comm" / "lock").touch()
+    op_dir = Path(os.environ["TORCH_EXTENSIONS_DIR"]) / COMM_OP  # the machine's cache, set in conftest
+    with extension_build_lock(op_dir.parent):  # no decentrain rank is building while we plant it
+        op_dir.mkdir(exist_ok=True)
+        (op_dir / "lock").touch()
+    return op_dir
 
 
 def test_noloco_over_zero2_replicas_trains_syncs_and_checkpoints(tmp_path):
-    plant_stale_build_lock()
+    op_dir = plant_stale_build_lock()
     # 4 ranks x micro 2 x accum 2 = 16; H=4 -> outer rounds at steps 4 and 8
     proc = run_train(
         tmp_path,
@@ -43,6 +44,7 @@ def test_noloco_over_zero2_replicas_trains_syncs_and_checkpoints(tmp_path):
         timeout=480,
     )  # DeepSpeed probes its op builders with gcc at start-up: minutes on 2 busy cores
     assert "2 replicas x 2 shards, deepspeed" in proc.stdout
+    assert any(op_dir.glob("*.so")), "DeepSpeed built its comm op elsewhere: the planted lock tested nothing"
     rows = metrics(tmp_path)
     losses = [r["train/loss"] for r in rows if "train/loss" in r]
     assert len(losses) == 8 and losses[-1] < losses[0] - 0.1, losses

@@ -22,6 +22,8 @@ from decentrain.algorithms.pretraining.engines.base import ENGINES, Engine, Engi
 from decentrain.core.mesh import ReplicaLayout
 
 ZERO_STAGES = (1, 2)
+# DeepSpeed's CPU comm op (ShareMemCommBuilder.NAME, 0.15-0.19): torch JIT-builds it in <TORCH_EXTENSIONS_DIR>/<this>
+COMM_OP = "deepspeed_shm_comm"
 
 
 class _ReplicaMPU:
@@ -72,7 +74,7 @@ def load_comm_op(ext_dir: Path) -> None:
 
     with extension_build_lock(ext_dir):
         with contextlib.suppress(FileNotFoundError):
-            (ext_dir / "deepspeed_shm_comm" / "lock").unlink()
+            (ext_dir / COMM_OP / "lock").unlink()
         build_shm_op()  # None where the accelerator has no such op (CUDA): nothing to build
 
 
